@@ -1,0 +1,35 @@
+"""taskfit: a PyTorch training framework. Write a ``TaskModule`` (what to compute), hand it to ``Fit`` (how to
+run it); ``FitArguments`` holds every option under its Hugging Face ``TrainingArguments`` name.
+
+Imports are lazy so that ``import taskfit`` stays fast; ``from taskfit import Fit`` loads what ``Fit`` needs.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from taskfit.__about__ import __version__
+
+_EXPORTS = {
+    "Fit": "taskfit.fit", "TrainOutput": "taskfit.fit",
+    "FitArguments": "taskfit.arguments",
+    "TaskModule": "taskfit.module",
+    "Callback": "taskfit.callbacks.base", "EarlyStopping": "taskfit.callbacks.early_stopping",
+    "EarlyStoppingCallback": "taskfit.callbacks.early_stopping", "ProgressBar": "taskfit.callbacks.progress",
+    "DataModule": "taskfit.data.loaders",
+    "EvalPrediction": "taskfit.metrics", "PredictionOutput": "taskfit.metrics",
+    "FitState": "taskfit.loops.state", "FitControl": "taskfit.loops.state",
+    "CSVLogger": "taskfit.loggers.csv_logger", "Logger": "taskfit.loggers.logger",
+    "seed_everything": "taskfit.seed",
+}
+
+__all__ = ["__version__", *_EXPORTS]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        value = getattr(importlib.import_module(_EXPORTS[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'taskfit' has no attribute {name!r}")

@@ -1,0 +1,191 @@
+"""Callbacks: observers of the loops with both Lightning-style and HF-style hooks (F-LOOP-6).
+
+Order of calls during ``Fit.fit`` (callbacks in the order given, then the TaskModule's own hook of the same
+name; HF-style hooks receive ``(args, state, control, **kwargs)`` and may return a ``FitControl``)::
+
+    on_fit_start
+    on_train_begin (HF)            on_train_start
+    per epoch:   on_train_epoch_start, on_epoch_begin (HF)
+      per micro-batch:
+        on_train_batch_start(fit, module, batch, batch_idx)
+        on_step_begin (HF)                                   first micro-batch of an accumulation window
+        training_step -> on_before_backward(fit, module, loss) -> backward -> on_after_backward(fit, module)
+        on_substep_end (HF)                                  non-final micro-batches of the window
+        on_before_optimizer_step(fit, module, optimizer)     final micro-batch: before clipping
+        on_pre_optimizer_step (HF)                           after clipping, before optimizer.step()
+        on_optimizer_step (HF)                               after optimizer.step()
+        on_before_zero_grad(fit, module, optimizer)
+        on_train_batch_end(fit, module, outputs, batch, batch_idx)
+        on_step_end (HF)                                     final micro-batch, global_step already advanced
+        then, when triggered: on_log (HF) -> evaluation (on_validation_start ... on_validation_end,
+        on_evaluate (HF)) -> checkpoint (on_save_checkpoint(fit, module, checkpoint), on_save (HF))
+      on_train_epoch_end, on_epoch_end (HF), then the epoch's log / evaluation / checkpoint triggers
+    on_train_end (Lightning style, then HF style)
+    on_fit_end
+
+``Fit.validate``/``test``/``predict`` call ``on_{stage}_start``, ``on_{stage}_epoch_start``,
+``on_{stage}_batch_start/end`` per batch, ``on_{stage}_epoch_end``, ``on_{stage}_end``; ``validate`` also calls
+``on_evaluate`` (HF) and ``predict`` calls ``on_predict`` (HF) with the metrics.
+
+``on_train_end`` exists in both styles; the style is told apart by the hook's first parameter name
+(``args`` = HF style). Only hooks a callback overrides are called (no per-step dispatch cost otherwise).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Callable
+
+if TYPE_CHECKING:
+    from taskfit.fit import Fit
+    from taskfit.module import TaskModule
+
+LIGHTNING_HOOKS = (
+    "setup", "teardown", "on_fit_start", "on_fit_end", "on_train_start", "on_train_end",
+    "on_train_epoch_start", "on_train_epoch_end", "on_train_batch_start", "on_train_batch_end",
+    "on_validation_start", "on_validation_end", "on_validation_epoch_start", "on_validation_epoch_end",
+    "on_validation_batch_start", "on_validation_batch_end", "on_test_start", "on_test_end",
+    "on_test_epoch_start", "on_test_epoch_end", "on_test_batch_start", "on_test_batch_end",
+    "on_predict_start", "on_predict_end", "on_predict_epoch_start", "on_predict_epoch_end",
+    "on_predict_batch_start", "on_predict_batch_end", "on_before_backward", "on_after_backward",
+    "on_before_optimizer_step", "on_before_zero_grad", "on_save_checkpoint", "on_load_checkpoint",
+    "on_exception",
+)
+HF_HOOKS = (
+    "on_init_end", "on_train_begin", "on_epoch_begin", "on_epoch_end", "on_step_begin", "on_substep_end",
+    "on_pre_optimizer_step", "on_optimizer_step", "on_step_end", "on_evaluate", "on_predict", "on_save",
+    "on_log", "on_prediction_step",
+)
+
+
+class Callback:
+    """Base class for callbacks. Override any hook; the docstring of :mod:`taskfit.callbacks.base` gives the
+    order. Lightning-style hooks get ``(fit, module, ...)``; HF-style hooks get ``(args, state, control,
+    **kwargs)`` (kwargs: ``model``, ``optimizer``, ``lr_scheduler``, ``train_dataloader``, ``metrics``,
+    ``logs``) and mirror ``transformers.TrainerCallback``. Steer the run through ``fit.control`` flags or by
+    returning a modified ``control`` from an HF-style hook.
+    """
+
+    @property
+    def state_key(self) -> str:
+        """Key of this callback's state in checkpoints (class name; override when several instances exist)."""
+        return type(self).__qualname__
+
+    def state_dict(self) -> dict[str, Any]:
+        """State saved in checkpoints; empty by default."""
+        return {}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output."""
+
+    # Lightning-style ------------------------------------------------------------------------------------
+    def setup(self, fit: Fit, module: TaskModule, stage: str) -> None: ...
+    def teardown(self, fit: Fit, module: TaskModule, stage: str) -> None: ...
+    def on_fit_start(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_fit_end(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_train_start(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_train_end(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_train_epoch_start(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_train_epoch_end(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_train_batch_start(self, fit: Fit, module: TaskModule, batch: Any, batch_idx: int) -> None: ...
+    def on_train_batch_end(self, fit: Fit, module: TaskModule, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_start(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_validation_end(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_validation_epoch_start(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_validation_epoch_end(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_validation_batch_start(self, fit: Fit, module: TaskModule, batch: Any, batch_idx: int) -> None: ...
+    def on_validation_batch_end(self, fit: Fit, module: TaskModule, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_test_start(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_test_end(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_test_epoch_start(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_test_epoch_end(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_test_batch_start(self, fit: Fit, module: TaskModule, batch: Any, batch_idx: int) -> None: ...
+    def on_test_batch_end(self, fit: Fit, module: TaskModule, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_predict_start(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_predict_end(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_predict_epoch_start(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_predict_epoch_end(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_predict_batch_start(self, fit: Fit, module: TaskModule, batch: Any, batch_idx: int) -> None: ...
+    def on_predict_batch_end(self, fit: Fit, module: TaskModule, outputs: Any, batch: Any, batch_idx: int) -> None: ...
+    def on_before_backward(self, fit: Fit, module: TaskModule, loss: Any) -> None: ...
+    def on_after_backward(self, fit: Fit, module: TaskModule) -> None: ...
+    def on_before_optimizer_step(self, fit: Fit, module: TaskModule, optimizer: Any) -> None: ...
+    def on_before_zero_grad(self, fit: Fit, module: TaskModule, optimizer: Any) -> None: ...
+    def on_save_checkpoint(self, fit: Fit, module: TaskModule, checkpoint: dict) -> None: ...
+    def on_load_checkpoint(self, fit: Fit, module: TaskModule, checkpoint: dict) -> None: ...
+    def on_exception(self, fit: Fit, module: TaskModule, exception: BaseException) -> None: ...
+
+    # HF-style (args, state, control, **kwargs) --------------------------------------------------------
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_epoch_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_substep_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_pre_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_optimizer_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_predict(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_log(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+    def on_prediction_step(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
+
+
+def _is_overridden(obj: Any, name: str) -> bool:
+    fn = getattr(type(obj), name, None)
+    if fn is None or fn is getattr(Callback, name, None):
+        return False
+    # a transformers.TrainerCallback's inherited no-op hooks are not overrides either
+    return not getattr(fn, "__qualname__", "").startswith("TrainerCallback.")
+
+
+def _hf_style(fn: Callable) -> bool:
+    params = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
+    return bool(params) and params[0].name == "args"
+
+
+class HookRunner:
+    """Pre-resolved hook lists: ``runner.lightning[name]`` / ``runner.hf[name]`` hold only the bound methods
+    that override a hook, so the loop's ``if runner.lightning["x"]`` costs nothing when nobody listens.
+
+    Args:
+        callbacks (list): callback objects (``Callback`` subclasses or HF ``TrainerCallback`` instances).
+        module (TaskModule | None): the module, whose same-named hooks run after the callbacks'.
+    """
+
+    def __init__(self, callbacks: list[Any], module: Any = None) -> None:
+        from taskfit.module import MODULE_HOOKS, TaskModule
+
+        self.lightning: dict[str, list[tuple[Callable, bool]]] = {n: [] for n in LIGHTNING_HOOKS}
+        self.hf: dict[str, list[Callable]] = {n: [] for n in HF_HOOKS + ("on_train_end",)}
+        for cb in callbacks:
+            for name in LIGHTNING_HOOKS + HF_HOOKS:
+                if not _is_overridden(cb, name):
+                    continue
+                fn = getattr(cb, name)
+                if name in HF_HOOKS or (name == "on_train_end" and _hf_style(fn)):
+                    self.hf[name].append(fn)
+                else:
+                    self.lightning[name].append((fn, True))
+        if isinstance(module, TaskModule):
+            for name in MODULE_HOOKS:
+                if getattr(type(module), name, None) is not None and name in self.lightning:
+                    self.lightning[name].append((getattr(module, name), False))
+
+    def call(self, name: str, fit: Any, module: Any, *args: Any) -> None:
+        """Call Lightning-style hook ``name``: callbacks get ``(fit, module, *args)``, the module ``(*args)``."""
+        for fn, is_callback in self.lightning[name]:
+            if is_callback:
+                fn(fit, module, *args)
+            else:
+                fn(*args)
+
+    def call_hf(self, name: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        """Call HF-style hook ``name``; flags of a returned control object are copied into ``control``."""
+        for fn in self.hf[name]:
+            result = fn(args, state, control, **kwargs)
+            if result is not None and result is not control:
+                for k in vars(control):
+                    setattr(control, k, bool(getattr(result, k, getattr(control, k))))
+        return control

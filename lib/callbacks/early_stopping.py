@@ -1,0 +1,93 @@
+"""Early stopping on an evaluation metric (F-LOOP-6)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from taskfit.callbacks.base import Callback
+
+
+class EarlyStopping(Callback):
+    """Stop training when ``monitor`` has not improved for ``patience`` evaluations.
+
+    Mirrors Lightning's ``EarlyStopping`` and HF's ``EarlyStoppingCallback`` (whose argument names
+    ``early_stopping_patience``/``early_stopping_threshold`` are accepted too).
+
+    Args:
+        monitor (str | None): metric name as returned by evaluation (``"eval_loss"``); None takes
+            ``FitArguments.metric_for_best_model`` (prefixed ``eval_`` when needed), else ``"eval_loss"``.
+        patience (int): evaluations without improvement before stopping (>= 1).
+        threshold (float): minimum absolute change that counts as an improvement (>= 0).
+        mode (str | None): ``"min"`` or ``"max"``; None takes ``greater_is_better`` (default ``"min"`` for
+            names ending in ``loss``, else ``"max"``).
+        check_finite (bool): stop at once when the metric becomes NaN or infinite.
+
+    Raises:
+        ValueError: bad ``patience``, ``threshold`` or ``mode``.
+    """
+
+    def __init__(self, monitor: str | None = None, patience: int = 3, threshold: float = 0.0,
+                 mode: str | None = None, check_finite: bool = True, *, early_stopping_patience: int | None = None,
+                 early_stopping_threshold: float | None = None) -> None:
+        patience = early_stopping_patience if early_stopping_patience is not None else patience
+        threshold = early_stopping_threshold if early_stopping_threshold is not None else threshold
+        if not isinstance(patience, int) or patience < 1:
+            raise ValueError(f"EarlyStopping patience={patience!r} must be an int >= 1.")
+        if threshold < 0:
+            raise ValueError(f"EarlyStopping threshold={threshold!r} must be >= 0.")
+        if mode not in (None, "min", "max"):
+            raise ValueError(f"EarlyStopping mode={mode!r} is not valid; choose 'min' or 'max'.")
+        self.monitor, self.patience, self.threshold, self.mode = monitor, patience, threshold, mode
+        self.check_finite = check_finite
+        self.best: float | None = None
+        self.wait = 0
+        self.stopped_epoch: float | None = None
+        self.stopped_step: int | None = None
+
+    def _resolve(self, args: Any) -> tuple[str, str]:
+        monitor = self.monitor or getattr(args, "metric_for_best_model", None) or "eval_loss"
+        if not monitor.startswith(("eval_", "val_", "test_")) and self.monitor is None:
+            monitor = f"eval_{monitor}"
+        mode = self.mode
+        if mode is None:
+            gib = getattr(args, "greater_is_better", None)
+            mode = ("max" if gib else "min") if gib is not None else ("min" if monitor.endswith("loss") else "max")
+        return monitor, mode
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, metrics: dict[str, float] | None = None,
+                    **kwargs: Any) -> Any:
+        """Compare the new value with the best; set ``control.should_training_stop`` when patience runs out.
+
+        Raises:
+            KeyError: the monitored metric is not among the evaluation metrics (names the ones present).
+        """
+        monitor, mode = self._resolve(args)
+        metrics = metrics or {}
+        if monitor not in metrics:
+            raise KeyError(f"EarlyStopping monitors {monitor!r}, which evaluation did not return; "
+                           f"available: {sorted(metrics)}.")
+        value = float(metrics[monitor])
+        if self.check_finite and not math.isfinite(value):
+            control.should_training_stop = True
+        elif self.best is None or (value < self.best - self.threshold if mode == "min"
+                                   else value > self.best + self.threshold):
+            self.best, self.wait = value, 0
+        else:
+            self.wait += 1
+            if self.wait >= self.patience:
+                control.should_training_stop = True
+        if control.should_training_stop:
+            self.stopped_epoch, self.stopped_step = state.epoch, state.global_step
+        return control
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"best": self.best, "wait": self.wait, "stopped_epoch": self.stopped_epoch,
+                "stopped_step": self.stopped_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for k, v in state_dict.items():
+            setattr(self, k, v)
+
+
+EarlyStoppingCallback = EarlyStopping

@@ -1,0 +1,74 @@
+"""Progress bar (F-OBS-1) over ``tqdm``: loss, learning rate, speed and ETA; off with ``disable_tqdm``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from taskfit.callbacks.base import Callback
+
+
+class ProgressBar(Callback):
+    """A ``tqdm`` bar over optimizer steps during ``fit`` and over batches during evaluation/prediction.
+
+    The bar advances once per optimizer step; its postfix (loss, learning rate and values logged with
+    ``prog_bar=True``) is refreshed on logging steps only, so it adds no host sync to other steps.
+    Only rank zero draws. Mirrors HF's ``ProgressCallback`` / Lightning's ``TQDMProgressBar``.
+    """
+
+    def __init__(self) -> None:
+        self.prog_bar_names: set[str] = set()
+        self.train_bar = None
+        self.eval_bar = None
+
+    def on_train_start(self, fit: Any, module: Any) -> None:
+        if fit.is_global_zero:
+            from tqdm.auto import tqdm
+
+            results = module._results
+            self.prog_bar_names = results.prog_bar_names() if results is not None else set()
+            self.train_bar = tqdm(total=fit.state.max_steps, initial=fit.state.global_step, desc="fit",
+                                  dynamic_ncols=True, unit="step")
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.train_bar is not None:
+            self.train_bar.update(1)
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
+        if self.train_bar is not None and logs and "loss" in logs:
+            names = {"loss", "learning_rate"} | self.prog_bar_names
+            shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items()
+                     if k in names or k.rsplit("_", 1)[0] in names}
+            self.train_bar.set_postfix(shown, refresh=False)
+
+    def on_train_end(self, fit: Any, module: Any) -> None:
+        if self.train_bar is not None:
+            self.train_bar.close()
+            self.train_bar = None
+
+    def _eval_start(self, fit: Any, module: Any, total: Any, desc: str) -> None:
+        if fit.is_global_zero and total:
+            from tqdm.auto import tqdm
+
+            self.eval_bar = tqdm(total=total, desc=desc, leave=self.train_bar is None, dynamic_ncols=True,
+                                 unit="batch")
+
+    def _eval_step(self, *args: Any) -> None:
+        if self.eval_bar is not None:
+            self.eval_bar.update(1)
+
+    def _eval_end(self, *args: Any) -> None:
+        if self.eval_bar is not None:
+            self.eval_bar.close()
+            self.eval_bar = None
+
+    def on_validation_epoch_start(self, fit: Any, module: Any) -> None:
+        self._eval_start(fit, module, fit.num_eval_batches, "validate")
+
+    def on_test_epoch_start(self, fit: Any, module: Any) -> None:
+        self._eval_start(fit, module, fit.num_eval_batches, "test")
+
+    def on_predict_epoch_start(self, fit: Any, module: Any) -> None:
+        self._eval_start(fit, module, fit.num_eval_batches, "predict")
+
+    on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _eval_step  # type: ignore[assignment]
+    on_validation_epoch_end = on_test_epoch_end = on_predict_epoch_end = _eval_end  # type: ignore[assignment]

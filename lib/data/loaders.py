@@ -1,0 +1,123 @@
+"""Building DataLoaders from datasets and arguments (F-CORE-5, single process part)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping
+from typing import Any, Callable, Iterable
+
+import torch
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data.dataloader import default_collate
+
+from taskfit.data.samplers import EpochRandomSampler, LengthGroupedSampler
+
+
+class DataModule:
+    """Optional bundle of data hooks (mirrors Lightning's ``LightningDataModule``).
+
+    Override any of :meth:`prepare_data` (download/tokenise once), :meth:`setup` (per stage: ``"fit"``,
+    ``"validate"``, ``"test"``, ``"predict"``) and the ``*_dataloader`` methods. A ``*_dataloader`` may return a
+    ``DataLoader`` or a map-style/iterable ``Dataset`` (then ``FitArguments`` batch sizes apply).
+    """
+
+    def prepare_data(self) -> None: ...
+    def setup(self, stage: str) -> None: ...
+    def train_dataloader(self) -> Any: return None
+    def val_dataloader(self) -> Any: return None
+    def test_dataloader(self) -> Any: return None
+    def predict_dataloader(self) -> Any: return None
+
+
+def _check_data(data: Any, what: str) -> None:
+    if isinstance(data, (DataLoader, Dataset, IterableDataset)):
+        pass
+    elif isinstance(data, (str, bytes, Mapping)) or not (hasattr(data, "__getitem__") or hasattr(data, "__iter__")):
+        raise TypeError(f"{what} must be a torch DataLoader, a Dataset (map-style or iterable) or a sequence of "
+                        f"samples; got {type(data).__name__}.")
+    try:
+        n = len(data)  # type: ignore[arg-type]
+    except TypeError:
+        return
+    if n == 0:
+        raise ValueError(f"{what} is empty: it has no samples (or no batches).")
+
+
+class ColumnFilter:
+    """Collator wrapper that drops dict keys a model's ``forward`` does not take (``remove_unused_columns``).
+
+    Args:
+        collate_fn (Callable): the collator to wrap.
+        keep (set[str]): keys to keep (forward parameters plus label names).
+    """
+
+    def __init__(self, collate_fn: Callable, keep: set[str]) -> None:
+        self.collate_fn, self.keep = collate_fn, keep
+
+    def __call__(self, samples: list[Any]) -> Any:
+        if samples and isinstance(samples[0], Mapping):
+            samples = [{k: v for k, v in s.items() if k in self.keep} for s in samples]
+        return self.collate_fn(samples)
+
+
+def forward_parameter_names(model: torch.nn.Module) -> set[str] | None:
+    """Names ``model.forward`` accepts, or None when it takes ``**kwargs`` (anything goes)."""
+    params = inspect.signature(model.forward).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return None
+    return {p.name for p in params}
+
+
+def _lengths(dataset: Any, column: str) -> list[int]:
+    first = dataset[0]
+    if isinstance(first, Mapping) and column in first:
+        return [int(dataset[i][column]) for i in range(len(dataset))]
+    if isinstance(first, Mapping) and "input_ids" in first:
+        return [len(dataset[i]["input_ids"]) for i in range(len(dataset))]
+    raise ValueError(f"group_by_length=True needs a {column!r} or 'input_ids' field in the dataset's samples.")
+
+
+def build_dataloader(data: Any, args: Any, *, train: bool, batch_size: int, collate_fn: Callable | None = None,
+                     keep_columns: Iterable[str] | None = None, what: str = "dataset") -> DataLoader | Any:
+    """Return a DataLoader for ``data`` (a DataLoader is returned unchanged).
+
+    Training loaders of map-style datasets use :class:`EpochRandomSampler` (or :class:`LengthGroupedSampler`
+    with ``group_by_length``) seeded with ``data_seed`` or ``seed``; evaluation loaders keep dataset order.
+    ``dataloader_num_workers``, ``dataloader_pin_memory`` (only when an accelerator is used),
+    ``dataloader_persistent_workers``, ``dataloader_prefetch_factor`` and ``dataloader_drop_last`` (training)
+    are honoured, as in HF ``Trainer.get_train_dataloader``.
+
+    Raises:
+        TypeError: ``data`` is not a DataLoader, Dataset or sequence.
+        ValueError: ``data`` is empty.
+    """
+    _check_data(data, what)
+    if isinstance(data, DataLoader):
+        return data
+    collate = collate_fn or default_collate
+    if keep_columns is not None:
+        collate = ColumnFilter(collate, set(keep_columns))
+    kwargs: dict[str, Any] = {
+        "batch_size": batch_size, "collate_fn": collate, "num_workers": args.dataloader_num_workers,
+        "pin_memory": bool(args.dataloader_pin_memory) and torch.cuda.is_available(),
+        "drop_last": bool(args.dataloader_drop_last) and train,
+    }
+    if args.dataloader_num_workers > 0:
+        kwargs["persistent_workers"] = bool(args.dataloader_persistent_workers)
+        if args.dataloader_prefetch_factor is not None:
+            kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
+    if train and not isinstance(data, IterableDataset):
+        seed = args.data_seed if args.data_seed is not None else args.seed
+        if args.group_by_length:
+            kwargs["sampler"] = LengthGroupedSampler(_lengths(data, args.length_column_name), batch_size, seed)
+        else:
+            kwargs["sampler"] = EpochRandomSampler(len(data), seed)
+    return DataLoader(data, **kwargs)
+
+
+def set_loader_epoch(loader: Any, epoch: int) -> None:
+    """Tell a loader's sampler / batch sampler / iterable dataset which epoch starts (``set_epoch`` protocol)."""
+    for obj in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None),
+                getattr(loader, "dataset", None)):
+        if obj is not None and hasattr(obj, "set_epoch"):
+            obj.set_epoch(epoch)

@@ -1,0 +1,632 @@
+"""``Fit``: how to run a TaskModule (F-CORE-3). Owns the strategy (and through it accelerator, precision and
+checkpoint IO), callbacks, loggers, arguments and the loops. Mirrors Lightning's ``Trainer`` plus the HF
+``Trainer`` API (``evaluate``, ``predict``, ``save_model``, ``log_metrics``, ``save_metrics``, ``compute_loss``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, Callable
+
+import torch
+from lightning_utilities.core.rank_zero import rank_zero_only
+from torch import nn
+
+from taskfit.arguments import FitArguments
+from taskfit.callbacks.base import Callback, HookRunner
+from taskfit.callbacks.progress import ProgressBar
+from taskfit.checkpoint import save_checkpoint, save_model_folder
+from taskfit.connector import resolve_components
+from taskfit.data.loaders import DataModule, build_dataloader, forward_parameter_names
+from taskfit.loggers import CSVLogger, Logger
+from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
+from taskfit.loops.fit_loop import FitLoop
+from taskfit.loops.state import FitControl, FitState
+from taskfit.metrics import PredictionOutput, metrics_table, save_metrics_json, speed_metrics
+from taskfit.module import TaskModule
+from taskfit.results import ResultCollection
+from taskfit.seed import enable_full_determinism, seed_everything
+from taskfit.module import infer_batch_size
+from taskfit.wrapping import ModelTaskModule, extract_loss, run_model
+
+log = logging.getLogger("taskfit")
+_COMPONENT_KEYS = ("accelerator", "strategy", "devices", "num_nodes", "precision")
+
+
+class TrainOutput(dict):
+    """The metrics dict ``Fit.fit`` returns (``train_runtime``, ``train_samples_per_second``,
+    ``train_steps_per_second``, ``total_flos``, ``train_loss``, ``epoch``), with HF ``TrainOutput``'s
+    attributes ``global_step``, ``training_loss`` and ``metrics``."""
+
+    def __init__(self, global_step: int, training_loss: float, metrics: dict[str, float]) -> None:
+        super().__init__(metrics)
+        self.global_step, self.training_loss = global_step, training_loss
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(self)
+
+
+def _resolve_interval(value: float, max_steps: int) -> int:
+    """HF rule: a value < 1 is a ratio of ``max_steps``; else a number of steps."""
+    if value is None:
+        return max_steps
+    return max(1, math.ceil(value * max_steps)) if value < 1 else int(value)
+
+
+class Fit:
+    """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
+
+    Args:
+        args (FitArguments | dict | None): the options; every keyword of ``FitArguments`` may also be passed
+            directly (``Fit(max_steps=10)``), overriding ``args``.
+        accelerator (str | Accelerator | None): ``"cpu"``, ``"auto"``, ... (F-ACC-1).
+        strategy (str | Strategy | None): ``"auto"``, ``"single_device"``, ``"ddp"``, ``"fsdp"``, ... (F-STRAT).
+        devices (int | str | list[int] | None): devices/processes (``"auto"``, a count, indices, ``-1``).
+        num_nodes (int | None): machines.
+        precision (str | Precision | None): ``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ``"64-true"``...
+        callbacks (list[Callback] | None): observers (``Callback`` or HF ``TrainerCallback`` objects).
+        loggers (list[Logger] | None): metric sinks in addition to those named by ``report_to``.
+        plugins (list | None): ``Precision`` / ``CheckpointIO`` instances.
+        compute_metrics (Callable[[EvalPrediction], dict] | None): HF-style metric function.
+        preprocess_logits_for_metrics (Callable[[Tensor, Tensor], Tensor] | None): applied per batch.
+        compute_loss_func (Callable[[outputs, labels, num_items_in_batch], Tensor] | None): custom loss for
+            plain models (HF ``compute_loss_func``); subclassing ``Fit`` and overriding :meth:`compute_loss`
+            works too.
+        optimizers (tuple[Optimizer | None, LRScheduler | None]): HF-style pre-built optimizer/scheduler.
+        data_collator (Callable | None): default collator for datasets.
+        processing_class (Any | None): tokenizer/processor saved with the model (``tokenizer`` is an alias);
+            with a tokenizer and no collator, batches are padded with ``DataCollatorWithPadding``.
+        model_init (Callable[[], nn.Module] | None): builds a fresh model when ``fit`` gets none.
+
+    Raises:
+        ValueError: unknown option names or values (with "did you mean"), incompatible components.
+        NotImplementedError: an option or component whose feature has not landed yet (names the issue).
+    """
+
+    def __init__(self, args: FitArguments | dict | None = None, *, accelerator: Any = None, strategy: Any = None,
+                 devices: Any = None, num_nodes: int | None = None, precision: Any = None,
+                 callbacks: list[Any] | None = None, loggers: list[Logger] | None = None,
+                 plugins: list[Any] | None = None, compute_metrics: Callable | None = None,
+                 preprocess_logits_for_metrics: Callable | None = None, compute_loss_func: Callable | None = None,
+                 optimizers: tuple[Any, Any] = (None, None), data_collator: Callable | None = None,
+                 processing_class: Any = None, tokenizer: Any = None, model_init: Callable | None = None,
+                 **kwargs: Any) -> None:
+        if args is None:
+            args = FitArguments()
+        elif isinstance(args, Mapping):
+            args = FitArguments.from_dict(dict(args))
+        elif not isinstance(args, FitArguments):
+            raise TypeError(f"args must be FitArguments, a dict or None; got {type(args).__name__}.")
+        plugins = list(plugins or [])
+        instances: dict[str, Any] = {}
+        overrides = dict(kwargs)
+        for key, value in zip(_COMPONENT_KEYS, (accelerator, strategy, devices, num_nodes, precision)):
+            if value is None:
+                continue
+            if isinstance(value, (str, int, list, tuple)):
+                overrides[key] = list(value) if isinstance(value, tuple) else value
+            elif key == "precision":
+                plugins.append(value)
+            else:
+                instances[key] = value
+        if overrides:
+            args = args.replace(**overrides)
+        args.check_implemented()
+        self.args = args
+        self.strategy = resolve_components(args, plugins, **instances)
+        rank_zero_only.rank = self.strategy.global_rank  # one rank-zero gate for every side effect
+        self.compute_metrics = compute_metrics
+        self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
+        self.compute_loss_func = compute_loss_func
+        self._optimizers = optimizers
+        self.data_collator = data_collator
+        self.processing_class = processing_class if processing_class is not None else tokenizer
+        self.model_init = model_init
+
+        self.callbacks: list[Any] = list(callbacks or [])
+        if not args.disable_tqdm:
+            self.callbacks.insert(0, ProgressBar())
+        self.loggers: list[Logger] = list(loggers or [])
+        report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
+        if "none" not in report_to and not any(isinstance(lg, CSVLogger) for lg in self.loggers):
+            self.loggers.append(CSVLogger(args.resolved_logging_dir))
+        self.state = FitState(is_local_process_zero=self.strategy.local_rank == 0,
+                              is_world_process_zero=self.strategy.is_global_zero)
+        self.control = FitControl()
+        self.model: nn.Module | None = None
+        self.module: TaskModule | None = None
+        self.optimizer: torch.optim.Optimizer | None = None
+        self.lr_scheduler: Any = None
+        self.scheduler_interval, self.scheduler_monitor = "step", None
+        self.callback_metrics: dict[str, Any] = {}
+        self.logged_metrics: dict[str, Any] = {}
+        self.num_eval_batches: int | None = None
+        self.train_loader: Any = None
+        self._eval_loaders: dict[str | None, Any] = {}
+        self._hooks = HookRunner(self.callbacks)
+        self._flos_per_sample = 0
+        self._start_step = 0
+        self._setup_done_for: nn.Module | None = None
+        if args.log_level not in (None, "passive"):
+            log.setLevel(args.log_level.upper())
+        self._hooks.call_hf("on_init_end", args, self.state, self.control)
+
+    # ---------------------------------------------------------------------------------------- topology ---
+    @property
+    def is_global_zero(self) -> bool:
+        return self.strategy.is_global_zero
+
+    @property
+    def global_rank(self) -> int:
+        return self.strategy.global_rank
+
+    @property
+    def local_rank(self) -> int:
+        return self.strategy.local_rank
+
+    @property
+    def world_size(self) -> int:
+        return self.strategy.world_size
+
+    def is_world_process_zero(self) -> bool:
+        """HF alias of :attr:`is_global_zero`."""
+        return self.strategy.is_global_zero
+
+    def is_local_process_zero(self) -> bool:
+        """True on the first process of each machine."""
+        return self.strategy.local_rank == 0
+
+    @property
+    def should_stop(self) -> bool:
+        """Lightning alias of ``control.should_training_stop`` (settable)."""
+        return self.control.should_training_stop
+
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.control.should_training_stop = bool(value)
+
+    # --------------------------------------------------------------------------------------- callbacks ---
+    def add_callback(self, callback: Any) -> None:
+        """Add a callback instance or class (instantiated without arguments), as HF ``add_callback``."""
+        self.callbacks.append(callback() if isinstance(callback, type) else callback)
+        self._hooks = HookRunner(self.callbacks, self.module)
+
+    def pop_callback(self, callback: Any) -> Any:
+        """Remove and return the first callback equal to ``callback`` or of that class (None if absent)."""
+        for cb in self.callbacks:
+            if cb is callback or (isinstance(callback, type) and isinstance(cb, callback)):
+                self.callbacks.remove(cb)
+                self._hooks = HookRunner(self.callbacks, self.module)
+                return cb
+        return None
+
+    def remove_callback(self, callback: Any) -> None:
+        """Remove the first callback equal to ``callback`` or of that class."""
+        self.pop_callback(callback)
+
+    # ------------------------------------------------------------------------------------------- setup ---
+    def _attach(self, model: nn.Module | None) -> TaskModule:
+        if model is None:
+            if self.module is not None:
+                return self.module
+            if self.model_init is None:
+                raise ValueError("No model: pass one to fit/validate/test/predict or give Fit(model_init=...).")
+            model = self.model_init()
+        if model is self.model and self.module is not None:
+            return self.module
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be a TaskModule or a torch.nn.Module; got {type(model).__name__}.")
+        module = model if isinstance(model, TaskModule) else ModelTaskModule(model, self.args.label_names)
+        module._fit = self
+        self.model, self.module = model, module
+        self._hooks = HookRunner(self.callbacks, module)
+        return module
+
+    def _setup_module(self, module: TaskModule) -> None:
+        if self._setup_done_for is not module:
+            self.strategy.setup_environment()
+            self.strategy.setup(module)
+            self._setup_done_for = module
+
+    def _collator(self, data_collator: Callable | None) -> Callable | None:
+        collator = data_collator or self.data_collator
+        if collator is None and self.processing_class is not None and hasattr(self.processing_class, "pad"):
+            from transformers import DataCollatorWithPadding
+
+            collator = DataCollatorWithPadding(self.processing_class)
+        return collator
+
+    def _loader(self, data: Any, *, train: bool, collator: Callable | None, what: str) -> Any:
+        keep = None
+        if isinstance(self.module, ModelTaskModule) and self.args.remove_unused_columns:
+            names = forward_parameter_names(self.model)
+            if names is not None:
+                keep = names | set(self.module.label_names) | {"label", "label_ids"}
+        bs = self.args.per_device_train_batch_size if train else self.args.per_device_eval_batch_size
+        return self.strategy.process_dataloader(
+            build_dataloader(data, self.args, train=train, batch_size=bs, collate_fn=self._collator(collator),
+                             keep_columns=keep, what=what))
+
+    def _eval_loader_dict(self, data: Any, collator: Callable | None) -> dict[str | None, Any]:
+        if data is None:
+            return {}
+        if isinstance(data, Mapping):
+            return {name: self._loader(d, train=False, collator=collator, what=f"eval dataset {name!r}")
+                    for name, d in data.items()}
+        return {None: self._loader(data, train=False, collator=collator, what="eval dataset")}
+
+    def _configure_optimizers(self, module: TaskModule, max_steps: int) -> None:
+        from taskfit.optim.optimizers import create_optimizer
+        from taskfit.optim.schedulers import create_scheduler, is_metric_scheduler
+
+        cfg = module.configure_optimizers()
+        opt, sched = self._optimizers
+        interval, monitor = "step", None
+        if opt is None and cfg is None:
+            opt = create_optimizer(self.model, self.args)
+            sched = sched or create_scheduler(opt, self.args, max_steps)
+        elif opt is None:
+            if isinstance(cfg, torch.optim.Optimizer):
+                opt = cfg
+            elif isinstance(cfg, Mapping):
+                opt, sched = cfg.get("optimizer"), cfg.get("lr_scheduler")
+            elif isinstance(cfg, (list, tuple)) and len(cfg) == 2:
+                opt, sched = cfg
+                opt = opt[0] if isinstance(opt, (list, tuple)) else opt
+                sched = (sched[0] if sched else None) if isinstance(sched, (list, tuple)) else sched
+            if not isinstance(opt, torch.optim.Optimizer):
+                raise TypeError("configure_optimizers must return an optimizer, (optimizer, scheduler), "
+                                f"or {{'optimizer': ..., 'lr_scheduler': ...}}; got {type(cfg).__name__}.")
+        if isinstance(sched, Mapping):
+            interval, monitor = sched.get("interval", "step"), sched.get("monitor")
+            sched = sched["scheduler"]
+            if interval not in ("step", "epoch"):
+                raise ValueError(f"lr_scheduler interval={interval!r} is not valid; choose 'step' or 'epoch'.")
+        if sched is not None and is_metric_scheduler(sched):
+            interval = "eval"
+            monitor = monitor or metric_key(self.args.metric_for_best_model or "loss", "eval")
+        self.optimizer, self.lr_scheduler = opt, sched
+        self.scheduler_interval, self.scheduler_monitor = interval, monitor
+
+    def _hf_kwargs(self) -> dict[str, Any]:
+        return {"model": self.model, "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler,
+                "train_dataloader": self.train_loader}
+
+    # ----------------------------------------------------------------------------------------- fitting ---
+    def fit(self, model: nn.Module | None = None, train_data: Any = None, eval_data: Any = None, *,
+            data_collator: Callable | None = None, datamodule: DataModule | None = None,
+            resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
+        """Train ``model`` on ``train_data`` (a DataLoader, a Dataset, or ``datamodule``), evaluating on
+        ``eval_data`` (one dataset/loader or a dict of named ones) as ``eval_strategy`` says.
+
+        Returns:
+            TrainOutput: ``train_runtime`` (s), ``train_samples_per_second``, ``train_steps_per_second``,
+            ``total_flos`` (6 x parameters x samples), ``train_loss``, ``epoch``.
+
+        Raises:
+            ValueError: no or empty training data; evaluation requested without eval data or step.
+            TypeError: data of the wrong type; a training_step returning something other than a loss.
+            NotImplementedError: ``resume_from_checkpoint`` (lands with the checkpoint issue #3).
+        """
+        args = self.args
+        if resume_from_checkpoint not in (None, False):
+            raise NotImplementedError("resume_from_checkpoint is not implemented yet (lands with the checkpoint "
+                                      "issue #3).")
+        module = self._attach(model)
+        if datamodule is not None:
+            datamodule.prepare_data()
+            datamodule.setup("fit")
+            train_data = train_data if train_data is not None else datamodule.train_dataloader()
+            eval_data = eval_data if eval_data is not None else datamodule.val_dataloader()
+        if train_data is None:
+            raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")
+        if args.eval_strategy != "no" and eval_data is None:
+            raise ValueError(f"eval_strategy={args.eval_strategy!r} needs eval data; pass eval_data or set "
+                             "eval_strategy='no'.")
+        if eval_data is not None and not self._can_validate(module):
+            raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
+        (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
+        self.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset")
+        self._eval_loaders = self._eval_loader_dict(eval_data, data_collator)
+
+        accum = args.gradient_accumulation_steps
+        try:
+            n_batches = len(self.train_loader)
+        except TypeError:
+            n_batches = None
+        if n_batches == 0:
+            raise ValueError("The train DataLoader yields no batches (dataset smaller than one batch with "
+                             "dataloader_drop_last=True?).")
+        steps_per_epoch = math.ceil(n_batches / accum) if n_batches else None
+        if args.max_steps and args.max_steps > 0:
+            max_steps = args.max_steps
+        elif steps_per_epoch is None:
+            raise ValueError("The train data has no length (IterableDataset); set max_steps > 0.")
+        else:
+            max_steps = max(1, math.ceil(args.num_train_epochs * steps_per_epoch))
+        num_epochs = math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else sys.maxsize
+        st = self.state
+        st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
+        st.logging_steps = _resolve_interval(args.logging_steps, max_steps)
+        st.eval_steps = _resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,
+                                          max_steps)
+        st.save_steps = _resolve_interval(args.save_steps, max_steps)
+        st.train_batch_size = args.per_device_train_batch_size
+
+        self._setup_module(module)
+        self._configure_optimizers(module, max_steps)
+        module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
+        module._log_defaults = (True, False)
+        self._flos_per_sample = 6 * sum(p.numel() for p in module.parameters())
+        self._start_step = st.global_step
+        start_samples = st.samples_seen
+        self._log_summary(module, max_steps, steps_per_epoch)
+        hooks, ctl = self._hooks, self.control
+        ctl._new_training()
+        if self.is_global_zero:
+            for lg in self.loggers:
+                lg.log_hyperparams(args.to_sanitized_dict())
+        hooks.call("setup", self, module, "fit")
+        hooks.call("on_fit_start", self, module)
+        hooks.call_hf("on_train_begin", args, st, ctl, **self._hf_kwargs())
+        hooks.call("on_train_start", self, module)
+        module.train()
+        loop = FitLoop(self)
+        start = time.perf_counter()
+        try:
+            if args.eval_on_start and self._eval_loaders:
+                self._evaluate_during_fit()
+            loop.run(self.train_loader, steps_per_epoch, num_epochs)
+        except BaseException as exc:
+            hooks.call("on_exception", self, module, exc)
+            self._finalize_loggers("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            raise
+        metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
+                                st.global_step - self._start_step)
+        metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)
+        self._log(dict(metrics))
+        hooks.call("on_train_end", self, module)
+        hooks.call_hf("on_train_end", args, st, ctl, **self._hf_kwargs())
+        hooks.call("on_fit_end", self, module)
+        hooks.call("teardown", self, module, "fit")
+        self._finalize_loggers("success")
+        return TrainOutput(st.global_step, loop.training_loss, metrics)
+
+    @staticmethod
+    def _can_validate(module: TaskModule) -> bool:
+        return type(module).validation_step is not TaskModule.validation_step
+
+    @rank_zero_only
+    def _log_summary(self, module: TaskModule, max_steps: int, steps_per_epoch: int | None) -> None:
+        a, s = self.args, self.strategy
+        n = sum(p.numel() for p in module.parameters())
+        nt = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        log.info("taskfit: accelerator=%s strategy=%s devices=%s precision=%s | params %s (trainable %s) | "
+                 "batch %d x accumulation %d x world %d = %d samples/step | %d steps (%s per epoch)",
+                 type(s.accelerator).__name__, s.name, s.world_size, s.precision.name, f"{n:,}", f"{nt:,}",
+                 a.per_device_train_batch_size, a.gradient_accumulation_steps, s.world_size,
+                 a.per_device_train_batch_size * a.gradient_accumulation_steps * s.world_size, max_steps,
+                 steps_per_epoch)
+
+    def _finalize_loggers(self, status: str) -> None:
+        if self.is_global_zero:
+            for lg in self.loggers:
+                lg.finalize(status)
+
+    def _log(self, logs: dict[str, Any]) -> None:
+        """Send ``logs`` to every logger and ``on_log`` callbacks; append to ``state.log_history``."""
+        st = self.state
+        logs.setdefault("epoch", round(st.epoch, 4))
+        st.log_history.append({**logs, "step": st.global_step})
+        self.logged_metrics.update(logs)
+        self.callback_metrics.update(logs)
+        if self.is_global_zero:
+            for lg in self.loggers:
+                lg.log_metrics(logs, st.global_step)
+        if self._hooks.hf["on_log"]:
+            self._hooks.call_hf("on_log", self.args, st, self.control, logs=logs)
+
+    def _evaluate_during_fit(self) -> dict[str, float]:
+        metrics: dict[str, float] = {}
+        for name, loader in self._eval_loaders.items():
+            prefix = "eval" if name is None else f"eval_{name}"
+            metrics.update(EvaluationLoop(self, "validate").run(loader, prefix)[0])
+        metrics["epoch"] = self.state.epoch
+        self._log(metrics)
+        self._track_best(metrics)
+        if self.scheduler_interval == "eval" and self.lr_scheduler is not None:
+            if self.scheduler_monitor not in metrics:
+                raise KeyError(f"ReduceLROnPlateau monitors {self.scheduler_monitor!r}, which evaluation did not "
+                               f"return; available: {sorted(metrics)}.")
+            self.lr_scheduler.step(metrics[self.scheduler_monitor])
+        self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
+        return metrics
+
+    def _track_best(self, metrics: dict[str, float]) -> None:
+        name = self.args.metric_for_best_model
+        if not name:
+            return
+        key = metric_key(name, "eval")
+        if key not in metrics:
+            raise KeyError(f"metric_for_best_model={name!r} ({key!r}) is not among the evaluation metrics "
+                           f"{sorted(metrics)}.")
+        value, best = metrics[key], self.state.best_metric
+        greater = self.args.greater_is_better if self.args.greater_is_better is not None else not key.endswith("loss")
+        if best is None or (value > best if greater else value < best):
+            self.state.best_metric, self.state.best_global_step = value, self.state.global_step
+
+    def _save_checkpoint(self) -> str:
+        path = save_checkpoint(self)
+        if self.state.best_global_step == self.state.global_step:
+            self.state.best_model_checkpoint = path
+        self._hooks.call_hf("on_save", self.args, self.state, self.control)
+        return path
+
+    # ----------------------------------------------------------------------------- evaluate / predict ---
+    def _eval_entry(self, model: Any, data: Any, stage: str) -> tuple[TaskModule, Any]:
+        if model is not None and not isinstance(model, nn.Module) and data is None:
+            model, data = None, model  # HF-style fit.evaluate(eval_dataset)
+        module = self._attach(model)
+        self._setup_module(module)
+        if module._results is None:
+            module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
+        if stage == "validate" and not self._can_validate(module):
+            raise ValueError(f"{type(module).__name__} has no validation_step to evaluate with.")
+        return module, data
+
+    def _from_datamodule(self, datamodule: DataModule | None, stage: str, method: str) -> Any:
+        if datamodule is None:
+            return None
+        datamodule.prepare_data()
+        datamodule.setup(stage)
+        return getattr(datamodule, method)()
+
+    def validate(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
+                 datamodule: DataModule | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+        """Evaluate on ``data`` (default: the eval data given to ``fit``); returns metrics such as
+        ``eval_loss``, logged names (``val_acc``), ``compute_metrics`` results, ``eval_runtime`` (s),
+        ``eval_samples_per_second``. A dict of datasets gives ``{prefix}_{name}_{metric}`` keys.
+
+        Raises:
+            ValueError: no data, empty data, or a module without ``validation_step``.
+        """
+        module, data = self._eval_entry(model, data, "validate")
+        data = data if data is not None else self._from_datamodule(datamodule, "validate", "val_dataloader")
+        loaders = self._eval_loader_dict(data, data_collator) if data is not None else self._eval_loaders
+        if not loaders:
+            raise ValueError("validate() needs eval data: pass data, a datamodule, or eval_data to fit().")
+        metrics: dict[str, float] = {}
+        for name, loader in loaders.items():
+            prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
+            metrics.update(EvaluationLoop(self, "validate").run(loader, prefix)[0])
+        if self.state.global_step:
+            metrics["epoch"] = self.state.epoch
+        self._log(dict(metrics))
+        self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
+        return metrics
+
+    def evaluate(self, model: Any = None, data: Any = None, **kwargs: Any) -> dict[str, float]:
+        """HF-style alias of :meth:`validate` (``fit.evaluate(eval_dataset)`` works too)."""
+        return self.validate(model, data, **kwargs)
+
+    def test(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
+             datamodule: DataModule | None = None, metric_key_prefix: str = "test") -> dict[str, float]:
+        """Like :meth:`validate` with ``test_step`` and ``test_`` keys.
+
+        Raises:
+            ValueError: no or empty data.
+        """
+        module, data = self._eval_entry(model, data, "test")
+        data = data if data is not None else self._from_datamodule(datamodule, "test", "test_dataloader")
+        if data is None:
+            raise ValueError("test() needs data: pass data or a datamodule with test_dataloader().")
+        metrics: dict[str, float] = {}
+        for name, loader in self._eval_loader_dict(data, data_collator).items():
+            prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
+            metrics.update(EvaluationLoop(self, "test").run(loader, prefix)[0])
+        self._log(dict(metrics))
+        return metrics
+
+    def predict(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
+                datamodule: DataModule | None = None, metric_key_prefix: str = "test") -> PredictionOutput:
+        """Run ``predict_step`` over ``data``; returns ``PredictionOutput(predictions, label_ids, metrics)``
+        with numpy arrays concatenated over batches (mirrors HF ``Trainer.predict``).
+
+        Raises:
+            ValueError: no or empty data.
+        """
+        module, data = self._eval_entry(model, data, "predict")
+        data = data if data is not None else self._from_datamodule(datamodule, "predict", "predict_dataloader")
+        if data is None:
+            raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")
+        loader = self._loader(data, train=False, collator=data_collator, what="predict dataset")
+        metrics, preds, labels = EvaluationLoop(self, "predict").run(loader, metric_key_prefix)
+        self._hooks.call_hf("on_predict", self.args, self.state, self.control, metrics=metrics)
+        return PredictionOutput(preds, labels, metrics)
+
+    # ---------------------------------------------------------------------------------- loss / output ---
+    def compute_loss(self, model: nn.Module, inputs: Any, return_outputs: bool = False,
+                     num_items_in_batch: int | None = None) -> Any:
+        """Loss of a plain model on ``inputs`` (mirrors HF ``Trainer.compute_loss``; override it in a subclass
+        for a custom loss, e.g. class weights). With ``compute_loss_func`` the labels are taken out of the
+        batch and passed to it with the outputs.
+
+        Raises:
+            ValueError: the model returned no loss (no labels in the batch?).
+        """
+        label_names = self.args.label_names or getattr(self.module, "label_names", ["labels"])
+        if self.compute_loss_func is not None and isinstance(inputs, Mapping):
+            labels = inputs[label_names[0]]
+            outputs = model(**{k: v for k, v in inputs.items() if k not in label_names})
+            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+        else:
+            outputs = run_model(model, inputs)
+            loss = extract_loss(outputs)
+        if loss is None:
+            keys = sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__
+            raise ValueError(f"The model returned no loss for a batch with {keys}; include the labels "
+                             f"({label_names}) or override Fit.compute_loss / pass compute_loss_func.")
+        return (loss, outputs) if return_outputs else loss
+
+    def save_model(self, output_dir: str | None = None) -> str:
+        """Write the trained model (safetensors weights + config, and the processing class) to ``output_dir``
+        (default ``args.output_dir``) on rank zero; returns the folder (F-CORE-7, HF ``save_model``).
+
+        Raises:
+            ValueError: no model attached yet.
+        """
+        if self.model is None:
+            raise ValueError("save_model() before any model was given to fit/validate/predict.")
+        folder = output_dir or self.args.output_dir
+        if self.is_global_zero:
+            save_model_folder(self, folder)
+            with open(os.path.join(folder, "fit_args.json"), "w") as f:
+                f.write(self.args.to_json_string())
+        self.strategy.barrier("save_model")
+        return folder
+
+    @rank_zero_only
+    def log_metrics(self, split: str, metrics: dict[str, Any]) -> None:
+        """Print ``metrics`` as an aligned table (HF ``log_metrics`` with ``metrics_format``)."""
+        print(metrics_table(split, metrics))
+
+    @rank_zero_only
+    def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
+        """Write ``{split}_results.json`` (and merge into ``all_results.json``) under ``output_dir``."""
+        save_metrics_json(self.args.output_dir, split, metrics, combined)
+
+    @rank_zero_only
+    def save_state(self) -> None:
+        """Write ``trainer_state.json`` (the loop state, HF ``save_state``) under ``output_dir``."""
+        os.makedirs(self.args.output_dir, exist_ok=True)
+        with open(os.path.join(self.args.output_dir, "trainer_state.json"), "w") as f:
+            json.dump(self.state.state_dict(), f, indent=2, default=str)
+
+    # ------------------------------------------------------------------------------------ data helpers ---
+    @staticmethod
+    def num_examples(loader: Any) -> int:
+        """Samples in a DataLoader's dataset (HF ``num_examples``)."""
+        return len(loader.dataset)
+
+    @staticmethod
+    def num_tokens(loader: Any, max_steps: int | None = None) -> int:
+        """Tokens (``input_ids`` elements) in a loader's batches, up to ``max_steps`` batches (HF ``num_tokens``)."""
+        total = 0
+        for i, batch in enumerate(loader):
+            if max_steps is not None and i >= max_steps:
+                break
+            total += batch["input_ids"].numel()
+        return total
+
+    def floating_point_ops(self, inputs: Any) -> int:
+        """Training FLOPs of one batch: 6 x parameters x tokens (``input_ids``) or x samples (HF estimate)."""
+        n = sum(p.numel() for p in (self.model or nn.Module()).parameters())
+        if isinstance(inputs, Mapping) and "input_ids" in inputs:
+            return 6 * n * inputs["input_ids"].numel()
+        return 6 * n * infer_batch_size(inputs)

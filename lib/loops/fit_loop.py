@@ -1,0 +1,207 @@
+"""The fit loop: epochs, accumulation windows, clipping, optimizer/scheduler steps and the log / evaluate /
+save triggers (F-LOOP-1..3, F-LOOP-6). One optimizer step = one window of ``gradient_accumulation_steps``
+micro-batches (the last window of an epoch may be shorter)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from taskfit.data.loaders import set_loader_epoch
+from taskfit.module import infer_batch_size
+
+if TYPE_CHECKING:
+    from taskfit.fit import Fit
+
+
+def _extract_training_loss(out: Any) -> torch.Tensor:
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"training_step must return a scalar loss tensor or a dict with key 'loss'; it returned "
+                        f"{type(out).__name__}{' without a loss' if isinstance(out, Mapping) else ''}.")
+    if loss.numel() != 1:
+        raise ValueError(f"training_step must return a scalar loss; got a tensor of shape {tuple(loss.shape)}. "
+                         "Reduce it (e.g. .mean()) first.")
+    if not loss.requires_grad:
+        raise ValueError("training_step returned a loss that does not require grad (computed under no_grad, "
+                         "detached, or the module has no trainable parameters).")
+    return loss
+
+
+def _window(iterator: Any, size: int) -> list[Any]:
+    out = []
+    for _ in range(size):
+        try:
+            out.append(next(iterator))
+        except StopIteration:
+            break
+    return out
+
+
+class FitLoop:
+    """Drives training for one ``Fit.fit`` call; ``Fit`` owns the objects, this class owns the order.
+
+    Args:
+        fit (Fit): the run, already set up (module on device, optimizer, scheduler, loaders, state).
+    """
+
+    def __init__(self, fit: Fit) -> None:
+        self.fit = fit
+        self.tr_loss = torch.zeros(())  # losses since the last log, summed per optimizer step
+        self.total_loss = 0.0            # sum of all logged step losses (host float)
+        self.steps_since_log = 0
+        self.grad_norm: torch.Tensor | None = None
+
+    def run(self, loader: Any, steps_per_epoch: int | None, num_epochs: int) -> None:
+        """Train until ``state.max_steps`` or ``num_epochs`` or a stop flag."""
+        fit = self.fit
+        state, control, args, hooks = fit.state, fit.control, fit.args, fit._hooks
+        module, strategy, optimizer = fit.module, fit.strategy, fit.optimizer
+        L, H = hooks.lightning, hooks.hf
+        accum = args.gradient_accumulation_steps
+        max_norm = args.max_grad_norm
+        params = [p for p in module.parameters() if p.requires_grad]
+        step_scheduler = fit.lr_scheduler is not None and fit.scheduler_interval == "step"
+        nan_filter = args.logging_nan_inf_filter
+        self.tr_loss = torch.zeros((), device=strategy.root_device)
+        train_fx = module.training_step
+        fwd_ctx = strategy.forward_context
+        counts_needed = accum > 1
+
+        for epoch in range(int(state.epoch), num_epochs):
+            set_loader_epoch(fit.train_loader, epoch)
+            control._new_epoch()
+            module._results.reset_epoch()
+            hooks.call("on_train_epoch_start", fit, module)
+            H["on_epoch_begin"] and hooks.call_hf("on_epoch_begin", args, state, control, **fit._hf_kwargs())
+            iterator = iter(loader)
+            state.batch_in_epoch = 0
+            while True:
+                window = _window(iterator, accum)
+                if not window:
+                    break
+                last = len(window) - 1
+                if counts_needed and last:
+                    counts = [module.num_items(b) for b in window]
+                    if any(c is None for c in counts):
+                        weights = [1.0 / len(window)] * len(window)
+                    else:
+                        total = sum(counts)
+                        weights = [c / total if total else 0.0 for c in counts]
+                else:
+                    weights = None
+                step_loss, window_samples = None, 0
+                for i, batch in enumerate(window):
+                    batch = strategy.batch_to_device(batch)
+                    module._results.batch = batch
+                    module._results._batch_size = None
+                    batch_idx = state.batch_in_epoch
+                    L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
+                    if i == 0 and H["on_step_begin"]:
+                        hooks.call_hf("on_step_begin", args, state, control, **fit._hf_kwargs())
+                    with strategy.no_sync(i == last):
+                        with fwd_ctx():
+                            out = train_fx(batch, batch_idx)
+                        loss = _extract_training_loss(out)
+                        if weights is not None:
+                            loss = loss * weights[i]
+                        L["on_before_backward"] and hooks.call("on_before_backward", fit, module, loss)
+                        strategy.backward(loss)
+                        L["on_after_backward"] and hooks.call("on_after_backward", fit, module)
+                    detached = loss.detach()
+                    step_loss = detached if step_loss is None else step_loss + detached
+                    window_samples += infer_batch_size(batch)
+                    state.batch_in_epoch += 1
+                    if i != last:
+                        H["on_substep_end"] and hooks.call_hf("on_substep_end", args, state, control)
+                        L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
+                        continue
+                    # ---- optimizer step: once per window ----
+                    L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, optimizer)
+                    if max_norm and max_norm > 0:
+                        self.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
+                    H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
+                    stepped = strategy.optimizer_step(optimizer)
+                    H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)
+                    if step_scheduler and stepped:
+                        fit.lr_scheduler.step()
+                    L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, optimizer)
+                    optimizer.zero_grad(set_to_none=True)
+                    if nan_filter:
+                        step_loss = torch.where(torch.isfinite(step_loss), step_loss,
+                                                self.tr_loss / max(1, self.steps_since_log))
+                    self.tr_loss += step_loss
+                    self.steps_since_log += 1
+                    state.global_step += 1
+                    state.epoch = epoch + (state.batch_in_epoch / steps_per_epoch if steps_per_epoch else 0.0)
+                    state.samples_seen += window_samples
+                    state.total_flos += fit._flos_per_sample * window_samples
+                    L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
+                    self._after_step(epoch_end=False)
+                if control.should_training_stop or control.should_epoch_stop:
+                    break
+            if not (control.should_training_stop or control.should_epoch_stop):
+                state.epoch = float(epoch + 1)  # the epoch ran to its end
+            hooks.call("on_train_epoch_end", fit, module)
+            H["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **fit._hf_kwargs())
+            epoch_logs = module._results.epoch_values(logger_only=True)
+            if epoch_logs:
+                fit._log(epoch_logs)
+            self._after_step(epoch_end=True)
+            if control.should_training_stop:
+                break
+        if self.steps_since_log:
+            self.total_loss += float(self.tr_loss)
+
+    def _after_step(self, epoch_end: bool) -> None:
+        """Set and act on the log / evaluate / save / stop flags (mirrors HF ``DefaultFlowCallback`` +
+        ``_maybe_log_save_evaluate``)."""
+        fit = self.fit
+        state, control, args, hooks = fit.state, fit.control, fit.args, fit._hooks
+        step = state.global_step
+        if not epoch_end:
+            if args.logging_strategy == "steps" and (step % state.logging_steps == 0
+                                                     or (step == 1 and args.logging_first_step)):
+                control.should_log = True
+            if args.eval_strategy == "steps" and step % state.eval_steps == 0 and (args.eval_delay or 0) <= step:
+                control.should_evaluate = True
+            if args.save_strategy == "steps" and step % state.save_steps == 0:
+                control.should_save = True
+            if step >= state.max_steps:
+                control.should_training_stop = True
+                if args.save_strategy != "no" and step % state.save_steps:
+                    control.should_save = args.save_strategy == "steps"
+            if hooks.hf["on_step_end"]:
+                hooks.call_hf("on_step_end", args, state, control, **fit._hf_kwargs())
+        else:
+            if args.logging_strategy == "epoch":
+                control.should_log = True
+            if args.eval_strategy == "epoch" and (args.eval_delay or 0) <= state.epoch:
+                control.should_evaluate = True
+            if args.save_strategy == "epoch":
+                control.should_save = True
+        if control.should_log and self.steps_since_log:
+            loss = float(self.tr_loss) / self.steps_since_log
+            self.total_loss += float(self.tr_loss)
+            self.tr_loss.zero_()
+            self.steps_since_log = 0
+            logs = {"loss": round(loss, 6)}
+            if self.grad_norm is not None:
+                logs["grad_norm"] = float(self.grad_norm)
+            logs["learning_rate"] = fit.optimizer.param_groups[0]["lr"]
+            logs.update(fit.module._results.step_values())
+            fit._log(logs)
+        if control.should_evaluate:
+            fit._evaluate_during_fit()
+        if control.should_save:
+            fit._save_checkpoint()
+        control._new_step()
+
+    @property
+    def training_loss(self) -> float:
+        """Mean loss per optimizer step over the whole run (HF ``TrainOutput.training_loss``)."""
+        steps = self.fit.state.global_step - self.fit._start_step
+        return self.total_loss / steps if steps else math.nan

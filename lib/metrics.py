@@ -1,0 +1,134 @@
+"""Result types and metric helpers: ``EvalPrediction``, ``PredictionOutput``, speed metrics (F-EVAL-1, F-EVAL-4,
+F-EVAL-5). Names and formats mirror the HF Trainer's."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+
+
+class EvalPrediction(NamedTuple):
+    """What ``compute_metrics`` receives (mirrors ``transformers.EvalPrediction``).
+
+    Attributes:
+        predictions (np.ndarray | tuple): model outputs, concatenated over batches (shape ``(N, ...)``).
+        label_ids (np.ndarray | tuple | None): labels, concatenated the same way.
+        inputs (np.ndarray | None): the inputs, with ``include_inputs_for_metrics``.
+    """
+
+    predictions: Any
+    label_ids: Any
+    inputs: Any = None
+
+
+class PredictionOutput(NamedTuple):
+    """What ``Fit.predict`` returns (mirrors ``transformers.trainer_utils.PredictionOutput``).
+
+    Attributes:
+        predictions (np.ndarray | tuple | list): outputs of ``predict_step``, concatenated over batches.
+        label_ids (np.ndarray | None): labels when the data had them.
+        metrics (dict[str, float]): ``test_``-prefixed metrics (runtime, samples/s, loss and
+            ``compute_metrics`` results when available).
+    """
+
+    predictions: Any
+    label_ids: Any
+    metrics: dict[str, float]
+
+
+def speed_metrics(split: str, start_time: float, end_time: float, num_samples: int | None = None,
+                  num_steps: int | None = None) -> dict[str, float]:
+    """``{split}_runtime`` (seconds), ``{split}_samples_per_second`` and ``{split}_steps_per_second``
+    (mirrors HF ``speed_metrics``)."""
+    runtime = max(end_time - start_time, 1e-9)
+    out = {f"{split}_runtime": round(runtime, 4)}
+    if num_samples is not None:
+        out[f"{split}_samples_per_second"] = round(num_samples / runtime, 3)
+    if num_steps is not None:
+        out[f"{split}_steps_per_second"] = round(num_steps / runtime, 3)
+    return out
+
+
+def format_metrics(metrics: dict[str, Any]) -> dict[str, str]:
+    """Human-readable copy of ``metrics`` (mirrors HF ``metrics_format``): runtimes as h:mm:ss.ss, FLOPs in
+    GF, other floats rounded to 4 decimals."""
+    out = {}
+    for k, v in metrics.items():
+        if k.endswith("_runtime") and isinstance(v, (int, float)):
+            h, rem = divmod(v, 3600)
+            m, s = divmod(rem, 60)
+            out[k] = f"{int(h)}:{int(m):02d}:{s:05.2f}"
+        elif k == "total_flos" and isinstance(v, (int, float)):
+            out[k] = f"{v / 1e9:.0f}GF"
+        elif isinstance(v, float):
+            out[k] = f"{round(v, 4)}"
+        else:
+            out[k] = str(v)
+    return out
+
+
+def metrics_table(split: str, metrics: dict[str, Any]) -> str:
+    """The text ``log_metrics`` prints: a header and aligned ``key = value`` lines."""
+    fm = format_metrics(metrics)
+    width = max((len(k) for k in fm), default=0)
+    return "\n".join([f"***** {split} metrics *****"] + [f"  {k:<{width}} = {fm[k]:>9}" for k in sorted(fm)])
+
+
+def save_metrics_json(output_dir: str, split: str, metrics: dict[str, Any], combined: bool = True) -> str:
+    """Write ``{split}_results.json`` and merge into ``all_results.json`` (HF ``save_metrics``); returns the path."""
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, f"{split}_results.json")
+    with open(path, "w") as f:
+        json.dump(metrics, f, indent=4, sort_keys=True)
+    if combined:
+        all_path = os.path.join(output_dir, "all_results.json")
+        merged = {}
+        if os.path.exists(all_path):
+            with open(all_path) as f:
+                merged = json.load(f)
+        merged.update(metrics)
+        with open(all_path, "w") as f:
+            json.dump(merged, f, indent=4, sort_keys=True)
+    return path
+
+
+def to_numpy(x: Any) -> Any:
+    """Tensors (nested in lists/tuples/dicts) to numpy arrays."""
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        x = x.detach().cpu()
+        return (x.float() if x.dtype == torch.bfloat16 else x).numpy()
+    if isinstance(x, (list, tuple)):
+        return type(x)(to_numpy(v) for v in x)
+    if isinstance(x, dict):
+        return {k: to_numpy(v) for k, v in x.items()}
+    return x
+
+
+def nested_concat(batches: list[Any], padding_index: int = -100) -> Any:
+    """Concatenate per-batch outputs along dim 0, padding dim 1 with ``padding_index`` when sequence lengths
+    differ (mirrors HF ``nested_concat``). Works on numpy arrays nested in tuples/lists/dicts."""
+    first = batches[0]
+    if isinstance(first, (list, tuple)):
+        return type(first)(nested_concat([b[i] for b in batches], padding_index) for i in range(len(first)))
+    if isinstance(first, dict):
+        return {k: nested_concat([b[k] for b in batches], padding_index) for k in first}
+    arrays = [np.atleast_1d(np.asarray(b)) for b in batches]
+    if arrays[0].ndim >= 2 and len({a.shape[1:] for a in arrays}) > 1:
+        width = max(a.shape[1] for a in arrays)
+        padded = []
+        for a in arrays:
+            out = np.full((a.shape[0], width) + a.shape[2:], padding_index, dtype=a.dtype)
+            out[:, : a.shape[1]] = a
+            padded.append(out)
+        arrays = padded
+    return np.concatenate(arrays, axis=0)
+
+
+def is_finite_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x)

@@ -1,0 +1,119 @@
+"""Training a plain ``nn.Module`` (e.g. a Hugging Face model) without writing a TaskModule (F-CORE-2).
+
+The model's forward must return the loss when given labels (first tuple element, ``.loss`` attribute or
+``"loss"`` key), as HF models do. ``Fit.compute_loss`` is the override point, as ``Trainer.compute_loss`` is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from taskfit.module import IGNORE_INDEX, TaskModule, infer_batch_size
+
+
+def run_model(model: nn.Module, inputs: Any) -> Any:
+    """Call ``model`` HF-style: ``model(**inputs)`` for a dict, ``model(*inputs)`` for a tuple/list."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if isinstance(inputs, (list, tuple)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def extract_loss(outputs: Any) -> torch.Tensor | None:
+    """The loss in a model's outputs: ``outputs["loss"]``, ``outputs.loss``, ``outputs[0]`` or the tensor itself."""
+    if isinstance(outputs, Mapping):
+        return outputs.get("loss")
+    if hasattr(outputs, "loss"):
+        return outputs.loss
+    if isinstance(outputs, (list, tuple)):
+        return outputs[0] if outputs else None
+    return outputs if isinstance(outputs, torch.Tensor) else None
+
+
+def extract_logits(outputs: Any, has_loss: bool) -> Any:
+    """The predictions in a model's outputs: ``.logits``/``"logits"``, else every non-loss element."""
+    if isinstance(outputs, Mapping) or hasattr(outputs, "logits"):
+        logits = outputs.get("logits") if isinstance(outputs, Mapping) else outputs.logits
+        if logits is not None:
+            return logits
+        if isinstance(outputs, Mapping):
+            rest = tuple(v for k, v in outputs.items() if k != "loss" and isinstance(v, torch.Tensor))
+            return rest[0] if len(rest) == 1 else rest
+    if isinstance(outputs, (list, tuple)):
+        rest = outputs[1:] if has_loss else outputs
+        return rest[0] if len(rest) == 1 else tuple(rest)
+    return outputs
+
+
+def default_label_names(model: nn.Module) -> list[str]:
+    """HF's rule: ``["start_positions", "end_positions"]`` for question answering models, else ``["labels"]``."""
+    return ["start_positions", "end_positions"] if "QuestionAnswering" in type(model).__name__ else ["labels"]
+
+
+class ModelTaskModule(TaskModule):
+    """Adapter that trains ``model`` through its own loss (built by ``Fit`` for non-TaskModule models).
+
+    Args:
+        model (nn.Module): forward returns the loss when labels are in the batch.
+        label_names (list[str] | None): batch keys holding labels (``FitArguments.label_names``).
+
+    The wrapped model is ``self.model``; checkpoints and ``save_model`` store its own state dict keys.
+    """
+
+    def __init__(self, model: nn.Module, label_names: list[str] | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.label_names = list(label_names) if label_names else default_label_names(model)
+        # causal LMs shift labels inside forward: the loss averages over labels[..., 1:]
+        self._shifted = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self.model(*args, **kwargs)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        return self.fit.compute_loss(self.model, batch)
+
+    def _labels(self, batch: Any) -> Any:
+        if isinstance(batch, (list, tuple)) and len(batch) > 1:
+            return batch[-1]
+        if isinstance(batch, Mapping):
+            found = [batch[k] for k in self.label_names if k in batch]
+            return (found[0] if len(found) == 1 else tuple(found)) if found else None
+        return None
+
+    def _loss_and_logits(self, batch: Any) -> tuple[torch.Tensor | None, Any]:
+        outputs = run_model(self.model, batch)
+        if isinstance(outputs, Mapping) or hasattr(outputs, "loss"):
+            loss = extract_loss(outputs)  # HF ModelOutput: None without labels
+        elif isinstance(outputs, (list, tuple)):
+            has_labels = self._labels(batch) is not None or (isinstance(batch, (list, tuple)) and len(batch) > 1)
+            loss = outputs[0] if has_labels else None
+        else:
+            loss = None
+        return loss, extract_logits(outputs, has_loss=loss is not None)
+
+    def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        loss, logits = self._loss_and_logits(batch)
+        return {"loss": loss, "logits": logits, "labels": self._labels(batch)}
+
+    def test_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        return self.validation_step(batch, batch_idx)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        return self.validation_step(batch, batch_idx)
+
+    def num_items(self, batch: Any) -> int | None:
+        labels = self._labels(batch)
+        if isinstance(labels, torch.Tensor) and labels.dim() >= 2:
+            if self._shifted:
+                labels = labels[..., 1:]
+            return int((labels != IGNORE_INDEX).sum())
+        return infer_batch_size(batch)
+
+    def num_parameters(self, only_trainable: bool = False) -> int:
+        return sum(p.numel() for p in self.model.parameters() if p.requires_grad or not only_trainable)
