@@ -16,7 +16,7 @@ class ProgressBar(Callback):
     """
 
     def __init__(self) -> None:
-        self.prog_bar_names: set[str] = set()
+        self._results = None
         self.train_bar = None
         self.eval_bar = None
 
@@ -24,8 +24,7 @@ class ProgressBar(Callback):
         if fit.is_global_zero:
             from tqdm.auto import tqdm
 
-            results = module._results
-            self.prog_bar_names = results.prog_bar_names() if results is not None else set()
+            self._results = module._results
             self.train_bar = tqdm(total=fit.state.max_steps, initial=fit.state.global_step, desc="fit",
                                   dynamic_ncols=True, unit="step")
 
@@ -35,7 +34,7 @@ class ProgressBar(Callback):
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         if self.train_bar is not None and logs and "loss" in logs:
-            names = {"loss", "learning_rate"} | self.prog_bar_names
+            names = {"loss", "learning_rate"} | (self._results.prog_bar_names() if self._results else set())
             shown = {k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items()
                      if k in names or k.rsplit("_", 1)[0] in names}
             self.train_bar.set_postfix(shown, refresh=False)
