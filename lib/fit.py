@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-import math
 import os
-import sys
 import time
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -18,45 +16,23 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 from torch import nn
 
 from taskfit.arguments import FitArguments
-from taskfit.callbacks.base import Callback, HookRunner
+from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.checkpoint import save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
 from taskfit.data.loaders import DataModule, build_dataloader, forward_parameter_names
 from taskfit.loggers import CSVLogger, Logger
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
-from taskfit.loops.fit_loop import FitLoop
+from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState
-from taskfit.metrics import PredictionOutput, metrics_table, save_metrics_json, speed_metrics
-from taskfit.module import TaskModule
+from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_metrics_json, speed_metrics
+from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
 from taskfit.seed import enable_full_determinism, seed_everything
-from taskfit.module import infer_batch_size
 from taskfit.wrapping import ModelTaskModule, extract_loss, run_model
 
 log = logging.getLogger("taskfit")
 _COMPONENT_KEYS = ("accelerator", "strategy", "devices", "num_nodes", "precision")
-
-
-class TrainOutput(dict):
-    """The metrics dict ``Fit.fit`` returns (``train_runtime``, ``train_samples_per_second``,
-    ``train_steps_per_second``, ``total_flos``, ``train_loss``, ``epoch``), with HF ``TrainOutput``'s
-    attributes ``global_step``, ``training_loss`` and ``metrics``."""
-
-    def __init__(self, global_step: int, training_loss: float, metrics: dict[str, float]) -> None:
-        super().__init__(metrics)
-        self.global_step, self.training_loss = global_step, training_loss
-
-    @property
-    def metrics(self) -> dict[str, float]:
-        return dict(self)
-
-
-def _resolve_interval(value: float, max_steps: int) -> int:
-    """HF rule: a value < 1 is a ratio of ``max_steps``; else a number of steps."""
-    if value is None:
-        return max_steps
-    return max(1, math.ceil(value * max_steps)) if value < 1 else int(value)
 
 
 class Fit:
@@ -335,28 +311,13 @@ class Fit:
         self.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset")
         self._eval_loaders = self._eval_loader_dict(eval_data, data_collator)
 
-        accum = args.gradient_accumulation_steps
-        try:
-            n_batches = len(self.train_loader)
-        except TypeError:
-            n_batches = None
-        if n_batches == 0:
-            raise ValueError("The train DataLoader yields no batches (dataset smaller than one batch with "
-                             "dataloader_drop_last=True?).")
-        steps_per_epoch = math.ceil(n_batches / accum) if n_batches else None
-        if args.max_steps and args.max_steps > 0:
-            max_steps = args.max_steps
-        elif steps_per_epoch is None:
-            raise ValueError("The train data has no length (IterableDataset); set max_steps > 0.")
-        else:
-            max_steps = max(1, math.ceil(args.num_train_epochs * steps_per_epoch))
-        num_epochs = math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else sys.maxsize
+        steps_per_epoch, max_steps, num_epochs = plan_steps(self.train_loader, args)
         st = self.state
         st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
-        st.logging_steps = _resolve_interval(args.logging_steps, max_steps)
-        st.eval_steps = _resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,
-                                          max_steps)
-        st.save_steps = _resolve_interval(args.save_steps, max_steps)
+        st.logging_steps = resolve_interval(args.logging_steps, max_steps)
+        st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,
+                                         max_steps)
+        st.save_steps = resolve_interval(args.save_steps, max_steps)
         st.train_batch_size = args.per_device_train_batch_size
 
         self._setup_module(module)

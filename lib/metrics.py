@@ -25,6 +25,20 @@ class EvalPrediction(NamedTuple):
     inputs: Any = None
 
 
+class TrainOutput(dict):
+    """The metrics dict ``Fit.fit`` returns (``train_runtime``, ``train_samples_per_second``,
+    ``train_steps_per_second``, ``total_flos``, ``train_loss``, ``epoch``), with HF ``TrainOutput``'s
+    attributes ``global_step``, ``training_loss`` and ``metrics``."""
+
+    def __init__(self, global_step: int, training_loss: float, metrics: dict[str, float]) -> None:
+        super().__init__(metrics)
+        self.global_step, self.training_loss = global_step, training_loss
+
+    @property
+    def metrics(self) -> dict[str, float]:
+        return dict(self)
+
+
 class PredictionOutput(NamedTuple):
     """What ``Fit.predict`` returns (mirrors ``transformers.trainer_utils.PredictionOutput``).
 

@@ -5,6 +5,7 @@ micro-batches (the last window of an epoch may be shorter)."""
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -29,6 +30,38 @@ def _extract_training_loss(out: Any) -> torch.Tensor:
         raise ValueError("training_step returned a loss that does not require grad (computed under no_grad, "
                          "detached, or the module has no trainable parameters).")
     return loss
+
+
+def resolve_interval(value: float | None, max_steps: int) -> int:
+    """HF rule for ``logging_steps``/``eval_steps``/``save_steps``: a value < 1 is a ratio of ``max_steps``."""
+    if value is None:
+        return max_steps
+    return max(1, math.ceil(value * max_steps)) if value < 1 else int(value)
+
+
+def plan_steps(loader: Any, args: Any) -> tuple[int | None, int, int]:
+    """``(steps_per_epoch, max_steps, num_epochs)`` for a training loader (HF ``max_steps`` rules: ``max_steps``
+    > 0 wins, else ``ceil(num_train_epochs * steps_per_epoch)``; the last window of an epoch may be short).
+
+    Raises:
+        ValueError: a loader without batches, or without a length while ``max_steps`` is not set.
+    """
+    try:
+        n_batches = len(loader)
+    except TypeError:
+        n_batches = None
+    if n_batches == 0:
+        raise ValueError("The train DataLoader yields no batches (dataset smaller than one batch with "
+                         "dataloader_drop_last=True?).")
+    steps_per_epoch = math.ceil(n_batches / args.gradient_accumulation_steps) if n_batches else None
+    if args.max_steps and args.max_steps > 0:
+        max_steps = args.max_steps
+    elif steps_per_epoch is None:
+        raise ValueError("The train data has no length (IterableDataset); set max_steps > 0.")
+    else:
+        max_steps = max(1, math.ceil(args.num_train_epochs * steps_per_epoch))
+    num_epochs = math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else sys.maxsize
+    return steps_per_epoch, max_steps, num_epochs
 
 
 def _window(iterator: Any, size: int) -> list[Any]:
