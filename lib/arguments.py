@@ -18,7 +18,8 @@ import os
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from taskfit.arguments_setters import (  # noqa: F401 - the option tables are re-exported
     BUILT_LOGGERS, DDP_BACKENDS, DEBUG_OPTIONS, FSDP_OPTIONS, HALF_PRECISION_BACKENDS, HUB_STRATEGIES,
@@ -367,9 +368,10 @@ class FitArguments(ArgumentSetters):
 
         Raises:
             ValueError: an unknown key (with "Did you mean"), or any validation error.
+            TypeError: ``d`` is not a dict.
         """
         if not isinstance(d, dict):
-            raise ValueError(f"FitArguments expects a mapping of options, got {type(d).__name__}.")
+            raise TypeError(f"FitArguments expects a mapping of options, got {type(d).__name__}.")
         cls._check_keys(d)
         return cls(**d)
 
@@ -410,7 +412,7 @@ class FitArguments(ArgumentSetters):
 
     def to_yaml(self, redact: bool = False) -> str:
         """YAML text of :meth:`to_dict`, in field order (``FitArguments.from_yaml(a.to_yaml()) == a``)."""
-        import yaml  # noqa: PLC0415
+        import yaml
 
         return yaml.safe_dump(self.to_dict(redact=redact), sort_keys=False, default_flow_style=False)
 
@@ -504,14 +506,11 @@ def read_config(path_or_text: str | os.PathLike, fmt: str | None = None) -> dict
             raise FileNotFoundError(f"Config file {str(path)!r} does not exist.")
         text, where = path.read_text(encoding="utf-8"), str(path)
         fmt = fmt or _format_of(path)
-    try:
-        if fmt == "json":
-            data = json.loads(text)
-        else:
-            import yaml  # noqa: PLC0415
+    import yaml
 
-            data = yaml.safe_load(text)
-    except Exception as err:  # yaml.YAMLError / json.JSONDecodeError
+    try:
+        data = json.loads(text) if fmt == "json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as err:
         raise ValueError(f"Cannot parse {fmt or 'yaml'} config ({where}): {err}") from None
     if data is None:
         data = {}
@@ -520,4 +519,4 @@ def read_config(path_or_text: str | os.PathLike, fmt: str | None = None) -> dict
     return data
 
 
-__all__ = ["FitArguments", "PENDING_OPTIONS", "BUILT_LOGGERS", "read_config"]
+__all__ = ["BUILT_LOGGERS", "PENDING_OPTIONS", "FitArguments", "read_config"]

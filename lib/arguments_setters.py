@@ -8,8 +8,9 @@ import json
 import types
 import typing
 from dataclasses import fields
-from functools import lru_cache
-from typing import Any, Callable
+from collections.abc import Callable
+from functools import cache
+from typing import Any
 
 from taskfit.registry import invalid_choice
 
@@ -115,6 +116,8 @@ def _coerce(name: str, value: Any, kinds: tuple[type, ...]) -> Any:
         if int in kinds and value.is_integer():
             return int(value)
     elif isinstance(value, str):
+        if str in kinds and bool in kinds and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"  # str | bool options (resume_from_checkpoint, fsdp)
         if str in kinds:
             return value
         text = value.strip()
@@ -134,9 +137,8 @@ def _coerce(name: str, value: Any, kinds: tuple[type, ...]) -> Any:
     elif isinstance(value, (list, tuple)):
         if list in kinds:
             return list(value)
-    elif isinstance(value, dict):
-        if dict in kinds:
-            return dict(value)
+    elif isinstance(value, dict) and dict in kinds:
+        return dict(value)
     raise _type_error(name, value, kinds)
 
 
@@ -295,15 +297,15 @@ def _validate(a: Any) -> None:
         if value is not None and value not in choices:
             raise invalid_choice(name, value, choices)
     unsupported = {
-        "fp16_opt_level": (a.fp16_opt_level != "O1", "it selects an Apex AMP level; apex is not supported, use native "
-                           "AMP (fp16=True or precision='16-mixed')"),
-        "half_precision_backend": (a.half_precision_backend == "apex", "apex is not supported; use native AMP "
-                                   "(half_precision_backend='auto')"),
+        "fp16_opt_level": (a.fp16_opt_level != "O1", ("it selects an Apex AMP level; apex is not supported, use "
+                                                      "native AMP (fp16=True or precision='16-mixed')")),
+        "half_precision_backend": (a.half_precision_backend == "apex", ("apex is not supported; use native AMP "
+                                                                        "(half_precision_backend='auto')")),
         "use_ipex": (a.use_ipex, "Intel Extension for PyTorch is not supported"),
         "jit_mode_eval": (a.jit_mode_eval, "jit-traced evaluation is not supported; use torch_compile"),
         "use_legacy_prediction_loop": (a.use_legacy_prediction_loop, "there is one prediction loop"),
-        "past_index": (a.past_index != -1, "feeding past hidden states (mems) is not supported; handle it in the "
-                       "TaskModule"),
+        "past_index": (a.past_index != -1, ("feeding past hidden states (mems) is not supported; handle it in "
+                                            "the TaskModule")),
         "mp_parameters": (bool(a.mp_parameters), "SageMaker model parallelism is not supported"),
     }
     for name, (bad, reason) in unsupported.items():
@@ -379,7 +381,7 @@ def field_kinds(cls: type, name: str) -> tuple[type, ...]:
     return tuple(typing.get_origin(arg) or arg for arg in args)
 
 
-@lru_cache(maxsize=None)
+@cache
 def _type_hints(cls: type) -> dict[str, Any]:
     return {f.name: f.type for f in fields(cls)}
 

@@ -28,7 +28,8 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from taskfit.__about__ import __version__
 from taskfit.arguments import FitArguments, read_config
@@ -295,7 +296,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args, extra = build_arguments(argv)
     command = extra["command"]
     if extra["print_config"]:
-        import yaml  # noqa: PLC0415
+        import yaml
 
         keys = {k: v for k, v in extra.items() if k in CONFIG_KEYS and v not in (None, {})}
         print(yaml.safe_dump({**keys, **args.to_dict(redact=True)}, sort_keys=False), end="")
@@ -306,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (CLIError, NotImplementedError) as err:
         print(f"taskfit {command}: error: {err}", file=sys.stderr)
         return 2
-    from taskfit.fit import Fit  # noqa: PLC0415 - the core is imported only when a command runs
+    from taskfit.fit import Fit  # imported only when a command runs: `taskfit --help` stays fast
 
     fit = Fit(args=args)
     result = run_command(fit, command, module, data, datamodule)

@@ -1,6 +1,5 @@
 """F-CORE-4: `FitArguments`, the one dataclass of training options (HF TrainingArguments names and defaults)."""
 
-import ast
 import json
 import re
 from dataclasses import MISSING, fields
