@@ -212,24 +212,30 @@ def main(argv=None) -> dict:
     print(f"test accuracy after fine-tuning:  {after['test_acc']:.4f}")
 
     out = pathlib.Path(a.output_dir)
-    model_dir = out / "model"
-    fit.save_model(str(model_dir))
-    data.tokenizer.save_pretrained(str(model_dir))  # so the saved folder loads with from_pretrained alone
+    model_dir, hf_dir = out / "model", out / "hf_model"
+    fit.save_model(str(model_dir))  # the TaskModule's weights (safetensors) + config.json + fit_args.json
+    # the wrapped HF model on its own, loadable with AutoModelForSequenceClassification.from_pretrained(hf_dir)
+    module.model.save_pretrained(str(hf_dir))
+    data.tokenizer.save_pretrained(str(hf_dir))
     fit.log_metrics("test", after)
     fit.save_metrics("test", after)
     fit.save_metrics("train", train)
 
     rows = [("test_acc", before["test_acc"], after["test_acc"]), ("test_loss", before["test_loss"], after["test_loss"])]
-    print(f"\n{'metric':<18}{'before':>10}{'after':>10}")
+    print(f"\n{'metric':<26}{'before':>10}{'after':>10}")
     for name, b, x in rows:
-        print(f"{name:<18}{b:>10.4f}{x:>10.4f}")
+        print(f"{name:<26}{b:>10.4f}{x:>10.4f}")
     for name in ("train_loss", "train_runtime", "train_samples_per_second"):
         if name in train:
-            print(f"{name:<18}{'':>10}{float(train[name]):>10.4f}")
+            print(f"{name:<26}{'':>10}{float(train[name]):>10.4f}")
     checkpoints = sorted(str(p) for p in out.glob("checkpoint*"))
-    paths = {"output_dir": str(out), "checkpoints": checkpoints, "model": str(model_dir)}
-    print(f"\noutput dir (logs, metrics): {out}\ncheckpoints: {', '.join(checkpoints) or 'none'}\n"
-          f"saved model + tokenizer:    {model_dir}\ntotal time: {time.perf_counter() - start:.1f} s")
+    paths = {"output_dir": str(out), "logs": str(out / "logs"), "checkpoints": checkpoints,
+             "model": str(model_dir), "hf_model": str(hf_dir)}
+    print(f"\nmetrics (*_results.json): {out}\nlogs:                     {out / 'logs'}\n"
+          f"checkpoints:              {', '.join(checkpoints) or 'none'}\n"
+          f"saved model (fit.save_model): {model_dir}\n"
+          f"HF model + tokenizer:     {hf_dir}  (from_pretrained loads it)\n"
+          f"total time: {time.perf_counter() - start:.1f} s")
     return {"before": before, "after": after, "train": train, "paths": paths}
 
 

@@ -39,6 +39,7 @@ _HUB = "the publishing issue #9"
 
 #: option name -> the issue where its feature lands. An option is *pending* when its value differs from the
 #: default (or matches the rule in ``_PENDING_WHEN``) and it is still listed here; remove a row when it lands.
+#: (``torchdynamo`` is a deprecated alias copied into ``torch_compile_backend``, which is what gets reported.)
 PENDING_OPTIONS: dict[str, str] = {
     **dict.fromkeys((
         "resume_from_checkpoint", "save_total_limit", "load_best_model_at_end", "save_only_model",
