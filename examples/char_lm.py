@@ -225,9 +225,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    """Runs the job; returns {"before", "after" (validation metrics), "ppl_before", "ppl_after", "train", "sample"}."""
+    """Runs the job; returns {"before", "after" (validation metrics), "ppl_before", "ppl_after", "train", "sample",
+    "module"}."""
     a = parse_args(argv)
-    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 8)))
     start = time.perf_counter()
     data = load_data(a.val_verses, a.block_size, a.seed, a.train_verses)
     module = build_module(len(data.vocab), a.block_size, a.seed)
@@ -252,8 +252,9 @@ def main(argv=None) -> dict:
     print(f"sample:{sample}")
     print(f"total time {time.perf_counter() - start:.1f} s; model and metrics in {a.output_dir}")
     return {"before": before, "after": after, "ppl_before": ppl_before, "ppl_after": ppl_after, "train": train,
-            "sample": sample}
+            "sample": sample, "module": module}
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 16)))  # every core (main() leaves the setting alone)
     main(sys.argv[1:])

@@ -180,6 +180,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--train-size", type=int, default=None, help="cap on training images")
     p.add_argument("--test-size", type=int, default=None, help="cap on test images")
     p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--eval-batch-size", type=int, default=1000)
     p.add_argument("--learning-rate", type=float, default=2e-3)
     p.add_argument("--output-dir", default="runs/fashion_mnist")
     p.add_argument("--seed", type=int, default=0)
@@ -188,16 +189,17 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    """Runs the job; returns {"source", "before", "after" (test metrics), "train", "per_class" accuracies}."""
+    """Runs the job; returns {"source", "before", "after" (test metrics), "train", "per_class" accuracies,
+    "predict_acc" (from fit.predict), "module"}."""
     a = parse_args(argv)
-    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 8)))
     start = time.perf_counter()
     data = load_data(a.source, a.train_size, a.test_size, seed=a.seed)
     print(f"{data.source}: {len(data.train)} train, {len(data.val)} validation, {len(data.test)} test images")
     module = build_module(len(data.classes), a.seed, a.learning_rate)
     fit = Fit(FitArguments(
-        output_dir=a.output_dir, num_train_epochs=a.epochs or (2 if data.source == "debian" else 5), max_steps=a.max_steps,
-        per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=1000, eval_strategy="epoch",
+        output_dir=a.output_dir, max_steps=a.max_steps,
+        num_train_epochs=a.epochs or (2 if data.source == "debian" else 5),
+        per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=a.eval_batch_size, eval_strategy="epoch",
         logging_steps=50, save_strategy="no", seed=a.seed, disable_tqdm=a.quiet, max_grad_norm=1.0))
 
     before = fit.test(module, data.test)
@@ -216,8 +218,9 @@ def main(argv=None) -> dict:
           f"({float(hit.mean()):.4f} from fit.predict); total time {time.perf_counter() - start:.1f} s; "
           f"metrics in {a.output_dir}")
     return {"source": data.source, "before": before, "after": after, "train": train, "per_class": per_class,
-            "predict_acc": float(hit.mean())}
+            "predict_acc": float(hit.mean()), "module": module}
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 16)))  # every core (main() leaves the setting alone)
     main(sys.argv[1:])

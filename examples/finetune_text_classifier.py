@@ -83,12 +83,14 @@ class TweetDataset(Dataset):
     """Tokenized tweets. Item i: dict of `input_ids`, `attention_mask` (int64, shape (max_length,)) and
     `labels` (int64 scalar); every item has the same length, so the default collate function stacks them."""
 
-    def __init__(self, texts: list[str], labels: np.ndarray, tokenizer, max_length: int = 64):
+    def __init__(self, texts: list[str], labels: np.ndarray, tokenizer, max_length: int = 64,
+                 index: np.ndarray | None = None):
         enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding="max_length",
                         return_tensors="pt")
         self.input_ids, self.attention_mask = enc["input_ids"], enc["attention_mask"]
         self.labels = torch.as_tensor(np.asarray(labels), dtype=torch.long)
         self.texts = list(texts)
+        self.index = index  # row numbers in the .tab file
 
     def __len__(self) -> int:
         return len(self.labels)
@@ -120,7 +122,7 @@ def load_data(train_size: int = 2500, test_size: int = 1000, val_size: int = 256
     cut = [test_size, test_size + val_size, min(len(df), test_size + val_size + train_size)]
     idx = {"test": order[:cut[0]], "val": order[cut[0]:cut[1]], "train": order[cut[1]:cut[2]]}
     tokenizer = tokenizer or AutoTokenizer.from_pretrained(str(model_path()))
-    sets = {k: TweetDataset(df["text"].values[v], df["label"].values[v], tokenizer, max_length)
+    sets = {k: TweetDataset(df["text"].values[v], df["label"].values[v], tokenizer, max_length, index=v)
             for k, v in idx.items()}
     return TweetData(sets["train"], sets["val"], sets["test"], tokenizer)
 
@@ -186,9 +188,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    """Runs the job; returns {"before", "after": test metrics, "train": train metrics, "paths": {...}}."""
+    """Runs the job; returns {"before", "after": test metrics, "train": train metrics, "paths": {...},
+    "module": the trained TweetClassifier}."""
     a = parse_args(argv)
-    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 8)))
     start = time.perf_counter()
     data = load_data(a.train_size, a.test_size, a.val_size, seed=a.seed)
     module = build_module(seed=a.seed)
@@ -236,8 +238,9 @@ def main(argv=None) -> dict:
           f"saved model (fit.save_model): {model_dir}\n"
           f"HF model + tokenizer:     {hf_dir}  (from_pretrained loads it)\n"
           f"total time: {time.perf_counter() - start:.1f} s")
-    return {"before": before, "after": after, "train": train, "paths": paths}
+    return {"before": before, "after": after, "train": train, "paths": paths, "module": module}
 
 
 if __name__ == "__main__":
+    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 16)))  # every core (main() leaves the setting alone)
     main(sys.argv[1:])

@@ -308,6 +308,10 @@ class Fit:
         if eval_data is not None and not self._can_validate(module):
             raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
         (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
+        # a new run starts from a fresh loop state (resuming one lands with the checkpoint issue)
+        self.state = FitState(is_local_process_zero=self.is_local_process_zero(),
+                              is_world_process_zero=self.is_global_zero)
+        self.control = FitControl()
         self.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset")
         self._eval_loaders = self._eval_loader_dict(eval_data, data_collator)
 

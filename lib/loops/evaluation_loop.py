@@ -94,7 +94,7 @@ class EvaluationLoop:
         step_fn = {"validate": module.validation_step, "test": module.test_step,
                    "predict": module.predict_step}[stage]
         hook_stage = "validation" if stage == "validate" else stage
-        compute_metrics = fit.compute_metrics if stage != "predict" else fit.compute_metrics
+        compute_metrics = fit.compute_metrics
         collect = stage == "predict" or (compute_metrics is not None and not args.prediction_loss_only)
         preprocess = fit.preprocess_logits_for_metrics
         label_names = args.label_names or getattr(module, "label_names", None) or ["labels"]
@@ -149,9 +149,8 @@ class EvaluationLoop:
         metrics = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
         if loss_sum is not None:
             metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum")) / max(1, n_samples)
-        if compute_metrics is not None and stage != "predict" or (stage == "predict" and compute_metrics is not None
-                                                                  and all_labels is not None):
-            if args.batch_eval_metrics:
+        if compute_metrics is not None and (stage != "predict" or all_labels is not None):
+            if args.batch_eval_metrics and stage != "predict":
                 extra = batch_metrics or {}
             elif all_preds is not None:
                 extra = compute_metrics(EvalPrediction(all_preds, all_labels, all_inputs))
