@@ -12,29 +12,19 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
+from taskfit.optim.names import LR_SCHEDULER_NAMES as LR_SCHEDULERS
+from taskfit.optim.names import OPTIMIZER_NAMES as OPTIMIZERS
 from taskfit.registry import invalid_choice
 
 INTERVAL_STRATEGIES = ("no", "steps", "epoch")
+
 SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
-LR_SCHEDULERS = (
-    "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt",
-    "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay",
-)
 REPORT_TO = ("none", "all", "csv", "tensorboard", "mlflow", "wandb")
 #: Loggers built so far; ``report_to="all"`` (and the HF default ``None``) expands to these.
 BUILT_LOGGERS = ("csv",)
-OPTIMIZERS = (
-    "adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop", "adafactor", "adamw_hf", "adamw_bnb_8bit",
-    "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "lion_8bit", "lion_32bit", "paged_lion_8bit",
-    "paged_lion_32bit", "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw",
-    "galore_adamw_8bit", "galore_adafactor", "galore_adamw_layerwise", "galore_adamw_8bit_layerwise",
-    "galore_adafactor_layerwise", "lomo", "adalomo", "grokadamw", "schedule_free_adamw", "schedule_free_sgd",
-    "ademamix", "ademamix_8bit", "paged_ademamix_8bit", "paged_ademamix_32bit", "adamw_torch_xla",
-    "adamw_torch_npu_fused", "adamw_apex_fused", "adamw_anyprecision", "adamw_torch_4bit",
-)
 FSDP_OPTIONS = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2", "offload", "auto_wrap")
 DEBUG_OPTIONS = ("underflow_overflow", "tpu_metrics_debug")
 HALF_PRECISION_BACKENDS = ("auto", "apex", "cpu_amp")

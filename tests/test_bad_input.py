@@ -224,7 +224,7 @@ class Returns(TaskModule):
                                 "returned NoneType"),
     (lambda d: d.pow(2), ValueError, r"training_step must return a scalar loss; got a tensor of shape \(2,\)"),
     (lambda d: {"los": d.pow(2).mean()}, TypeError, "dict with key 'loss'; it returned dict without a loss"),
-    (lambda d: float(d.pow(2).mean()), TypeError, "returned float"),
+    (lambda d: float(d.detach().pow(2).mean()), TypeError, "returned float"),
     (lambda d: d.pow(2).mean().detach(), ValueError, "does not require grad"),
 ])
 def test_bad_training_step_return_F_CORE_1(tmp_path, make, exc, pattern):

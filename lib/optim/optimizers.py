@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from taskfit.optim.names import PENDING_OPTIMIZER_NOTE, PENDING_OPTIMIZERS
 from taskfit.registry import Registry
 
 __all__ = ["OPTIMIZERS", "create_optimizer", "get_decay_parameter_names", "parse_optim_args"]
@@ -323,47 +324,6 @@ OPTIMIZERS.register("sgd", _build_torch, cls=torch.optim.SGD, description="torch
 OPTIMIZERS.register("adagrad", _build_torch, cls=torch.optim.Adagrad, description="torch.optim.Adagrad")
 OPTIMIZERS.register("rmsprop", _build_torch, cls=torch.optim.RMSprop, description="torch.optim.RMSprop")
 
-PENDING_OPTIMIZER_NOTE = "lands with the precision/efficiency issue (#4)"
-PENDING_OPTIMIZERS: tuple[str, ...] = (
-    "adafactor",
-    "adamw_hf",
-    "adamw_torch_xla",
-    "adamw_torch_npu_fused",
-    "adamw_apex_fused",
-    "adamw_anyprecision",
-    "adamw_torch_4bit",
-    "adamw_torch_8bit",
-    "adamw_bnb_8bit",
-    "adamw_8bit",
-    "paged_adamw_8bit",
-    "paged_adamw_32bit",
-    "ademamix",
-    "ademamix_8bit",
-    "paged_ademamix_32bit",
-    "paged_ademamix_8bit",
-    "lion_8bit",
-    "lion_32bit",
-    "paged_lion_8bit",
-    "paged_lion_32bit",
-    "rmsprop_bnb",
-    "rmsprop_bnb_8bit",
-    "rmsprop_bnb_32bit",
-    "galore_adamw",
-    "galore_adamw_8bit",
-    "galore_adafactor",
-    "galore_adamw_layerwise",
-    "galore_adamw_8bit_layerwise",
-    "galore_adafactor_layerwise",
-    "apollo_adamw",
-    "apollo_adamw_layerwise",
-    "lomo",
-    "adalomo",
-    "grokadamw",
-    "schedule_free_adamw",
-    "schedule_free_sgd",
-    "schedule_free_radam",
-    "stable_adamw",
-)
 for _name in PENDING_OPTIMIZERS:
     OPTIMIZERS.register(_name, _pending_builder, pending=PENDING_OPTIMIZER_NOTE)
 del _name

@@ -18,6 +18,7 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
+from taskfit.optim.names import LR_SCHEDULER_NAMES
 from taskfit.registry import Registry
 
 __all__ = [
@@ -368,21 +369,23 @@ SCHEDULERS = Registry("lr_scheduler_type")
 """``lr_scheduler_type`` names (HF ``SchedulerType``) -> builders ``f(optimizer, *, num_warmup_steps,
 num_training_steps, **lr_scheduler_kwargs)``."""
 
-for _name, _fn in (
-    ("linear", build_linear),
-    ("cosine", build_cosine),
-    ("cosine_with_restarts", build_cosine_with_restarts),
-    ("polynomial", build_polynomial),
-    ("constant", build_constant),
-    ("constant_with_warmup", build_constant_with_warmup),
-    ("inverse_sqrt", build_inverse_sqrt),
-    ("reduce_lr_on_plateau", build_reduce_lr_on_plateau),
-    ("cosine_with_min_lr", build_cosine_with_min_lr),
-    ("cosine_warmup_with_min_lr", build_cosine_warmup_with_min_lr),
-    ("warmup_stable_decay", build_warmup_stable_decay),
-):
-    SCHEDULERS.register(_name, _fn, description=(_fn.__doc__ or "").split("\n")[0])
-del _name, _fn
+_BUILDERS = {
+    "linear": build_linear,
+    "cosine": build_cosine,
+    "cosine_with_restarts": build_cosine_with_restarts,
+    "polynomial": build_polynomial,
+    "constant": build_constant,
+    "constant_with_warmup": build_constant_with_warmup,
+    "inverse_sqrt": build_inverse_sqrt,
+    "reduce_lr_on_plateau": build_reduce_lr_on_plateau,
+    "cosine_with_min_lr": build_cosine_with_min_lr,
+    "cosine_warmup_with_min_lr": build_cosine_warmup_with_min_lr,
+    "warmup_stable_decay": build_warmup_stable_decay,
+}
+assert tuple(_BUILDERS) == LR_SCHEDULER_NAMES, "taskfit.optim.names and the schedule builders disagree"
+for _name in LR_SCHEDULER_NAMES:
+    SCHEDULERS.register(_name, _BUILDERS[_name], description=(_BUILDERS[_name].__doc__ or "").split("\n")[0])
+del _name
 
 
 # --------------------------------------------------------------------------------------------- public API
