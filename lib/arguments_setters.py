@@ -21,6 +21,8 @@ INTERVAL_STRATEGIES = ("no", "steps", "epoch")
 SAVE_STRATEGIES = ("no", "steps", "epoch", "best")
 HUB_STRATEGIES = ("end", "every_save", "checkpoint", "all_checkpoints")
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed", "half": "16-true",
+                     "double": "64-true"}
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
 REPORT_TO = ("none", "all", "csv", "tensorboard", "mlflow", "wandb")
 #: Loggers built so far; ``report_to="all"`` (and the HF default ``None``) expands to these.
@@ -172,6 +174,8 @@ def _alias(a: Any, old: str, new: str, old_default: Any, new_default: Any) -> No
 
 
 def _normalize(a: Any) -> None:
+    if a.precision is not None and not isinstance(a.precision, bool) and str(a.precision) in PRECISION_ALIASES:
+        a.precision = PRECISION_ALIASES[str(a.precision)]  # Lightning's short names: "bf16", 16, 32, ...
     if a.lr_scheduler_kwargs is None:
         a.lr_scheduler_kwargs = {}
     for name in a.field_names():

@@ -110,7 +110,7 @@ class Fit:
             self.callbacks.insert(0, ProgressBar())
         self.loggers: list[Logger] = list(loggers or [])
         report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
-        if "none" not in report_to and not any(isinstance(lg, CSVLogger) for lg in self.loggers):
+        if "csv" in report_to and not any(isinstance(lg, CSVLogger) for lg in self.loggers):
             self.loggers.append(CSVLogger(args.resolved_logging_dir))
         self.state = FitState(is_local_process_zero=self.strategy.local_rank == 0,
                               is_world_process_zero=self.strategy.is_global_zero)
@@ -294,6 +294,8 @@ class Fit:
         if resume_from_checkpoint not in (None, False):
             raise NotImplementedError("resume_from_checkpoint is not implemented yet (lands with the checkpoint "
                                       "issue #3).")
+        # seed first: model_init and the module's own initialisation must see the run's seed (HF order)
+        (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         module = self._attach(model)
         if datamodule is not None:
             datamodule.prepare_data()
@@ -307,7 +309,6 @@ class Fit:
                              "eval_strategy='no'.")
         if eval_data is not None and not self._can_validate(module):
             raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
-        (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         # a new run starts from a fresh loop state (resuming one lands with the checkpoint issue)
         self.state = FitState(is_local_process_zero=self.is_local_process_zero(),
                               is_world_process_zero=self.is_global_zero)
@@ -523,7 +524,7 @@ class Fit:
         batch and passed to it with the outputs.
 
         Raises:
-            ValueError: the model returned no loss (no labels in the batch?).
+            ValueError: the model returned no loss or a non-scalar one (no labels in the batch?).
         """
         label_names = self.args.label_names or getattr(self.module, "label_names", ["labels"])
         if self.compute_loss_func is not None and isinstance(inputs, Mapping):
@@ -533,10 +534,13 @@ class Fit:
         else:
             outputs = run_model(model, inputs)
             loss = extract_loss(outputs)
-        if loss is None:
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
             keys = sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__
-            raise ValueError(f"The model returned no loss for a batch with {keys}; include the labels "
-                             f"({label_names}) or override Fit.compute_loss / pass compute_loss_func.")
+            got = "no loss" if loss is None else (f"a tensor of shape {tuple(loss.shape)}, not a scalar loss"
+                                                  if isinstance(loss, torch.Tensor) else type(loss).__name__)
+            raise ValueError(f"{type(model).__name__} returned {got} for a batch with {keys}; a plain model must "
+                             f"return the loss when given the labels ({label_names}). Override Fit.compute_loss, "
+                             "pass compute_loss_func, or write a TaskModule.")
         return (loss, outputs) if return_outputs else loss
 
     def save_model(self, output_dir: str | None = None) -> str:

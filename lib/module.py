@@ -46,6 +46,12 @@ def infer_batch_size(batch: Any) -> int:
             return infer_batch_size(v)
         except ValueError:
             continue
+    if isinstance(batch, (list, tuple)) and batch:
+        return len(batch)  # e.g. a list of strings a training_step tokenises itself
+    if isinstance(batch, Mapping):
+        sized = [v for v in batch.values() if isinstance(v, (list, tuple))]
+        if sized:
+            return len(sized[0])
     raise ValueError(f"Cannot infer the batch size of a {type(batch).__name__}: it holds no tensor.")
 
 
@@ -100,16 +106,17 @@ class TaskModule(nn.Module):
         """
         return None
 
-    def num_items(self, batch: Any) -> int | None:
+    def num_items(self, batch: Any) -> int | torch.Tensor | None:
         """Number of items the training loss averages over in ``batch`` (used for exact accumulation).
 
         Default: for a dict batch with ``"labels"`` of 2+ dimensions (token labels), the count of labels that
-        are not ``-100``; otherwise the batch size. Return None to weight micro-batches equally.
+        are not ``-100`` (a 0-dim tensor, so counting forces no host sync); otherwise the batch size. Return
+        an int or a 0-dim integer tensor, or None to weight micro-batches equally.
         """
         if isinstance(batch, Mapping):
             labels = batch.get("labels")
             if isinstance(labels, torch.Tensor) and labels.dim() >= 2:
-                return int((labels != IGNORE_INDEX).sum())
+                return (labels != IGNORE_INDEX).sum()  # a 0-dim tensor: no host sync
         return infer_batch_size(batch)
 
     # -- logging ----------------------------------------------------------------------------------------
@@ -165,7 +172,7 @@ class TaskModule(nn.Module):
     @property
     def current_epoch(self) -> int:
         """Zero-based index of the running epoch (0 when detached)."""
-        return int(self._fit.state.epoch) if self._fit is not None else 0
+        return self._fit.state.current_epoch if self._fit is not None else 0
 
     def num_parameters(self, only_trainable: bool = False) -> int:
         """Count of parameter elements (F-CORE-7), mirrors HF ``PreTrainedModel.num_parameters``."""

@@ -6,6 +6,7 @@ The model's forward must return the loss when given labels (first tuple element,
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
@@ -50,6 +51,13 @@ def extract_logits(outputs: Any, has_loss: bool) -> Any:
     return outputs
 
 
+def _has_tensor(batch: Any) -> bool:
+    if isinstance(batch, torch.Tensor):
+        return True
+    values = batch.values() if isinstance(batch, Mapping) else batch if isinstance(batch, (list, tuple)) else ()
+    return any(_has_tensor(v) for v in values)
+
+
 def default_label_names(model: nn.Module) -> list[str]:
     """HF's rule: ``["start_positions", "end_positions"]`` for question answering models, else ``["labels"]``."""
     return ["start_positions", "end_positions"] if "QuestionAnswering" in type(model).__name__ else ["labels"]
@@ -71,11 +79,33 @@ class ModelTaskModule(TaskModule):
         self.label_names = list(label_names) if label_names else default_label_names(model)
         # causal LMs shift labels inside forward: the loss averages over labels[..., 1:]
         self._shifted = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+        self._checked = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
 
+    def _check_batch(self, batch: Any) -> None:
+        """First-batch check that the model can be called HF-style with this batch (clear errors up front)."""
+        self._checked = True
+        if not _has_tensor(batch):
+            sample = type(batch[0]).__name__ if isinstance(batch, (list, tuple)) and batch else type(batch).__name__
+            raise TypeError(f"{type(self.model).__name__} received a batch without tensors (items of type {sample}); "
+                            "pass a data_collator (or a tokenizer as processing_class) that turns samples into "
+                            "tensors.")
+        sig = inspect.signature(self.model.forward)
+        how = "model(**batch)" if isinstance(batch, Mapping) else "model(*batch)"
+        try:
+            sig.bind(**batch) if isinstance(batch, Mapping) else sig.bind(*batch) if isinstance(
+                batch, (list, tuple)) else sig.bind(batch)
+        except TypeError as exc:
+            keys = sorted(batch) if isinstance(batch, Mapping) else f"{len(batch)} elements"
+            raise TypeError(f"{type(self.model).__name__}.forward{sig} cannot be called as {how} with this batch "
+                            f"({keys}): {exc}. A plain model must take the batch's inputs and labels and return "
+                            "the loss; otherwise write a TaskModule or pass compute_loss_func.") from None
+
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        if not self._checked:
+            self._check_batch(batch)
         return self.fit.compute_loss(self.model, batch)
 
     def _labels(self, batch: Any) -> Any:
@@ -87,15 +117,14 @@ class ModelTaskModule(TaskModule):
         return None
 
     def _loss_and_logits(self, batch: Any) -> tuple[torch.Tensor | None, Any]:
-        outputs = run_model(self.model, batch)
-        if isinstance(outputs, Mapping) or hasattr(outputs, "loss"):
-            loss = extract_loss(outputs)  # HF ModelOutput: None without labels
-        elif isinstance(outputs, (list, tuple)):
-            has_labels = self._labels(batch) is not None or (isinstance(batch, (list, tuple)) and len(batch) > 1)
-            loss = outputs[0] if has_labels else None
-        else:
-            loss = None
-        return loss, extract_logits(outputs, has_loss=loss is not None)
+        """Loss through ``Fit.compute_loss`` when the batch has labels (so overrides and ``compute_loss_func``
+        shape ``eval_loss`` too, as in HF ``prediction_step``), and the predictions."""
+        if not self._checked:
+            self._check_batch(batch)
+        if self._labels(batch) is None:
+            return None, extract_logits(run_model(self.model, batch), has_loss=False)
+        loss, outputs = self.fit.compute_loss(self.model, batch, return_outputs=True)
+        return loss, extract_logits(outputs, has_loss=self.fit.compute_loss_func is None)
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
         loss, logits = self._loss_and_logits(batch)
@@ -112,7 +141,7 @@ class ModelTaskModule(TaskModule):
         if isinstance(labels, torch.Tensor) and labels.dim() >= 2:
             if self._shifted:
                 labels = labels[..., 1:]
-            return int((labels != IGNORE_INDEX).sum())
+            return (labels != IGNORE_INDEX).sum()
         return infer_batch_size(batch)
 
     def num_parameters(self, only_trainable: bool = False) -> int:

@@ -243,7 +243,7 @@ def test_replace_validates_and_does_not_share_state():
     ({"logging_strategy": "always"}, r"Unknown logging_strategy 'always'.*Valid choices: epoch, no, steps"),
     ({"save_strategy": "bset"}, r"Unknown save_strategy 'bset'\. Did you mean \"best\".*epoch, no, steps"),
     ({"hub_strategy": "every-save"}, r"Unknown hub_strategy 'every-save'\. Did you mean \"every_save\""),
-    ({"precision": "bf16"}, r"Unknown precision 'bf16'.*Valid choices: 16-mixed, 16-true, 32-true, 64-true, bf16-mixed"),
+    ({"precision": "bf16-mix"}, r"Unknown precision 'bf16-mix'.*Did you mean .bf16-mixed.*Valid choices: 16-mixed, 16-true, 32-true, 64-true, bf16-mixed"),
     ({"log_level": "verbose"}, r"Unknown log_level 'verbose'.*critical, debug, error, info, passive, warning"),
     ({"log_level_replica": "warn"}, r"Unknown log_level_replica 'warn'\. Did you mean \"warning\""),
     ({"lr_scheduler_type": "cosine_restarts"}, r"Unknown lr_scheduler_type 'cosine_restarts'\. Did you mean \"cosine_with_restarts\""),
@@ -616,3 +616,12 @@ def test_gate_message_example_and_several_options():
 def test_core_options_are_not_gated(kwargs):
     """F-CORE-4: options implemented by the core pass the gate."""
     assert FitArguments(**kwargs).pending_options() == []
+
+
+@pytest.mark.parametrize("alias, expected", [("bf16", "bf16-mixed"), ("16", "16-mixed"), (32, "32-true"),
+                                             ("64", "64-true")])
+def test_precision_accepts_lightning_short_names_F_PREC_1(alias, expected):
+    """F-CORE-4 / F-PREC-1: Lightning's short precision names map onto the full plugin names."""
+    from taskfit.arguments import FitArguments
+
+    assert FitArguments(precision=alias).resolved_precision() == expected

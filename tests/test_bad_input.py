@@ -7,15 +7,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from taskfit import Fit, TaskModule
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
-from taskfit import Fit, TaskModule
-
 
 def _fit(tmp_path, **kwargs) -> Fit:
-    opts = dict(output_dir=str(tmp_path), disable_tqdm=True, report_to="none", save_strategy="no",
-                per_device_train_batch_size=2, max_steps=2)
+    opts = {"output_dir": str(tmp_path), "disable_tqdm": True, "report_to": "none", "save_strategy": "no",
+            "per_device_train_batch_size": 2, "max_steps": 2}
     opts.update(kwargs)
     return Fit(**opts)
 
@@ -106,9 +105,9 @@ def test_unknown_option_values_F_CORE_4():
 
 # ------------------------------------------------------------------------ pending components: at Fit(...) ---
 @pytest.mark.parametrize("kwargs, needle", [
-    (dict(strategy="ddp"), "#5"), (dict(strategy="fsdp"), "#5"), (dict(strategy="deepspeed_stage_3"), "#5"),
-    (dict(accelerator="cuda"), "#6"), (dict(accelerator="mps"), "#6"), (dict(precision="16-mixed"), "#4"),
-    (dict(args={"strategy": "ddp"}), "#5"),
+    ({"strategy": "ddp"}, "#5"), ({"strategy": "fsdp"}, "#5"), ({"strategy": "deepspeed_stage_3"}, "#5"),
+    ({"accelerator": "cuda"}, "#6"), ({"accelerator": "mps"}, "#6"), ({"precision": "16-mixed"}, "#4"),
+    ({"args": {"strategy": "ddp"}}, "#5"),
 ])
 def test_pending_components_name_the_issue_F_CORE_3(kwargs, needle):
     """F-CORE-3: a known component that has not landed yet -> NotImplementedError naming it and the issue."""
@@ -220,8 +219,8 @@ class Returns(TaskModule):
 
 
 @pytest.mark.parametrize("make, exc, pattern", [
-    (lambda d: None, TypeError, "training_step must return a scalar loss tensor or a dict with key 'loss'; it "
-                                "returned NoneType"),
+    (lambda d: None, TypeError, ("training_step must return a scalar loss tensor or a dict with key 'loss'; it "
+                                "returned NoneType")),
     (lambda d: d.pow(2), ValueError, r"training_step must return a scalar loss; got a tensor of shape \(2,\)"),
     (lambda d: {"los": d.pow(2).mean()}, TypeError, "dict with key 'loss'; it returned dict without a loss"),
     (lambda d: float(d.detach().pow(2).mean()), TypeError, "returned float"),

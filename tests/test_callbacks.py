@@ -9,12 +9,20 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch import nn
-from torch.utils.data import TensorDataset
-
-from taskfit import Callback, EarlyStopping, EarlyStoppingCallback, Fit, FitArguments, FitControl, FitState, TaskModule
+from taskfit import (
+    Callback,
+    EarlyStopping,
+    EarlyStoppingCallback,
+    Fit,
+    FitArguments,
+    FitControl,
+    FitState,
+    TaskModule,
+)
 from taskfit.callbacks.base import HF_HOOKS, LIGHTNING_HOOKS, HookRunner
 from taskfit.module import MODULE_HOOKS
+from torch import nn
+from torch.utils.data import TensorDataset
 
 
 # ------------------------------------------------------------------------------------------------ helpers ---
@@ -44,8 +52,8 @@ class Regression(TaskModule):
 
 
 def _fit(tmp_path, **kwargs) -> Fit:
-    opts = dict(output_dir=str(tmp_path), disable_tqdm=True, report_to="none", save_strategy="no",
-                per_device_train_batch_size=2, per_device_eval_batch_size=2)
+    opts = {"output_dir": str(tmp_path), "disable_tqdm": True, "report_to": "none", "save_strategy": "no",
+            "per_device_train_batch_size": 2, "per_device_eval_batch_size": 2}
     opts.update(kwargs)
     return Fit(**opts)
 
@@ -413,7 +421,7 @@ def test_early_stopping_patience_min_F_LOOP_6(tmp_path):
     training stops after the 4th epoch (global_step 8) although 10 epochs were planned."""
     es = EarlyStopping(monitor="val_metric", patience=2, mode="min")
     fit, module = _early(tmp_path, [1.0, 0.8, 0.9, 0.85, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2], es)
-    assert module.evaluations == 4
+    assert module.evaluations == 4 and module.eval_epochs == [1.0, 2.0, 3.0, 4.0]
     assert fit.state.global_step == 8
     assert es.best == 0.8 and es.wait == 2
     assert es.stopped_step == 8 and es.stopped_epoch == 4.0
@@ -485,6 +493,24 @@ def test_early_stopping_defaults_to_eval_loss_F_LOOP_6(tmp_path):
                callbacks=[EarlyStopping(monitor="eval_accuracy")])
     with pytest.raises(KeyError, match="eval_accuracy.*eval_loss"):
         fit.fit(ConstantLoss(), _data(4), _data(4))
+
+
+def test_callback_state_is_saved_in_checkpoints_F_LOOP_6(tmp_path):
+    """F-LOOP-6: a checkpoint holds every callback's ``state_dict`` under its ``state_key`` (EarlyStopping's
+    best value and wait counter at the time of the save)."""
+    es = EarlyStopping(monitor="val_metric", patience=5, mode="min")
+    module = ScriptedMetric([1.0, 0.5, 0.7])
+    fit = _fit(tmp_path, num_train_epochs=3, eval_strategy="epoch", save_strategy="epoch",
+               per_device_eval_batch_size=4, callbacks=[es])
+    fit.fit(module, _data(4), _data(4, seed=1))
+    assert sorted(p.name for p in tmp_path.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    states = {}
+    for step in (2, 4, 6):
+        path = tmp_path / f"checkpoint-{step}" / "training_state.pt"
+        states[step] = fit.strategy.checkpoint_io.load_checkpoint(str(path), weights_only=False)["callbacks"]
+    assert states[2]["EarlyStopping"] == {"best": 1.0, "wait": 0, "stopped_epoch": None, "stopped_step": None}
+    assert states[4]["EarlyStopping"]["best"] == 0.5
+    assert states[6]["EarlyStopping"]["best"] == 0.5 and states[6]["EarlyStopping"]["wait"] == 1
 
 
 def test_early_stopping_bad_arguments_F_LOOP_6():

@@ -68,16 +68,17 @@ class EarlyStopping(Callback):
             raise KeyError(f"EarlyStopping monitors {monitor!r}, which evaluation did not return; "
                            f"available: {sorted(metrics)}.")
         value = float(metrics[monitor])
+        stop = False
         if self.check_finite and not math.isfinite(value):
-            control.should_training_stop = True
+            stop = True
         elif self.best is None or (value < self.best - self.threshold if mode == "min"
                                    else value > self.best + self.threshold):
             self.best, self.wait = value, 0
         else:
             self.wait += 1
-            if self.wait >= self.patience:
-                control.should_training_stop = True
-        if control.should_training_stop:
+            stop = self.wait >= self.patience
+        if stop:  # record only stops this callback causes (not max_steps, not other callbacks)
+            control.should_training_stop = True
             self.stopped_epoch, self.stopped_step = state.epoch, state.global_step
         return control
 

@@ -32,9 +32,11 @@ class DataModule:
 def _check_data(data: Any, what: str) -> None:
     if isinstance(data, (DataLoader, Dataset, IterableDataset)):
         pass
-    elif isinstance(data, (str, bytes, Mapping)) or not (hasattr(data, "__getitem__") or hasattr(data, "__iter__")):
+    elif isinstance(data, (str, bytes, Mapping)) or not (hasattr(data, "__getitem__") and hasattr(data, "__len__")):
+        hint = (" A generator or iterator can be read only once: wrap it in a torch IterableDataset."
+                if hasattr(data, "__next__") else "")
         raise TypeError(f"{what} must be a torch DataLoader, a Dataset (map-style or iterable) or a sequence of "
-                        f"samples; got {type(data).__name__}.")
+                        f"samples; got {type(data).__name__}.{hint}")
     try:
         n = len(data)  # type: ignore[arg-type]
     except TypeError:
@@ -61,11 +63,11 @@ class ColumnFilter:
 
 
 def forward_parameter_names(model: torch.nn.Module) -> set[str] | None:
-    """Names ``model.forward`` accepts, or None when it takes ``**kwargs`` (anything goes)."""
+    """Named parameters of ``model.forward`` (``*args``/``**kwargs`` ignored, as HF's Trainer does), or None
+    when it has no named parameter at all (then nothing is removed)."""
     params = inspect.signature(model.forward).parameters.values()
-    if any(p.kind is p.VAR_KEYWORD for p in params):
-        return None
-    return {p.name for p in params}
+    names = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
+    return names or None
 
 
 def _lengths(dataset: Any, column: str) -> list[int]:

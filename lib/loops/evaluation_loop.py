@@ -95,7 +95,7 @@ class EvaluationLoop:
                    "predict": module.predict_step}[stage]
         hook_stage = "validation" if stage == "validate" else stage
         compute_metrics = fit.compute_metrics
-        collect = stage == "predict" or (compute_metrics is not None and not args.prediction_loss_only)
+        collect = not args.prediction_loss_only and (stage == "predict" or compute_metrics is not None)
         preprocess = fit.preprocess_logits_for_metrics
         label_names = args.label_names or getattr(module, "label_names", None) or ["labels"]
 
@@ -147,6 +147,7 @@ class EvaluationLoop:
         all_inputs = inputs.result(concat) if args.include_inputs_for_metrics else None
 
         metrics = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
+        results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
         if loss_sum is not None:
             metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum")) / max(1, n_samples)
         if compute_metrics is not None and (stage != "predict" or all_labels is not None):

@@ -104,7 +104,12 @@ class FitLoop:
         fwd_ctx = strategy.forward_context
         counts_needed = accum > 1
 
+        try:
+            batches_per_epoch = len(loader)
+        except TypeError:
+            batches_per_epoch = None
         for epoch in range(int(state.epoch), num_epochs):
+            state.current_epoch = epoch
             set_loader_epoch(fit.train_loader, epoch)
             control._new_epoch()
             module._results.reset_epoch()
@@ -118,12 +123,14 @@ class FitLoop:
                     break
                 last = len(window) - 1
                 if counts_needed and last:
+                    # item counts may be 0-dim tensors: weights stay tensors, so no host sync here
                     counts = [module.num_items(b) for b in window]
                     if any(c is None for c in counts):
                         weights = [1.0 / len(window)] * len(window)
                     else:
                         total = sum(counts)
-                        weights = [c / total if total else 0.0 for c in counts]
+                        total = total.clamp(min=1) if isinstance(total, torch.Tensor) else max(total, 1)
+                        weights = [c / total for c in counts]
                 else:
                     weights = None
                 step_loss, window_samples = None, 0
@@ -169,7 +176,7 @@ class FitLoop:
                     self.tr_loss += step_loss
                     self.steps_since_log += 1
                     state.global_step += 1
-                    state.epoch = epoch + (state.batch_in_epoch / steps_per_epoch if steps_per_epoch else 0.0)
+                    state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
                     state.samples_seen += window_samples
                     state.total_flos += fit._flos_per_sample * window_samples
                     L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
@@ -178,6 +185,8 @@ class FitLoop:
                     break
             if not (control.should_training_stop or control.should_epoch_stop):
                 state.epoch = float(epoch + 1)  # the epoch ran to its end
+            if fit.lr_scheduler is not None and fit.scheduler_interval == "epoch":
+                fit.lr_scheduler.step()
             hooks.call("on_train_epoch_end", fit, module)
             H["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **fit._hf_kwargs())
             epoch_logs = module._results.epoch_values(logger_only=True)

@@ -16,7 +16,8 @@ class FitState:
     """Everything that decides what the loop does next.
 
     Attributes:
-        epoch (float): epochs done, fractional inside an epoch (HF semantics); ``int(epoch)`` is the running one.
+        epoch (float): epochs done, fractional inside an epoch (HF semantics: micro-batches seen / per epoch).
+        current_epoch (int): zero-based index of the running epoch (Lightning semantics).
         global_step (int): optimizer steps taken (one per accumulation window).
         max_steps (int): total optimizer steps of the run.
         num_train_epochs (int): epochs the run is planned for.
@@ -32,6 +33,7 @@ class FitState:
     """
 
     epoch: float = 0.0
+    current_epoch: int = 0
     global_step: int = 0
     max_steps: int = 0
     num_train_epochs: int = 0
