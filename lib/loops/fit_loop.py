@@ -214,8 +214,7 @@ class FitLoop:
                 control.should_save = True
             if step >= state.max_steps:
                 control.should_training_stop = True
-                if args.save_strategy != "no" and step % state.save_steps:
-                    control.should_save = args.save_strategy == "steps"
+                control.should_save = control.should_save or args.save_strategy == "steps"  # HF: save at the end
             if hooks.hf["on_step_end"]:
                 hooks.call_hf("on_step_end", args, state, control, **fit._hf_kwargs())
         else:
