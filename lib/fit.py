@@ -20,7 +20,7 @@ from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.checkpoint import save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
-from taskfit.data.loaders import DataModule, build_dataloader, forward_parameter_names
+from taskfit.data.loaders import DataModule, build_dataloader, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import CSVLogger, Logger
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
 from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
@@ -578,20 +578,8 @@ class Fit:
             json.dump(self.state.state_dict(), f, indent=2, default=str)
 
     # ------------------------------------------------------------------------------------ data helpers ---
-    @staticmethod
-    def num_examples(loader: Any) -> int:
-        """Samples in a DataLoader's dataset (HF ``num_examples``)."""
-        return len(loader.dataset)
-
-    @staticmethod
-    def num_tokens(loader: Any, max_steps: int | None = None) -> int:
-        """Tokens (``input_ids`` elements) in a loader's batches, up to ``max_steps`` batches (HF ``num_tokens``)."""
-        total = 0
-        for i, batch in enumerate(loader):
-            if max_steps is not None and i >= max_steps:
-                break
-            total += batch["input_ids"].numel()
-        return total
+    num_examples = staticmethod(num_examples)
+    num_tokens = staticmethod(num_tokens)
 
     def floating_point_ops(self, inputs: Any) -> int:
         """Training FLOPs of one batch: 6 x parameters x tokens (``input_ids``) or x samples (HF estimate)."""

@@ -123,3 +123,18 @@ def set_loader_epoch(loader: Any, epoch: int) -> None:
                 getattr(loader, "dataset", None)):
         if obj is not None and hasattr(obj, "set_epoch"):
             obj.set_epoch(epoch)
+
+
+def num_examples(loader: Any) -> int:
+    """Samples in a DataLoader's dataset (HF ``Trainer.num_examples``)."""
+    return len(loader.dataset)
+
+
+def num_tokens(loader: Any, max_steps: int | None = None) -> int:
+    """Tokens (``input_ids`` elements) in a loader's batches, up to ``max_steps`` batches (HF ``num_tokens``)."""
+    total = 0
+    for i, batch in enumerate(loader):
+        if max_steps is not None and i >= max_steps:
+            break
+        total += batch["input_ids"].numel()
+    return total
