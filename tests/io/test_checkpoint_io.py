@@ -1,0 +1,78 @@
+"""The CheckpointIO interface and its local/fsspec implementation (F-CKPT-4 base; the full checkpoint
+feature set lands with the checkpoint issue) and the checkpoint folders the core writes (F-CORE-7)."""
+
+import json
+import os
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from taskfit import Fit, FitArguments, TaskModule
+from taskfit.io import TorchCheckpointIO, write_bytes_atomic
+
+
+def test_F_CKPT_4_save_load_remove_local_and_memory(tmp_path):
+    io = TorchCheckpointIO()
+    state = {"w": torch.arange(6.0).reshape(2, 3), "step": 7, "nested": {"lr": 0.1}}
+    for path in (str(tmp_path / "a" / "ckpt.pt"), f"file://{tmp_path}/b/ckpt.pt", "memory://taskfit-test/ckpt.pt"):
+        io.save_checkpoint(state, path)
+        back = io.load_checkpoint(path)
+        assert torch.equal(back["w"], state["w"]) and back["step"] == 7 and back["nested"] == {"lr": 0.1}
+        io.remove_checkpoint(path)
+        with pytest.raises(FileNotFoundError):
+            io.load_checkpoint(path)
+    assert not [p for p in os.listdir(tmp_path / "a") if ".tmp-" in p]  # no temporary files left behind
+
+
+def test_atomic_write_replaces_whole_file(tmp_path):
+    path = tmp_path / "f.bin"
+    write_bytes_atomic(str(path), b"old")
+    write_bytes_atomic(str(path), b"new contents")
+    assert path.read_bytes() == b"new contents" and os.listdir(tmp_path) == ["f.bin"]
+
+
+def test_weights_only_loading_refuses_arbitrary_objects(tmp_path):
+    io = TorchCheckpointIO()
+    path = str(tmp_path / "x.pt")
+    io.save_checkpoint({"obj": object()}, path)
+    with pytest.raises(Exception):
+        io.load_checkpoint(path)  # weights_only=True by default
+    assert "obj" in io.load_checkpoint(path, weights_only=False)
+
+
+def test_safetensors_weights_with_tied_tensors(tmp_path):
+    io = TorchCheckpointIO()
+    w = torch.randn(4, 4)
+    io.save_weights({"a": w, "b": w}, str(tmp_path / "m.safetensors"))
+    back = io.load_weights(str(tmp_path / "m.safetensors"))
+    assert torch.equal(back["a"], w) and torch.equal(back["b"], w)
+
+
+class Lin(TaskModule):
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(3, 2)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return torch.nn.functional.cross_entropy(self.lin(x), y)
+
+
+def test_F_CORE_7_checkpoint_folders_and_save_model(tmp_path):
+    ds = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randint(0, 2, (40,)))
+    fit = Fit(output_dir=str(tmp_path), max_steps=6, save_strategy="steps", save_steps=4,
+              per_device_train_batch_size=4, disable_tqdm=True, report_to="none")
+    module = Lin()
+    fit.fit(module, ds)
+    assert sorted(p for p in os.listdir(tmp_path) if p.startswith("checkpoint-")) == ["checkpoint-4", "checkpoint-6"]
+    ck = tmp_path / "checkpoint-6"
+    assert {"model.safetensors", "config.json", "training_state.pt", "fit_args.json"} <= set(os.listdir(ck))
+    weights = load_file(str(ck / "model.safetensors"))
+    assert torch.equal(weights["lin.weight"], module.lin.weight.detach())
+    ts = torch.load(ck / "training_state.pt", weights_only=False)
+    assert ts["state"]["global_step"] == 6 and ts["optimizer"]["state"] and "python" in ts["rng"]
+    assert json.loads((ck / "fit_args.json").read_text())["save_steps"] == 4
+    out = fit.save_model(str(tmp_path / "final"))
+    assert torch.equal(load_file(os.path.join(out, "model.safetensors"))["lin.bias"], module.lin.bias.detach())
+    assert json.loads((tmp_path / "final" / "config.json").read_text())["num_parameters"] == 8
