@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from taskfit.arguments import PENDING_OPTIONS, FitArguments
+from taskfit.arguments import FitArguments
 
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "003_3c8ef023aa55e12f.txt"
 
