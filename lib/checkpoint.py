@@ -31,8 +31,16 @@ WEIGHTS_NAME_PT = "pytorch_model.bin"
 
 
 def rng_states() -> dict[str, Any]:
-    """RNG states of python, numpy and torch (CPU) to store in a checkpoint."""
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    """RNG states of python, numpy and torch (CPU) to store in a checkpoint, as plain values and tensors so
+    ``torch.load(weights_only=True)`` reads them."""
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    return {"python": random.getstate(), "numpy": (name, keys.tolist(), int(pos), int(has_gauss), float(cached)),
+            "torch": torch.get_rng_state()}
+
+
+def checkpoint_path(fit: Fit) -> str:
+    """``output_dir/checkpoint-{global_step}``: where the checkpoint of the current step goes."""
+    return os.path.join(fit.args.output_dir, f"checkpoint-{fit.state.global_step}")
 
 
 def exportable_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -79,7 +87,7 @@ def save_checkpoint(fit: Fit) -> str:
     The folder is assembled under a temporary name and renamed into place, so a crash mid-save never leaves a
     folder named ``checkpoint-N`` that is incomplete.
     """
-    final = os.path.join(fit.args.output_dir, f"checkpoint-{fit.state.global_step}")
+    final = checkpoint_path(fit)
     if not fit.is_global_zero:
         return final
     tmp = final + ".tmp"

@@ -55,6 +55,10 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
 
     # strategy
     strat_name, strategy = _name_or_instance(strategy or args.strategy, Strategy, "strategy")
+    if strategy is not None and (precision_plugin is not None or ckpt_plugin is not None
+                                 or args.precision is not None or args.bf16 or args.fp16):
+        raise ValueError("A Strategy instance owns its precision and checkpoint IO: give them to the strategy, "
+                         "not as precision=/plugins= (or pass the strategy by name).")
     if strategy is None:
         entry = STRATEGIES.get(strat_name)
         if strat_name == "auto" and len(devices) > 1:

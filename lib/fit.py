@@ -18,7 +18,7 @@ from torch import nn
 from taskfit.arguments import FitArguments
 from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.progress import ProgressBar
-from taskfit.checkpoint import save_checkpoint, save_model_folder
+from taskfit.checkpoint import checkpoint_path, save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
 from taskfit.data.loaders import DataModule, build_dataloader, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import CSVLogger, Logger
@@ -94,6 +94,9 @@ class Fit:
         if overrides:
             args = args.replace(**overrides)
         args.check_implemented()
+        if "://" in str(args.output_dir) and not str(args.output_dir).startswith("file://"):
+            raise NotImplementedError(f"output_dir={args.output_dir!r}: remote (fsspec URL) output folders are not "
+                                      "implemented yet (land with the checkpoint issue #3); use a local path.")
         self.args = args
         self.strategy = resolve_components(args, plugins, **instances)
         rank_zero_only.rank = self.strategy.global_rank  # one rank-zero gate for every side effect
@@ -247,6 +250,8 @@ class Fit:
         if opt is None and cfg is None:
             opt = create_optimizer(self.model, self.args)
             sched = sched or create_scheduler(opt, self.args, max_steps)
+        elif cfg is None and sched is None:  # HF: optimizers=(opt, None) gets the default schedule
+            sched = create_scheduler(opt, self.args, max_steps)
         elif opt is None:
             if isinstance(cfg, torch.optim.Optimizer):
                 opt = cfg
@@ -398,13 +403,20 @@ class Fit:
         if self._hooks.hf["on_log"]:
             self._hooks.call_hf("on_log", self.args, st, self.control, logs=logs)
 
-    def _evaluate_during_fit(self) -> dict[str, float]:
+    def _run_eval(self, loaders: dict[str | None, Any], stage: str, prefix: str) -> tuple[dict, set[str]]:
+        """Evaluate every named loader; returns the metrics and the keys logged with ``logger=False``."""
         metrics: dict[str, float] = {}
-        for name, loader in self._eval_loaders.items():
-            prefix = "eval" if name is None else f"eval_{name}"
-            metrics.update(EvaluationLoop(self, "validate").run(loader, prefix)[0])
+        hidden: set[str] = set()
+        for name, loader in loaders.items():
+            loop = EvaluationLoop(self, stage)
+            metrics.update(loop.run(loader, prefix if name is None else f"{prefix}_{name}")[0])
+            hidden |= loop.hidden
+        return metrics, hidden
+
+    def _evaluate_during_fit(self) -> dict[str, float]:
+        metrics, hidden = self._run_eval(self._eval_loaders, "validate", "eval")
         metrics["epoch"] = self.state.epoch
-        self._log(metrics)
+        self._log({k: v for k, v in metrics.items() if k not in hidden})
         self._track_best(metrics)
         if self.scheduler_interval == "eval" and self.lr_scheduler is not None:
             if self.scheduler_monitor not in metrics:
@@ -428,9 +440,9 @@ class Fit:
             self.state.best_metric, self.state.best_global_step = value, self.state.global_step
 
     def _save_checkpoint(self) -> str:
+        if self.state.best_global_step == self.state.global_step:  # recorded before the state is written
+            self.state.best_model_checkpoint = checkpoint_path(self)
         path = save_checkpoint(self)
-        if self.state.best_global_step == self.state.global_step:
-            self.state.best_model_checkpoint = path
         self._hooks.call_hf("on_save", self.args, self.state, self.control)
         return path
 
@@ -442,8 +454,10 @@ class Fit:
         self._setup_module(module)
         if module._results is None:
             module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
-        if stage == "validate" and not self._can_validate(module):
-            raise ValueError(f"{type(module).__name__} has no validation_step to evaluate with.")
+        if stage in ("validate", "test") and not self._can_validate(module) and (
+                type(module).test_step is TaskModule.test_step):
+            raise ValueError(f"{type(module).__name__} has no {stage.replace('validate', 'validation')}_step "
+                             "to evaluate with.")
         return module, data
 
     def _from_datamodule(self, datamodule: DataModule | None, stage: str, method: str) -> Any:
@@ -467,19 +481,17 @@ class Fit:
         loaders = self._eval_loader_dict(data, data_collator) if data is not None else self._eval_loaders
         if not loaders:
             raise ValueError("validate() needs eval data: pass data, a datamodule, or eval_data to fit().")
-        metrics: dict[str, float] = {}
-        for name, loader in loaders.items():
-            prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
-            metrics.update(EvaluationLoop(self, "validate").run(loader, prefix)[0])
+        metrics, hidden = self._run_eval(loaders, "validate", metric_key_prefix)
         if self.state.global_step:
             metrics["epoch"] = self.state.epoch
-        self._log(dict(metrics))
+        self._log({k: v for k, v in metrics.items() if k not in hidden})
         self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
         return metrics
 
-    def evaluate(self, model: Any = None, data: Any = None, **kwargs: Any) -> dict[str, float]:
-        """HF-style alias of :meth:`validate` (``fit.evaluate(eval_dataset)`` works too)."""
-        return self.validate(model, data, **kwargs)
+    def evaluate(self, model: Any = None, data: Any = None, *, eval_dataset: Any = None,
+                 **kwargs: Any) -> dict[str, float]:
+        """HF-style alias of :meth:`validate`; ``fit.evaluate(eval_dataset)`` and ``eval_dataset=`` work too."""
+        return self.validate(model, data if data is not None else eval_dataset, **kwargs)
 
     def test(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
              datamodule: DataModule | None = None, metric_key_prefix: str = "test") -> dict[str, float]:
@@ -492,22 +504,20 @@ class Fit:
         data = data if data is not None else self._from_datamodule(datamodule, "test", "test_dataloader")
         if data is None:
             raise ValueError("test() needs data: pass data or a datamodule with test_dataloader().")
-        metrics: dict[str, float] = {}
-        for name, loader in self._eval_loader_dict(data, data_collator).items():
-            prefix = metric_key_prefix if name is None else f"{metric_key_prefix}_{name}"
-            metrics.update(EvaluationLoop(self, "test").run(loader, prefix)[0])
-        self._log(dict(metrics))
+        metrics, hidden = self._run_eval(self._eval_loader_dict(data, data_collator), "test", metric_key_prefix)
+        self._log({k: v for k, v in metrics.items() if k not in hidden})
         return metrics
 
     def predict(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-                datamodule: DataModule | None = None, metric_key_prefix: str = "test") -> PredictionOutput:
+                datamodule: DataModule | None = None, metric_key_prefix: str = "test",
+                test_dataset: Any = None) -> PredictionOutput:
         """Run ``predict_step`` over ``data``; returns ``PredictionOutput(predictions, label_ids, metrics)``
         with numpy arrays concatenated over batches (mirrors HF ``Trainer.predict``).
 
         Raises:
             ValueError: no or empty data.
         """
-        module, data = self._eval_entry(model, data, "predict")
+        module, data = self._eval_entry(model, data if data is not None else test_dataset, "predict")
         data = data if data is not None else self._from_datamodule(datamodule, "predict", "predict_dataloader")
         if data is None:
             raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")

@@ -99,10 +99,12 @@ class ResultCollection:
         return value
 
     def step_values(self, prog_bar_only: bool = False) -> dict[str, float]:
-        """Floats of the ``on_step`` values logged since the last call (host sync happens here)."""
+        """Floats of the ``on_step`` values logged since the last call with ``logger=True`` (or, with
+        ``prog_bar_only``, those with ``prog_bar=True``); the host sync happens here."""
         out = {}
         for e in self.values.values():
-            if not e.fresh or not e.on_step or e.last is None or (prog_bar_only and not e.prog_bar):
+            if not e.fresh or not e.on_step or e.last is None or (prog_bar_only and not e.prog_bar) or (
+                    not prog_bar_only and not e.logger):
                 continue
             key = f"{e.name}_step" if e.on_epoch else e.name
             out[key] = _to_float(self._sync(e, e.last))
@@ -129,6 +131,10 @@ class ResultCollection:
                 else:
                     out[key] = _to_float(agg)
         return out
+
+    def hidden_names(self) -> set[str]:
+        """Names logged with ``logger=False`` (kept out of the loggers, still returned to the caller)."""
+        return {f"{e.name}_epoch" if e.on_step else e.name for e in self.values.values() if not e.logger}
 
     def prog_bar_names(self) -> set[str]:
         return {e.name for e in self.values.values() if e.prog_bar}

@@ -44,6 +44,15 @@ class EarlyStopping(Callback):
         self.wait = 0
         self.stopped_epoch: float | None = None
         self.stopped_step: int | None = None
+        self._training = False
+
+    def on_train_start(self, fit: Any, module: Any) -> None:
+        """A new run starts with no best value and no patience used."""
+        self.best, self.wait, self.stopped_epoch, self.stopped_step = None, 0, None, None
+        self._training = True
+
+    def on_train_end(self, fit: Any, module: Any) -> None:
+        self._training = False
 
     def _resolve(self, args: Any) -> tuple[str, str]:
         monitor = self.monitor or getattr(args, "metric_for_best_model", None) or "eval_loss"
@@ -62,6 +71,8 @@ class EarlyStopping(Callback):
         Raises:
             KeyError: the monitored metric is not among the evaluation metrics (names the ones present).
         """
+        if not self._training:  # a standalone validate() neither counts against patience nor needs the metric
+            return control
         monitor, mode = self._resolve(args)
         metrics = metrics or {}
         if monitor not in metrics:

@@ -21,6 +21,7 @@ class ProgressBar(Callback):
         self.eval_bar = None
 
     def on_train_start(self, fit: Any, module: Any) -> None:
+        self.on_train_end(fit, module)  # a bar left from an earlier run
         if fit.is_global_zero:
             from tqdm.auto import tqdm
 
@@ -43,6 +44,11 @@ class ProgressBar(Callback):
         if self.train_bar is not None:
             self.train_bar.close()
             self.train_bar = None
+
+    def on_exception(self, fit: Any, module: Any, exception: BaseException) -> None:
+        """Close the bars a failed run leaves open."""
+        self._eval_end()
+        self.on_train_end(fit, module)
 
     def _eval_start(self, fit: Any, module: Any, total: Any, desc: str) -> None:
         if fit.is_global_zero and total:

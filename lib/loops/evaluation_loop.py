@@ -78,6 +78,7 @@ class EvaluationLoop:
 
     def __init__(self, fit: Fit, stage: str) -> None:
         self.fit, self.stage = fit, stage
+        self.hidden: set[str] = set()
 
     def run(self, loader: Any, prefix: str) -> tuple[dict[str, float], Any, Any]:
         """Evaluate every batch of ``loader``; returns ``(metrics, predictions, label_ids)``.
@@ -110,62 +111,65 @@ class EvaluationLoop:
             fit.num_eval_batches = len(loader) if hasattr(loader, "__len__") else None
         except TypeError:
             fit.num_eval_batches = None
-        start = time.perf_counter()
-        hooks.call(f"on_{hook_stage}_start", fit, module)
-        hooks.call(f"on_{hook_stage}_epoch_start", fit, module)
-        with torch.no_grad():
-            for batch_idx, batch in enumerate(loader):
-                batch = strategy.batch_to_device(batch)
-                results.set_batch(batch)
-                bs = infer_batch_size(batch)
-                hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx)
-                with strategy.forward_context():
-                    out = step_fn(batch, batch_idx)
-                loss, logits, lab = self._unpack(out, batch, label_names)
-                if loss is not None:
-                    loss_sum = loss.detach().float() * bs if loss_sum is None else loss_sum + loss.detach().float() * bs
-                if collect:
-                    if preprocess is not None and stage != "predict":
-                        logits = preprocess(logits, lab)
-                    preds.add(logits)
-                    labels.add(lab)
-                    if args.include_inputs_for_metrics:
-                        inputs.add(_batch_inputs(batch))
-                    if args.batch_eval_metrics and compute_metrics is not None and stage != "predict":
-                        batch_metrics = compute_metrics(
-                            EvalPrediction(to_numpy(logits), to_numpy(lab),
-                                           to_numpy(_batch_inputs(batch)) if args.include_inputs_for_metrics else None),
-                            compute_result=batch_idx + 1 == fit.num_eval_batches)
-                        preds.device_items.clear(), labels.device_items.clear(), inputs.device_items.clear()
-                n_samples += bs
-                n_batches += 1
-                hooks.call(f"on_{hook_stage}_batch_end", fit, module, out, batch, batch_idx)
-                if hooks.hf["on_prediction_step"]:
-                    hooks.call_hf("on_prediction_step", args, fit.state, fit.control)
-        concat = args.eval_do_concat_batches
-        all_preds, all_labels = preds.result(concat), labels.result(concat)
-        all_inputs = inputs.result(concat) if args.include_inputs_for_metrics else None
+        try:
+            start = time.perf_counter()
+            hooks.call(f"on_{hook_stage}_start", fit, module)
+            hooks.call(f"on_{hook_stage}_epoch_start", fit, module)
+            with torch.no_grad():
+                for batch_idx, batch in enumerate(loader):
+                    batch = strategy.batch_to_device(batch)
+                    results.set_batch(batch)
+                    bs = infer_batch_size(batch)
+                    hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx)
+                    with strategy.forward_context():
+                        out = step_fn(batch, batch_idx)
+                    loss, logits, lab = self._unpack(out, batch, label_names)
+                    if loss is not None:
+                        loss_sum = loss.detach().float() * bs if loss_sum is None else loss_sum + loss.detach().float() * bs
+                    if collect:
+                        if preprocess is not None and stage != "predict":
+                            logits = preprocess(logits, lab)
+                        preds.add(logits)
+                        labels.add(lab)
+                        if args.include_inputs_for_metrics:
+                            inputs.add(_batch_inputs(batch))
+                        if args.batch_eval_metrics and compute_metrics is not None and stage != "predict":
+                            batch_metrics = compute_metrics(
+                                EvalPrediction(to_numpy(logits), to_numpy(lab),
+                                               to_numpy(_batch_inputs(batch)) if args.include_inputs_for_metrics else None),
+                                compute_result=batch_idx + 1 == fit.num_eval_batches)
+                            preds.device_items.clear(), labels.device_items.clear(), inputs.device_items.clear()
+                    n_samples += bs
+                    n_batches += 1
+                    hooks.call(f"on_{hook_stage}_batch_end", fit, module, out, batch, batch_idx)
+                    if hooks.hf["on_prediction_step"]:
+                        hooks.call_hf("on_prediction_step", args, fit.state, fit.control)
+            concat = args.eval_do_concat_batches
+            all_preds, all_labels = preds.result(concat), labels.result(concat)
+            all_inputs = inputs.result(concat) if args.include_inputs_for_metrics else None
 
-        metrics = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
-        results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
-        if loss_sum is not None:
-            metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum")) / max(1, n_samples)
-        if compute_metrics is not None and (stage != "predict" or all_labels is not None):
-            if args.batch_eval_metrics and stage != "predict":
-                extra = batch_metrics or {}
-            elif all_preds is not None:
-                extra = compute_metrics(EvalPrediction(all_preds, all_labels, all_inputs))
-            else:
-                extra = {}
-            metrics.update({metric_key(k, prefix): float(v) if isinstance(v, (int, float)) else v
-                            for k, v in (extra or {}).items()})
-        metrics.update(speed_metrics(prefix, start, time.perf_counter(), n_samples, n_batches))
-        fit.callback_metrics.update(metrics)
-        hooks.call(f"on_{hook_stage}_epoch_end", fit, module)
-        hooks.call(f"on_{hook_stage}_end", fit, module)
-        module._results, module._log_defaults = prev_results, prev_defaults
-        if was_training:
-            module.train()
+            metrics = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
+            self.hidden = {metric_key(k, prefix) for k in results.hidden_names()}  # logger=False: not sent to loggers
+            results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
+            if loss_sum is not None:
+                metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum")) / max(1, n_samples)
+            if compute_metrics is not None and (stage != "predict" or all_labels is not None):
+                if args.batch_eval_metrics and stage != "predict":
+                    extra = batch_metrics or {}
+                elif all_preds is not None:
+                    extra = compute_metrics(EvalPrediction(all_preds, all_labels, all_inputs))
+                else:
+                    extra = {}
+                metrics.update({metric_key(k, prefix): float(v) if isinstance(v, (int, float)) else v
+                                for k, v in (extra or {}).items()})
+            metrics.update(speed_metrics(prefix, start, time.perf_counter(), n_samples, n_batches))
+            fit.callback_metrics.update(metrics)
+            hooks.call(f"on_{hook_stage}_epoch_end", fit, module)
+            hooks.call(f"on_{hook_stage}_end", fit, module)
+        finally:  # an exception inside a step must not leave the module in eval mode or with eval results
+            module._results, module._log_defaults = prev_results, prev_defaults
+            if was_training:
+                module.train()
         return metrics, all_preds, all_labels
 
     def _unpack(self, out: Any, batch: Any, label_names: list[str]) -> tuple[Any, Any, Any]:

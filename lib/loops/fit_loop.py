@@ -120,6 +120,9 @@ class FitLoop:
             while True:
                 window = _window(iterator, accum)
                 if not window:
+                    if state.batch_in_epoch == 0:  # an epoch without a single batch would repeat forever
+                        raise ValueError(f"The train data yielded no batch in epoch {epoch}; check the dataset "
+                                         "(an empty IterableDataset?).")
                     break
                 last = len(window) - 1
                 if counts_needed and last:
