@@ -4,7 +4,6 @@ F-EVAL-5). Names and formats mirror the HF Trainer's."""
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, NamedTuple
 
@@ -142,7 +141,3 @@ def nested_concat(batches: list[Any], padding_index: int = -100) -> Any:
             padded.append(out)
         arrays = padded
     return np.concatenate(arrays, axis=0)
-
-
-def is_finite_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and math.isfinite(x)

@@ -178,12 +178,16 @@ def test_eval_loss_uses_compute_loss_override_F_CORE_2(tmp_path, train_set, eval
                data_collator=PadCollator())
     fit.calls = []
     fit.fit(model, train_set)
-    metrics = fit.evaluate(eval_set)
+    assert fit.evaluate(eval_set)["eval_loss"] == pytest.approx(_weighted_eval_loss(model, eval_set), rel=1e-5)
+
+
+def _weighted_eval_loss(model, eval_set) -> float:
+    """The class-weighted loss of ``model`` on the whole eval set, computed by hand."""
     with torch.no_grad():
         batch = PadCollator()(eval_set)
         model.eval()
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    assert metrics["eval_loss"] == pytest.approx(float(_weighted_ce(logits, batch["labels"])), rel=1e-5)
+    return float(_weighted_ce(logits, batch["labels"]))
 
 
 def _recording_loss_func(calls: list):
@@ -214,12 +218,7 @@ def test_eval_loss_uses_compute_loss_func_F_CORE_2(tmp_path, train_set, eval_set
     fit = _fit(tmp_path, max_steps=1, compute_loss_func=_recording_loss_func(calls), data_collator=PadCollator(),
                per_device_eval_batch_size=12)
     fit.fit(model, train_set)
-    metrics = fit.evaluate(eval_set)
-    with torch.no_grad():
-        batch = PadCollator()(eval_set)
-        model.eval()
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    assert metrics["eval_loss"] == pytest.approx(float(_weighted_ce(logits, batch["labels"])), rel=1e-5)
+    assert fit.evaluate(eval_set)["eval_loss"] == pytest.approx(_weighted_eval_loss(model, eval_set), rel=1e-5)
 
 
 def test_predict_returns_numpy_prediction_output_F_CORE_2(tmp_path, train_set, eval_set):

@@ -139,8 +139,7 @@ class FitLoop:
                 step_loss, window_samples = None, 0
                 for i, batch in enumerate(window):
                     batch = strategy.batch_to_device(batch)
-                    module._results.batch = batch
-                    module._results._batch_size = None
+                    module._results.set_batch(batch)
                     batch_idx = state.batch_in_epoch
                     L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
                     if i == 0 and H["on_step_begin"]:
