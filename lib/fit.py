@@ -20,7 +20,7 @@ from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.checkpoint import checkpoint_path, save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
-from taskfit.data.loaders import DataModule, build_dataloader, forward_parameter_names, num_examples, num_tokens
+from taskfit.data.loaders import DataModule, build_dataloader, floating_point_ops, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import CSVLogger, Logger
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
 from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
@@ -139,18 +139,22 @@ class Fit:
     # ---------------------------------------------------------------------------------------- topology ---
     @property
     def is_global_zero(self) -> bool:
+        """True on the process with global rank 0."""
         return self.strategy.is_global_zero
 
     @property
     def global_rank(self) -> int:
+        """Index of this process among all processes (0-based)."""
         return self.strategy.global_rank
 
     @property
     def local_rank(self) -> int:
+        """Index of this process on its machine (0-based)."""
         return self.strategy.local_rank
 
     @property
     def world_size(self) -> int:
+        """Number of processes taking part."""
         return self.strategy.world_size
 
     def is_world_process_zero(self) -> bool:
@@ -592,8 +596,5 @@ class Fit:
     num_tokens = staticmethod(num_tokens)
 
     def floating_point_ops(self, inputs: Any) -> int:
-        """Training FLOPs of one batch: 6 x parameters x tokens (``input_ids``) or x samples (HF estimate)."""
-        n = sum(p.numel() for p in (self.model or nn.Module()).parameters())
-        if isinstance(inputs, Mapping) and "input_ids" in inputs:
-            return 6 * n * inputs["input_ids"].numel()
-        return 6 * n * infer_batch_size(inputs)
+        """Training FLOPs of one batch (see :func:`taskfit.data.loaders.floating_point_ops`)."""
+        return floating_point_ops(self.model or nn.Module(), inputs)

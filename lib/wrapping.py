@@ -104,6 +104,7 @@ class ModelTaskModule(TaskModule):
                             "the loss; otherwise write a TaskModule or pass compute_loss_func.") from None
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        """The model's own loss through ``Fit.compute_loss`` (checked against the batch on the first call)."""
         if not self._checked:
             self._check_batch(batch)
         return self.fit.compute_loss(self.model, batch)
@@ -127,6 +128,7 @@ class ModelTaskModule(TaskModule):
         return loss, extract_logits(outputs, has_loss=self.fit.compute_loss_func is None)
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:
+        """``{"loss", "logits", "labels"}`` for one batch (loss None without labels), as HF ``prediction_step``."""
         loss, logits = self._loss_and_logits(batch)
         return {"loss": loss, "logits": logits, "labels": self._labels(batch)}
 

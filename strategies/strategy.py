@@ -37,22 +37,27 @@ class Strategy:
     # -- process topology -------------------------------------------------------------------------------
     @property
     def global_rank(self) -> int:
+        """Index of this process among all processes (0-based)."""
         return 0
 
     @property
     def local_rank(self) -> int:
+        """Index of this process on its machine (0-based)."""
         return 0
 
     @property
     def node_rank(self) -> int:
+        """Index of this machine (0-based)."""
         return 0
 
     @property
     def world_size(self) -> int:
+        """Number of processes taking part."""
         return 1
 
     @property
     def is_global_zero(self) -> bool:
+        """True on the process with global rank 0."""
         return self.global_rank == 0
 
     # -- set-up -----------------------------------------------------------------------------------------

@@ -138,3 +138,14 @@ def num_tokens(loader: Any, max_steps: int | None = None) -> int:
             break
         total += batch["input_ids"].numel()
     return total
+
+
+def floating_point_ops(model: torch.nn.Module, inputs: Any) -> int:
+    """Training FLOPs of one batch: 6 x parameters x tokens (``input_ids`` elements) or x samples (the HF
+    ``floating_point_ops`` estimate)."""
+    from taskfit.module import infer_batch_size
+
+    n = sum(p.numel() for p in model.parameters())
+    if isinstance(inputs, Mapping) and "input_ids" in inputs:
+        return 6 * n * inputs["input_ids"].numel()
+    return 6 * n * infer_batch_size(inputs)
