@@ -245,39 +245,10 @@ class Fit:
         return {None: self._loader(data, train=False, collator=collator, what="eval dataset")}
 
     def _configure_optimizers(self, module: TaskModule, max_steps: int) -> None:
-        from taskfit.optim.optimizers import create_optimizer
-        from taskfit.optim.schedulers import create_scheduler, is_metric_scheduler
+        from taskfit.optim.configure import configure_optimizers
 
-        cfg = module.configure_optimizers()
-        opt, sched = self._optimizers
-        interval, monitor = "step", None
-        if opt is None and cfg is None:
-            opt = create_optimizer(self.model, self.args)
-            sched = sched or create_scheduler(opt, self.args, max_steps)
-        elif cfg is None and sched is None:  # HF: optimizers=(opt, None) gets the default schedule
-            sched = create_scheduler(opt, self.args, max_steps)
-        elif opt is None:
-            if isinstance(cfg, torch.optim.Optimizer):
-                opt = cfg
-            elif isinstance(cfg, Mapping):
-                opt, sched = cfg.get("optimizer"), cfg.get("lr_scheduler")
-            elif isinstance(cfg, (list, tuple)) and len(cfg) == 2:
-                opt, sched = cfg
-                opt = opt[0] if isinstance(opt, (list, tuple)) else opt
-                sched = (sched[0] if sched else None) if isinstance(sched, (list, tuple)) else sched
-            if not isinstance(opt, torch.optim.Optimizer):
-                raise TypeError("configure_optimizers must return an optimizer, (optimizer, scheduler), "
-                                f"or {{'optimizer': ..., 'lr_scheduler': ...}}; got {type(cfg).__name__}.")
-        if isinstance(sched, Mapping):
-            interval, monitor = sched.get("interval", "step"), sched.get("monitor")
-            sched = sched["scheduler"]
-            if interval not in ("step", "epoch"):
-                raise ValueError(f"lr_scheduler interval={interval!r} is not valid; choose 'step' or 'epoch'.")
-        if sched is not None and is_metric_scheduler(sched):
-            interval = "eval"
-            monitor = monitor or metric_key(self.args.metric_for_best_model or "loss", "eval")
-        self.optimizer, self.lr_scheduler = opt, sched
-        self.scheduler_interval, self.scheduler_monitor = interval, monitor
+        (self.optimizer, self.lr_scheduler, self.scheduler_interval,
+         self.scheduler_monitor) = configure_optimizers(self, module, max_steps)
 
     def _hf_kwargs(self) -> dict[str, Any]:
         return {"model": self.model, "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler,
