@@ -21,6 +21,8 @@ _EXPORTS = {
     "EvalPrediction": "taskfit.metrics", "PredictionOutput": "taskfit.metrics",
     "FitState": "taskfit.loops.state", "FitControl": "taskfit.loops.state",
     "CSVLogger": "taskfit.loggers.csv_logger", "Logger": "taskfit.loggers.logger",
+    "TensorBoardLogger": "taskfit.loggers.tensorboard", "MLFlowLogger": "taskfit.loggers.mlflow",
+    "WandbLogger": "taskfit.loggers.wandb",
     "seed_everything": "taskfit.seed",
 }
 

@@ -34,7 +34,6 @@ _CKPT = "the checkpoint issue #3"
 _PREC = "the precision/efficiency issue #4"
 _DIST = "the distributed issue #5"
 _ACCEL = "the accelerators issue #6"
-_EVAL = "the evaluation/loggers issue #7"
 _HUB = "the publishing issue #9"
 
 #: option name -> the issue where its feature lands. An option is *pending* when its value differs from the
@@ -54,10 +53,6 @@ PENDING_OPTIONS: dict[str, str] = {
         "accelerator_config", "dispatch_batches", "split_batches", "num_nodes"), _DIST),
     **dict.fromkeys(("use_mps_device", "tpu_num_cores", "tpu_metrics_debug"), _ACCEL),
     **dict.fromkeys((
-        "predict_with_generate", "generation_max_length", "generation_num_beams", "generation_config",
-        "sortish_sampler", "include_tokens_per_second", "include_num_input_tokens_seen", "skip_memory_metrics",
-        "report_to"), _EVAL),
-    **dict.fromkeys((
         "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",
         "push_to_hub_model_id", "push_to_hub_organization", "push_to_hub_token"), _HUB),
 }
@@ -67,8 +62,6 @@ _PENDING_WHEN: dict[str, Callable[[Any], bool]] = {
     "save_strategy": lambda v: v == "best",
     "precision": lambda v: v in ("16-mixed", "16-true"),
     "num_nodes": lambda v: v != 1,
-    "skip_memory_metrics": lambda v: v is False,
-    "report_to": lambda v: any(name not in BUILT_LOGGERS for name in v),
 }
 
 
@@ -240,7 +233,7 @@ class FitArguments(ArgumentSetters):
     optim_target_modules: str | list[str] | None = _opt(None, "Module names optimised by GaLore-type optimizers.", "optimizer")
     batch_eval_metrics: bool = _opt(False, "Call compute_metrics per batch (with compute_result on the last).", "evaluation")
     # HF Seq2SeqTrainingArguments.
-    sortish_sampler: bool = _opt(False, "Sort-ish sampler by length for seq2seq training.", "generation")
+    sortish_sampler: bool = _opt(False, "Sort-ish sampler by length for seq2seq training (sets group_by_length).", "generation")
     predict_with_generate: bool = _opt(False, "Use generate() in evaluation/prediction (ROUGE/BLEU-style metrics).", "generation")
     generation_max_length: int | None = _opt(None, "max_length for generate() in evaluation.", "generation")
     generation_num_beams: int | None = _opt(None, "num_beams for generate() in evaluation.", "generation")

@@ -4,6 +4,7 @@ HF-style setters (``set_training``, ``set_evaluate``, ...), as the :class:`Argum
 The option tables (valid choices of each enum-like option) live here too; ``taskfit.arguments`` re-exports them.
 """
 
+import importlib.util
 import json
 import types
 import typing
@@ -25,8 +26,15 @@ PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16":
                      "double": "64-true"}
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
 REPORT_TO = ("none", "all", "csv", "tensorboard", "mlflow", "wandb")
-#: Loggers built so far; ``report_to="all"`` (and the HF default ``None``) expands to these.
-BUILT_LOGGERS = ("csv",)
+#: Every logger ``report_to`` can name. ``"all"`` (and the HF default ``None``) expands to ``csv`` plus those whose
+#: package is installed (HF: "all installed integrations"), see :func:`installed_loggers`.
+BUILT_LOGGERS = ("csv", "tensorboard", "mlflow", "wandb")
+
+
+@cache
+def installed_loggers() -> tuple[str, ...]:
+    """``csv`` and every other logger of :data:`BUILT_LOGGERS` whose package is installed (no import is done)."""
+    return tuple(n for n in BUILT_LOGGERS if n == "csv" or importlib.util.find_spec(n) is not None)
 FSDP_OPTIONS = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard", "hybrid_shard_zero2", "offload", "auto_wrap")
 DEBUG_OPTIONS = ("underflow_overflow", "tpu_metrics_debug")
 HALF_PRECISION_BACKENDS = ("auto", "apex", "cpu_amp")
@@ -188,6 +196,8 @@ def _normalize(a: Any) -> None:
     _alias(a, "torchdynamo", "torch_compile_backend", None, None)
     if a.torch_compile_backend is not None or a.torch_compile_mode is not None:
         a.torch_compile = True  # HF: setting a backend or mode implies torch_compile
+    if a.sortish_sampler:  # HF seq2seq's sortish sampler = random chunks sorted by length: LengthGroupedSampler
+        a.group_by_length = True
     if a.adafactor:
         if a.optim not in ("adamw_torch", "adafactor"):
             raise ValueError(f"adafactor=True (deprecated, means optim='adafactor') conflicts with optim={a.optim!r}.")
@@ -245,7 +255,7 @@ def _normalize_lists(a: Any) -> None:
         if set(names) != {"none"}:
             raise ValueError(f"report_to={names!r} mixes 'none' with loggers; use 'none' alone or list loggers.")
         names = []
-    expanded = [n for name in names for n in (BUILT_LOGGERS if name == "all" else (name,))]
+    expanded = [n for name in names for n in (installed_loggers() if name == "all" else (name,))]
     a.report_to = list(dict.fromkeys(expanded))
     fsdp = a.fsdp
     a.fsdp = (["full_shard"] if fsdp else []) if isinstance(fsdp, bool) else _words("fsdp", fsdp)

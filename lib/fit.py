@@ -21,7 +21,7 @@ from taskfit.callbacks.progress import ProgressBar
 from taskfit.checkpoint import checkpoint_path, save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
 from taskfit.data.loaders import DataModule, build_dataloader, floating_point_ops, forward_parameter_names, num_examples, num_tokens
-from taskfit.loggers import CSVLogger, Logger
+from taskfit.loggers import Logger, build_loggers
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
 from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState
@@ -111,10 +111,7 @@ class Fit:
         self.callbacks: list[Any] = list(callbacks or [])
         if not args.disable_tqdm:
             self.callbacks.insert(0, ProgressBar())
-        self.loggers: list[Logger] = list(loggers or [])
-        report_to = args.report_to if isinstance(args.report_to, (list, tuple)) else [args.report_to]
-        if "csv" in report_to and not any(isinstance(lg, CSVLogger) for lg in self.loggers):
-            self.loggers.append(CSVLogger(args.resolved_logging_dir))
+        self.loggers: list[Logger] = build_loggers(args, loggers)
         self.state = FitState(is_local_process_zero=self.strategy.local_rank == 0,
                               is_world_process_zero=self.strategy.is_global_zero)
         self.control = FitControl()

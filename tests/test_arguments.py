@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from taskfit.arguments import FitArguments
+from taskfit.arguments_setters import installed_loggers
 
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "003_3c8ef023aa55e12f.txt"
 
@@ -121,7 +122,7 @@ def test_output_dir_default_and_normalised_defaults():
     """F-CORE-4: output_dir defaults to "taskfit_output"; a default instance holds the normalised HF defaults."""
     a = FitArguments()
     assert a.output_dir == "taskfit_output"
-    assert a.report_to == ["csv"]  # HF None = "all" = every built logger
+    assert a.report_to == list(installed_loggers())  # HF None = "all" = csv + every installed logger
     assert a.fsdp == [] and a.debug == [] and a.lr_scheduler_kwargs == {}
     assert (a.accelerator, a.strategy, a.devices, a.num_nodes, a.precision, a.checkpoint_io) == (
         "auto", "auto", "auto", 1, None, "auto")
@@ -376,13 +377,13 @@ def test_dict_options_accept_json_strings():
 
 
 def test_list_options_are_normalised():
-    """F-CORE-4: report_to and fsdp/debug become lists; "all"/None expand to the built loggers (csv)."""
+    """F-CORE-4: report_to and fsdp/debug become lists; "all"/None expand to csv + the installed loggers."""
     assert FitArguments(report_to="none").report_to == []
     assert FitArguments(report_to=["none"]).report_to == []
-    assert FitArguments(report_to="all").report_to == ["csv"]
+    assert FitArguments(report_to="all").report_to == list(installed_loggers())
     assert FitArguments(report_to="csv").report_to == ["csv"]
     assert FitArguments(report_to="csv,tensorboard").report_to == ["csv", "tensorboard"]
-    assert FitArguments(report_to='["wandb", "all", "csv"]').report_to == ["wandb", "csv"]
+    assert FitArguments(report_to='["wandb", "all", "csv"]').report_to == list(dict.fromkeys(["wandb", *installed_loggers()]))
     assert FitArguments(fsdp="full_shard auto_wrap").fsdp == ["full_shard", "auto_wrap"]
     assert FitArguments(fsdp=True).fsdp == ["full_shard"] and FitArguments(fsdp=False).fsdp == []
     assert FitArguments(debug="underflow_overflow").debug == ["underflow_overflow"]

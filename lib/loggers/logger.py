@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import math
+from numbers import Number
 from typing import Any
+
+from lightning_utilities.core.imports import RequirementCache
 
 
 class Logger:
-    """Receives hyperparameters once and metric dicts keyed by ``global_step``. Only rank zero logs."""
+    """Receives hyperparameters once and metric dicts keyed by ``global_step``. Only rank zero logs: ``Fit``
+    calls these methods on global rank 0 only, and loggers create their files/runs lazily on the first call,
+    so a logger built on another rank writes nothing (F-STRAT-8)."""
 
     name = "logger"
 
@@ -18,3 +24,39 @@ class Logger:
 
     def finalize(self, status: str) -> None:
         """Flush and close; ``status`` is ``"success"``, ``"failed"`` or ``"interrupted"``."""
+
+
+def require(package: str, extra: str, what: str) -> None:
+    """Raise a clear error when an optional ``package`` is missing.
+
+    Raises:
+        ModuleNotFoundError: naming the extra to install (``pip install 'taskfit[extra]'``).
+    """
+    available = RequirementCache(module=package)
+    if not available:
+        raise ModuleNotFoundError(f"{what} needs the '{package}' package, which is not installed: "
+                                  f"pip install 'taskfit[{extra}]'")
+
+
+def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
+    """The finite-or-not numeric items of ``metrics`` as floats (strings, lists and None are dropped; bools
+    count as 0/1). Loggers that only take numbers use this."""
+    out = {}
+    for k, v in metrics.items():
+        if hasattr(v, "item") and getattr(v, "ndim", 0) == 0:
+            v = v.item()
+        if isinstance(v, Number) and not isinstance(v, complex):
+            out[k] = float(v)
+    return out
+
+
+def flat_params(params: dict[str, Any], max_len: int = 500) -> dict[str, Any]:
+    """``params`` with values a tracker accepts: numbers, bools and strings kept, None as ``"None"``, anything
+    else as its ``str`` cut to ``max_len`` characters (MLflow/TensorBoard hparams only take scalars)."""
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        if isinstance(v, bool) or (isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v))):
+            out[k] = v
+        else:
+            out[k] = str(v)[:max_len]
+    return out

@@ -1,0 +1,205 @@
+"""F-OBS-2: loggers by name (``report_to``) and as objects. Each logger writes a real run that its own reader
+loads back (TensorBoard's EventAccumulator, the MLflow client on the file store, the W&B offline transaction
+log), with the right metric values at the right global steps; hyperparameters once; nothing from rank > 0."""
+
+from __future__ import annotations
+
+import csv
+import glob
+import json
+import os
+import struct
+
+import pytest
+import torch
+from taskfit import Fit, FitArguments, TaskModule
+from taskfit.loggers import LOGGERS, CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger, build_loggers
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+class Regression(TaskModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("mae", (self.layer(x).squeeze(-1) - y).abs().mean())
+        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+
+
+def _data(n: int, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    return TensorDataset(x, x.sum(-1))
+
+
+def _run(tmp_path, report_to, loggers=None, **kw):
+    fit = Fit(output_dir=str(tmp_path), disable_tqdm=True, report_to=report_to, save_strategy="no", max_steps=6,
+              logging_steps=2, eval_strategy="steps", eval_steps=3, per_device_train_batch_size=2,
+              per_device_eval_batch_size=4, learning_rate=0.05, run_name="demo-run", loggers=loggers, **kw)
+    fit.fit(Regression(), _data(12), _data(8, 1))
+    return fit
+
+
+def _expected(fit, key):
+    """``{step: value}`` of ``key`` in the run's log history (what every logger must have received)."""
+    return {h["step"]: h[key] for h in fit.state.log_history if key in h}
+
+
+# ------------------------------------------------------------------------------------------ tensorboard ---
+def test_tensorboard_event_files_read_back_F_OBS_2(tmp_path):
+    """F-OBS-2: ``report_to="tensorboard"`` writes event files under ``logging_dir``; EventAccumulator reads
+    ``loss`` at steps 2/4/6, ``eval_loss``/``eval_mae`` at steps 3/6 with the logged values, and the hparams."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    fit = _run(tmp_path, "tensorboard")
+    assert [type(lg) for lg in fit.loggers] == [TensorBoardLogger]
+    acc = EventAccumulator(os.path.join(tmp_path, "logs"))
+    acc.Reload()
+    for key, steps in (("loss", [2, 4, 6]), ("eval_loss", [3, 6]), ("eval_mae", [3, 6]), ("learning_rate", [2, 4, 6])):
+        events = acc.Scalars(key)
+        assert [e.step for e in events] == steps
+        want = _expected(fit, key)
+        assert [e.value for e in events] == pytest.approx([want[s] for s in steps], rel=1e-6)
+    text = acc.Tensors("hparams/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert "learning_rate: 0.05" in text and "max_steps: 6" in text
+
+
+# ----------------------------------------------------------------------------------------------- mlflow ---
+def test_mlflow_file_store_read_back_with_client_F_OBS_2(tmp_path, monkeypatch):
+    """F-OBS-2: ``report_to="mlflow"`` logs to ``file:<logging_dir>/mlruns``; MlflowClient reads the run back:
+    its name, params (once), metric histories with the right steps and values, and status FINISHED."""
+    from mlflow.tracking import MlflowClient
+
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+        monkeypatch.delenv(var, raising=False)
+    fit = _run(tmp_path, "mlflow")
+    (logger,) = fit.loggers
+    assert isinstance(logger, MLFlowLogger) and logger.tracking_uri.startswith("file:")
+    assert os.path.isdir(os.path.join(tmp_path, "logs", "mlruns"))
+    client = MlflowClient(tracking_uri=logger.tracking_uri)
+    run = client.get_run(logger.run_id)
+    assert run.info.run_name == "demo-run" and run.info.status == "FINISHED"
+    assert run.data.params["learning_rate"] == "0.05" and run.data.params["max_steps"] == "6"
+    for key in ("loss", "eval_loss", "eval_mae"):
+        history = client.get_metric_history(logger.run_id, key)
+        want = _expected(fit, key)
+        assert {m.step: m.value for m in history} == pytest.approx(want, rel=1e-9)
+        assert len(history) == len(want)
+
+
+# ------------------------------------------------------------------------------------------------ wandb ---
+def _wandb_records(path: str) -> list:
+    """Records of a W&B ``.wandb`` transaction log (LevelDB-log framing: 32 KiB blocks, 7-byte headers)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    raw = open(path, "rb").read()
+    assert raw[:4] == b":W&B"
+    block, pos, out, buf = 32768, 7, [], b""
+    while pos + 7 <= len(raw):
+        left = block - pos % block
+        if left < 7:
+            pos += left
+            continue
+        _crc, length, kind = struct.unpack("<IHB", raw[pos:pos + 7])
+        if kind == 0 and length == 0:
+            pos += left
+            continue
+        data, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
+        buf = data if kind in (1, 2) else buf + data
+        if kind in (1, 4):
+            rec = pb.Record()
+            rec.ParseFromString(buf)
+            out.append(rec)
+    return out
+
+
+def test_wandb_offline_run_folder_F_OBS_2(tmp_path, monkeypatch):
+    """F-OBS-2: ``report_to="wandb"`` runs offline (nothing leaves the machine) and writes
+    ``logs/wandb/offline-run-*/run-*.wandb``; its history records hold the metrics at their steps, the run
+    config holds the arguments, the exit record says success."""
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    fit = _run(tmp_path, "wandb")
+    (logger,) = fit.loggers
+    assert isinstance(logger, WandbLogger) and logger.mode == "offline"
+    files = glob.glob(os.path.join(tmp_path, "logs", "wandb", "offline-run-*", "run-*.wandb"))
+    assert len(files) == 1
+    records = _wandb_records(files[0])
+    history: dict[int, dict] = {}
+    for rec in records:
+        if rec.WhichOneof("record_type") == "history":
+            row = {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.history.item}
+            history.setdefault(rec.history.step.num, {}).update(row)
+    for key in ("loss", "eval_loss", "eval_mae"):
+        want = _expected(fit, key)
+        assert {s: r[key] for s, r in history.items() if key in r} == pytest.approx(want, rel=1e-9)
+    (run,) = [r.run for r in records if r.WhichOneof("record_type") == "run"]
+    config = {i.key: json.loads(i.value_json) for i in run.config.update}
+    assert run.display_name == "demo-run" and config["learning_rate"] == 0.05 and config["max_steps"] == 6
+    (exit_rec,) = [r.exit for r in records if r.WhichOneof("record_type") == "exit"]
+    assert exit_rec.exit_code == 0
+
+
+# ------------------------------------------------------------------------------------------ by name ---
+def test_report_to_names_all_and_none_F_OBS_2(tmp_path):
+    """F-OBS-2: names build the matching classes under ``logging_dir``; ``all`` (and the default None) means
+    csv plus every installed logger; ``none`` builds nothing; a given object replaces the built one of its
+    class; an unknown name fails with the valid choices."""
+    args = FitArguments(output_dir=str(tmp_path), report_to="all", logging_dir=str(tmp_path / "tb"))
+    built = build_loggers(args)
+    assert [lg.name for lg in built] == ["csv", "tensorboard", "mlflow", "wandb"]  # all installed here
+    assert built[0].save_dir == str(tmp_path / "tb") and built[1].save_dir == str(tmp_path / "tb")
+    assert FitArguments().report_to == ["csv", "tensorboard", "mlflow", "wandb"]
+    assert build_loggers(FitArguments(report_to="none")) == []
+    mine = CSVLogger(str(tmp_path / "mine"))
+    both = build_loggers(FitArguments(report_to=["csv", "tensorboard"]), [mine])
+    assert both[0] is mine and [type(lg) for lg in both] == [CSVLogger, TensorBoardLogger]
+    with pytest.raises(ValueError, match="report_to logger 'tensorbord'.*tensorboard"):
+        FitArguments(report_to="tensorbord")
+    with pytest.raises(TypeError, match="loggers must be Logger objects.*got str"):
+        Fit(report_to="none", loggers=["csv"])
+    assert set(LOGGERS) == {"csv", "tensorboard", "mlflow", "wandb"}
+
+
+def test_logger_objects_and_several_at_once_F_OBS_2(tmp_path):
+    """F-OBS-2: logger objects passed to ``Fit(loggers=...)`` get the same rows as named ones: a TensorBoard
+    object in its own folder plus a CSV logger by name; both have ``loss`` at steps 2, 4, 6."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    tb = TensorBoardLogger(str(tmp_path / "my_tb"))
+    fit = _run(tmp_path, "csv", loggers=[tb])
+    assert fit.loggers[0] is tb and isinstance(fit.loggers[1], CSVLogger)
+    acc = EventAccumulator(str(tmp_path / "my_tb"))
+    acc.Reload()
+    with open(tmp_path / "logs" / "metrics.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["loss"]]
+    assert [int(r["step"]) for r in rows] == [e.step for e in acc.Scalars("loss")] == [2, 4, 6]
+    assert [float(r["loss"]) for r in rows] == pytest.approx([e.value for e in acc.Scalars("loss")], rel=1e-6)
+
+
+def test_missing_logger_package_names_the_extra_F_OBS_2(monkeypatch):
+    """F-OBS-2: a logger whose package is absent fails at construction, naming the extra to install."""
+    import taskfit.loggers.logger as base
+
+    class Missing:
+        def __init__(self, module):
+            self.module = module
+
+        def __bool__(self):
+            return False
+
+    monkeypatch.setattr(base, "RequirementCache", Missing)
+    for cls, extra in ((TensorBoardLogger, "tensorboard"), (MLFlowLogger, "mlflow"), (WandbLogger, "wandb")):
+        with pytest.raises(ModuleNotFoundError, match=rf"pip install 'taskfit\[{extra}\]'"):
+            cls("x")
+    monkeypatch.undo()
+    with pytest.raises(ValueError, match="mode='cloud' is not valid.*offline"):
+        WandbLogger("x", mode="cloud")
