@@ -81,6 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
                            usage=f"taskfit {command} [--config PATH] [--module PATH] [--data PATH] [--OPTION VALUE ...]")
         _add_options(p)
         parser.commands[command] = p  # type: ignore[attr-defined]
+    sub.add_parser("plot", help="Redraw a run's training curves (PNG) from its metrics.csv: taskfit plot RUN_DIR.")
     return parser
 
 
@@ -290,9 +291,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskfit`` console script.
 
     Returns:
-        0 after a successful run (the metrics JSON is the last line of stdout); 2 on a usage error found after
-        parsing (pending option, bad import path, missing data). Parsing errors exit via ``SystemExit(2)``.
+        0 after a successful run (the metrics JSON is the last line of stdout; ``plot`` prints the PNG path);
+        2 on a usage error found after parsing (pending option, bad import path, missing data, no metrics.csv to
+        plot). Parsing errors exit via ``SystemExit(2)``.
     """
+    tokens = sys.argv[1:] if argv is None else list(argv)
+    if tokens[:1] == ["plot"]:  # F-OBS-3: `taskfit plot RUN_DIR` has its own small parser
+        from taskfit.plots import main as plot_main
+
+        return plot_main(tokens[1:])
     args, extra = build_arguments(argv)
     command = extra["command"]
     if extra["print_config"]:

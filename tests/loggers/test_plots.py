@@ -1,0 +1,86 @@
+"""F-OBS-3: training curves as PNG at the end of fit (next to metrics.csv) and ``taskfit plot RUN_DIR``."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+from taskfit import Fit, TaskModule
+from taskfit.cli import main as cli_main
+from taskfit.plots import PNG_NAME, curve_names, plot_history, read_metrics_csv
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+class Regression(TaskModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("mae", (self.layer(x).squeeze(-1) - y).abs().mean())
+        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+
+
+def _data(n: int, seed: int = 0) -> TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    return TensorDataset(x, x.sum(-1))
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    fit = Fit(output_dir=str(tmp_path), disable_tqdm=True, report_to="csv", save_strategy="no", max_steps=8,
+              logging_steps=2, eval_strategy="steps", eval_steps=4, per_device_train_batch_size=2,
+              learning_rate=0.05, lr_scheduler_type="linear")
+    fit.fit(Regression(), _data(16), _data(8, 1))
+    return tmp_path, fit
+
+
+def test_png_written_at_end_of_fit_F_OBS_3(run_dir):
+    """F-OBS-3: after fit, ``logs/training_curves.png`` holds one panel per curve (loss, learning_rate,
+    eval_loss, eval_mae: 4 panels -> 3 columns x 2 rows of 420x300 px); the drawn data are the CSV rows."""
+    from matplotlib.image import imread
+
+    tmp_path, fit = run_dir
+    png = tmp_path / "logs" / PNG_NAME
+    assert fit.loggers[0].plot_path == str(png) and png.is_file()
+    rows = read_metrics_csv(str(tmp_path / "logs" / "metrics.csv"))
+    assert curve_names(rows) == ["loss", "learning_rate", "eval_loss", "eval_mae"]
+    assert [r["step"] for r in rows if "loss" in r] == [2, 4, 6, 8]
+    assert [r["learning_rate"] for r in rows if "learning_rate" in r] == pytest.approx([0.0375, 0.025, 0.0125, 0.0])
+    image = imread(str(png))
+    assert image.shape[:2] == (600, 1260)
+    assert image[..., :3].std() > 0.05  # not a blank canvas
+
+
+def test_taskfit_plot_redraws_from_the_csv_F_OBS_3(run_dir, capsys):
+    """F-OBS-3: ``taskfit plot RUN_DIR`` (output_dir or logging_dir) redraws the same PNG from metrics.csv;
+    ``--output`` picks the file; a folder without metrics.csv exits 2 naming the paths tried."""
+    tmp_path, _ = run_dir
+    png = tmp_path / "logs" / PNG_NAME
+    first = png.read_bytes()
+    png.unlink()
+    assert cli_main(["plot", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip() == str(png)
+    assert png.read_bytes() == first  # same data, same drawing
+    other = tmp_path / "other.png"
+    assert cli_main(["plot", str(tmp_path / "logs"), "--output", str(other)]) == 0 and other.is_file()
+    assert cli_main(["plot", str(tmp_path / "nowhere")]) == 2
+    err = capsys.readouterr().err
+    assert "No metrics.csv" in err and os.path.join("nowhere", "logs", "metrics.csv") in err
+
+
+def test_plot_history_rejects_rows_without_curves_F_OBS_3(tmp_path):
+    """F-OBS-3: speed columns are not curves; rows with nothing to draw give a clear ValueError."""
+    rows = [{"step": 1, "train_runtime": 3.0, "eval_samples_per_second": 9.0, "epoch": 1.0}]
+    assert curve_names(rows) == []
+    with pytest.raises(ValueError, match="Nothing to plot"):
+        plot_history(rows, str(tmp_path / "x.png"))
