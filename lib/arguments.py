@@ -43,11 +43,7 @@ PENDING_OPTIONS: dict[str, str] = {
     **dict.fromkeys((
         "resume_from_checkpoint", "save_total_limit", "load_best_model_at_end", "save_only_model",
         "save_on_each_node", "restore_callback_states_from_checkpoint", "ignore_data_skip", "save_strategy"), _CKPT),
-    **dict.fromkeys((
-        "fp16", "fp16_full_eval", "bf16_full_eval", "tf32", "gradient_checkpointing", "gradient_checkpointing_kwargs",
-        "torch_compile", "torch_compile_backend", "torch_compile_mode", "torchdynamo", "neftune_noise_alpha",
-        "label_smoothing_factor", "auto_find_batch_size", "adafactor", "optim_target_modules", "debug",
-        "precision"), _PREC),
+    **dict.fromkeys(("debug",), _PREC),
     **dict.fromkeys((
         "fsdp", "fsdp_config", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "deepspeed",
         "accelerator_config", "dispatch_batches", "split_batches", "num_nodes"), _DIST),
@@ -60,7 +56,6 @@ PENDING_OPTIONS: dict[str, str] = {
 #: options that are only partly pending: the value is pending when the predicate is true.
 _PENDING_WHEN: dict[str, Callable[[Any], bool]] = {
     "save_strategy": lambda v: v == "best",
-    "precision": lambda v: v in ("16-mixed", "16-true"),
     "num_nodes": lambda v: v != 1,
 }
 
@@ -307,7 +302,7 @@ class FitArguments(ArgumentSetters):
         """``(option, issue)`` for every option set to a non-default value whose feature has not landed.
 
         Defaults never count. Options with partial support count only for the unbuilt values
-        (``save_strategy="best"``, ``precision`` in ``16-mixed|16-true``, ``num_nodes != 1``,
+        (``save_strategy="best"``, ``num_nodes != 1``,
         ``skip_memory_metrics=False``, ``report_to`` naming a logger other than ``csv``).
         """
         defaults = _default_values()

@@ -79,4 +79,5 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
                 ckpt_plugin = CHECKPOINT_IO.build(cname)
         strategy = entry.build(accelerator=accelerator, device=devices[0], precision=precision_plugin,
                                checkpoint_io=ckpt_plugin)
+    strategy.precision.setup_device(strategy.root_device)  # e.g. 16-mixed: the GradScaler, or a clear error
     return strategy

@@ -30,6 +30,7 @@ from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
 from taskfit.seed import enable_full_determinism, seed_everything
 from taskfit.wrapping import ModelTaskModule, extract_loss, run_model
+from taskfit import efficiency
 
 log = logging.getLogger("taskfit")
 _COMPONENT_KEYS = ("accelerator", "strategy", "devices", "num_nodes", "precision")
@@ -111,6 +112,7 @@ class Fit:
         self.callbacks: list[Any] = list(callbacks or [])
         if not args.disable_tqdm:
             self.callbacks.insert(0, ProgressBar())
+        efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
         self.loggers: list[Logger] = build_loggers(args, loggers)
         self.state = FitState(is_local_process_zero=self.strategy.local_rank == 0,
                               is_world_process_zero=self.strategy.is_global_zero)
@@ -212,6 +214,7 @@ class Fit:
         if self._setup_done_for is not module:
             self.strategy.setup_environment()
             self.strategy.setup(module)
+            efficiency.setup_techniques(self, module)  # gradient checkpointing, torch.compile (once)
             self._setup_done_for = module
 
     def _collator(self, data_collator: Callable | None) -> Callable | None:
@@ -268,6 +271,8 @@ class Fit:
             NotImplementedError: ``resume_from_checkpoint`` (lands with the checkpoint issue #3).
         """
         args = self.args
+        if args.auto_find_batch_size and not getattr(self, "_auto_batch_size_active", False):  # halve on OOM
+            return efficiency.fit_with_auto_batch_size(self, **{k: v for k, v in locals().items() if k != "self"})
         if resume_from_checkpoint not in (None, False):
             raise NotImplementedError("resume_from_checkpoint is not implemented yet (lands with the checkpoint "
                                       "issue #3).")
@@ -424,6 +429,7 @@ class Fit:
             model, data = None, model  # HF-style fit.evaluate(eval_dataset)
         module = self._attach(model)
         self._setup_module(module)
+        efficiency.prepare_full_eval(self, module)  # fp16_full_eval / bf16_full_eval
         if module._results is None:
             module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
         if stage in ("validate", "test") and not self._can_validate(module) and (

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from taskfit.module import IGNORE_INDEX, TaskModule, infer_batch_size
@@ -58,6 +59,46 @@ def _has_tensor(batch: Any) -> bool:
     return any(_has_tensor(v) for v in values)
 
 
+def is_causal_lm(model: nn.Module) -> bool:
+    """HF's rule for models that shift labels inside forward (``*ForCausalLM``, ``*LMHeadModel``)."""
+    return type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+
+
+class LabelSmoother:
+    """``label_smoothing_factor`` for plain models, used as ``compute_loss_func`` (mirrors HF ``LabelSmoother``).
+
+    Loss = ``(1 - epsilon) * NLL + epsilon * mean over classes of -log p``, averaged over labels that are not
+    ``-100``; the same as ``F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=epsilon)``, which
+    computes it (in float32). Causal LMs (:func:`is_causal_lm`) predict the next token: logits ``[..., :-1, :]``
+    against labels ``[..., 1:]``.
+
+    Args:
+        epsilon (float): smoothing factor in [0, 1).
+        fit (Fit | None): the run (its ``model`` decides the causal-LM shift).
+
+    Call: ``smoother(outputs, labels, num_items_in_batch=None)`` with the model's outputs (logits of shape
+    ``(..., num_classes)``) and integer labels of shape ``(...)``; returns a 0-dim tensor.
+
+    Raises:
+        ValueError: ``epsilon`` outside [0, 1); outputs without logits.
+    """
+
+    def __init__(self, epsilon: float, fit: Any = None) -> None:
+        if not 0 <= epsilon < 1:
+            raise ValueError(f"label_smoothing_factor must be in [0, 1), got {epsilon!r}.")
+        self.epsilon, self.fit = float(epsilon), fit
+
+    def __call__(self, outputs: Any, labels: torch.Tensor, num_items_in_batch: Any = None) -> torch.Tensor:
+        logits = extract_logits(outputs, has_loss=False)
+        if not isinstance(logits, torch.Tensor):
+            raise ValueError(f"label_smoothing_factor needs the model to return logits, got {type(outputs).__name__}.")
+        model = getattr(self.fit, "model", None)
+        if model is not None and is_causal_lm(model):
+            logits, labels = logits[..., :-1, :], labels[..., 1:]
+        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1),
+                               ignore_index=IGNORE_INDEX, label_smoothing=self.epsilon)
+
+
 def default_label_names(model: nn.Module) -> list[str]:
     """HF's rule: ``["start_positions", "end_positions"]`` for question answering models, else ``["labels"]``."""
     return ["start_positions", "end_positions"] if "QuestionAnswering" in type(model).__name__ else ["labels"]
@@ -78,7 +119,7 @@ class ModelTaskModule(TaskModule):
         self.model = model
         self.label_names = list(label_names) if label_names else default_label_names(model)
         # causal LMs shift labels inside forward: the loss averages over labels[..., 1:]
-        self._shifted = type(model).__name__.endswith(("ForCausalLM", "LMHeadModel"))
+        self._shifted = is_causal_lm(model)
         self._checked = False
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
@@ -107,6 +148,9 @@ class ModelTaskModule(TaskModule):
         """The model's own loss through ``Fit.compute_loss`` (checked against the batch on the first call)."""
         if not self._checked:
             self._check_batch(batch)
+            if isinstance(self.fit.compute_loss_func, LabelSmoother) and not isinstance(batch, Mapping):
+                raise ValueError("label_smoothing_factor needs dict batches with the labels under "
+                                 f"{self.label_names}; got {type(batch).__name__} batches.")
         return self.fit.compute_loss(self.model, batch)
 
     def _labels(self, batch: Any) -> Any:

@@ -259,7 +259,8 @@ def test_datamodule_command(recording_core, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("extra_argv, message", [
-    (["--fp16"], "fp16=True is not implemented yet (lands with the precision/efficiency issue #4)"),
+    (["--debug", "underflow_overflow"], "debug=['underflow_overflow'] is not implemented yet (lands with the "
+                                        "precision/efficiency issue #4)"),
     (["--module", "cli_tiny_task:Modle"], "has no attribute 'Modle' (from 'cli_tiny_task:Modle'). Did you mean \"Model\"?"),
     (["--module", "no_such_pkg.mod:Model"], "cannot import 'no_such_pkg.mod'"),
     (["--data", "cli_tiny_task:only_eval"], "'fit' needs data under 'train'"),

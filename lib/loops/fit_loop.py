@@ -162,6 +162,7 @@ class FitLoop:
                         L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
                         continue
                     # ---- optimizer step: once per window ----
+                    strategy.precision.unscale_gradients(optimizer)  # before the hook and clipping (Lightning)
                     L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, optimizer)
                     if max_norm and max_norm > 0:
                         self.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
@@ -235,6 +236,7 @@ class FitLoop:
             if self.grad_norm is not None:
                 logs["grad_norm"] = float(self.grad_norm)
             logs["learning_rate"] = fit.optimizer.param_groups[0]["lr"]
+            logs.update(fit.strategy.precision.log_values())  # 16-mixed: loss_scale, skipped_steps
             logs.update(fit.module._results.step_values())
             fit._log(logs)
         if control.should_evaluate:

@@ -4,20 +4,25 @@ The registries in :mod:`taskfit.optim.optimizers` and :mod:`taskfit.optim.schedu
 lists, so a name is valid in ``FitArguments`` exactly when the registry knows it.
 """
 
-#: ``optim`` names that build an optimizer today (F-LOOP-4).
-IMPLEMENTED_OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop")
-PENDING_OPTIMIZER_NOTE = "lands with the precision/efficiency issue (#4)"
-#: HF ``optim`` names accepted and validated now, whose optimizer lands later (building one raises).
+#: ``optim`` names that build an optimizer today (F-LOOP-4). ``lion`` is taskfit's name for lion-pytorch's Lion.
+IMPLEMENTED_OPTIMIZERS = (
+    "adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop", "adafactor", "lion",
+    # bitsandbytes (extra ``bnb``), HF's names and mapping
+    "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "ademamix", "ademamix_8bit",
+    "paged_ademamix_32bit", "paged_ademamix_8bit", "lion_8bit", "lion_32bit", "paged_lion_8bit", "paged_lion_32bit",
+    "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
+)
+PENDING_OPTIMIZER_NOTE = "not built in taskfit yet; use one of the built optimizers or pass your own"
+#: HF ``optim`` names accepted and validated, whose optimizer is not built (building one raises).
 PENDING_OPTIMIZERS = (
-    "adafactor", "adamw_hf", "adamw_torch_xla", "adamw_torch_npu_fused", "adamw_apex_fused",
-    "adamw_anyprecision", "adamw_torch_4bit", "adamw_torch_8bit", "adamw_bnb_8bit", "adamw_8bit",
-    "paged_adamw_8bit", "paged_adamw_32bit", "ademamix", "ademamix_8bit", "paged_ademamix_32bit",
-    "paged_ademamix_8bit", "lion_8bit", "lion_32bit", "paged_lion_8bit", "paged_lion_32bit", "rmsprop_bnb",
-    "rmsprop_bnb_8bit", "rmsprop_bnb_32bit", "galore_adamw", "galore_adamw_8bit", "galore_adafactor",
+    "adamw_hf", "adamw_torch_xla", "adamw_torch_npu_fused", "adamw_apex_fused", "adamw_anyprecision",
+    "adamw_torch_4bit", "adamw_torch_8bit", "galore_adamw", "galore_adamw_8bit", "galore_adafactor",
     "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "apollo_adamw",
     "apollo_adamw_layerwise", "lomo", "adalomo", "grokadamw", "schedule_free_adamw", "schedule_free_sgd",
     "schedule_free_radam", "stable_adamw",
 )
+#: optimizers that read ``optim_target_modules`` (HF: GaLore and APOLLO); any other refuses the option.
+TARGET_MODULE_OPTIMIZERS = tuple(n for n in PENDING_OPTIMIZERS if n.startswith(("galore_", "apollo_")))
 OPTIMIZER_NAMES = IMPLEMENTED_OPTIMIZERS + PENDING_OPTIMIZERS
 
 #: ``lr_scheduler_type`` names (HF ``SchedulerType``, F-LOOP-5).

@@ -4,8 +4,11 @@ Mirrors how HF ``Trainer.create_optimizer`` turns ``TrainingArguments`` into an 
 ``args.optim`` picks the optimizer class (``"adamw_torch"``, ``"sgd"``, ...), ``learning_rate``,
 ``adam_beta1``/``adam_beta2``/``adam_epsilon`` and ``weight_decay`` set its hyperparameters, and parameters
 are split into a decay group and a no-decay group (biases and normalisation layers, see
-:func:`get_decay_parameter_names`). Names HF accepts that need optional packages or other features
-(bitsandbytes, GaLore, Adafactor, ...) are reserved in :data:`OPTIMIZERS` and raise ``NotImplementedError``.
+:func:`get_decay_parameter_names`). Built: ``adamw_torch``, ``adamw_torch_fused``, ``sgd``, ``adagrad``,
+``rmsprop``, ``adafactor`` (``torch.optim.Adafactor``), the bitsandbytes family (``adamw_bnb_8bit``,
+``adamw_8bit``, ``paged_adamw_*``, ``lion_8bit``/``lion_32bit``, ``ademamix*``, ``rmsprop_bnb*``; extra ``bnb``)
+and ``lion`` (lion-pytorch; extra ``lion``). Other HF names (GaLore, APOLLO, LOMO, schedule-free, torchao, apex,
+...) are reserved in :data:`OPTIMIZERS` and raise ``NotImplementedError``.
 """
 
 from __future__ import annotations
@@ -18,10 +21,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from taskfit.optim.names import PENDING_OPTIMIZER_NOTE, PENDING_OPTIMIZERS
+from taskfit.optim.names import (
+    IMPLEMENTED_OPTIMIZERS, PENDING_OPTIMIZER_NOTE, PENDING_OPTIMIZERS, TARGET_MODULE_OPTIMIZERS,
+)
 from taskfit.registry import Registry
 
-__all__ = ["OPTIMIZERS", "create_optimizer", "get_decay_parameter_names", "parse_optim_args"]
+__all__ = ["BNB_OPTIMIZERS", "OPTIMIZERS", "create_optimizer", "get_decay_parameter_names", "parse_optim_args"]
+
+#: HF optimizer names served by bitsandbytes.
+BNB_OPTIMIZERS = IMPLEMENTED_OPTIMIZERS[IMPLEMENTED_OPTIMIZERS.index("adamw_bnb_8bit"):]
 
 # Normalisation layers whose parameters (scale and shift) never get weight decay. ``_NormBase`` covers
 # BatchNorm1d/2d/3d, SyncBatchNorm, InstanceNorm1d/2d/3d and their lazy variants.
@@ -307,6 +315,87 @@ def _build_torch(
     )
 
 
+def _build_adafactor(
+    *, param_groups: list[dict[str, Any]], args: Any, optim_args: dict[str, Any], name: str, weight_decay: float
+) -> torch.optim.Optimizer:
+    """``torch.optim.Adafactor(groups, lr=learning_rate, weight_decay=...)`` (HF ``optim="adafactor"``).
+
+    State per parameter: a float32 ``step`` scalar and, for tensors of 2 or more dimensions, factored second
+    moments ``row_var`` (shape ``(..., rows, 1)``) and ``col_var`` (``(..., 1, cols)``); 1-D tensors keep a full
+    ``variance``. ``optim_args`` may set ``beta2_decay``, ``eps``, ``d``, ``maximize``, ``foreach``.
+    """
+    return _construct(name, torch.optim.Adafactor, param_groups,
+                      {"lr": args.learning_rate, "weight_decay": weight_decay}, optim_args)
+
+
+def _require(package: str, extra: str, name: str) -> None:
+    """Raise ``ModuleNotFoundError`` naming the extra to install when ``package`` is missing."""
+    from lightning_utilities.core.imports import RequirementCache
+
+    found = RequirementCache(package)
+    if not found:
+        raise ModuleNotFoundError(f"optim={name!r} needs the {package!r} package: pip install 'taskfit[{extra}]' "
+                                  f"({found.message}).")
+
+
+def _build_bnb(
+    *, param_groups: list[dict[str, Any]], args: Any, optim_args: dict[str, Any], name: str, weight_decay: float
+) -> torch.optim.Optimizer:
+    """bitsandbytes optimizers under HF's names (mirrors ``Trainer.get_optimizer_cls_and_kwargs``).
+
+    ``adamw_*``/``paged_adamw_*`` -> ``bnb.optim.AdamW``, ``ademamix*`` -> ``AdEMAMix``, ``lion_*``/``paged_lion_*``
+    -> ``Lion``, ``rmsprop_bnb*`` -> ``RMSprop``; ``optim_bits`` is 8 when the name contains ``8bit`` else 32;
+    ``is_paged`` when it contains ``paged``. Adam/Lion/AdEMAMix get ``betas=(adam_beta1, adam_beta2)``
+    (AdEMAMix: ``beta3``, ``alpha``, ``t_alpha``, ``t_beta3`` from ``optim_args``), Adam/AdEMAMix
+    ``eps=adam_epsilon``. 8-bit state: two uint8 tensors (1 byte each per element) plus block-wise absmax/qmap
+    for parameters of >= 4096 elements (``min_8bit_size``); smaller ones keep 32-bit state.
+
+    Raises:
+        ModuleNotFoundError: bitsandbytes is not installed (``pip install 'taskfit[bnb]'``).
+    """
+    _require("bitsandbytes", "bnb", name)
+    import bitsandbytes as bnb
+
+    optim_args = dict(optim_args)
+    kwargs: dict[str, Any] = {"lr": args.learning_rate, "weight_decay": weight_decay,
+                              "optim_bits": 8 if "8bit" in name else 32}
+    betas = (float(optim_args.pop("beta1", args.adam_beta1)), float(optim_args.pop("beta2", args.adam_beta2)))
+    if "ademamix" in name:
+        cls: type = bnb.optim.AdEMAMix
+        kwargs.update(betas=(*betas, float(optim_args.pop("beta3", 0.9999))), eps=args.adam_epsilon,
+                      alpha=float(optim_args.pop("alpha", 5.0)))
+    elif "adam" in name:
+        cls = bnb.optim.AdamW
+        kwargs.update(betas=betas, eps=args.adam_epsilon)
+    elif "lion" in name:
+        cls = bnb.optim.Lion
+        kwargs["betas"] = betas
+    else:
+        cls = bnb.optim.RMSprop
+    if "rmsprop" not in name:
+        kwargs["is_paged"] = "paged" in name
+    return _construct(name, cls, param_groups, kwargs, optim_args)
+
+
+def _build_lion(
+    *, param_groups: list[dict[str, Any]], args: Any, optim_args: dict[str, Any], name: str, weight_decay: float
+) -> torch.optim.Optimizer:
+    """``lion_pytorch.Lion(groups, lr, betas=(adam_beta1, adam_beta2), weight_decay)`` (extra ``lion``).
+
+    One momentum buffer per parameter (``exp_avg``, 4 bytes/element in fp32), half of AdamW's state.
+
+    Raises:
+        ModuleNotFoundError: lion-pytorch is not installed (``pip install 'taskfit[lion]'``).
+    """
+    _require("lion-pytorch", "lion", name)
+    from lion_pytorch import Lion
+
+    optim_args = dict(optim_args)
+    betas = (float(optim_args.pop("beta1", args.adam_beta1)), float(optim_args.pop("beta2", args.adam_beta2)))
+    return _construct(name, Lion, param_groups,
+                      {"lr": args.learning_rate, "betas": betas, "weight_decay": weight_decay}, optim_args)
+
+
 def _pending_builder(**_: Any) -> torch.optim.Optimizer:  # pragma: no cover - the registry raises first
     raise NotImplementedError("reserved optimizer name")
 
@@ -323,6 +412,10 @@ OPTIMIZERS.register(
 OPTIMIZERS.register("sgd", _build_torch, cls=torch.optim.SGD, description="torch.optim.SGD")
 OPTIMIZERS.register("adagrad", _build_torch, cls=torch.optim.Adagrad, description="torch.optim.Adagrad")
 OPTIMIZERS.register("rmsprop", _build_torch, cls=torch.optim.RMSprop, description="torch.optim.RMSprop")
+OPTIMIZERS.register("adafactor", _build_adafactor, description="torch.optim.Adafactor (factored 2nd moments)")
+OPTIMIZERS.register("lion", _build_lion, description="lion_pytorch.Lion (extra 'lion')")
+for _name in BNB_OPTIMIZERS:
+    OPTIMIZERS.register(_name, _build_bnb, description="bitsandbytes (extra 'bnb')")
 
 for _name in PENDING_OPTIMIZERS:
     OPTIMIZERS.register(_name, _pending_builder, pending=PENDING_OPTIMIZER_NOTE)
@@ -379,13 +472,20 @@ def create_optimizer(model: nn.Module, args: Any) -> torch.optim.Optimizer:
         ValueError: unknown ``optim`` (lists the valid names with a "Did you mean"); bad ``optim_args``;
             ``model`` has no trainable parameter; ``adamw_torch_fused`` on parameters the fused kernel does
             not support.
-        NotImplementedError: ``optim`` is a reserved HF name that has not landed yet (the message names it).
+            ``optim_target_modules`` set for an optimizer that does not read it (only GaLore/APOLLO do).
+        NotImplementedError: ``optim`` is a reserved HF name that is not built (the message names it).
+        ModuleNotFoundError: the optimizer's package is missing (the message names the extra: ``taskfit[bnb]``,
+            ``taskfit[lion]``).
         TypeError: an ``optim_args`` key the optimizer does not accept (the message lists the accepted ones).
     """
     name = _name_of(getattr(args, "optim", "adamw_torch"))
     entry = OPTIMIZERS.get(name)
     if entry.pending:
         entry.build()  # raises NotImplementedError naming the option and the issue
+    target_modules = getattr(args, "optim_target_modules", None)
+    if target_modules is not None and name not in TARGET_MODULE_OPTIMIZERS:
+        raise ValueError(f"optim_target_modules={target_modules!r} is only read by the GaLore/APOLLO optimizers "
+                         f"({', '.join(TARGET_MODULE_OPTIMIZERS)}); optim={name!r} would ignore it. Unset it.")
     optim_args = parse_optim_args(getattr(args, "optim_args", None))
     weight_decay = float(optim_args.pop("weight_decay", getattr(args, "weight_decay", 0.0)))
     groups = _split_params(model, weight_decay)

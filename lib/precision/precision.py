@@ -1,6 +1,8 @@
-"""Precision plugins: numerics only (dtype conversion, autocast, backward, optimizer step).
+"""Precision plugins: numerics only (dtype conversion, autocast, loss scaling, backward, optimizer step).
 
-Mirrors Lightning's ``Precision`` plugins; names as in Lightning (``"32-true"``, ``"bf16-mixed"``, ...).
+Mirrors Lightning's ``Precision`` plugins; names as in Lightning (``"32-true"``, ``"16-mixed"``, ``"bf16-mixed"``,
+``"16-true"``, ``"bf16-true"``, ``"64-true"``). HF ``fp16=True`` means ``"16-mixed"`` and ``bf16=True`` means
+``"bf16-mixed"`` (see ``FitArguments.resolved_precision``).
 """
 
 from __future__ import annotations
@@ -10,18 +12,29 @@ from typing import Any, ContextManager
 
 import torch
 
+from taskfit.registry import invalid_choice
+
 
 class Precision:
     """Full fp32 precision (``"32-true"``): the base plugin that every other one refines.
 
     Hooks are called by the strategy in this order per optimizer step: :meth:`forward_context` around each
-    ``training_step``, :meth:`backward` per micro-batch, :meth:`unscale_gradients` before clipping, then
-    :meth:`optimizer_step`.
+    ``training_step``, :meth:`backward` per micro-batch, :meth:`unscale_gradients` once before the
+    ``on_before_optimizer_step`` hook and gradient clipping, then :meth:`optimizer_step`.
     """
 
     name = "32-true"
     #: dtype parameters are converted to by :meth:`convert_module`; ``None`` leaves them as they are
     param_dtype: torch.dtype | None = None
+
+    def setup_device(self, device: torch.device) -> None:
+        """Check that this plugin can run on ``device`` and prepare per-device state (the loss scaler).
+
+        Called once by the connector when ``Fit`` is built, before any work.
+
+        Raises:
+            ValueError: the device cannot run this precision (the message names the device and a working choice).
+        """
 
     def convert_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Cast ``module``'s floating-point parameters and buffers to :attr:`param_dtype` (in place)."""
@@ -45,12 +58,16 @@ class Precision:
         loss.backward()
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
-        """Undo loss scaling before gradient clipping (only scaling plugins do anything)."""
+        """Undo loss scaling before gradient clipping (only scaling plugins do anything; safe to call twice)."""
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Run ``optimizer.step()``; returns False when the step was skipped (non-finite scaled gradients)."""
         optimizer.step()
         return True
+
+    def log_values(self) -> dict[str, float]:
+        """Values added to the training logs at logging steps (``loss_scale``, ``skipped_steps``); empty here."""
+        return {}
 
     def state_dict(self) -> dict[str, Any]:
         """Plugin state for checkpoints (e.g. the loss scaler); empty for plugins without state."""
@@ -67,24 +84,137 @@ class DoublePrecision(Precision):
     param_dtype = torch.float64
 
 
-class HalfTruePrecision(Precision):
-    """``"bf16-true"``: parameters and floating-point inputs in bfloat16, no fp32 master copy."""
+_TRUE_NAMES = {torch.bfloat16: "bf16-true", torch.float16: "16-true"}
+_MIXED_DTYPES = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}
 
-    name = "bf16-true"
-    param_dtype = torch.bfloat16
+
+class HalfTruePrecision(Precision):
+    """``"bf16-true"`` / ``"16-true"``: parameters, buffers and floating-point inputs in a 16-bit dtype, no fp32
+    master copy (mirrors Lightning's ``HalfPrecision``). Halves weight, gradient and optimizer-state memory; small
+    updates can be lost to rounding, and fp16 overflows above 65504 (no loss scaling here).
+
+    Args:
+        dtype (torch.dtype): ``torch.bfloat16`` (default) or ``torch.float16``.
+
+    Raises:
+        ValueError: another dtype.
+    """
+
+    def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        if dtype not in _TRUE_NAMES:
+            raise invalid_choice("true-precision dtype", dtype, [str(d) for d in _TRUE_NAMES])
+        self.param_dtype = dtype
+        self.name = _TRUE_NAMES[dtype]
+
+
+def cpu_grad_scaler_supported() -> bool:
+    """Whether this PyTorch has ``torch.amp.GradScaler("cpu")`` (2.3 and later)."""
+    try:
+        torch.amp.GradScaler("cpu", enabled=True)
+    except (AttributeError, TypeError, RuntimeError, ValueError):
+        return False
+    return True
 
 
 class MixedPrecision(Precision):
-    """``"bf16-mixed"``: fp32 parameters, forward under ``torch.autocast(dtype=torch.bfloat16)``.
+    """``"bf16-mixed"`` / ``"16-mixed"``: fp32 parameters (the master weights), forward under
+    ``torch.autocast(dtype=bfloat16|float16)``; mirrors Lightning's ``MixedPrecision`` and HF ``bf16``/``fp16``.
 
-    Mirrors Lightning's ``MixedPrecision("bf16-mixed")`` and HF ``bf16=True``. bfloat16 has fp32's exponent
-    range, so no loss scaling is needed; ``16-mixed`` (fp16 + GradScaler) lands with the precision issue.
+    ``"16-mixed"`` adds dynamic loss scaling with ``torch.amp.GradScaler(device_type)``: :meth:`backward` scales
+    the loss, :meth:`unscale_gradients` divides the gradients by the scale before clipping (once per step),
+    :meth:`optimizer_step` skips the step when any gradient is inf/NaN, halves the scale and counts the skip in
+    :attr:`skipped_steps` (reported as ``skipped_steps`` and ``loss_scale`` in the logs). bfloat16 has fp32's
+    exponent range and needs no scaling.
+
+    Args:
+        precision (str): ``"bf16-mixed"`` (default) or ``"16-mixed"``.
+        scaler (torch.amp.GradScaler | None): a scaler to use for ``"16-mixed"``; by default one is made for the
+            device in :meth:`setup_device` (``init_scale=2**16``, ``growth_interval=2000``, PyTorch's defaults).
+
+    Raises:
+        ValueError: an unknown ``precision``; a ``scaler`` with ``"bf16-mixed"``.
     """
 
-    name = "bf16-mixed"
+    def __init__(self, precision: str = "bf16-mixed", scaler: Any = None) -> None:
+        if precision not in _MIXED_DTYPES:
+            raise invalid_choice("mixed precision", precision, _MIXED_DTYPES)
+        if scaler is not None and precision != "16-mixed":
+            raise ValueError(f"A GradScaler is only used with precision='16-mixed', got precision={precision!r}.")
+        self.name = precision
+        self.dtype = _MIXED_DTYPES[precision]
+        self.scaler = scaler
+        self.skipped_steps = 0
+        self._unscaled = False
+        self._pending_state: dict[str, Any] | None = None
 
-    def __init__(self, dtype: torch.dtype = torch.bfloat16) -> None:
-        self.dtype = dtype
+    def setup_device(self, device: torch.device) -> None:
+        """Make the ``GradScaler`` for ``device`` (``"16-mixed"``).
+
+        Raises:
+            ValueError: ``"16-mixed"`` on a CPU whose PyTorch has no CPU ``GradScaler``, or on a device kind
+                without float16 autocast (XLA); the message suggests ``"bf16-mixed"``.
+        """
+        kind = torch.device(device).type
+        if self.name != "16-mixed" or self.scaler is not None:
+            return
+        if kind == "cpu" and not cpu_grad_scaler_supported():
+            raise ValueError(f"precision='16-mixed' on the CPU needs torch.amp.GradScaler('cpu'), which torch "
+                             f"{torch.__version__} lacks; use precision='bf16-mixed' (no loss scaling needed).")
+        if kind not in ("cpu", "cuda", "mps", "xpu"):
+            raise ValueError(f"precision='16-mixed' is not supported on {kind!r} devices; use 'bf16-mixed'.")
+        self.scaler = torch.amp.GradScaler(kind)
+        if self._pending_state is not None:
+            self.load_state_dict(self._pending_state)
 
     def forward_context(self, device_type: str = "cpu") -> ContextManager:
         return torch.autocast(device_type=device_type, dtype=self.dtype)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backpropagate ``loss`` (scaled by the current loss scale under ``"16-mixed"``)."""
+        if self.scaler is not None:
+            loss = self.scaler.scale(loss)
+        loss.backward()
+
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide ``optimizer``'s gradients by the loss scale (``"16-mixed"``), at most once per step."""
+        if self.scaler is not None and not self._unscaled:
+            self.scaler.unscale_(optimizer)
+            self._unscaled = True
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step (``GradScaler.step`` + ``update`` under ``"16-mixed"``); False when inf/NaN gradients skipped it."""
+        if self.scaler is None:
+            optimizer.step()
+            return True
+        self.unscale_gradients(optimizer)  # records found_inf for this optimizer
+        found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+        found_inf = bool(sum(v.item() for v in found.values()))  # GradScaler.step syncs on this too
+        self.scaler.step(optimizer)
+        self.scaler.update()
+        self._unscaled = False
+        if found_inf:
+            self.skipped_steps += 1
+        return not found_inf
+
+    def log_values(self) -> dict[str, float]:
+        """``{"loss_scale": float, "skipped_steps": int}`` under ``"16-mixed"`` (one host sync), else empty."""
+        if self.scaler is None:
+            return {}
+        return {"loss_scale": float(self.scaler.get_scale()), "skipped_steps": self.skipped_steps}
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"scaler": GradScaler.state_dict(), "skipped_steps": int}`` under ``"16-mixed"``, else empty."""
+        if self.scaler is None:
+            return {}
+        return {"scaler": self.scaler.state_dict(), "skipped_steps": self.skipped_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (kept until the scaler exists if it does not yet)."""
+        if not state:
+            return
+        if self.scaler is None:
+            self._pending_state = dict(state)
+            return
+        self.scaler.load_state_dict(state["scaler"])
+        self.skipped_steps = int(state.get("skipped_steps", 0))
+        self._pending_state = None

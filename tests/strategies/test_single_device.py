@@ -53,7 +53,7 @@ def test_registry_lists_and_did_you_mean():
     with pytest.raises(ValueError, match=r'Did you mean "alpha"\? Valid choices: alpha'):
         reg.get("alpah")
     assert {"cpu", "cuda", "mps"} <= set(ACCELERATORS.names())
-    assert "bf16-mixed" in PRECISIONS.names(include_pending=False) and "16-mixed" not in PRECISIONS.names(False)
+    assert {"bf16-mixed", "16-mixed", "16-true"} <= set(PRECISIONS.names(include_pending=False))
     assert "deepspeed_stage_3_offload" in STRATEGIES
 
 
