@@ -30,7 +30,6 @@ from taskfit.registry import invalid_choice
 
 SECRET_FIELDS = ("hub_token", "push_to_hub_token")
 
-_CKPT = "the checkpoint issue #3"
 _PREC = "the precision/efficiency issue #4"
 _DIST = "the distributed issue #5"
 _ACCEL = "the accelerators issue #6"
@@ -40,9 +39,6 @@ _HUB = "the publishing issue #9"
 #: default (or matches the rule in ``_PENDING_WHEN``) and it is still listed here; remove a row when it lands.
 #: (``torchdynamo`` is a deprecated alias copied into ``torch_compile_backend``, which is what gets reported.)
 PENDING_OPTIONS: dict[str, str] = {
-    **dict.fromkeys((
-        "resume_from_checkpoint", "save_total_limit", "load_best_model_at_end", "save_only_model",
-        "save_on_each_node", "restore_callback_states_from_checkpoint", "ignore_data_skip", "save_strategy"), _CKPT),
     **dict.fromkeys(("debug",), _PREC),
     **dict.fromkeys((
         "fsdp", "fsdp_config", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "deepspeed",
@@ -55,7 +51,6 @@ PENDING_OPTIONS: dict[str, str] = {
 
 #: options that are only partly pending: the value is pending when the predicate is true.
 _PENDING_WHEN: dict[str, Callable[[Any], bool]] = {
-    "save_strategy": lambda v: v == "best",
     "num_nodes": lambda v: v != 1,
 }
 
@@ -302,8 +297,7 @@ class FitArguments(ArgumentSetters):
         """``(option, issue)`` for every option set to a non-default value whose feature has not landed.
 
         Defaults never count. Options with partial support count only for the unbuilt values
-        (``save_strategy="best"``, ``num_nodes != 1``,
-        ``skip_memory_metrics=False``, ``report_to`` naming a logger other than ``csv``).
+        (``num_nodes != 1``, ``skip_memory_metrics=False``, ``report_to`` naming a logger other than ``csv``).
         """
         defaults = _default_values()
         out = []

@@ -1,46 +1,59 @@
-"""Writing ``output_dir/checkpoint-{global_step}/`` and the final model (F-CORE-7; the full checkpoint feature
-set, resume and rotation build on this in the checkpoint issue).
+"""Writing ``output_dir/checkpoint-{global_step}/`` and the final model (F-CKPT-1, F-CKPT-3, F-CKPT-4, F-CORE-7).
 
-Layout of a checkpoint folder::
+Layout of a checkpoint folder (``output_dir`` may be a local path or any fsspec URL)::
 
-    model.safetensors      model weights (pytorch_model.bin with save_safetensors=False); HF models use
-                           save_pretrained, which also writes config.json
-    training_state.pt      optimizer, LR scheduler, precision plugin, loop state, control flags, callback
-                           states and RNG states (python, numpy, torch)
-    fit_args.json          the FitArguments of the run
+    model.safetensors       model weights (pytorch_model.bin with save_safetensors=False); for HF-style models
+    config.json             the model's config (HF models: their own config.json, so from_pretrained reads it)
+    optimizer.pt            optimizer state dict               (not with save_only_model)
+    scheduler.pt            LR scheduler state dict            (not with save_only_model; absent without one)
+    training_state.pt       precision plugin (grad scaler), loop state, control flags, callback states and the
+                            loop's running loss sums            (not with save_only_model)
+    rng_state_{rank}.pt     python / numpy / torch / accelerator RNG states, one file per rank
+    trainer_state.json      the loop state as readable JSON (HF's trainer_state.json)
+    fit_args.json           the FitArguments of the run
+    manifest.json           written LAST: every file with its size (bytes) and SHA-256
+
+A checkpoint is complete exactly when its ``manifest.json`` exists. On the local disk the folder is assembled as
+``checkpoint-N.tmp`` and renamed into place after the manifest is written; on object stores (no atomic rename)
+the files are written in place and the manifest last. Resume only considers complete checkpoints, so a process
+killed during a save leaves nothing that resume would pick. With several processes every rank writes its own
+files plus a ``.part-{rank}.json`` list; the writing rank waits for all parts before the manifest.
+Sharded strategies add their own per-rank files through the same mechanism (the manifest lists any files).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import random
-import shutil
+import re
+import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
 import torch
 
 from taskfit.__about__ import __version__
+from taskfit.io.checkpoint_io import CheckpointIO, FileEntry, deserialize, join
+from taskfit.seed import rng_states
 
 if TYPE_CHECKING:
     from taskfit.fit import Fit
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_NAME_PT = "pytorch_model.bin"
+MANIFEST_NAME = "manifest.json"
+PREFIX = "checkpoint-"
+FORMAT = "taskfit-checkpoint"
+FORMAT_VERSION = 1
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 
 
-def rng_states() -> dict[str, Any]:
-    """RNG states of python, numpy and torch (CPU) to store in a checkpoint, as plain values and tensors so
-    ``torch.load(weights_only=True)`` reads them."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    return {"python": random.getstate(), "numpy": (name, keys.tolist(), int(pos), int(has_gauss), float(cached)),
-            "torch": torch.get_rng_state()}
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used: missing, incomplete, corrupted (checksum mismatch) or incompatible."""
 
 
-def checkpoint_path(fit: Fit) -> str:
-    """``output_dir/checkpoint-{global_step}``: where the checkpoint of the current step goes."""
-    return os.path.join(fit.args.output_dir, f"checkpoint-{fit.state.global_step}")
+def checkpoint_path(fit: Fit, step: int | None = None) -> str:
+    """``output_dir/checkpoint-{global_step}``: where the checkpoint of ``step`` (default: now) goes."""
+    return join(fit.args.output_dir, f"{PREFIX}{fit.state.global_step if step is None else step}")
 
 
 def exportable_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -57,56 +70,233 @@ def exportable_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def model_files(fit: Fit) -> dict[str, Any]:
+    """``{file name: object}`` of the model part of a checkpoint: weights and ``config.json``."""
+    model = exportable_model(fit.model)
+    name = WEIGHTS_NAME if fit.args.save_safetensors is not False else WEIGHTS_NAME_PT
+    files: dict[str, Any] = {name: fit.strategy.model_state_dict(model)}
+    config = getattr(model, "config", None)
+    if config is not None and hasattr(config, "to_json_string"):
+        files["config.json"] = config.to_json_string()
+    else:
+        files["config.json"] = {"class": f"{type(model).__module__}.{type(model).__qualname__}",
+                                "num_parameters": sum(p.numel() for p in model.parameters()),
+                                "taskfit_version": __version__}
+    return files
+
+
 def save_model_folder(fit: Fit, folder: str) -> None:
-    """Write the unwrapped model's weights (and config) into ``folder`` (created when missing).
+    """Write the unwrapped model's weights and config (and the processing class) into ``folder``.
 
     HF-style models (with ``save_pretrained``, also when a TaskModule only wraps one, see
-    :func:`exportable_model`) are saved through it, so ``from_pretrained`` reads them back; other modules get ``model.safetensors`` plus ``config.json`` naming the class and parameter count.
+    :func:`exportable_model`) are saved through it when ``folder`` is local, so ``from_pretrained`` reads them back;
+    other modules, and every remote folder, get ``model.safetensors`` plus ``config.json``.
     """
-    os.makedirs(folder, exist_ok=True)
+    io = fit.strategy.checkpoint_io
     model = exportable_model(fit.model)
-    safe = fit.args.save_safetensors is not False
-    state = fit.strategy.model_state_dict(model)
-    if hasattr(model, "save_pretrained"):
-        model.save_pretrained(folder, state_dict=state, safe_serialization=safe)
+    if hasattr(model, "save_pretrained") and io.is_local(folder):
+        model.save_pretrained(io.fs(folder)[1], state_dict=fit.strategy.model_state_dict(model),
+                              safe_serialization=fit.args.save_safetensors is not False)
     else:
-        name = WEIGHTS_NAME if safe else WEIGHTS_NAME_PT
-        fit.strategy.checkpoint_io.save_weights(state, os.path.join(folder, name), safetensors=safe)
-        config = {"class": f"{type(model).__module__}.{type(model).__qualname__}",
-                  "num_parameters": sum(p.numel() for p in model.parameters()), "taskfit_version": __version__}
-        with open(os.path.join(folder, "config.json"), "w") as f:
-            json.dump(config, f, indent=2)
+        io.wait()
+        io.save_files(model_files(fit), folder)
     processor = fit.processing_class
-    if processor is not None and hasattr(processor, "save_pretrained"):
-        processor.save_pretrained(folder)
+    if processor is not None and hasattr(processor, "save_pretrained") and io.is_local(folder):
+        processor.save_pretrained(io.fs(folder)[1])
 
 
-def save_checkpoint(fit: Fit) -> str:
-    """Write ``output_dir/checkpoint-{global_step}/`` on rank zero; returns its path.
+def checkpoint_files(fit: Fit, loop_state: dict[str, Any]) -> dict[str, Any]:
+    """``{file name: object}`` this rank writes into the checkpoint of the current step."""
+    a, rank = fit.args, fit.global_rank
+    files: dict[str, Any] = {f"rng_state_{rank}.pt": rng_states()}
+    if not is_writer(fit):
+        return files
+    files.update(model_files(fit))
+    if not a.save_only_model:
+        if fit.optimizer is not None:
+            files["optimizer.pt"] = fit.optimizer.state_dict()
+        if fit.lr_scheduler is not None:
+            files["scheduler.pt"] = fit.lr_scheduler.state_dict()
+        training_state = {
+            "precision": fit.strategy.precision.state_dict(),
+            "state": fit.state.state_dict(),
+            "control": fit.control.state_dict(),
+            "callbacks": callback_states(fit.callbacks),
+            "loop": loop_state,
+            "results": fit.module._results.state_dict() if fit.module._results is not None else {},
+            "taskfit_version": __version__,
+        }
+        fit._hooks.call("on_save_checkpoint", fit, fit.module, training_state)
+        files["training_state.pt"] = training_state
+    files["trainer_state.json"] = fit.state.state_dict()
+    files["fit_args.json"] = a.to_json_string()
+    return files
 
-    The folder is assembled under a temporary name and renamed into place, so a crash mid-save never leaves a
-    folder named ``checkpoint-N`` that is incomplete.
+
+def callback_states(callbacks: list[Any]) -> dict[str, Any]:
+    """``{state_key: state}`` of every callback with ``state_dict()`` (taskfit / Lightning) or ``state()`` (HF
+    ``ExportableState``)."""
+    out = {}
+    for cb in callbacks:
+        if hasattr(cb, "state_dict"):
+            out[getattr(cb, "state_key", type(cb).__qualname__)] = cb.state_dict()
+        elif hasattr(cb, "state") and callable(cb.state):
+            out[type(cb).__qualname__] = cb.state()
+    return out
+
+
+def is_writer(fit: Fit) -> bool:
+    """Whether this process writes the shared files and the manifest: global rank 0, or the first process of
+    every node with ``save_on_each_node`` (mirrors HF ``TrainingArguments.should_save``)."""
+    return fit.local_rank == 0 if fit.args.save_on_each_node else fit.is_global_zero
+
+
+def save_checkpoint(fit: Fit, loop_state: dict[str, Any]) -> str:
+    """Write ``output_dir/checkpoint-{global_step}/`` (through the strategy's checkpoint IO, so in the background
+    with ``AsyncCheckpointIO``); rotate old checkpoints per ``save_total_limit`` once it is complete.
+
+    Args:
+        fit (Fit): the running fit.
+        loop_state (dict): the fit loop's running sums (saved so logged losses continue exactly).
+
+    Returns:
+        str: the checkpoint's final path (complete once its manifest exists).
     """
+    io, a = fit.strategy.checkpoint_io, fit.args
     final = checkpoint_path(fit)
-    if not fit.is_global_zero:
-        return final
-    tmp = final + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    save_model_folder(fit, tmp)
-    training_state = {
-        "optimizer": fit.optimizer.state_dict() if fit.optimizer is not None else None,
-        "lr_scheduler": fit.lr_scheduler.state_dict() if fit.lr_scheduler is not None else None,
-        "precision": fit.strategy.precision.state_dict(),
-        "state": fit.state.state_dict(),
-        "control": fit.control.state_dict(),
-        "callbacks": {cb.state_key: cb.state_dict() for cb in fit.callbacks if hasattr(cb, "state_dict")},
-        "rng": rng_states(),
-        "taskfit_version": __version__,
-    }
-    fit._hooks.call("on_save_checkpoint", fit, fit.module, training_state)
-    fit.strategy.checkpoint_io.save_checkpoint(training_state, os.path.join(tmp, "training_state.pt"))
-    with open(os.path.join(tmp, "fit_args.json"), "w") as f:
-        f.write(fit.args.to_json_string())
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+    local = io.is_local(final)
+    target = final + ".tmp" if local else final
+    writer = is_writer(fit)
+    if writer:
+        io.wait()  # an earlier save of this same folder may still be in flight
+        io.remove_checkpoint(join(final, MANIFEST_NAME))  # re-saving a step: never leave an old manifest over new files
+        io.remove_checkpoint(target)
+    fit.strategy.barrier("checkpoint-prepare")
+    ranks = _ranks_in_folder(fit)
+    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "global_step": fit.state.global_step,
+                "world_size": fit.world_size, "save_only_model": bool(a.save_only_model),
+                "taskfit_version": __version__, "torch_version": torch.__version__}
+    if writer:
+        keep = {fit.state.best_model_checkpoint} if (a.load_best_model_at_end or a.metric_for_best_model) else set()
+        finalize: Callable[[dict[str, FileEntry]], None] = _Finalizer(
+            io, target, final, manifest, ranks, fit.global_rank, a.output_dir, a.save_total_limit, keep,
+            float(a.ddp_timeout or 1800))
+    else:
+        part = join(target, f".part-{fit.global_rank}.json")
+        def finalize(entries: dict[str, FileEntry]) -> None:
+            io.write_bytes(part, json.dumps(entries).encode())
+    io.save_files(checkpoint_files(fit, loop_state), target, finalize)
     return final
+
+
+def _ranks_in_folder(fit: Fit) -> list[int]:
+    if not fit.args.save_on_each_node or fit.world_size == 1:
+        return list(range(fit.world_size))
+    per_node = max(1, fit.world_size // max(1, fit.args.num_nodes))
+    first = fit.global_rank - fit.local_rank
+    return list(range(first, first + per_node))
+
+
+class _Finalizer:
+    """Runs after the writing rank's files are written (on the background thread for async saves): waits for
+    the other ranks' parts, writes the manifest, renames the folder into place, rotates old checkpoints."""
+
+    def __init__(self, io: CheckpointIO, target: str, final: str, manifest: dict, ranks: list[int], rank: int,
+                 output_dir: str, limit: int | None, keep: set[str | None], timeout: float) -> None:
+        self.io, self.target, self.final, self.manifest = io, target, final, manifest
+        self.ranks, self.rank, self.output_dir, self.limit = ranks, rank, output_dir, limit
+        self.keep, self.timeout = keep, timeout
+
+    def __call__(self, entries: dict[str, FileEntry]) -> None:
+        io, files = self.io, dict(entries)
+        deadline = time.monotonic() + self.timeout
+        for r in self.ranks:
+            if r == self.rank:
+                continue
+            part = join(self.target, f".part-{r}.json")
+            while not io.exists(part):
+                if time.monotonic() > deadline:
+                    raise CheckpointError(f"Rank {r} did not finish its part of {self.final} within "
+                                          f"{self.timeout:.0f} s; the checkpoint stays incomplete.")
+                time.sleep(0.05)
+            files.update(json.loads(io.read_bytes(part)))
+            io.remove_checkpoint(part)
+        manifest = {**self.manifest, "files": dict(sorted(files.items()))}
+        io.write_bytes(join(self.target, MANIFEST_NAME), json.dumps(manifest, indent=2).encode())
+        if self.target != self.final:
+            io.rename(self.target, self.final)
+        if self.limit:
+            rotate_checkpoints(io, self.output_dir, self.limit, keep=self.keep | {self.final})
+
+
+def list_checkpoints(io: CheckpointIO, output_dir: str, complete_only: bool = True) -> list[tuple[int, str]]:
+    """``[(global_step, path)]`` of the checkpoints in ``output_dir``, oldest first; with ``complete_only``
+    (default) only those whose manifest exists."""
+    out = []
+    for name in io.listdir(output_dir):
+        m = _CHECKPOINT_RE.match(name)
+        if m:
+            path = join(output_dir, name)
+            if not complete_only or io.exists(join(path, MANIFEST_NAME)):
+                out.append((int(m.group(1)), path))
+    return sorted(out)
+
+
+def rotate_checkpoints(io: CheckpointIO, output_dir: str, limit: int, keep: set[str | None]) -> list[str]:
+    """Delete the oldest complete checkpoints until at most ``limit`` remain, never one in ``keep`` (the newest and
+    the best); mirrors HF ``save_total_limit`` (which keeps the best one too). Returns the deleted paths."""
+    ckpts = [p for _, p in list_checkpoints(io, output_dir)]
+    norm = {str(k).rstrip("/") for k in keep if k}
+    removable = [p for p in ckpts if p.rstrip("/") not in norm]
+    excess = len(ckpts) - max(int(limit), len([p for p in ckpts if p.rstrip("/") in norm]))
+    deleted = []
+    for p in removable[:max(0, excess)]:
+        io.remove_checkpoint(join(p, MANIFEST_NAME))  # incomplete first, so a crash mid-delete is never picked
+        io.remove_checkpoint(p)
+        deleted.append(p)
+    return deleted
+
+
+def read_manifest(io: CheckpointIO, folder: str) -> dict[str, Any]:
+    """The manifest of ``folder``.
+
+    Raises:
+        CheckpointError: no manifest (an incomplete checkpoint, or not a checkpoint folder) or an unreadable one.
+    """
+    try:
+        manifest = json.loads(io.read_bytes(join(folder, MANIFEST_NAME)))
+    except FileNotFoundError:
+        raise CheckpointError(f"{folder!r} is not a complete checkpoint: it has no {MANIFEST_NAME} (the save was "
+                              "interrupted, or this is not a taskfit checkpoint folder).") from None
+    except ValueError as exc:
+        raise CheckpointError(f"{join(folder, MANIFEST_NAME)!r} is not valid JSON: {exc}") from None
+    if manifest.get("format") != FORMAT or "files" not in manifest:
+        raise CheckpointError(f"{join(folder, MANIFEST_NAME)!r} is not a taskfit checkpoint manifest.")
+    return manifest
+
+
+def read_file(io: CheckpointIO, folder: str, name: str, manifest: dict[str, Any], weights_only: bool = True,
+              map_location: Any = "cpu") -> Any:
+    """Read, verify (size and SHA-256 against ``manifest``) and deserialise ``folder/name``.
+
+    Raises:
+        CheckpointError: the file is not in the manifest, missing, truncated or corrupted (names the file).
+        UnsafeCheckpointError: it needs full unpickling and ``weights_only`` is True.
+    """
+    from taskfit.io.checkpoint_io import file_entry
+
+    path = join(folder, name)
+    expected = manifest["files"].get(name)
+    if expected is None:
+        raise CheckpointError(f"{path!r} is not listed in the checkpoint's manifest.")
+    try:
+        data = io.read_bytes(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"Checkpoint file {path!r} is missing (listed in the manifest).") from None
+    got = file_entry(data)
+    if got != expected:
+        what = "truncated" if got["size"] < expected["size"] else "corrupted"
+        raise CheckpointError(f"Checkpoint file {path!r} is {what}: {got['size']} bytes with SHA-256 "
+                              f"{got['sha256'][:12]}..., the manifest says {expected['size']} bytes with "
+                              f"{expected['sha256'][:12]}...")
+    return deserialize(name, data, map_location=map_location, weights_only=weights_only)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -20,6 +19,7 @@ from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.checkpoint import checkpoint_path, save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
+from taskfit.io.checkpoint_io import join
 from taskfit.data.loaders import DataModule, build_dataloader, floating_point_ops, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import Logger, build_loggers
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
@@ -95,9 +95,6 @@ class Fit:
         if overrides:
             args = args.replace(**overrides)
         args.check_implemented()
-        if "://" in str(args.output_dir) and not str(args.output_dir).startswith("file://"):
-            raise NotImplementedError(f"output_dir={args.output_dir!r}: remote (fsspec URL) output folders are not "
-                                      "implemented yet (land with the checkpoint issue #3); use a local path.")
         self.args = args
         self.strategy = resolve_components(args, plugins, **instances)
         rank_zero_only.rank = self.strategy.global_rank  # one rank-zero gate for every side effect
@@ -130,6 +127,7 @@ class Fit:
         self._hooks = HookRunner(self.callbacks)
         self._flos_per_sample = 0
         self._start_step = 0
+        self._resume_point: Any = None  # set by fit(resume_from_checkpoint=...), consumed by the fit loop
         self._setup_done_for: nn.Module | None = None
         if args.log_level not in (None, "passive"):
             log.setLevel(args.log_level.upper())
@@ -257,25 +255,34 @@ class Fit:
     # ----------------------------------------------------------------------------------------- fitting ---
     def fit(self, model: nn.Module | None = None, train_data: Any = None, eval_data: Any = None, *,
             data_collator: Callable | None = None, datamodule: DataModule | None = None,
-            resume_from_checkpoint: str | bool | None = None) -> TrainOutput:
+            resume_from_checkpoint: str | bool | None = None, weights_only: bool = True) -> TrainOutput:
         """Train ``model`` on ``train_data`` (a DataLoader, a Dataset, or ``datamodule``), evaluating on
         ``eval_data`` (one dataset/loader or a dict of named ones) as ``eval_strategy`` says.
 
+        ``resume_from_checkpoint`` (default ``args.resume_from_checkpoint``): ``True``/``"last"`` continues from the
+        newest complete checkpoint in ``output_dir`` (from scratch when there is none), a path or URL from that
+        checkpoint; the run then ends exactly as one that never stopped (see :mod:`taskfit.resume`).
+        ``weights_only=False`` allows checkpoint files that need full unpickling (only for trusted files).
+
         Returns:
             TrainOutput: ``train_runtime`` (s), ``train_samples_per_second``, ``train_steps_per_second``,
-            ``total_flos`` (6 x parameters x samples), ``train_loss``, ``epoch``.
+            ``total_flos`` (6 x parameters x samples), ``train_loss``, ``epoch``; with ``load_best_model_at_end``
+            also ``best_global_step``, ``best_metric``, ``best_model_checkpoint``.
 
         Raises:
             ValueError: no or empty training data; evaluation requested without eval data or step.
             TypeError: data of the wrong type; a training_step returning something other than a loss.
-            NotImplementedError: ``resume_from_checkpoint`` (lands with the checkpoint issue #3).
+            CheckpointError: the checkpoint to resume from is incomplete, corrupted or incompatible.
+            UnsafeCheckpointError: a checkpoint file needs full unpickling and ``weights_only`` is True.
+            CheckpointSaveError: a background (async) checkpoint save failed.
         """
+        from taskfit.resume import load_best_model, resolve_checkpoint, restore
+
         args = self.args
         if args.auto_find_batch_size and not getattr(self, "_auto_batch_size_active", False):  # halve on OOM
             return efficiency.fit_with_auto_batch_size(self, **{k: v for k, v in locals().items() if k != "self"})
-        if resume_from_checkpoint not in (None, False):
-            raise NotImplementedError("resume_from_checkpoint is not implemented yet (lands with the checkpoint "
-                                      "issue #3).")
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = args.resume_from_checkpoint
         # seed first: model_init and the module's own initialisation must see the run's seed (HF order)
         (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         module = self._attach(model)
@@ -291,7 +298,7 @@ class Fit:
                              "eval_strategy='no'.")
         if eval_data is not None and not self._can_validate(module):
             raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
-        # a new run starts from a fresh loop state (resuming one lands with the checkpoint issue)
+        # a new run starts from a fresh loop state (a resume restores it below)
         self.state = FitState(is_local_process_zero=self.is_local_process_zero(),
                               is_world_process_zero=self.is_global_zero)
         self.control = FitControl()
@@ -306,11 +313,14 @@ class Fit:
                                          max_steps)
         st.save_steps = resolve_interval(args.save_steps, max_steps)
         st.train_batch_size = args.per_device_train_batch_size
+        st.batches_per_epoch = steps_per_epoch and len(self.train_loader)
 
         self._setup_module(module)
         self._configure_optimizers(module, max_steps)
         module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
         module._log_defaults = (True, False)
+        ckpt = resolve_checkpoint(self, resume_from_checkpoint)
+        self._resume_point = restore(self, ckpt, weights_only) if ckpt else None
         self._flos_per_sample = 6 * sum(p.numel() for p in module.parameters())
         self._start_step = st.global_step
         start_samples = st.samples_seen
@@ -332,12 +342,16 @@ class Fit:
                 self._evaluate_during_fit()
             loop.run(self.train_loader, steps_per_epoch, num_epochs)
         except BaseException as exc:
+            self._wait_for_saves(quiet=True)
             hooks.call("on_exception", self, module, exc)
             self._finalize_loggers("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
             raise
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
                                 st.global_step - self._start_step)
         metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)
+        self._wait_for_saves()
+        if args.load_best_model_at_end:
+            metrics.update(load_best_model(self))
         self._log(dict(metrics))
         hooks.call("on_train_end", self, module)
         hooks.call_hf("on_train_end", args, st, ctl, **self._hf_kwargs())
@@ -415,11 +429,21 @@ class Fit:
         greater = self.args.greater_is_better if self.args.greater_is_better is not None else not key.endswith("loss")
         if best is None or (value > best if greater else value < best):
             self.state.best_metric, self.state.best_global_step = value, self.state.global_step
+            self.control.should_save = self.control.should_save or self.args.save_strategy == "best"
 
-    def _save_checkpoint(self) -> str:
+    def _wait_for_saves(self, quiet: bool = False) -> None:
+        """Wait for a background checkpoint save; raise its failure unless ``quiet`` (then log it)."""
+        try:
+            self.strategy.checkpoint_io.wait()
+        except Exception:
+            if not quiet:
+                raise
+            log.exception("A background checkpoint save failed while the run was failing.")
+
+    def _save_checkpoint(self, loop_state: dict[str, Any]) -> str:
         if self.state.best_global_step == self.state.global_step:  # recorded before the state is written
             self.state.best_model_checkpoint = checkpoint_path(self)
-        path = save_checkpoint(self)
+        path = save_checkpoint(self, loop_state)
         self._hooks.call_hf("on_save", self.args, self.state, self.control)
         return path
 
@@ -543,8 +567,7 @@ class Fit:
         folder = output_dir or self.args.output_dir
         if self.is_global_zero:
             save_model_folder(self, folder)
-            with open(os.path.join(folder, "fit_args.json"), "w") as f:
-                f.write(self.args.to_json_string())
+            self.strategy.checkpoint_io.write_bytes(join(folder, "fit_args.json"), self.args.to_json_string().encode())
         self.strategy.barrier("save_model")
         return folder
 
@@ -560,10 +583,9 @@ class Fit:
 
     @rank_zero_only
     def save_state(self) -> None:
-        """Write ``trainer_state.json`` (the loop state, HF ``save_state``) under ``output_dir``."""
-        os.makedirs(self.args.output_dir, exist_ok=True)
-        with open(os.path.join(self.args.output_dir, "trainer_state.json"), "w") as f:
-            json.dump(self.state.state_dict(), f, indent=2, default=str)
+        """Write ``trainer_state.json`` (the loop state, HF ``save_state``) under ``output_dir`` (path or URL)."""
+        data = json.dumps(self.state.state_dict(), indent=2, default=str).encode()
+        self.strategy.checkpoint_io.write_bytes(join(self.args.output_dir, "trainer_state.json"), data)
 
     # ------------------------------------------------------------------------------------ data helpers ---
     num_examples = staticmethod(num_examples)

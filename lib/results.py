@@ -48,6 +48,7 @@ class ResultCollection:
         self.reduce_fn = reduce_fn
         self.batch: Any = None
         self._batch_size: int | None = None
+        self._pending_metric_states: dict[str, dict[str, Any]] = {}  # from a checkpoint, applied on the next log
 
     def set_batch(self, batch: Any) -> None:
         """Record the current batch; its size is inferred only if an ``on_epoch`` mean needs it."""
@@ -68,6 +69,9 @@ class ResultCollection:
             entry = self.values[name] = LoggedValue(name, on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist)
         if hasattr(value, "compute") and hasattr(value, "update"):  # torchmetrics.Metric: compute at epoch end
             entry.metric, entry.fresh = value, True
+            if name in self._pending_metric_states:
+                for k, v in self._pending_metric_states.pop(name).items():
+                    setattr(value, k, v)
             return
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
@@ -146,3 +150,32 @@ class ResultCollection:
             if e.metric is not None:
                 e.metric.reset()
         self.values = {k: e for k, e in self.values.items() if e.on_step}
+
+    # ---- checkpointing (exact mid-epoch resume) -------------------------------------------------------------
+    _STATE_FIELDS = ("on_step", "on_epoch", "prog_bar", "logger", "reduce_fx", "sync_dist", "last", "agg", "weight",
+                     "fresh")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Every logged name with its options, last value and epoch aggregate (tensors and plain values), plus the
+        accumulated state of logged ``torchmetrics`` objects, so a run resumed mid-epoch logs the same epoch
+        values as one that never stopped."""
+        out = {}
+        for name, e in self.values.items():
+            entry = {k: getattr(e, k) for k in self._STATE_FIELDS}
+            if e.metric is not None and hasattr(e.metric, "metric_state"):
+                entry["metric_state"] = {**e.metric.metric_state,
+                                         "_update_count": getattr(e.metric, "_update_count", 0)}
+            out[name] = entry
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output; a ``torchmetrics`` state is applied to the metric object the first
+        time it is logged again."""
+        self.values = {}
+        for name, entry in state.items():
+            e = LoggedValue(name, entry["on_step"], entry["on_epoch"], entry["prog_bar"], entry["logger"],
+                            entry["reduce_fx"], entry["sync_dist"])
+            e.last, e.agg, e.weight, e.fresh = entry["last"], entry["agg"], entry["weight"], entry["fresh"]
+            if "metric_state" in entry:
+                self._pending_metric_states[name] = entry["metric_state"]
+            self.values[name] = e

@@ -122,11 +122,6 @@ def test_strategy_instance_with_precision_is_a_conflict_F_CORE_3(tmp_path):
         Fit(output_dir=str(tmp_path), strategy=s, precision="bf16-mixed")
 
 
-def test_remote_output_dir_is_refused_until_it_lands(tmp_path):
-    with pytest.raises(NotImplementedError, match="checkpoint issue #3"):
-        Fit(output_dir="memory://runs/x")
-
-
 def test_test_without_steps_and_hf_keyword_aliases_F_EVAL_1(tmp_path):
     class NoEval(TaskModule):
         def __init__(self):

@@ -149,3 +149,58 @@ def floating_point_ops(model: torch.nn.Module, inputs: Any) -> int:
     if isinstance(inputs, Mapping) and "input_ids" in inputs:
         return 6 * n * inputs["input_ids"].numel()
     return 6 * n * infer_batch_size(inputs)
+
+
+class SkipBatchSampler:
+    """Yield the batches of ``batch_sampler`` after the first ``skip`` (indices only: no sample is loaded for
+    the skipped batches). Mirrors Accelerate's ``SkipBatchSampler``.
+
+    Args:
+        batch_sampler (Iterable[list[int]]): the loader's batch sampler.
+        skip (int): batches to drop from the start of the next iteration.
+    """
+
+    def __init__(self, batch_sampler: Any, skip: int) -> None:
+        self.batch_sampler, self.skip = batch_sampler, int(skip)
+
+    def __iter__(self) -> Any:
+        for i, batch in enumerate(self.batch_sampler):
+            if i >= self.skip:
+                yield batch
+
+    def __len__(self) -> int:
+        return max(0, len(self.batch_sampler) - self.skip)
+
+
+def skip_first_batches(loader: Any, skip: int) -> Any:
+    """An iterable over ``loader``'s current epoch that starts at batch ``skip`` (exact mid-epoch resume).
+
+    A map-style ``DataLoader`` is rebuilt around a :class:`SkipBatchSampler` (same dataset, collate function,
+    workers and sampler object, so ``set_epoch`` on the original still decides the order), so the skipped batches
+    are never loaded. Other iterables (an ``IterableDataset``, a custom loader) can only be fast-forwarded by
+    reading and dropping ``skip`` batches, which is logged as a warning.
+
+    Args:
+        loader (DataLoader | Iterable): the training loader.
+        skip (int): micro-batches already consumed in this epoch.
+    """
+    if skip <= 0:
+        return loader
+    if isinstance(loader, DataLoader) and loader.batch_sampler is not None and not isinstance(
+            loader.dataset, IterableDataset):
+        kwargs: dict[str, Any] = {
+            "batch_sampler": SkipBatchSampler(loader.batch_sampler, skip), "collate_fn": loader.collate_fn,
+            "num_workers": loader.num_workers, "pin_memory": loader.pin_memory, "timeout": loader.timeout,
+            "worker_init_fn": loader.worker_init_fn, "multiprocessing_context": loader.multiprocessing_context,
+            "generator": loader.generator, "persistent_workers": False,
+        }
+        if loader.num_workers > 0:
+            kwargs["prefetch_factor"] = loader.prefetch_factor
+        return DataLoader(loader.dataset, **kwargs)
+    import itertools
+    import logging
+
+    logging.getLogger("taskfit").warning(
+        "Resuming mid-epoch on a %s without a batch sampler: reading and dropping %d batches to reach the saved "
+        "position.", type(loader).__name__, skip)
+    return itertools.islice(loader, skip, None)

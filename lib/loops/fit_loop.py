@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from taskfit.data.loaders import set_loader_epoch
+from taskfit.data.loaders import set_loader_epoch, skip_first_batches
 from taskfit.module import infer_batch_size
+from taskfit.seed import set_rng_states
 
 if TYPE_CHECKING:
     from taskfit.fit import Fit
@@ -87,6 +88,23 @@ class FitLoop:
         self.total_loss = 0.0            # sum of all logged step losses (host float)
         self.steps_since_log = 0
         self.grad_norm: torch.Tensor | None = None
+        self.loss_start_step = fit._start_step  # total_loss covers the steps from here on
+        self.epoch_done = False
+
+    def state_dict(self) -> dict[str, Any]:
+        """The running loss sums, saved in checkpoints so a resumed run logs exactly the same losses."""
+        return {"tr_loss": self.tr_loss.detach().cpu().clone(), "steps_since_log": self.steps_since_log,
+                "total_loss": self.total_loss, "epoch_done": self.epoch_done,
+                "grad_norm": None if self.grad_norm is None else self.grad_norm.detach().cpu().clone()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (the sums then cover the whole run from step 0)."""
+        if not state:
+            return
+        self.tr_loss = state["tr_loss"].to(self.tr_loss.device)
+        self.steps_since_log, self.total_loss = int(state["steps_since_log"]), float(state["total_loss"])
+        self.grad_norm = state["grad_norm"]
+        self.loss_start_step = 0
 
     def run(self, loader: Any, steps_per_epoch: int | None, num_epochs: int) -> None:
         """Train until ``state.max_steps`` or ``num_epochs`` or a stop flag."""
@@ -108,15 +126,25 @@ class FitLoop:
             batches_per_epoch = len(loader)
         except TypeError:
             batches_per_epoch = None
-        for epoch in range(int(state.epoch), num_epochs):
+        resume, fit._resume_point = fit._resume_point, None
+        if resume is not None:
+            self.load_state_dict(resume.loop)
+        for epoch in range(state.current_epoch, num_epochs):
+            skip = resume.skip_batches if resume is not None else 0
+            if resume is not None and not skip and resume.rng is not None:
+                set_rng_states(resume.rng)  # saved at an epoch boundary: the saved run was about to start this epoch
             state.current_epoch = epoch
             set_loader_epoch(fit.train_loader, epoch)
             control._new_epoch()
-            module._results.reset_epoch()
+            if not skip:  # resumed mid-epoch: keep the restored epoch aggregates
+                module._results.reset_epoch()
             hooks.call("on_train_epoch_start", fit, module)
             H["on_epoch_begin"] and hooks.call_hf("on_epoch_begin", args, state, control, **fit._hf_kwargs())
-            iterator = iter(loader)
-            state.batch_in_epoch = 0
+            iterator = iter(skip_first_batches(loader, skip))
+            state.batch_in_epoch = skip
+            if skip and resume.rng is not None:
+                set_rng_states(resume.rng)  # saved mid-epoch: after the epoch's iterator existed, as in the saved run
+            resume = None
             while True:
                 window = _window(iterator, accum)
                 if not window:
@@ -195,7 +223,9 @@ class FitLoop:
             epoch_logs = module._results.epoch_values(logger_only=True)
             if epoch_logs:
                 fit._log(epoch_logs)
+            self.epoch_done = True  # a checkpoint from here on resumes at the start of the next epoch
             self._after_step(epoch_end=True)
+            self.epoch_done = False
             if control.should_training_stop:
                 break
         if self.steps_since_log:
@@ -242,11 +272,11 @@ class FitLoop:
         if control.should_evaluate:
             fit._evaluate_during_fit()
         if control.should_save:
-            fit._save_checkpoint()
+            fit._save_checkpoint(self.state_dict())
         control._new_step()
 
     @property
     def training_loss(self) -> float:
         """Mean loss per optimizer step over the whole run (HF ``TrainOutput.training_loss``)."""
-        steps = self.fit.state.global_step - self.fit._start_step
+        steps = self.fit.state.global_step - self.loss_start_step
         return self.total_loss / steps if steps else math.nan

@@ -21,7 +21,9 @@ class FitState:
         global_step (int): optimizer steps taken (one per accumulation window).
         max_steps (int): total optimizer steps of the run.
         num_train_epochs (int): epochs the run is planned for.
-        batch_in_epoch (int): micro-batches consumed in the running epoch.
+        batch_in_epoch (int): micro-batches consumed in the running epoch (the resume position).
+        batches_per_epoch (int | None): micro-batches per epoch (None for data without a length); a resume
+            checks it did not change.
         samples_seen (int): training samples consumed, all epochs.
         logging_steps / eval_steps / save_steps (int): resolved trigger intervals (steps).
         total_flos (float): floating point operations of the training so far (estimate).
@@ -38,6 +40,7 @@ class FitState:
     max_steps: int = 0
     num_train_epochs: int = 0
     batch_in_epoch: int = 0
+    batches_per_epoch: int | None = None
     samples_seen: int = 0
     logging_steps: int = 500
     eval_steps: int = 500

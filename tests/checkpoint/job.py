@@ -1,0 +1,115 @@
+"""A small real training job used by the checkpoint tests, in-process and as a subprocess that may be killed.
+
+Run as ``python job.py CONFIG.json``: trains (resuming with ``resume_from_checkpoint=True``), optionally SIGKILLs
+itself after a given optimizer step or in the middle of writing a given checkpoint, and writes the final weights,
+optimizer state and log history to ``config["result"]``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import torch
+from torch import nn
+
+from taskfit import Callback, Fit, TaskModule
+from taskfit.io import TorchCheckpointIO
+
+SPEED_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "eval_runtime",
+              "eval_samples_per_second", "eval_steps_per_second")
+
+
+class Net(TaskModule):
+    """Linear -> dropout -> ReLU -> linear regression; logs a step+epoch metric and an eval loss."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.Dropout(0.3), nn.ReLU(), nn.Linear(16, 1))
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.body(x), y)
+        self.log("train_mse", loss, on_step=True, on_epoch=True)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_mse", nn.functional.mse_loss(self.body(x), y))
+
+
+def data(n: int = 50, seed: int = 0) -> torch.utils.data.TensorDataset:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 8, generator=g)
+    return torch.utils.data.TensorDataset(x, x[:, :1] * 2 - x[:, 1:2] + 0.1 * torch.randn(n, 1, generator=g))
+
+
+class KillAfterStep(Callback):
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and not control.should_save:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillAfterSave(Callback):
+    """Kill right after the checkpoint of ``step`` was written (HF ``on_save`` hook)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+class KillDuringSave(TorchCheckpointIO):
+    """Writes the files of the checkpoint of ``step`` one by one and SIGKILLs the process half-way through."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.step = step
+
+    def save_files(self, files, folder, finalize=None):
+        if folder.rstrip("/").rsplit("/", 1)[-1].startswith(f"checkpoint-{self.step}"):
+            names = list(files)
+            super().save_files({n: files[n] for n in names[: len(names) // 2]}, folder, None)
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().save_files(files, folder, finalize)
+
+
+def make_fit(cfg: dict) -> Fit:
+    callbacks, plugins = [], []
+    if cfg.get("kill_after_step"):
+        callbacks.append(KillAfterStep(cfg["kill_after_step"]))
+    if cfg.get("kill_after_save"):
+        callbacks.append(KillAfterSave(cfg["kill_after_save"]))
+    if cfg.get("kill_during_save"):
+        plugins.append(KillDuringSave(cfg["kill_during_save"]))
+    kwargs = dict(output_dir=cfg["output_dir"], per_device_train_batch_size=4, per_device_eval_batch_size=8,
+                  gradient_accumulation_steps=cfg.get("accum", 2), num_train_epochs=3, learning_rate=0.05,
+                  logging_steps=2, eval_strategy="steps", eval_steps=5, save_strategy=cfg.get("save_strategy", "steps"),
+                  save_steps=cfg.get("save_steps", 4), dataloader_num_workers=cfg.get("workers", 0), seed=7,
+                  report_to="none", disable_tqdm=True, max_grad_norm=1.0, warmup_steps=2)
+    kwargs.update(cfg.get("args", {}))
+    return Fit(callbacks=callbacks, plugins=plugins, **kwargs)
+
+
+def run(cfg: dict) -> dict:
+    fit = make_fit(cfg)
+    torch.manual_seed(0)  # the model's init does not depend on the run's seed handling
+    module = Net()
+    out = fit.fit(module, data(), data(16, seed=1), resume_from_checkpoint=cfg.get("resume", True))
+    return {"weights": {k: v.detach().clone() for k, v in module.state_dict().items()},
+            "optimizer": fit.optimizer.state_dict(),
+            "log_history": [{k: v for k, v in row.items() if k not in SPEED_KEYS} for row in fit.state.log_history],
+            "train_loss": out.training_loss, "global_step": fit.state.global_step}
+
+
+if __name__ == "__main__":
+    cfg = json.load(open(sys.argv[1]))
+    torch.set_num_threads(1)
+    torch.save(run(cfg), cfg["result"])
