@@ -17,6 +17,7 @@ _EXPORTS = {
     "TaskModule": "taskfit.module",
     "Callback": "taskfit.callbacks.base", "EarlyStopping": "taskfit.callbacks.early_stopping",
     "EarlyStoppingCallback": "taskfit.callbacks.early_stopping", "ProgressBar": "taskfit.callbacks.progress",
+    "ThroughputMonitor": "taskfit.callbacks.throughput",
     "DataModule": "taskfit.data.loaders",
     "EvalPrediction": "taskfit.metrics", "PredictionOutput": "taskfit.metrics",
     "FitState": "taskfit.loops.state", "FitControl": "taskfit.loops.state",

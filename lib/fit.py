@@ -17,6 +17,7 @@ from torch import nn
 from taskfit.arguments import FitArguments
 from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.progress import ProgressBar
+from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint import checkpoint_path, save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
 from taskfit.io.checkpoint_io import join
@@ -29,6 +30,7 @@ from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_m
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
 from taskfit.seed import enable_full_determinism, seed_everything
+from taskfit.summary import log_summary
 from taskfit.wrapping import ModelTaskModule, extract_loss, run_model
 from taskfit import efficiency
 
@@ -106,7 +108,7 @@ class Fit:
         self.processing_class = processing_class if processing_class is not None else tokenizer
         self.model_init = model_init
 
-        self.callbacks: list[Any] = list(callbacks or [])
+        self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
         if not args.disable_tqdm:
             self.callbacks.insert(0, ProgressBar())
         efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
@@ -324,7 +326,7 @@ class Fit:
         self._flos_per_sample = 6 * sum(p.numel() for p in module.parameters())
         self._start_step = st.global_step
         start_samples = st.samples_seen
-        self._log_summary(module, max_steps, steps_per_epoch)
+        log_summary(self, module, max_steps, steps_per_epoch)
         hooks, ctl = self._hooks, self.control
         ctl._new_training()
         if self.is_global_zero:
@@ -349,6 +351,8 @@ class Fit:
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
                                 st.global_step - self._start_step)
         metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)
+        for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
+            metrics.update(getattr(cb, "train_metrics", dict)())
         self._wait_for_saves()
         if args.load_best_model_at_end:
             metrics.update(load_best_model(self))
@@ -363,18 +367,6 @@ class Fit:
     @staticmethod
     def _can_validate(module: TaskModule) -> bool:
         return type(module).validation_step is not TaskModule.validation_step
-
-    @rank_zero_only
-    def _log_summary(self, module: TaskModule, max_steps: int, steps_per_epoch: int | None) -> None:
-        a, s = self.args, self.strategy
-        n = sum(p.numel() for p in module.parameters())
-        nt = sum(p.numel() for p in module.parameters() if p.requires_grad)
-        log.info("taskfit: accelerator=%s strategy=%s devices=%s precision=%s | params %s (trainable %s) | "
-                 "batch %d x accumulation %d x world %d = %d samples/step | %d steps (%s per epoch)",
-                 type(s.accelerator).__name__, s.name, s.world_size, s.precision.name, f"{n:,}", f"{nt:,}",
-                 a.per_device_train_batch_size, a.gradient_accumulation_steps, s.world_size,
-                 a.per_device_train_batch_size * a.gradient_accumulation_steps * s.world_size, max_steps,
-                 steps_per_epoch)
 
     def _finalize_loggers(self, status: str) -> None:
         if self.is_global_zero:

@@ -141,3 +141,77 @@ def nested_concat(batches: list[Any], padding_index: int = -100) -> Any:
             padded.append(out)
         arrays = padded
     return np.concatenate(arrays, axis=0)
+
+
+def cpu_rss_bytes() -> int:
+    """Resident set size of this process in bytes (``psutil`` when installed, else ``/proc/self/statm``; 0
+    where neither is available)."""
+    try:
+        import psutil
+
+        return int(psutil.Process().memory_info().rss)
+    except ImportError:
+        pass
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+class MemoryTracker:
+    """Memory deltas of one stage in bytes (mirrors HF ``TrainerMemoryTracker``, ``skip_memory_metrics=False``).
+
+    ``start()`` records the baseline (and resets the CUDA peak counter), ``sample()`` (called per batch) keeps
+    the CPU peak, ``stop(stage)`` returns ``{stage}_mem_cpu_alloc_delta`` (RSS at the end minus at the start)
+    and ``{stage}_mem_cpu_peaked_delta`` (highest sampled RSS above the end value, 0 when none), plus on CUDA
+    ``{stage}_mem_gpu_alloc_delta`` / ``{stage}_mem_gpu_peaked_delta`` (``memory_allocated`` /
+    ``max_memory_allocated``) and on MPS ``{stage}_mem_mps_alloc_delta`` (``current_allocated_memory``; MPS
+    has no peak counter). Reading the numbers forces no device sync.
+
+    Args:
+        device (torch.device | None): the stage's device (None or CPU: RSS only).
+    """
+
+    def __init__(self, device: Any = None) -> None:
+        self.kind = getattr(device, "type", "cpu")
+        self.device = device
+        self.begin_cpu = self.peak_cpu = 0
+        self.begin_dev = 0
+
+    def _device_allocated(self) -> int:
+        import torch
+
+        if self.kind == "cuda":
+            return int(torch.cuda.memory_allocated(self.device))
+        if self.kind == "mps":
+            return int(torch.mps.current_allocated_memory())
+        return 0
+
+    def start(self) -> None:
+        """Record the baseline."""
+        import torch
+
+        if self.kind == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        self.begin_dev = self._device_allocated()
+        self.begin_cpu = self.peak_cpu = cpu_rss_bytes()
+
+    def sample(self) -> None:
+        """Update the CPU peak (about 10 microseconds)."""
+        self.peak_cpu = max(self.peak_cpu, cpu_rss_bytes())
+
+    def stop(self, stage: str) -> dict[str, int]:
+        """The deltas of the stage (bytes), keyed ``{stage}_mem_*``."""
+        import torch
+
+        end = cpu_rss_bytes()
+        out = {f"{stage}_mem_cpu_alloc_delta": end - self.begin_cpu,
+               f"{stage}_mem_cpu_peaked_delta": max(0, max(self.peak_cpu, end) - end)}
+        if self.kind == "cuda":
+            end_dev = self._device_allocated()
+            out[f"{stage}_mem_gpu_alloc_delta"] = end_dev - self.begin_dev
+            out[f"{stage}_mem_gpu_peaked_delta"] = max(0, int(torch.cuda.max_memory_allocated(self.device)) - end_dev)
+        elif self.kind == "mps":
+            out[f"{stage}_mem_mps_alloc_delta"] = self._device_allocated() - self.begin_dev
+        return out

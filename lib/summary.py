@@ -1,0 +1,69 @@
+"""The one-screen summary at the start of ``fit`` (F-OBS-4): where and how the run trains, how big the model
+is, how many samples make one optimizer step."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from lightning_utilities.core.rank_zero import rank_zero_only
+
+if TYPE_CHECKING:
+    from taskfit.fit import Fit
+
+log = logging.getLogger("taskfit")
+
+
+def run_summary(fit: Fit, module: Any, max_steps: int, steps_per_epoch: int | None) -> dict[str, Any]:
+    """The facts of a run before its first step.
+
+    Returns:
+        dict: ``accelerator`` (class name), ``device`` (e.g. ``"cpu"``, ``"cuda:0"``), ``strategy``,
+        ``precision`` (plugin name), ``world_size`` (processes), ``num_nodes``, ``parameters`` and
+        ``trainable_parameters`` (counts), ``per_device_batch_size``, ``gradient_accumulation_steps``,
+        ``effective_batch_size`` (samples per optimizer step over all processes), ``max_steps``,
+        ``steps_per_epoch`` (None for data without a length), and ``memory_estimate`` (bytes, from
+        ``fit.memory_estimate()`` where the memory-estimate feature F-MEM-5 provides it; else absent).
+    """
+    a, s = fit.args, fit.strategy
+    params = list(module.parameters())
+    out: dict[str, Any] = {
+        "accelerator": type(s.accelerator).__name__, "device": str(s.root_device), "strategy": s.name,
+        "precision": s.precision.name, "world_size": s.world_size, "num_nodes": getattr(a, "num_nodes", 1),
+        "parameters": sum(p.numel() for p in params),
+        "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
+        "per_device_batch_size": a.per_device_train_batch_size,
+        "gradient_accumulation_steps": a.gradient_accumulation_steps,
+        "effective_batch_size": a.per_device_train_batch_size * a.gradient_accumulation_steps * s.world_size,
+        "max_steps": max_steps, "steps_per_epoch": steps_per_epoch,
+    }
+    estimate = getattr(fit, "memory_estimate", None)
+    if callable(estimate):
+        out["memory_estimate"] = estimate()
+    return out
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """The summary as aligned ``name: value`` lines under a header (counts with thousands separators)."""
+    s = summary
+    lines = [
+        ("accelerator", f"{s['accelerator']} ({s['device']})"),
+        ("strategy", f"{s['strategy']}, {s['world_size']} process(es) on {s['num_nodes']} node(s)"),
+        ("precision", s["precision"]),
+        ("parameters", f"{s['parameters']:,} ({s['trainable_parameters']:,} trainable)"),
+        ("batch", f"{s['per_device_batch_size']} per device x {s['gradient_accumulation_steps']} accumulation x "
+                  f"{s['world_size']} process(es) = {s['effective_batch_size']} samples per optimizer step"),
+        ("steps", f"{s['max_steps']} ({s['steps_per_epoch']} per epoch)"),
+    ]
+    if "memory_estimate" in s:
+        lines.append(("memory estimate", f"{s['memory_estimate'] / 2**30:.2f} GiB"))
+    width = max(len(k) for k, _ in lines)
+    return "\n".join(["taskfit run summary"] + [f"  {k:<{width}} : {v}" for k, v in lines])
+
+
+@rank_zero_only
+def log_summary(fit: Fit, module: Any, max_steps: int, steps_per_epoch: int | None) -> None:
+    """Log :func:`format_summary` of :func:`run_summary` at INFO on the ``taskfit`` logger (rank zero only)
+    and keep the dict as ``fit.summary``."""
+    fit.summary = run_summary(fit, module, max_steps, steps_per_epoch)
+    log.info(format_summary(fit.summary))
