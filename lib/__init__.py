@@ -25,6 +25,7 @@ _EXPORTS = {
     "TensorBoardLogger": "taskfit.loggers.tensorboard", "MLFlowLogger": "taskfit.loggers.mlflow",
     "WandbLogger": "taskfit.loggers.wandb",
     "seed_everything": "taskfit.seed",
+    "estimate_memory": "taskfit.efficiency.estimate", "MemoryEstimate": "taskfit.efficiency.estimate",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -40,6 +40,7 @@ COMMANDS = {
     "validate": "Run the evaluation loop on the 'eval' data.",
     "test": "Run the evaluation loop on the 'test' data.",
     "predict": "Run the prediction loop on the 'predict' data (or 'test' when 'predict' is absent).",
+    "estimate": "Print the memory estimate (parameters, gradients, optimizer state, activations) and exit.",
 }
 #: non-option keys a config file (or flag) may carry
 CONFIG_KEYS = ("module", "module_kwargs", "data", "data_kwargs", "datamodule", "datamodule_kwargs")
@@ -265,6 +266,39 @@ def run_command(fit: Any, command: str, module: Any, data: dict[str, Any], datam
     return fit.predict(module, split, data_collator=collator)
 
 
+def run_estimate(args: FitArguments, extra: dict[str, Any]) -> int:
+    """``taskfit estimate``: print :func:`taskfit.estimate_memory`'s table, then its bytes as one JSON line.
+
+    The activation estimate traces the first training micro-batch when ``data`` (its ``train`` split) or a
+    ``datamodule`` is given; without data it is reported as n/a.
+
+    Raises:
+        CLIError: no module, or a bad import path.
+    """
+    from taskfit.data.loaders import build_dataloader
+    from taskfit.efficiency.estimate import estimate_memory
+
+    if not extra.get("module"):
+        raise CLIError("no module: set 'module: pkg.mod:ClassOrFactory' in the config or pass --module.")
+    module = _instantiate(extra["module"], extra.get("module_kwargs") or {})
+    loader = None
+    if extra.get("datamodule"):
+        dm = _instantiate(extra["datamodule"], extra.get("datamodule_kwargs") or {})
+        dm.prepare_data()
+        dm.setup("fit")
+        loader = dm.train_dataloader()
+    elif extra.get("data"):
+        data = _instantiate(extra["data"], extra.get("data_kwargs") or {})
+        if isinstance(data, dict) and data.get("train") is not None:
+            loader = build_dataloader(data["train"], args, train=True, batch_size=args.per_device_train_batch_size,
+                                      collate_fn=data.get("data_collator"), what="train dataset")
+    batch = next(iter(loader), None) if loader is not None else None
+    est = estimate_memory(module, args, batch)
+    print(est.table())
+    print(json.dumps(est.to_dict()), flush=True)
+    return 0
+
+
 def metrics_of(result: Any) -> dict[str, Any]:
     """The metrics dict of a ``Fit`` result: a dict itself, an object's ``.metrics`` (HF ``TrainOutput`` /
     ``PredictionOutput`` style), or a list of dicts merged in order; ``{}`` otherwise."""
@@ -310,6 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         args.check_implemented()
+        if command == "estimate":
+            return run_estimate(args, extra)
         module, data, datamodule = load_run_objects(extra)
     except (CLIError, NotImplementedError) as err:
         print(f"taskfit {command}: error: {err}", file=sys.stderr)
