@@ -1,4 +1,11 @@
-"""The evaluation loop behind ``Fit.validate``/``test``/``predict`` (F-EVAL-1, F-EVAL-2 single process)."""
+"""The evaluation loop behind ``Fit.validate``/``test``/``predict`` (F-EVAL-1, F-EVAL-2, F-EVAL-3).
+
+Per batch: the step's loss, predictions and labels; predictions replaced by ``model.generate`` output with
+``predict_with_generate``; collected on the device and moved to host numpy every ``eval_accumulation_steps``
+batches (bounded device memory); after the pass, gathered across processes in dataset order
+(:mod:`taskfit.loops.gather`), then ``compute_metrics`` and ``torchmetrics`` objects (which sync across
+processes in their own ``compute``).
+"""
 
 from __future__ import annotations
 
@@ -8,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from taskfit.metrics import EvalPrediction, nested_concat, speed_metrics, to_numpy
+from taskfit.loops.gather import gather_in_dataset_order, loader_indices
+from taskfit.metrics import EvalPrediction, MemoryTracker, nested_concat, speed_metrics, to_numpy
 from taskfit.module import infer_batch_size
 from taskfit.results import ResultCollection
 
@@ -41,25 +49,47 @@ def _batch_inputs(batch: Any) -> Any:
     return batch
 
 
+def _nbytes(item: Any) -> int:
+    if isinstance(item, torch.Tensor):
+        return item.numel() * item.element_size()
+    if isinstance(item, (list, tuple)):
+        return sum(_nbytes(x) for x in item)
+    if isinstance(item, Mapping):
+        return sum(_nbytes(x) for x in item.values())
+    return 0
+
+
+def _is_metric(value: Any) -> bool:
+    return hasattr(value, "compute") and hasattr(value, "update") and hasattr(value, "reset")
+
+
 class _Collector:
     """Keeps per-batch tensors on the device and moves them to host numpy every ``flush_every`` batches
-    (``eval_accumulation_steps``; None = once at the end)."""
+    (``eval_accumulation_steps``; None = once at the end). ``peak_device_bytes`` is the most bytes of
+    outputs held on the device at once: with ``flush_every=N`` at most N batches' worth."""
 
     def __init__(self, flush_every: int | None) -> None:
         self.flush_every = flush_every
         self.device_items: list[Any] = []
         self.host_items: list[Any] = []
+        self.device_bytes = self.peak_device_bytes = 0
 
     def add(self, item: Any) -> None:
         if item is None:
             return
         self.device_items.append(item)
+        self.device_bytes += _nbytes(item)
+        self.peak_device_bytes = max(self.peak_device_bytes, self.device_bytes)
         if self.flush_every and len(self.device_items) >= self.flush_every:
             self.flush()
 
     def flush(self) -> None:
         self.host_items.extend(to_numpy(x) for x in self.device_items)
-        self.device_items = []
+        self.device_items, self.device_bytes = [], 0
+
+    def clear(self) -> None:
+        """Drop the device items (``batch_eval_metrics`` consumed them)."""
+        self.device_items, self.device_bytes = [], 0
 
     def result(self, concat: bool) -> Any:
         self.flush()
@@ -85,10 +115,13 @@ class EvaluationLoop:
 
         Predictions and labels are numpy arrays concatenated over batches (padded with -100 where sequence
         lengths differ), collected in ``predict`` and, for other stages, when ``compute_metrics`` is set and
-        ``prediction_loss_only`` is False.
+        ``prediction_loss_only`` is False. With ``predict_with_generate`` the predictions are the ids that
+        ``generate`` returned. With several processes they are gathered in dataset order. The collector's peak
+        device bytes of predictions are kept in ``self.peak_device_bytes``.
 
         Raises:
             TypeError: a step returned something that is neither None, a tensor nor a dict.
+            ValueError: ``predict_with_generate`` with a model that has no ``generate`` (before any batch).
         """
         fit, stage = self.fit, self.stage
         module, strategy, args, hooks = fit.module, fit.strategy, fit.args, fit._hooks
@@ -97,8 +130,13 @@ class EvaluationLoop:
         hook_stage = "validation" if stage == "validate" else stage
         compute_metrics = fit.compute_metrics
         collect = not args.prediction_loss_only and (stage == "predict" or compute_metrics is not None)
+        generate = self._generation_setup() if collect and args.predict_with_generate else None
         preprocess = fit.preprocess_logits_for_metrics
         label_names = args.label_names or getattr(module, "label_names", None) or ["labels"]
+        batch_metrics_mode = args.batch_eval_metrics and compute_metrics is not None and stage != "predict"
+        distributed = strategy.world_size > 1
+        indices = loader_indices(loader) if distributed else None
+        batch_bounds = [0]
 
         was_training = module.training
         module.eval()
@@ -106,12 +144,16 @@ class EvaluationLoop:
         results = module._results = ResultCollection(infer_batch_size, strategy.reduce)
         module._log_defaults = (False, True)
         preds, labels, inputs = (_Collector(args.eval_accumulation_steps) for _ in range(3))
+        returned_metrics: dict[str, Any] = {}
         loss_sum, n_samples, n_batches, batch_metrics = None, 0, 0, None
+        memory = None if args.skip_memory_metrics else MemoryTracker(strategy.root_device)
         try:
             fit.num_eval_batches = len(loader) if hasattr(loader, "__len__") else None
         except TypeError:
             fit.num_eval_batches = None
         try:
+            if memory is not None:
+                memory.start()
             start = time.perf_counter()
             hooks.call(f"on_{hook_stage}_start", fit, module)
             hooks.call(f"on_{hook_stage}_epoch_start", fit, module)
@@ -123,38 +165,53 @@ class EvaluationLoop:
                     hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx)
                     with strategy.forward_context():
                         out = step_fn(batch, batch_idx)
-                    loss, logits, lab = self._unpack(out, batch, label_names)
+                    loss, logits, lab = self._unpack(out, batch, label_names, returned_metrics)
                     if loss is not None:
                         loss_sum = loss.detach().float() * bs if loss_sum is None else loss_sum + loss.detach().float() * bs
                     if collect:
-                        if preprocess is not None and stage != "predict":
+                        if generate is not None:
+                            logits = generate(batch, label_names)
+                        elif preprocess is not None and stage != "predict":
                             logits = preprocess(logits, lab)
                         preds.add(logits)
                         labels.add(lab)
                         if args.include_inputs_for_metrics:
                             inputs.add(_batch_inputs(batch))
-                        if args.batch_eval_metrics and compute_metrics is not None and stage != "predict":
+                        if batch_metrics_mode:
+                            batch_idx_list = indices[n_samples:n_samples + bs] if indices is not None else None
+                            gather = (lambda v: gather_in_dataset_order(strategy, to_numpy(v), batch_idx_list))
                             batch_metrics = compute_metrics(
-                                EvalPrediction(to_numpy(logits), to_numpy(lab),
-                                               to_numpy(_batch_inputs(batch)) if args.include_inputs_for_metrics else None),
+                                EvalPrediction(gather(logits), gather(lab),
+                                               gather(_batch_inputs(batch)) if args.include_inputs_for_metrics else None),
                                 compute_result=batch_idx + 1 == fit.num_eval_batches)
-                            preds.device_items.clear(), labels.device_items.clear(), inputs.device_items.clear()
+                            preds.clear(), labels.clear(), inputs.clear()
                     n_samples += bs
                     n_batches += 1
+                    batch_bounds.append(n_samples)
+                    if memory is not None:
+                        memory.sample()
                     hooks.call(f"on_{hook_stage}_batch_end", fit, module, out, batch, batch_idx)
                     if hooks.hf["on_prediction_step"]:
                         hooks.call_hf("on_prediction_step", args, fit.state, fit.control)
             concat = args.eval_do_concat_batches
+            self.peak_device_bytes = preds.peak_device_bytes
             all_preds, all_labels = preds.result(concat), labels.result(concat)
             all_inputs = inputs.result(concat) if args.include_inputs_for_metrics else None
+            if distributed:
+                all_preds, all_labels, all_inputs = (self._gather(x, indices, batch_bounds, concat)
+                                                     for x in (all_preds, all_labels, all_inputs))
 
             metrics = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
             self.hidden = {metric_key(k, prefix) for k in results.hidden_names()}  # logger=False: not sent to loggers
             results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
+            for name, metric in returned_metrics.items():  # returned torchmetrics objects: compute, then reset
+                metrics[metric_key(name, prefix)] = float(metric.compute())
+                metric.reset()
             if loss_sum is not None:
-                metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum")) / max(1, n_samples)
+                total = strategy.reduce(torch.tensor(float(n_samples), device=loss_sum.device), "sum")
+                metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum")) / max(1.0, float(total))
             if compute_metrics is not None and (stage != "predict" or all_labels is not None):
-                if args.batch_eval_metrics and stage != "predict":
+                if batch_metrics_mode:
                     extra = batch_metrics or {}
                 elif all_preds is not None:
                     extra = compute_metrics(EvalPrediction(all_preds, all_labels, all_inputs))
@@ -163,6 +220,8 @@ class EvaluationLoop:
                 metrics.update({metric_key(k, prefix): float(v) if isinstance(v, (int, float)) else v
                                 for k, v in (extra or {}).items()})
             metrics.update(speed_metrics(prefix, start, time.perf_counter(), n_samples, n_batches))
+            if memory is not None:
+                metrics.update(memory.stop(prefix))
             fit.callback_metrics.update(metrics)
             hooks.call(f"on_{hook_stage}_epoch_end", fit, module)
             hooks.call(f"on_{hook_stage}_end", fit, module)
@@ -172,11 +231,73 @@ class EvaluationLoop:
                 module.train()
         return metrics, all_preds, all_labels
 
-    def _unpack(self, out: Any, batch: Any, label_names: list[str]) -> tuple[Any, Any, Any]:
-        """``(loss, predictions, labels)`` from a step's return value."""
+    def _gather(self, value: Any, indices: list[int] | None, bounds: list[int], concat: bool) -> Any:
+        """Outputs of every process in dataset order (per batch when ``eval_do_concat_batches=False``)."""
+        strategy = self.fit.strategy
+        if concat or value is None:
+            return gather_in_dataset_order(strategy, value, indices)
+        return [gather_in_dataset_order(strategy, v, indices[bounds[i]:bounds[i + 1]] if indices is not None else None)
+                for i, v in enumerate(value)]
+
+    def _generation_setup(self) -> Any:
+        """``(batch, label_names) -> generated ids`` for ``predict_with_generate`` (mirrors HF
+        ``Seq2SeqTrainer.prediction_step``): the batch without labels and decoder inputs goes to
+        ``model.generate`` with ``generation_config`` (a ``GenerationConfig``, dict, JSON file/folder or model
+        id), ``generation_max_length`` as ``max_length`` and ``generation_num_beams`` as ``num_beams``; outputs
+        shorter than ``max_length`` are padded with the pad token id (so batches line up; across batches -100).
+
+        Raises:
+            ValueError: the model has no ``generate`` method.
+        """
+        fit, args = self.fit, self.fit.args
+        inner = getattr(fit.module, "model", None)  # the HF model inside a ModelTaskModule
+        model = inner if callable(getattr(inner, "generate", None)) else fit.module
+        if not callable(getattr(model, "generate", None)):
+            raise ValueError(f"predict_with_generate=True needs a model with a generate() method (a transformers "
+                             f"encoder-decoder or causal LM); {type(model).__name__} has none.")
+        kwargs: dict[str, Any] = {}
+        config = args.generation_config
+        if config is not None:
+            from transformers import GenerationConfig
+
+            if isinstance(config, dict):
+                config = GenerationConfig(**config)
+            elif isinstance(config, str):
+                config = GenerationConfig.from_pretrained(config)
+            kwargs["generation_config"] = config
+        if args.generation_max_length is not None:
+            kwargs["max_length"] = args.generation_max_length
+        if args.generation_num_beams is not None:
+            kwargs["num_beams"] = args.generation_num_beams
+        base = kwargs.get("generation_config") or getattr(model, "generation_config", None)
+        max_length = kwargs.get("max_length", getattr(base, "max_length", None))
+        max_new = getattr(base, "max_new_tokens", None) if "max_length" not in kwargs else None
+        pad = getattr(base, "pad_token_id", None)
+        if pad is None:
+            pad = getattr(getattr(model, "config", None), "pad_token_id", None)
+        pad = -100 if pad is None else int(pad)
+        target = (max_new + 1) if max_new is not None else max_length
+
+        def generate(batch: Any, label_names: list[str]) -> torch.Tensor:
+            drop = set(label_names) | {"decoder_input_ids", "decoder_attention_mask"}
+            gen_inputs = {k: v for k, v in batch.items() if k not in drop}
+            ids = model.generate(**gen_inputs, **kwargs)
+            if target is not None and ids.shape[-1] < target:
+                ids = torch.nn.functional.pad(ids, (0, target - ids.shape[-1]), value=pad)
+            return ids
+
+        return generate
+
+    def _unpack(self, out: Any, batch: Any, label_names: list[str],
+                metrics: dict[str, Any]) -> tuple[Any, Any, Any]:
+        """``(loss, predictions, labels)`` from a step's return value; ``torchmetrics`` objects in a returned
+        dict are put into ``metrics`` (name -> metric) to be computed and reset after the pass."""
         if out is None:
             return None, None, _batch_labels(batch, label_names)
         if isinstance(out, Mapping):
+            if any(_is_metric(v) for v in out.values()):
+                metrics.update({k: v for k, v in out.items() if _is_metric(v)})
+                out = {k: v for k, v in out.items() if not _is_metric(v)}
             logits = out.get("logits", out.get("predictions"))
             lab = out.get("labels", _batch_labels(batch, label_names))
             loss = out.get("loss")
