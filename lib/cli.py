@@ -5,6 +5,7 @@
     taskfit fit --config run.yaml --strategy ddp --devices 2 --max_steps 100
     taskfit validate|test|predict --config run.yaml
     python -m taskfit.cli fit --config run.yaml
+    taskfit bench overhead --quick --check    (benchmark suites, from a source checkout: benchmarks/README.md)
 
 ``--config`` names a YAML or JSON file whose top-level keys are :class:`~taskfit.arguments.FitArguments`
 options plus these non-option keys:
@@ -321,6 +322,29 @@ def _to_json(value: Any) -> Any:
     return str(value)
 
 
+def bench_main(argv: Sequence[str]) -> int:
+    """``taskfit bench SUITE [--quick] [--check] ...``: the same as ``python -m benchmarks`` in a checkout.
+
+    The suites live in the checkout's top-level ``benchmarks/`` folder, which wheels do not ship.
+
+    Returns:
+        The suite's exit status; 2 when no ``benchmarks/`` folder sits next to the package (a wheel install).
+    """
+    import pathlib
+
+    root = pathlib.Path(__file__).resolve().parent.parent
+    if not (root / "benchmarks" / "__main__.py").is_file():
+        print("taskfit bench: error: the benchmark suites run from a source checkout of taskfit (benchmarks/ is "
+              "not part of the installed package); clone the repository, install it with `pip install -e .`, "
+              "and run `taskfit bench SUITE` or `python -m benchmarks SUITE` there.", file=sys.stderr)
+        return 2
+    if str(root) not in sys.path:
+        sys.path.insert(0, str(root))
+    from benchmarks.__main__ import main as benchmarks_main
+
+    return benchmarks_main(list(argv), prog="taskfit bench")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``taskfit`` console script.
 
@@ -330,6 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         plot). Parsing errors exit via ``SystemExit(2)``.
     """
     tokens = sys.argv[1:] if argv is None else list(argv)
+    if tokens[:1] == ["bench"]:  # F-BENCH-4: `taskfit bench SUITE` runs benchmarks/ of a source checkout
+        return bench_main(tokens[1:])
     if tokens[:1] == ["plot"]:  # F-OBS-3: `taskfit plot RUN_DIR` has its own small parser
         from taskfit.plots import main as plot_main
 
