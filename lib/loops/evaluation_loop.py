@@ -136,6 +136,7 @@ class EvaluationLoop:
         batch_metrics_mode = args.batch_eval_metrics and compute_metrics is not None and stage != "predict"
         distributed = strategy.world_size > 1
         indices = loader_indices(loader) if distributed else None
+        seen: set[int] = set()  # dataset indices already given to batch_eval_metrics (drops sampler repeats)
         batch_bounds = [0]
 
         was_training = module.training
@@ -178,12 +179,13 @@ class EvaluationLoop:
                         if args.include_inputs_for_metrics:
                             inputs.add(_batch_inputs(batch))
                         if batch_metrics_mode:
-                            batch_idx_list = indices[n_samples:n_samples + bs] if indices is not None else None
-                            gather = (lambda v: gather_in_dataset_order(strategy, to_numpy(v), batch_idx_list))
-                            batch_metrics = compute_metrics(
-                                EvalPrediction(gather(logits), gather(lab),
-                                               gather(_batch_inputs(batch)) if args.include_inputs_for_metrics else None),
-                                compute_result=batch_idx + 1 == fit.num_eval_batches)
+                            rows = indices[n_samples:n_samples + bs] if indices is not None else None
+                            before = set(seen)  # the first gather adds this batch's kept indices to `seen`
+                            parts = [gather_in_dataset_order(strategy, to_numpy(v), rows, set(before) if i else seen)
+                                     for i, v in enumerate((logits, lab, _batch_inputs(batch)
+                                                            if args.include_inputs_for_metrics else None))]
+                            batch_metrics = compute_metrics(EvalPrediction(*parts),
+                                                            compute_result=batch_idx + 1 == fit.num_eval_batches)
                             preds.clear(), labels.clear(), inputs.clear()
                     n_samples += bs
                     n_batches += 1
@@ -236,8 +238,9 @@ class EvaluationLoop:
         strategy = self.fit.strategy
         if concat or value is None:
             return gather_in_dataset_order(strategy, value, indices)
-        return [gather_in_dataset_order(strategy, v, indices[bounds[i]:bounds[i + 1]] if indices is not None else None)
-                for i, v in enumerate(value)]
+        seen: set[int] = set()
+        return [gather_in_dataset_order(strategy, v, indices[bounds[i]:bounds[i + 1]] if indices is not None else None,
+                                        seen) for i, v in enumerate(value)]
 
     def _generation_setup(self) -> Any:
         """``(batch, label_names) -> generated ids`` for ``predict_with_generate`` (mirrors HF

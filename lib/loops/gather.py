@@ -54,7 +54,8 @@ def _merge(parts: list[np.ndarray], order: np.ndarray, keep: np.ndarray) -> np.n
     return np.concatenate(parts, axis=0)[order][keep]
 
 
-def gather_in_dataset_order(strategy: Any, value: Any, indices: list[int] | None) -> Any:
+def gather_in_dataset_order(strategy: Any, value: Any, indices: list[int] | None,
+                            seen: set[int] | None = None) -> Any:
     """Gather ``value`` (numpy arrays, possibly nested in tuples/lists/dicts, first dimension = this
     process's samples) from every process, in ascending dataset index order without repeats.
 
@@ -64,6 +65,8 @@ def gather_in_dataset_order(strategy: Any, value: Any, indices: list[int] | None
         value (Any): this process's outputs; None stays None.
         indices (list[int] | None): dataset index of each row of ``value`` on this process (from
             :func:`loader_indices`); None = keep rank-major order (iterable datasets: no repeats to drop).
+        seen (set[int] | None): for batch-by-batch gathering: indices already returned by earlier batches
+            (dropped here, e.g. the sampler's repeats at the end) ; updated with this call's indices.
 
     Returns:
         The gathered value of the same structure: rows sorted by dataset index, repeated indices dropped;
@@ -82,6 +85,9 @@ def gather_in_dataset_order(strategy: Any, value: Any, indices: list[int] | None
         sorted_idx = all_idx[order]
         keep = np.ones(len(sorted_idx), dtype=bool)
         keep[1:] = sorted_idx[1:] != sorted_idx[:-1]
+        if seen is not None:
+            keep &= np.array([int(i) not in seen for i in sorted_idx], dtype=bool)
+            seen.update(int(i) for i in sorted_idx[keep])
 
     def walk(v: Any) -> Any:
         if isinstance(v, (list, tuple)):

@@ -41,3 +41,6 @@ class DigitClassifier(TaskModule):
             self.metric.update(logits, batch["digit"])
             out["tm_accuracy"] = self.metric  # a returned torchmetrics object: computed and reset per evaluation
         return out
+
+    def predict_step(self, batch, batch_idx):
+        return self(batch["pixels"])
