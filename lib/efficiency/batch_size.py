@@ -8,6 +8,7 @@ succeeds is the same as one started with that batch size.
 from __future__ import annotations
 
 import gc
+import inspect
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -43,7 +44,7 @@ def release_memory() -> None:
 def fit_with_auto_batch_size(fit: Fit, **kwargs: Any) -> Any:
     """Run ``fit.fit(**kwargs)``; on out-of-memory halve ``per_device_train_batch_size`` and retry.
 
-    ``kwargs`` are ``Fit.fit``'s arguments by name (``model``, ``train_data``, ...; an ``args`` entry is ignored).
+    ``kwargs`` are ``Fit.fit``'s arguments by name (``model``, ``train_data``, ...); other names are ignored.
 
     Before each retry: memory is released, the model's state dict is restored from a CPU copy taken before the
     first attempt (when ``model`` is given; with ``model_init`` a fresh model is built anyway) and a warning is
@@ -59,7 +60,8 @@ def fit_with_auto_batch_size(fit: Fit, **kwargs: Any) -> Any:
         torch.OutOfMemoryError / RuntimeError: out of memory at batch size 1, or any error that is not an
             out-of-memory one (re-raised as is).
     """
-    kwargs.pop("args", None)
+    accepted = inspect.signature(type(fit).fit).parameters
+    kwargs = {k: v for k, v in kwargs.items() if k in accepted and k != "self"}  # fit's locals() may hold more
     model, train_data = kwargs.get("model"), kwargs.get("train_data")
     snapshot = None
     if isinstance(model, torch.nn.Module):

@@ -1,7 +1,7 @@
 """Gradient checkpointing (F-MEM-1): HF ``gradient_checkpointing`` / ``gradient_checkpointing_kwargs``.
 
-Hugging Face models (anything with ``gradient_checkpointing_enable``) use their own switch, as HF ``Trainer``
-does. Any other module gets ``torch.utils.checkpoint.checkpoint`` around the forward of chosen layers. The layers
+Hugging Face models (anything with ``activation_checkpointing_enable`` or, before transformers 5,
+``gradient_checkpointing_enable``) use their own switch, as HF ``Trainer`` does. Any other module gets ``torch.utils.checkpoint.checkpoint`` around the forward of chosen layers. The layers
 are named, first match wins, by
 
 1. ``gradient_checkpointing_kwargs={"layers": [...]}``: classes or class names (``"Block"``);
@@ -30,11 +30,13 @@ _MARK = "_taskfit_checkpointed_forward"
 
 
 def hf_models(module: nn.Module) -> list[nn.Module]:
-    """The outermost submodules of ``module`` (itself included) that have HF's ``gradient_checkpointing_enable``."""
+    """The outermost submodules of ``module`` (itself included) with HF's switch: ``activation_checkpointing_enable``
+    (transformers >= 5) or ``gradient_checkpointing_enable``."""
     found: list[nn.Module] = []
 
     def visit(m: nn.Module) -> None:
-        if callable(getattr(m, "gradient_checkpointing_enable", None)):
+        if callable(getattr(m, "gradient_checkpointing_enable", None)) or callable(
+                getattr(m, "activation_checkpointing_enable", None)):
             found.append(m)
             return
         for child in m.children():
@@ -113,7 +115,10 @@ def enable_gradient_checkpointing(module: nn.Module, kwargs: dict[str, Any] | No
         hf = hf_models(module)
         if hf:
             for m in hf:
-                m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options or None)
+                if callable(getattr(m, "activation_checkpointing_enable", None)):
+                    m.activation_checkpointing_enable(activation_checkpointing_kwargs=options or None)
+                else:
+                    m.gradient_checkpointing_enable(gradient_checkpointing_kwargs=options or None)
             return [names.get(id(m), "") for m in hf]
     for key in options:
         if key not in CHECKPOINT_OPTIONS:
@@ -129,11 +134,13 @@ def enable_gradient_checkpointing(module: nn.Module, kwargs: dict[str, Any] | No
 
 
 def disable_gradient_checkpointing(module: nn.Module) -> None:
-    """Undo :func:`enable_gradient_checkpointing` (HF models through ``gradient_checkpointing_disable``)."""
+    """Undo :func:`enable_gradient_checkpointing` (HF models through their ``*_checkpointing_disable``)."""
     for m in module.modules():
         if _MARK in m.__dict__:
             del m.__dict__["forward"]
             del m.__dict__[_MARK]
     for m in hf_models(module):
-        if callable(getattr(m, "gradient_checkpointing_disable", None)):
-            m.gradient_checkpointing_disable()
+        for name in ("activation_checkpointing_disable", "gradient_checkpointing_disable"):
+            if callable(getattr(m, name, None)):
+                getattr(m, name)()
+                break
