@@ -18,6 +18,7 @@ from taskfit.arguments import FitArguments
 from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
+from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint import checkpoint_path, save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
 from taskfit.io.checkpoint_io import join
@@ -30,6 +31,7 @@ from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_m
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
 from taskfit.seed import enable_full_determinism, seed_everything
+from taskfit.summary import log_summary
 from taskfit.summary import log_summary
 from taskfit.wrapping import ModelTaskModule, extract_loss, run_model
 from taskfit import efficiency
@@ -353,6 +355,8 @@ class Fit:
         metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)
         for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
             metrics.update(getattr(cb, "train_metrics", dict)())
+        for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
+            metrics.update(getattr(cb, "train_metrics", dict)())
         self._wait_for_saves()
         if args.load_best_model_at_end:
             metrics.update(load_best_model(self))
@@ -519,6 +523,13 @@ class Fit:
         metrics, preds, labels = EvaluationLoop(self, "predict").run(loader, metric_key_prefix)
         self._hooks.call_hf("on_predict", self.args, self.state, self.control, metrics=metrics)
         return PredictionOutput(preds, labels, metrics)
+
+    def hyperparameter_search(self, hp_space: Callable | None = None, compute_objective: Callable | None = None,
+                              n_trials: int = 20, direction: Any = "minimize", **kw: Any) -> Any:
+        """Optuna search returning ``BestRun`` (F-HPO-1, HF ``Trainer.hyperparameter_search``); arguments
+        (``backend``, ``train_data``, ``model_init``...): :func:`taskfit.hpo.hyperparameter_search`."""
+        from taskfit.hpo import hyperparameter_search
+        return hyperparameter_search(self, hp_space, compute_objective, n_trials, direction, **kw)
 
     # ---------------------------------------------------------------------------------- loss / output ---
     def compute_loss(self, model: nn.Module, inputs: Any, return_outputs: bool = False,
