@@ -18,7 +18,6 @@ from taskfit.arguments import FitArguments
 from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
-from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint import checkpoint_path, save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
 from taskfit.io.checkpoint_io import join
@@ -31,7 +30,6 @@ from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_m
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
 from taskfit.seed import enable_full_determinism, seed_everything
-from taskfit.summary import log_summary
 from taskfit.summary import log_summary
 from taskfit.wrapping import ModelTaskModule, extract_loss, run_model
 from taskfit import efficiency
@@ -353,8 +351,6 @@ class Fit:
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
                                 st.global_step - self._start_step)
         metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)
-        for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
-            metrics.update(getattr(cb, "train_metrics", dict)())
         for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
             metrics.update(getattr(cb, "train_metrics", dict)())
         self._wait_for_saves()
