@@ -262,10 +262,17 @@ class FitArguments(ArgumentSetters):
 
     @property
     def resolved_logging_dir(self) -> str:
-        """``logging_dir`` or ``<output_dir>/logs`` when it is None (a path or URL string)."""
+        """``logging_dir``, else ``<output_dir>/logs``. Loggers write local files, so for a remote ``output_dir``
+        (an fsspec URL such as ``s3://bucket/run``) the default is the local folder ``runs/<bucket>_<run>/logs``;
+        a ``file://`` URL becomes its path."""
         if self.logging_dir:
             return self.logging_dir
-        return self.output_dir.rstrip("/") + "/logs"
+        out = self.output_dir.rstrip("/")
+        if out.startswith("file://"):
+            out = out[len("file://"):]
+        elif "://" in out:
+            out = os.path.join("runs", out.split("://", 1)[1].strip("/").replace("/", "_"))
+        return out + "/logs"
 
     @property
     def resolved_run_name(self) -> str:

@@ -92,20 +92,23 @@ def metrics_table(split: str, metrics: dict[str, Any]) -> str:
 
 
 def save_metrics_json(output_dir: str, split: str, metrics: dict[str, Any], combined: bool = True) -> str:
-    """Write ``{split}_results.json`` and merge into ``all_results.json`` (HF ``save_metrics``); returns the path."""
-    os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, f"{split}_results.json")
-    with open(path, "w") as f:
-        json.dump(metrics, f, indent=4, sort_keys=True)
+    """Write ``{split}_results.json`` and merge into ``all_results.json`` (HF ``save_metrics``) under ``output_dir``
+    (a local path or fsspec URL); returns the path."""
+    from taskfit.io.checkpoint_io import join, write_bytes_atomic
+
+    def dump(obj: dict) -> bytes:
+        return json.dumps(obj, indent=4, sort_keys=True).encode()
+
+    path = join(output_dir, f"{split}_results.json")
+    write_bytes_atomic(path, dump(metrics))
     if combined:
-        all_path = os.path.join(output_dir, "all_results.json")
-        merged = {}
-        if os.path.exists(all_path):
-            with open(all_path) as f:
-                merged = json.load(f)
+        import fsspec
+
+        all_path = join(output_dir, "all_results.json")
+        fs, inner = fsspec.core.url_to_fs(all_path)
+        merged = json.loads(fs.cat_file(inner)) if fs.exists(inner) else {}
         merged.update(metrics)
-        with open(all_path, "w") as f:
-            json.dump(merged, f, indent=4, sort_keys=True)
+        write_bytes_atomic(all_path, dump(merged))
     return path
 
 

@@ -129,6 +129,8 @@ class FitLoop:
         resume, fit._resume_point = fit._resume_point, None
         if resume is not None:
             self.load_state_dict(resume.loop)
+            if state.global_step >= state.max_steps:  # resumed from the end of the run: nothing left to do
+                return
         for epoch in range(state.current_epoch, num_epochs):
             skip = resume.skip_batches if resume is not None else 0
             if resume is not None and not skip and resume.rng is not None:
