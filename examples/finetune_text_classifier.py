@@ -168,7 +168,7 @@ def build_module(num_labels: int = len(LABELS), seed: int = 0, path: str | os.Pa
     hf_logging.disable_progress_bar()
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_pretrained(
-        str(path or model_path()), num_labels=num_labels,
+        str(path or model_path()), num_labels=num_labels, attn_implementation="sdpa",  # PyTorch SDPA kernels
         id2label=dict(enumerate(LABELS)), label2id={n: i for i, n in enumerate(LABELS)})
     return TweetClassifier(model)
 
