@@ -22,8 +22,9 @@ def run_summary(fit: Fit, module: Any, max_steps: int, steps_per_epoch: int | No
         ``precision`` (plugin name), ``world_size`` (processes), ``num_nodes``, ``parameters`` and
         ``trainable_parameters`` (counts), ``per_device_batch_size``, ``gradient_accumulation_steps``,
         ``effective_batch_size`` (samples per optimizer step over all processes), ``max_steps``,
-        ``steps_per_epoch`` (None for data without a length), and ``memory_estimate`` (bytes, from
-        ``fit.memory_estimate()`` where the memory-estimate feature F-MEM-5 provides it; else absent).
+        ``steps_per_epoch`` (None for data without a length), and ``memory_estimate`` (bytes per device:
+        parameters, gradients and optimizer state from :func:`taskfit.efficiency.estimate.estimate_memory`,
+        F-MEM-5; activations are not included; absent when it cannot be estimated).
     """
     a, s = fit.args, fit.strategy
     params = list(module.parameters())
@@ -37,9 +38,12 @@ def run_summary(fit: Fit, module: Any, max_steps: int, steps_per_epoch: int | No
         "effective_batch_size": a.per_device_train_batch_size * a.gradient_accumulation_steps * s.world_size,
         "max_steps": max_steps, "steps_per_epoch": steps_per_epoch,
     }
-    estimate = getattr(fit, "memory_estimate", None)
-    if callable(estimate):
-        out["memory_estimate"] = estimate()
+    try:  # F-MEM-5: parameters + gradients + optimizer state per device (activations need a batch: left out)
+        from taskfit.efficiency.estimate import estimate_memory
+
+        out["memory_estimate"] = estimate_memory(module, a, world_size=s.world_size).total
+    except Exception as err:  # the summary must never stop a run
+        log.debug("No memory estimate for the summary: %s", err)
     return out
 
 
@@ -56,7 +60,8 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("steps", f"{s['max_steps']} ({s['steps_per_epoch']} per epoch)"),
     ]
     if "memory_estimate" in s:
-        lines.append(("memory estimate", f"{s['memory_estimate'] / 2**30:.2f} GiB"))
+        lines.append(("memory estimate", f"{s['memory_estimate'] / 2**20:.2f} MiB per device (weights, gradients, "
+                                         "optimizer state; activations not included)"))
     width = max(len(k) for k, _ in lines)
     return "\n".join(["taskfit run summary"] + [f"  {k:<{width}} : {v}" for k, v in lines])
 

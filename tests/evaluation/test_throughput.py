@@ -175,7 +175,8 @@ def test_logging_speed_forces_no_host_sync_F_EVAL_4(tmp_path, monkeypatch):
 
 def test_start_summary_F_OBS_4(tmp_path, caplog):
     """F-OBS-4: fit logs a one-screen summary: accelerator, strategy, precision, world size, parameter counts
-    (total/trainable) and the effective batch size (4 per device x 2 accumulation x 1 process = 8)."""
+    (total/trainable), the effective batch size (4 per device x 2 accumulation x 1 process = 8) and the memory
+    estimate (F-MEM-5) of weights, gradients and optimizer state."""
     module = MLP()
     module.net[0].weight.requires_grad_(False)
     fit = _fit(tmp_path, gradient_accumulation_steps=2, max_steps=2)
@@ -187,6 +188,9 @@ def test_start_summary_F_OBS_4(tmp_path, caplog):
         "CPUAccelerator", fit.strategy.name, "32-true", 1)
     assert (s["parameters"], s["trainable_parameters"]) == (total, total - IN * HID)
     assert (s["effective_batch_size"], s["max_steps"], s["steps_per_epoch"]) == (8, 2, 4)
+    # SGD without momentum keeps no state: weights (4 bytes each) + gradients of the trainable ones
+    assert s["memory_estimate"] == 4 * total + 4 * (total - IN * HID)
     text = caplog.text
+    assert "memory estimate" in text
     assert "taskfit run summary" in text and f"{total:,} ({total - IN * HID:,} trainable)" in text
     assert "4 per device x 2 accumulation x 1 process(es) = 8 samples per optimizer step" in text
