@@ -11,33 +11,12 @@ import os
 import struct
 
 import pytest
-import torch
-from taskfit import Fit, FitArguments, TaskModule
+from taskfit import Fit, FitArguments
 from taskfit.loggers import LOGGERS, CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger, build_loggers
-from torch import nn
-from torch.utils.data import TensorDataset
 
+from logger_test_model import Regression, regression_data
 
-class Regression(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("mae", (self.layer(x).squeeze(-1) - y).abs().mean())
-        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
-
-
-def _data(n: int, seed: int = 0) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 3, generator=g)
-    return TensorDataset(x, x.sum(-1))
+_data = regression_data
 
 
 def _run(tmp_path, report_to, loggers=None, **kw):

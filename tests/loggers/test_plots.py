@@ -5,34 +5,13 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
-from taskfit import Fit, TaskModule
+from taskfit import Fit
 from taskfit.cli import main as cli_main
 from taskfit.plots import PNG_NAME, curve_names, plot_history, read_metrics_csv
-from torch import nn
-from torch.utils.data import TensorDataset
 
+from logger_test_model import Regression, regression_data
 
-class Regression(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("mae", (self.layer(x).squeeze(-1) - y).abs().mean())
-        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
-
-
-def _data(n: int, seed: int = 0) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 3, generator=g)
-    return TensorDataset(x, x.sum(-1))
+_data = regression_data
 
 
 @pytest.fixture
