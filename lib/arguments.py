@@ -33,7 +33,6 @@ SECRET_FIELDS = ("hub_token", "push_to_hub_token")
 _PREC = "the precision/efficiency issue #4"
 _DIST = "the distributed issue #5"
 _ACCEL = "the accelerators issue #6"
-_HUB = "the publishing issue #9"
 
 #: option name -> the issue where its feature lands. An option is *pending* when its value differs from the
 #: default (or matches the rule in ``_PENDING_WHEN``) and it is still listed here; remove a row when it lands.
@@ -44,9 +43,6 @@ PENDING_OPTIONS: dict[str, str] = {
         "fsdp", "fsdp_config", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "deepspeed",
         "accelerator_config", "dispatch_batches", "split_batches", "num_nodes"), _DIST),
     **dict.fromkeys(("use_mps_device", "tpu_num_cores", "tpu_metrics_debug"), _ACCEL),
-    **dict.fromkeys((
-        "push_to_hub", "hub_model_id", "hub_strategy", "hub_token", "hub_private_repo", "hub_always_push",
-        "push_to_hub_model_id", "push_to_hub_organization", "push_to_hub_token"), _HUB),
 }
 
 #: options that are only partly pending: the value is pending when the predicate is true.

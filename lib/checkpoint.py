@@ -129,7 +129,7 @@ def checkpoint_files(fit: Fit, loop_state: dict[str, Any]) -> dict[str, Any]:
         fit._hooks.call("on_save_checkpoint", fit, fit.module, training_state)
         files["training_state.pt"] = training_state
     files["trainer_state.json"] = fit.state.state_dict()
-    files["fit_args.json"] = a.to_json_string()
+    files["fit_args.json"] = a.to_json_string(redact=True)  # never write credentials
     return files
 
 

@@ -31,7 +31,7 @@ from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
 from taskfit.seed import enable_full_determinism, seed_everything
 from taskfit.summary import log_summary
-from taskfit.wrapping import ModelTaskModule, extract_loss, run_model
+from taskfit.wrapping import ModelTaskModule, model_loss
 from taskfit import efficiency
 
 log = logging.getLogger("taskfit")
@@ -130,6 +130,7 @@ class Fit:
         self._flos_per_sample = 0
         self._start_step = 0
         self._resume_point: Any = None  # set by fit(resume_from_checkpoint=...), consumed by the fit loop
+        self._publisher: Any = None
         self._setup_done_for: nn.Module | None = None
         if args.log_level not in (None, "passive"):
             log.setLevel(args.log_level.upper())
@@ -278,7 +279,8 @@ class Fit:
             UnsafeCheckpointError: a checkpoint file needs full unpickling and ``weights_only`` is True.
             CheckpointSaveError: a background (async) checkpoint save failed.
         """
-        from taskfit.resume import load_best_model, resolve_checkpoint, restore
+        from taskfit.publish import make_publisher
+        from taskfit.resume import finish_checkpoints, resolve_checkpoint, restore, wait_for_saves_quietly
 
         args = self.args
         if args.auto_find_batch_size and not getattr(self, "_auto_batch_size_active", False):  # halve on OOM
@@ -323,6 +325,7 @@ class Fit:
         module._log_defaults = (True, False)
         ckpt = resolve_checkpoint(self, resume_from_checkpoint)
         self._resume_point = restore(self, ckpt, weights_only) if ckpt else None
+        self._publisher = make_publisher(self)  # push_to_hub: uploads on a background thread
         self._flos_per_sample = 6 * sum(p.numel() for p in module.parameters())
         self._start_step = st.global_step
         start_samples = st.samples_seen
@@ -344,7 +347,7 @@ class Fit:
                 self._evaluate_during_fit()
             loop.run(self.train_loader, steps_per_epoch, num_epochs)
         except BaseException as exc:
-            self._wait_for_saves(quiet=True)
+            wait_for_saves_quietly(self)
             hooks.call("on_exception", self, module, exc)
             self._finalize_loggers("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
             raise
@@ -353,9 +356,7 @@ class Fit:
         metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)
         for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
             metrics.update(getattr(cb, "train_metrics", dict)())
-        self._wait_for_saves()
-        if args.load_best_model_at_end:
-            metrics.update(load_best_model(self))
+        metrics.update(finish_checkpoints(self, metrics, self._publisher))  # best model, final push
         self._log(dict(metrics))
         hooks.call("on_train_end", self, module)
         hooks.call_hf("on_train_end", args, st, ctl, **self._hf_kwargs())
@@ -423,19 +424,14 @@ class Fit:
             self.state.best_metric, self.state.best_global_step = value, self.state.global_step
             self.control.should_save = self.control.should_save or self.args.save_strategy == "best"
 
-    def _wait_for_saves(self, quiet: bool = False) -> None:
-        """Wait for a background checkpoint save; raise its failure unless ``quiet`` (then log it)."""
-        try:
-            self.strategy.checkpoint_io.wait()
-        except Exception:
-            if not quiet:
-                raise
-            log.exception("A background checkpoint save failed while the run was failing.")
-
     def _save_checkpoint(self, loop_state: dict[str, Any]) -> str:
         if self.state.best_global_step == self.state.global_step:  # recorded before the state is written
             self.state.best_model_checkpoint = checkpoint_path(self)
         path = save_checkpoint(self, loop_state)
+        if self._publisher is not None:
+            from taskfit.publish import push_checkpoint
+
+            push_checkpoint(self, self._publisher, path)
         self._hooks.call_hf("on_save", self.args, self.state, self.control)
         return path
 
@@ -537,22 +533,7 @@ class Fit:
         Raises:
             ValueError: the model returned no loss or a non-scalar one (no labels in the batch?).
         """
-        label_names = self.args.label_names or getattr(self.module, "label_names", ["labels"])
-        if self.compute_loss_func is not None and isinstance(inputs, Mapping):
-            labels = inputs[label_names[0]]
-            outputs = model(**{k: v for k, v in inputs.items() if k not in label_names})
-            loss = self.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
-        else:
-            outputs = run_model(model, inputs)
-            loss = extract_loss(outputs)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-            keys = sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__
-            got = "no loss" if loss is None else (f"a tensor of shape {tuple(loss.shape)}, not a scalar loss"
-                                                  if isinstance(loss, torch.Tensor) else type(loss).__name__)
-            raise ValueError(f"{type(model).__name__} returned {got} for a batch with {keys}; a plain model must "
-                             f"return the loss when given the labels ({label_names}). Override Fit.compute_loss, "
-                             "pass compute_loss_func, or write a TaskModule.")
-        return (loss, outputs) if return_outputs else loss
+        return model_loss(self, model, inputs, return_outputs, num_items_in_batch)
 
     def save_model(self, output_dir: str | None = None) -> str:
         """Write the trained model (safetensors weights + config, and the processing class) to ``output_dir``
@@ -566,7 +547,7 @@ class Fit:
         folder = output_dir or self.args.output_dir
         if self.is_global_zero:
             save_model_folder(self, folder)
-            self.strategy.checkpoint_io.write_bytes(join(folder, "fit_args.json"), self.args.to_json_string().encode())
+            self.strategy.checkpoint_io.write_bytes(join(folder, "fit_args.json"), self.args.to_json_string(redact=True).encode())
         self.strategy.barrier("save_model")
         return folder
 
@@ -585,6 +566,27 @@ class Fit:
         """Write ``trainer_state.json`` (the loop state, HF ``save_state``) under ``output_dir`` (path or URL)."""
         data = json.dumps(self.state.state_dict(), indent=2, default=str).encode()
         self.strategy.checkpoint_io.write_bytes(join(self.args.output_dir, "trainer_state.json"), data)
+
+    def create_model_card(self, model_name: str | None = None, dataset: str | list[str] | None = None,
+                          finetuned_from: str | None = None, tags: list[str] | None = None) -> str:
+        """Write ``README.md`` (the model card, see :func:`taskfit.publish.create_model_card`) under ``output_dir``
+        on rank zero and return its text (HF ``create_model_card``)."""
+        from taskfit.publish import create_model_card
+
+        card = create_model_card(self, model_name, dataset, finetuned_from, tags)
+        if self.is_global_zero:
+            self.strategy.checkpoint_io.write_bytes(join(self.args.output_dir, "README.md"), card.encode())
+        return card
+
+    def push_to_hub(self, dataset: str | list[str] | None = None) -> list[str]:
+        """Publish the model, card and metrics now to ``hub_model_id`` (HF ``push_to_hub``; see
+        :mod:`taskfit.publish`) and wait for it; returns the failed pushes (empty when it worked)."""
+        from taskfit.publish import Publisher, hub_storage_options, hub_target, push_final
+
+        target = hub_target(self.args)
+        publisher = Publisher(target, hub_storage_options(self.args, target), always_push=True)
+        push_final(self, publisher, {k: v for k, v in self.logged_metrics.items() if k.startswith("train_")}, dataset)
+        return publisher.finish()
 
     # ------------------------------------------------------------------------------------ data helpers ---
     num_examples = staticmethod(num_examples)

@@ -214,3 +214,34 @@ def load_best_model(fit: Fit) -> dict[str, Any]:
              st.best_global_step, fit.args.metric_for_best_model, st.best_metric)
     return {"best_global_step": st.best_global_step, "best_metric": st.best_metric,
             "best_model_checkpoint": st.best_model_checkpoint}
+
+
+def finish_checkpoints(fit: Fit, metrics: dict[str, Any], publisher: Any = None) -> dict[str, Any]:
+    """End of ``fit``: wait for a background save (raising its failure), load the best model
+    (``load_best_model_at_end``), publish the final model (``push_to_hub``) and wait for every push. Returns the
+    metrics to add: the best checkpoint's step/metric/path and ``push_errors`` (failed pushes, never raised).
+
+    Raises:
+        CheckpointSaveError: a background checkpoint save failed.
+    """
+    fit.strategy.checkpoint_io.wait()
+    out: dict[str, Any] = {}
+    if fit.args.load_best_model_at_end:
+        out.update(load_best_model(fit))
+    if publisher is not None:
+        from taskfit.publish import push_final
+
+        push_final(fit, publisher, {**metrics, **out})
+        errors = publisher.finish()
+        if errors:
+            out["push_errors"] = len(errors)
+    return out
+
+
+def wait_for_saves_quietly(fit: Fit) -> None:
+    """On a failing run: let a background checkpoint save finish (so it is not lost), logging its own failure
+    instead of masking the run's exception."""
+    try:
+        fit.strategy.checkpoint_io.wait()
+    except Exception:
+        log.exception("A background checkpoint save failed while the run was failing.")

@@ -52,6 +52,32 @@ def extract_logits(outputs: Any, has_loss: bool) -> Any:
     return outputs
 
 
+def model_loss(fit: Any, model: nn.Module, inputs: Any, return_outputs: bool = False,
+               num_items_in_batch: Any = None) -> Any:
+    """The body of ``Fit.compute_loss`` (HF ``Trainer.compute_loss``): the model's own loss, or
+    ``fit.compute_loss_func(outputs, labels, num_items_in_batch=...)`` with the labels taken out of the batch.
+
+    Raises:
+        ValueError: the model returned no loss or a non-scalar one (no labels in the batch?).
+    """
+    label_names = fit.args.label_names or getattr(fit.module, "label_names", ["labels"])
+    if fit.compute_loss_func is not None and isinstance(inputs, Mapping):
+        labels = inputs[label_names[0]]
+        outputs = model(**{k: v for k, v in inputs.items() if k not in label_names})
+        loss = fit.compute_loss_func(outputs, labels, num_items_in_batch=num_items_in_batch)
+    else:
+        outputs = run_model(model, inputs)
+        loss = extract_loss(outputs)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        keys = sorted(inputs) if isinstance(inputs, Mapping) else type(inputs).__name__
+        got = "no loss" if loss is None else (f"a tensor of shape {tuple(loss.shape)}, not a scalar loss"
+                                              if isinstance(loss, torch.Tensor) else type(loss).__name__)
+        raise ValueError(f"{type(model).__name__} returned {got} for a batch with {keys}; a plain model must "
+                         f"return the loss when given the labels ({label_names}). Override Fit.compute_loss, "
+                         "pass compute_loss_func, or write a TaskModule.")
+    return (loss, outputs) if return_outputs else loss
+
+
 def _has_tensor(batch: Any) -> bool:
     if isinstance(batch, torch.Tensor):
         return True

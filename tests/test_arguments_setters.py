@@ -168,8 +168,8 @@ def test_gate_message_example_and_several_options():
     with pytest.raises(NotImplementedError) as err:
         FitArguments(fsdp="full_shard").check_implemented()
     assert str(err.value) == ("fsdp=['full_shard'] is not implemented yet (lands with the distributed issue #5)")
-    pending = FitArguments(fsdp="full_shard", push_to_hub=True, num_nodes=2).pending_options()
-    assert [name for name, _ in pending] == ["fsdp", "num_nodes", "push_to_hub"]
+    pending = FitArguments(fsdp="full_shard", use_mps_device=True, num_nodes=2).pending_options()
+    assert [name for name, _ in pending] == ["fsdp", "num_nodes", "use_mps_device"]
 
 
 @pytest.mark.parametrize("kwargs", [

@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -107,6 +109,33 @@ def run(cfg: dict) -> dict:
             "optimizer": fit.optimizer.state_dict(),
             "log_history": [{k: v for k, v in row.items() if k not in SPEED_KEYS} for row in fit.state.log_history],
             "train_loss": out.training_loss, "global_step": fit.state.global_step}
+
+
+def run_job(cfg: dict, tmp_path: Path, name: str, env: dict | None = None, expect_kill: bool = False) -> dict | None:
+    """Run ``job.py`` with ``cfg`` in a fresh process; returns its result dict, or None when it was killed."""
+    cfg = {**cfg, "result": str(tmp_path / f"{name}.pt")}
+    cfg_path = tmp_path / f"{name}.json"
+    cfg_path.write_text(json.dumps(cfg))
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+    proc = subprocess.run([sys.executable, str(Path(__file__)), str(cfg_path)], env=full_env, capture_output=True, text=True,
+                          timeout=300)
+    if expect_kill:
+        assert proc.returncode == -9, f"expected SIGKILL, got rc={proc.returncode}\n{proc.stderr[-3000:]}"
+        return None
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return torch.load(cfg["result"], weights_only=True)
+
+
+def assert_same_run(ref: dict, got: dict) -> None:
+    """Bitwise-equal weights and optimizer state, equal logged metrics and training loss."""
+    assert ref["global_step"] == got["global_step"]
+    for k, v in ref["weights"].items():
+        assert torch.equal(v, got["weights"][k]), k
+    for pid, st in ref["optimizer"]["state"].items():
+        for k, v in st.items():
+            assert torch.equal(torch.as_tensor(v), torch.as_tensor(got["optimizer"]["state"][pid][k])), (pid, k)
+    assert ref["log_history"] == got["log_history"]
+    assert ref["train_loss"] == got["train_loss"]
 
 
 if __name__ == "__main__":

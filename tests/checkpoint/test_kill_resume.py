@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from conftest import assert_same_run, run_job
+from job import assert_same_run, run_job
 
 CASES = {
     # name: (job config, kill config, checkpoint the resume must start from)

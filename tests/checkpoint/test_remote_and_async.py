@@ -18,7 +18,7 @@ from taskfit.io import AsyncCheckpointIO, CheckpointSaveError, TorchCheckpointIO
 
 sys.path.insert(0, str(Path(__file__).parent))
 import job  # noqa: E402
-from conftest import assert_same_run  # noqa: E402
+from job import assert_same_run  # noqa: E402
 
 
 def _cfg(out: str, **kw) -> dict:
