@@ -62,8 +62,8 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
     if strategy is None:
         entry = STRATEGIES.get(strat_name)
         if strat_name == "auto" and len(devices) > 1:
-            entry = STRATEGIES.get("ddp")  # several processes -> DDP (reports "not implemented yet" until #5)
-        if len(devices) > 1 and not entry.pending and strat_name in ("auto", "single_device"):
+            entry = STRATEGIES.get("ddp")  # several processes -> DDP
+        if len(devices) > 1 and strat_name == "single_device":
             raise ValueError(f"strategy={strat_name!r} runs one process, but devices={args.devices!r} asks for "
                              f"{len(devices)}; use strategy='ddp' or devices=1.")
         if entry.pending:
@@ -77,7 +77,11 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
                                                    "checkpoint_io")
             if ckpt_plugin is None:
                 ckpt_plugin = CHECKPOINT_IO.build(cname)
-        strategy = entry.build(accelerator=accelerator, device=devices[0], precision=precision_plugin,
-                               checkpoint_io=ckpt_plugin)
+        if getattr(entry.factory, "parallel", False):
+            strategy = entry.build(accelerator=accelerator, devices=devices, precision=precision_plugin,
+                                   checkpoint_io=ckpt_plugin, num_nodes=args.num_nodes, args=args)
+        else:
+            strategy = entry.build(accelerator=accelerator, device=devices[0], precision=precision_plugin,
+                                   checkpoint_io=ckpt_plugin)
     strategy.precision.setup_device(strategy.root_device)  # e.g. 16-mixed: the GradScaler, or a clear error
     return strategy

@@ -1,17 +1,19 @@
 """Strategies (placement and communication) and their registry: ``STRATEGIES.get("fsdp")``."""
 
 from taskfit.registry import Registry
+from taskfit.strategies.ddp import DDPStrategy
+from taskfit.strategies.parallel import DistributedError, ParallelStrategy
 from taskfit.strategies.single_device import SingleDeviceStrategy
 from taskfit.strategies.strategy import Strategy
 
 STRATEGIES = Registry("strategy")
 STRATEGIES.register("auto", SingleDeviceStrategy, description="single device for one device")
 STRATEGIES.register("single_device", SingleDeviceStrategy, description="one process, one device")
+STRATEGIES.register("ddp", DDPStrategy, description="DistributedDataParallel; re-runs the script per process")
+STRATEGIES.register("ddp_spawn", DDPStrategy, description="DistributedDataParallel in spawned workers",
+                    start_method="spawn")
 _PENDING = {
     "dp": "the distributed-strategies issue (#5)",
-    "ddp": "the distributed-strategies issue (#5)",
-    "ddp_spawn": "the distributed-strategies issue (#5)",
-    "ddp_fork": "the distributed-strategies issue (#5)",
     "fsdp": "the distributed-strategies issue (#5)",
     "fsdp2": "the distributed-strategies issue (#5)",
     "deepspeed": "the distributed-strategies issue (#5)",
@@ -26,4 +28,4 @@ _PENDING = {
 for _name, _where in _PENDING.items():
     STRATEGIES.register(_name, SingleDeviceStrategy, pending=f"lands with {_where}")
 
-__all__ = ["STRATEGIES", "SingleDeviceStrategy", "Strategy"]
+__all__ = ["STRATEGIES", "DDPStrategy", "DistributedError", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]

@@ -78,6 +78,11 @@ class Strategy:
         """Hook to wrap or re-shard a DataLoader (distributed samplers, XLA loaders). Identity here."""
         return dataloader
 
+    def step_function(self, module: torch.nn.Module, name: str) -> Any:
+        """The callable the loops use for ``module.<name>`` (``"training_step"``, ...): the method itself here;
+        wrapping strategies route it through the wrapper's ``forward``."""
+        return getattr(module, name)
+
     def batch_to_device(self, batch: Any) -> Any:
         """Move every tensor of ``batch`` to this process's device (non-blocking from pinned memory)."""
         device = self.root_device

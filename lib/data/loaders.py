@@ -204,3 +204,30 @@ def skip_first_batches(loader: Any, skip: int) -> Any:
         "Resuming mid-epoch on a %s without a batch sampler: reading and dropping %d batches to reach the saved "
         "position.", type(loader).__name__, skip)
     return itertools.islice(loader, skip, None)
+
+
+def distributed_loader(loader: Any, num_replicas: int, rank: int) -> Any:
+    """``loader`` rebuilt so this process reads its share of the samples (see
+    :class:`~taskfit.data.samplers.DistributedSamplerWrapper`); iterable datasets are returned unchanged (they
+    must shard themselves, e.g. with ``torch.utils.data.get_worker_info`` and the rank).
+
+    Raises:
+        ValueError: a DataLoader built with a custom ``batch_sampler`` (no per-sample order to split).
+    """
+    from taskfit.data.samplers import DistributedSamplerWrapper
+
+    if num_replicas <= 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    if loader.batch_size is None:
+        raise ValueError("A DataLoader with a custom batch_sampler cannot be split across processes automatically; "
+                         "pass a Dataset (or a DataLoader with batch_size) instead.")
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size, "drop_last": loader.drop_last,
+        "sampler": DistributedSamplerWrapper(loader.sampler, num_replicas, rank), "collate_fn": loader.collate_fn,
+        "num_workers": loader.num_workers, "pin_memory": loader.pin_memory, "timeout": loader.timeout,
+        "worker_init_fn": loader.worker_init_fn, "multiprocessing_context": loader.multiprocessing_context,
+        "generator": loader.generator, "persistent_workers": loader.persistent_workers,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return DataLoader(loader.dataset, **kwargs)

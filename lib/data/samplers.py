@@ -59,3 +59,33 @@ class LengthGroupedSampler(EpochRandomSampler):
         for i in range(0, len(order), self.megabatch):
             out.extend(sorted(order[i:i + self.megabatch], key=lambda j: -self.lengths[j]))
         return iter(out)
+
+
+class DistributedSamplerWrapper(Sampler[int]):
+    """This process's share of any deterministic ``sampler``'s order: indices ``rank, rank + W, ...`` of it, padded
+    by repeating its first indices so every process gets ``ceil(n / W)`` (the ``DistributedSampler`` rule, which
+    the evaluation gather relies on to drop the repeats). ``set_epoch`` is passed to the wrapped sampler, so all
+    processes split the same ``(seed, epoch)`` permutation (mirrors Lightning's ``DistributedSamplerWrapper``).
+
+    Args:
+        sampler (Sampler): the single-process sampler (``EpochRandomSampler``, ``SequentialSampler``, ...).
+        num_replicas (int): world size W.
+        rank (int): this process's global rank.
+    """
+
+    def __init__(self, sampler: Sampler, num_replicas: int, rank: int) -> None:
+        self.sampler, self.num_replicas, self.rank = sampler, int(num_replicas), int(rank)
+
+    def set_epoch(self, epoch: int) -> None:
+        if hasattr(self.sampler, "set_epoch"):
+            self.sampler.set_epoch(epoch)
+
+    def __len__(self) -> int:
+        return -(-len(self.sampler) // self.num_replicas)
+
+    def __iter__(self) -> Iterator[int]:
+        indices = list(self.sampler)
+        total = len(self) * self.num_replicas
+        if total > len(indices):
+            indices += (indices * (total // max(1, len(indices)) + 1))[: total - len(indices)]
+        return iter(indices[self.rank:total:self.num_replicas])

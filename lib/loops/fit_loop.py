@@ -118,9 +118,10 @@ class FitLoop:
         step_scheduler = fit.lr_scheduler is not None and fit.scheduler_interval == "step"
         nan_filter = args.logging_nan_inf_filter
         self.tr_loss = torch.zeros((), device=strategy.root_device)
-        train_fx = module.training_step
+        train_fx = strategy.step_function(module, "training_step")  # through the DDP/FSDP wrapper's forward
+        world = strategy.world_size
         fwd_ctx = strategy.forward_context
-        counts_needed = accum > 1
+        counts_needed = accum > 1 or world > 1
 
         try:
             batches_per_epoch = len(loader)
@@ -155,11 +156,15 @@ class FitLoop:
                                          "(an empty IterableDataset?).")
                     break
                 last = len(window) - 1
-                if counts_needed and last:
+                if counts_needed and (last or world > 1):
                     # item counts may be 0-dim tensors: weights stay tensors, so no host sync here
                     counts = [module.num_items(b) for b in window]
                     if any(c is None for c in counts):
                         weights = [1.0 / len(window)] * len(window)
+                    elif world > 1:  # the window's items on every rank; DDP then averages over the W ranks
+                        total = strategy.reduce(torch.as_tensor(sum(counts), dtype=torch.float32,
+                                                                device=strategy.root_device), "sum").clamp(min=1)
+                        weights = [c * world / total for c in counts]
                     else:
                         total = sum(counts)
                         total = total.clamp(min=1) if isinstance(total, torch.Tensor) else max(total, 1)
@@ -210,8 +215,8 @@ class FitLoop:
                     self.steps_since_log += 1
                     state.global_step += 1
                     state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
-                    state.samples_seen += window_samples
-                    state.total_flos += fit._flos_per_sample * window_samples
+                    state.samples_seen += window_samples * world  # every rank takes as many samples
+                    state.total_flos += fit._flos_per_sample * window_samples * world
                     L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
                     self._after_step(epoch_end=False)
                 if control.should_training_stop or control.should_epoch_stop:
@@ -231,7 +236,7 @@ class FitLoop:
             if control.should_training_stop:
                 break
         if self.steps_since_log:
-            self.total_loss += float(self.tr_loss)
+            self.total_loss += float(self._global_tr_loss())
 
     def _after_step(self, epoch_end: bool) -> None:
         """Set and act on the log / evaluate / save / stop flags (mirrors HF ``DefaultFlowCallback`` +
@@ -260,8 +265,9 @@ class FitLoop:
             if args.save_strategy == "epoch":
                 control.should_save = True
         if control.should_log and self.steps_since_log:
-            loss = float(self.tr_loss) / self.steps_since_log
-            self.total_loss += float(self.tr_loss)
+            tr_loss = float(self._global_tr_loss())
+            loss = tr_loss / self.steps_since_log
+            self.total_loss += tr_loss
             self.tr_loss.zero_()
             self.steps_since_log = 0
             logs = {"loss": round(loss, 6)}
@@ -276,6 +282,11 @@ class FitLoop:
         if control.should_save:
             fit._save_checkpoint(self.state_dict())
         control._new_step()
+
+    def _global_tr_loss(self) -> torch.Tensor:
+        """The loss sum since the last log, averaged over processes (each holds its share of the window)."""
+        strategy = self.fit.strategy
+        return strategy.reduce(self.tr_loss, "mean") if strategy.world_size > 1 else self.tr_loss
 
     @property
     def training_loss(self) -> float:

@@ -37,11 +37,11 @@ def test_unknown_and_pending_names():
     with pytest.raises(ValueError, match=r'Unknown strategy .fdsp.\. Did you mean "fsdp"\?'):
         resolve_components(FitArguments(strategy="fdsp"))
     with pytest.raises(NotImplementedError, match="distributed-strategies issue"):
-        resolve_components(FitArguments(strategy="ddp"))
+        resolve_components(FitArguments(strategy="fsdp"))
     with pytest.raises(NotImplementedError, match="accelerators issue"):
         resolve_components(FitArguments(accelerator="cuda"))
-    with pytest.raises(NotImplementedError):  # several processes need DDP, which lands later
-        resolve_components(FitArguments(devices=2))
+    several = resolve_components(FitArguments(devices=2))  # several processes: DDP (nothing launched yet)
+    assert several.name == "ddp" and several.world_size == 2 and several.global_rank == 0
 
 
 def test_registry_lists_and_did_you_mean():

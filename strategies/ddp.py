@@ -1,0 +1,55 @@
+"""``DistributedDataParallel`` (``strategy="ddp"`` / ``"ddp_spawn"``; F-STRAT-2). Mirrors Lightning's
+``DDPStrategy`` and the HF Trainer's ``ddp_*`` options."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, ContextManager
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from taskfit.strategies.parallel import ParallelStrategy
+from taskfit.strategies.wrapper import StepForward
+
+
+class DDPStrategy(ParallelStrategy):
+    """One model replica per process; gradients all-reduced (averaged) once per accumulation window.
+
+    Options come from ``FitArguments``: ``ddp_backend``, ``ddp_timeout`` (seconds), ``ddp_find_unused_parameters``
+    (default False), ``ddp_bucket_cap_mb`` (default 25 MB), ``ddp_broadcast_buffers`` (default True); and from
+    the constructor: ``static_graph`` (``DistributedDataParallel(static_graph=...)``).
+    """
+
+    name = "ddp"
+
+    def __init__(self, *args: Any, static_graph: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.static_graph = static_graph
+
+    def ddp_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments of ``DistributedDataParallel`` from the options."""
+        a = self.args
+        kwargs: dict[str, Any] = {
+            "find_unused_parameters": bool(getattr(a, "ddp_find_unused_parameters", None) or False),
+            "static_graph": self.static_graph,
+        }
+        if getattr(a, "ddp_broadcast_buffers", None) is False:  # only when asked: newer torch deprecates the flag
+            kwargs["broadcast_buffers"] = False
+        if getattr(a, "ddp_bucket_cap_mb", None):
+            kwargs["bucket_cap_mb"] = a.ddp_bucket_cap_mb
+        if self.root_device.type == "cuda":
+            kwargs["device_ids"] = [self.root_device.index]
+        return kwargs
+
+    def setup(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Convert and move ``module``, then wrap it: ``DistributedDataParallel(StepForward(module))`` (the
+        replicas start from rank 0's weights: DDP broadcasts them)."""
+        module = self.precision.convert_module(module).to(self.root_device)
+        self.model = DistributedDataParallel(StepForward(module), **self.ddp_kwargs())
+        return self.model
+
+    def no_sync(self, micro_batch_is_last: bool) -> ContextManager:
+        if micro_batch_is_last or not isinstance(self.model, DistributedDataParallel):
+            return contextlib.nullcontext()
+        return self.model.no_sync()

@@ -1,0 +1,20 @@
+"""Cluster environments and their detection (``torchrun`` / DeepSpeed launcher / taskfit's launcher, SLURM, local)."""
+
+from __future__ import annotations
+
+from taskfit.strategies.environments.base import ClusterEnvironment, LocalEnvironment, find_free_port
+from taskfit.strategies.environments.slurm import SLURMEnvironment
+from taskfit.strategies.environments.torchelastic import TorchElasticEnvironment
+
+
+def detect_environment(num_processes: int, num_nodes: int = 1) -> ClusterEnvironment:
+    """The environment this process runs in: the ``env://`` variables (torchrun, DeepSpeed's launcher, taskfit's
+    own) win, then SLURM, else a :class:`LocalEnvironment` where taskfit launches ``num_processes`` itself."""
+    for env in (TorchElasticEnvironment, SLURMEnvironment):
+        if env.detect():
+            return env()
+    return LocalEnvironment(num_processes, num_nodes)
+
+
+__all__ = ["ClusterEnvironment", "LocalEnvironment", "SLURMEnvironment", "TorchElasticEnvironment",
+           "detect_environment", "find_free_port"]

@@ -1,0 +1,87 @@
+"""Re-launching the running script in worker processes (``python train.py`` with ``Fit(strategy="ddp",
+devices=2)``), as ``torchrun`` would. Mirrors Lightning's ``_SubprocessScriptLauncher``."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import subprocess
+import sys
+from typing import Any
+
+log = logging.getLogger("taskfit")
+
+
+def script_command() -> list[str]:
+    """The command line that started this process (``python -m pkg.mod ...`` kept as such).
+
+    Raises:
+        RuntimeError: no script to re-run (an interactive session or a notebook).
+    """
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name not in ("__main__", None):
+        return [sys.executable, "-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
+    if not sys.argv or not sys.argv[0] or not os.path.exists(sys.argv[0]):
+        raise RuntimeError("strategy='ddp' with several devices re-launches the running script in worker processes, "
+                           "but there is no script here (interactive session or notebook). Use strategy='ddp_spawn', "
+                           "or run the script with torchrun.")
+    return [sys.executable, *sys.argv]
+
+
+class SubprocessScriptLauncher:
+    """Start local ranks 1..n-1 of this node as copies of the running command; this process is local rank 0.
+
+    Each worker gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``TASKFIT_LAUNCHED=1`` and ``OMP_NUM_THREADS`` (default 1, as torchrun does: with one thread per process per
+    core, several processes do not oversubscribe the CPU). At exit this process waits for its workers.
+
+    Args:
+        num_processes (int): processes on this node.
+        num_nodes (int): nodes.
+        node_rank (int): this node's index.
+        main_address (str), main_port (int): the rendezvous.
+    """
+
+    def __init__(self, num_processes: int, num_nodes: int, node_rank: int, main_address: str, main_port: int) -> None:
+        self.num_processes, self.num_nodes, self.node_rank = num_processes, num_nodes, node_rank
+        self.main_address, self.main_port = main_address, main_port
+        self.procs: list[subprocess.Popen] = []
+
+    @property
+    def launched(self) -> bool:
+        return bool(self.procs)
+
+    def launch(self) -> None:
+        """Export this process's rank variables and start the other local ranks."""
+        world = self.num_processes * self.num_nodes
+        common = {"MASTER_ADDR": self.main_address, "MASTER_PORT": str(self.main_port), "WORLD_SIZE": str(world),
+                  "NODE_RANK": str(self.node_rank), "TASKFIT_LAUNCHED": "1"}
+        os.environ.update(common, RANK=str(self.node_rank * self.num_processes), LOCAL_RANK="0")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        cmd = script_command()
+        for local in range(1, self.num_processes):
+            env = {**os.environ, **common, "RANK": str(self.node_rank * self.num_processes + local),
+                   "LOCAL_RANK": str(local)}
+            self.procs.append(subprocess.Popen(cmd, env=env))
+        log.info("Launched %d worker process(es) of %s (world size %d, rendezvous %s:%d).", len(self.procs),
+                 " ".join(cmd[1:3]), world, self.main_address, self.main_port)
+        atexit.register(self.join)
+
+    def join(self, timeout: float | None = 600.0) -> list[int]:
+        """Wait for the workers (killing those still running after ``timeout`` seconds); their exit codes."""
+        codes = []
+        for p in self.procs:
+            try:
+                codes.append(p.wait(timeout=timeout))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                codes.append(p.wait())
+        bad = [(i + 1, c) for i, c in enumerate(codes) if c]
+        if bad:
+            log.error("Worker process(es) exited with errors (local rank, exit code): %s", bad)
+        return codes
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "procs": []}

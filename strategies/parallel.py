@@ -1,0 +1,185 @@
+"""The base of every multi-process strategy: cluster environment, launching, the process group, collectives,
+distributed sampling and step routing through the wrapper (mirrors Lightning's ``ParallelStrategy``).
+DDP, FSDP and DeepSpeed subclass it and add their wrapping (``setup``) and checkpoint layout."""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+
+from taskfit.accelerators.accelerator import Accelerator
+from taskfit.io.checkpoint_io import CheckpointIO
+from taskfit.precision.precision import Precision
+from taskfit.strategies.environments import ClusterEnvironment, TorchElasticEnvironment, detect_environment
+from taskfit.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
+from taskfit.strategies.strategy import Strategy
+
+log = logging.getLogger("taskfit")
+_REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
+               "min": dist.ReduceOp.MIN}
+
+
+class DistributedError(RuntimeError):
+    """A collective failed: another process died or did not answer within ``ddp_timeout``."""
+
+
+class ParallelStrategy(Strategy):
+    """Several processes, one device each, in one ``torch.distributed`` process group.
+
+    Args:
+        accelerator (Accelerator): the device kind.
+        devices (list[torch.device]): this node's devices (one process each; on CPU, ``devices=2`` means 2 processes).
+        precision (Precision): numerics plugin.
+        checkpoint_io (CheckpointIO | None): storage plugin.
+        num_nodes (int): machines.
+        args (FitArguments | None): ``ddp_backend`` (default gloo on CPU, nccl on CUDA), ``ddp_timeout``
+            (seconds), and the strategy's own options.
+        start_method (str): ``"popen"`` re-runs the script in worker processes (like torchrun); ``"spawn"`` runs
+            ``fit`` in ``torch.multiprocessing`` workers (``ddp_spawn``).
+        cluster_environment (ClusterEnvironment | None): override the detected environment.
+    """
+
+    parallel = True
+    wraps_module = True  # route step methods through self.model (the wrapper)
+
+    def __init__(self, accelerator: Accelerator, devices: list[torch.device], precision: Precision,
+                 checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1, args: Any = None,
+                 start_method: str = "popen", cluster_environment: ClusterEnvironment | None = None) -> None:
+        self.devices, self.num_nodes, self.args, self.start_method = list(devices), int(num_nodes), args, start_method
+        self.num_processes = len(self.devices)
+        self.cluster_environment = cluster_environment or detect_environment(self.num_processes, self.num_nodes)
+        super().__init__(accelerator, self._device_for(self.cluster_environment.local_rank()), precision,
+                         checkpoint_io)
+        self.launcher: Any = None
+        env = self.cluster_environment
+        if not env.creates_processes_externally and env.world_size() > 1:
+            cls = SubprocessScriptLauncher if start_method == "popen" else MultiprocessingLauncher
+            self.launcher = cls(self.num_processes, self.num_nodes, env.node_rank(), env.main_address, env.main_port)
+
+    def _device_for(self, local_rank: int) -> torch.device:
+        if self.devices and self.devices[0].type != "cpu":
+            return self.devices[local_rank % len(self.devices)]
+        return self.devices[0] if self.devices else torch.device("cpu")
+
+    # -- topology ---------------------------------------------------------------------------------------
+    @property
+    def global_rank(self) -> int:
+        return self.cluster_environment.global_rank()
+
+    @property
+    def local_rank(self) -> int:
+        return self.cluster_environment.local_rank()
+
+    @property
+    def node_rank(self) -> int:
+        return self.cluster_environment.node_rank()
+
+    @property
+    def world_size(self) -> int:
+        return self.cluster_environment.world_size()
+
+    @property
+    def spawns(self) -> bool:
+        """True when ``fit``/``validate``/``predict`` must run inside spawned workers (``ddp_spawn``) that have
+        not been started yet."""
+        return isinstance(self.launcher, MultiprocessingLauncher) and not os.environ.get("TASKFIT_LAUNCHED")
+
+    # -- set-up -----------------------------------------------------------------------------------------
+    def setup_environment(self) -> None:
+        """Start the other processes (when taskfit launches them) and join the process group.
+
+        Raises:
+            DistributedError: the process group could not be formed within ``ddp_timeout``.
+        """
+        if isinstance(self.launcher, SubprocessScriptLauncher) and not self.launcher.launched:
+            self.launcher.launch()
+        if TorchElasticEnvironment.detect() and not isinstance(self.cluster_environment, TorchElasticEnvironment):
+            self.cluster_environment = TorchElasticEnvironment()  # now inside launched workers
+        self.root_device = self._device_for(self.local_rank)
+        super().setup_environment()
+        if not dist.is_initialized():
+            env = self.cluster_environment
+            os.environ.setdefault("MASTER_ADDR", env.main_address)
+            os.environ.setdefault("MASTER_PORT", str(env.main_port))
+            timeout = datetime.timedelta(seconds=float(getattr(self.args, "ddp_timeout", None) or 1800))
+            try:
+                dist.init_process_group(self.backend, init_method="env://", rank=env.global_rank(),
+                                        world_size=env.world_size(), timeout=timeout)
+            except Exception as exc:
+                raise DistributedError(f"Could not form the process group ({env.describe()}, backend "
+                                       f"{self.backend!r}): {exc}") from exc
+            log.info("Process group ready: %s, backend %s.", env.describe(), self.backend)
+
+    @property
+    def backend(self) -> str:
+        """``ddp_backend``, else ``nccl`` on CUDA and ``gloo`` elsewhere."""
+        chosen = getattr(self.args, "ddp_backend", None)
+        if chosen:
+            return chosen
+        return "nccl" if self.root_device.type == "cuda" else "gloo"
+
+    def process_dataloader(self, dataloader: Any) -> Any:
+        """Give this process its share of every map-style loader (see ``distributed_loader``)."""
+        from taskfit.data.loaders import distributed_loader
+
+        return distributed_loader(dataloader, self.world_size, self.global_rank)
+
+    def step_function(self, module: torch.nn.Module, name: str) -> Callable[..., Any]:
+        """``module.<name>`` routed through the wrapper's ``forward`` once ``setup`` wrapped it."""
+        model = self.model
+        if not self.wraps_module or model is None or model is module:
+            return getattr(module, name)
+        return lambda *args: model(name, *args)
+
+    # -- collectives ------------------------------------------------------------------------------------
+    def _check(self, what: str, fn: Callable[[], Any]) -> Any:
+        try:
+            return fn()
+        except RuntimeError as exc:
+            text = str(exc)
+            if not (isinstance(exc, getattr(dist, "DistError", ())) or any(
+                    k in text for k in ("gloo", "Gloo", "NCCL", "Connection", "connection", "timed out", "Timed out"))):
+                raise  # an ordinary error (e.g. in the user's backward), not a communication failure
+            raise DistributedError(
+                f"{what} failed on rank {self.global_rank} of {self.world_size}: another process stopped or did not "
+                f"answer within ddp_timeout={getattr(self.args, 'ddp_timeout', None)} s. Cause: {exc}") from exc
+
+    def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
+        if not dist.is_initialized() or self.world_size == 1:
+            return tensor
+        if op not in _REDUCE_OPS:
+            raise ValueError(f"reduce op={op!r} is not valid; choose one of {sorted(_REDUCE_OPS)}.")
+        out = tensor.detach().clone()
+        self._check("all_reduce", lambda: dist.all_reduce(out, op=_REDUCE_OPS[op]))
+        return out / self.world_size if op == "mean" else out
+
+    def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
+        if not dist.is_initialized() or self.world_size == 1:
+            return tensor.unsqueeze(0)
+        parts = [torch.empty_like(tensor) for _ in range(self.world_size)]
+        self._check("all_gather", lambda: dist.all_gather(parts, tensor.contiguous()))
+        return torch.stack(parts)
+
+    def broadcast(self, obj: Any, src: int = 0) -> Any:
+        if not dist.is_initialized() or self.world_size == 1:
+            return obj
+        box = [obj]
+        self._check("broadcast", lambda: dist.broadcast_object_list(box, src=src))
+        return box[0]
+
+    def barrier(self, name: str | None = None) -> None:
+        if dist.is_initialized() and self.world_size > 1:
+            self._check(f"barrier {name or ''}".strip(), dist.barrier)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self._check("backward (gradient all-reduce)", lambda: super(ParallelStrategy, self).backward(loss))
+
+    def teardown(self) -> None:
+        super().teardown()
+        if isinstance(self.launcher, SubprocessScriptLauncher) and self.launcher.launched:
+            self.launcher.join()
