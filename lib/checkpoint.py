@@ -105,15 +105,16 @@ def save_model_folder(fit: Fit, folder: str) -> None:
         processor.save_pretrained(io.fs(folder)[1])
 
 
-def checkpoint_files(fit: Fit, loop_state: dict[str, Any]) -> dict[str, Any]:
-    """``{file name: object}`` this rank writes into the checkpoint of the current step."""
+def checkpoint_files(fit: Fit, loop_state: dict[str, Any], sharded: bool = False) -> dict[str, Any]:
+    """``{file name: object}`` this rank writes into the checkpoint of the current step (with ``sharded``, the
+    strategy wrote the model and optimizer shards itself: only ``config.json`` of the model part here)."""
     a, rank = fit.args, fit.global_rank
     files: dict[str, Any] = {f"rng_state_{rank}.pt": rng_states()}
     if not is_writer(fit):
         return files
-    files.update(model_files(fit))
+    files.update({k: v for k, v in model_files(fit).items() if not sharded or k == "config.json"})
     if not a.save_only_model:
-        if fit.optimizer is not None:
+        if fit.optimizer is not None and not sharded:
             files["optimizer.pt"] = fit.optimizer.state_dict()
         if fit.lr_scheduler is not None:
             files["scheduler.pt"] = fit.lr_scheduler.state_dict()
@@ -185,7 +186,15 @@ def save_checkpoint(fit: Fit, loop_state: dict[str, Any]) -> str:
         part = join(target, f".part-{fit.global_rank}.json")
         def finalize(entries: dict[str, FileEntry]) -> None:
             io.write_bytes(part, json.dumps(entries).encode())
-    io.save_files(checkpoint_files(fit, loop_state), target, finalize)
+    shards = None if a.save_only_model else fit.strategy.save_checkpoint_shards(fit.model, fit.optimizer, target)
+    if shards:  # sharded strategies write their own files (DCP, DeepSpeed engine): add them to the manifest
+        from taskfit.io.checkpoint_io import file_entry
+
+        extra = {n: file_entry(io.read_bytes(join(target, n))) for n in shards}
+        inner = finalize
+        def finalize(entries: dict[str, FileEntry]) -> None:  # noqa: F811
+            inner({**entries, **extra})
+    io.save_files(checkpoint_files(fit, loop_state, sharded=bool(shards)), target, finalize)
     return final
 
 

@@ -97,8 +97,14 @@ def restore(fit: Fit, path: str, weights_only: bool = True) -> ResumePoint:
         ts["state"]["batch_in_epoch"] = 0
     _check_compatible(fit, saved_args, ts["state"], manifest)
 
-    load_model_weights(fit, path, manifest, weights_only)
-    if fit.optimizer is not None and "optimizer.pt" in manifest["files"]:
+    shard_names = [n for n in manifest["files"] if n.startswith(SHARD_PREFIXES)]
+    for n in shard_names:  # verify every shard before the strategy reads them
+        _verify(io, path, n, manifest)
+    if fit.strategy.load_checkpoint_shards(fit.model, fit.optimizer, path, shard_names):
+        pass  # the strategy restored model and optimizer from its shards
+    else:
+        load_model_weights(fit, path, manifest, weights_only)
+    if fit.optimizer is not None and "optimizer.pt" in manifest["files"] and not shard_names:
         fit.optimizer.load_state_dict(read("optimizer.pt"))
     if fit.lr_scheduler is not None and "scheduler.pt" in manifest["files"]:
         fit.lr_scheduler.load_state_dict(read("scheduler.pt"))
@@ -128,6 +134,19 @@ def restore(fit: Fit, path: str, weights_only: bool = True) -> ResumePoint:
     log.info("Resuming from %s: epoch %d, global_step %d, %d micro-batches into the epoch.", path,
              fit.state.current_epoch, fit.state.global_step, point.skip_batches)
     return point
+
+
+#: file-name prefixes of strategy-written shards (FSDP torch.distributed.checkpoint files, DeepSpeed engine files)
+SHARD_PREFIXES = ("shards/",)
+
+
+def _verify(io: Any, folder: str, name: str, manifest: dict[str, Any]) -> None:
+    from taskfit.io.checkpoint_io import file_entry
+
+    data = io.read_bytes(join(folder, name))
+    if file_entry(data) != manifest["files"][name]:
+        raise CheckpointError(f"Checkpoint file {join(folder, name)!r} is corrupted or truncated (size/SHA-256 differ "
+                              "from the manifest).")
 
 
 def load_model_weights(fit: Fit, path: str, manifest: dict[str, Any] | None = None,

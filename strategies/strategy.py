@@ -138,6 +138,20 @@ class Strategy:
         """The full (unsharded, unwrapped) state dict of ``module``."""
         return module.state_dict()
 
+    def save_checkpoint_shards(self, module: torch.nn.Module, optimizer: Any, folder: str) -> list[str] | None:
+        """Sharded strategies (FSDP, DeepSpeed): write this rank's model and optimizer shards into the local
+        checkpoint ``folder`` (which exists on every rank when this is called) and return the file names written,
+        relative to ``folder`` (they go into the manifest). None (here): not sharded, rank 0 writes the full
+        ``model.safetensors`` and ``optimizer.pt`` instead."""
+        return None
+
+    def load_checkpoint_shards(self, module: torch.nn.Module, optimizer: Any, folder: str,
+                               names: list[str]) -> bool:
+        """Restore model and optimizer from the shard files ``names`` of checkpoint ``folder`` (their checksums
+        were verified). Return False when ``names`` is empty or holds nothing this strategy reads; the full
+        ``model.safetensors``/``optimizer.pt`` are loaded then."""
+        return False
+
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str) -> None:
         """Write ``checkpoint`` from rank zero through the checkpoint IO plugin."""
         if self.is_global_zero:
