@@ -9,6 +9,7 @@ import glob
 import json
 import os
 import struct
+import time
 
 import pytest
 from taskfit import Fit, FitArguments
@@ -91,6 +92,8 @@ def _wandb_records(path: str) -> list:
         if kind == 0 and length == 0:
             pos += left
             continue
+        if pos + 7 + length > len(raw):  # a record still being written
+            break
         data, pos = raw[pos + 7:pos + 7 + length], pos + 7 + length
         buf = data if kind in (1, 2) else buf + data
         if kind in (1, 4):
@@ -111,7 +114,12 @@ def test_wandb_offline_run_folder_F_OBS_2(tmp_path, monkeypatch):
     assert isinstance(logger, WandbLogger) and logger.mode == "offline"
     files = glob.glob(os.path.join(tmp_path, "logs", "wandb", "offline-run-*", "run-*.wandb"))
     assert len(files) == 1
+    deadline = time.monotonic() + 60  # wandb's core process writes the log asynchronously: wait for the exit record
     records = _wandb_records(files[0])
+    while not any(r.WhichOneof("record_type") == "exit" for r in records):
+        assert time.monotonic() < deadline, "the W&B run log has no exit record after 60 s"
+        time.sleep(0.2)
+        records = _wandb_records(files[0])
     history: dict[int, dict] = {}
     for rec in records:
         if rec.WhichOneof("record_type") == "history":
