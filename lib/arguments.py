@@ -38,7 +38,7 @@ _ACCEL = "the accelerators issue #6"
 #: default (or matches the rule in ``_PENDING_WHEN``) and it is still listed here; remove a row when it lands.
 #: (``torchdynamo`` is a deprecated alias copied into ``torch_compile_backend``, which is what gets reported.)
 PENDING_OPTIONS: dict[str, str] = {
-    **dict.fromkeys(("debug",), _PREC),
+    "debug": _ACCEL,
     **dict.fromkeys((
         "fsdp", "fsdp_config", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "deepspeed",
         "accelerator_config", "dispatch_batches", "split_batches", "num_nodes"), _DIST),
@@ -48,6 +48,7 @@ PENDING_OPTIONS: dict[str, str] = {
 #: options that are only partly pending: the value is pending when the predicate is true.
 _PENDING_WHEN: dict[str, Callable[[Any], bool]] = {
     "num_nodes": lambda v: v != 1,
+    "debug": lambda v: "tpu_metrics_debug" in v,
 }
 
 
@@ -300,7 +301,8 @@ class FitArguments(ArgumentSetters):
         """``(option, issue)`` for every option set to a non-default value whose feature has not landed.
 
         Defaults never count. Options with partial support count only for the unbuilt values
-        (``num_nodes != 1``, ``skip_memory_metrics=False``, ``report_to`` naming a logger other than ``csv``).
+        (``num_nodes != 1``, ``debug`` containing ``tpu_metrics_debug``, ``skip_memory_metrics=False``,
+        ``report_to`` naming a logger other than ``csv``).
         """
         defaults = _default_values()
         out = []

@@ -103,7 +103,7 @@ PENDING_SAMPLES = {
     "auto_find_batch_size": {"auto_find_batch_size": True},
     "adafactor": {"adafactor": True},
     "optim_target_modules": {"optim_target_modules": ["attn"]},
-    "debug": {"debug": "underflow_overflow"},
+    "debug": {"debug": "tpu_metrics_debug"},
     "precision": {"precision": "16-mixed"},
     "fsdp": {"fsdp": "full_shard"},
     "fsdp_config": {"fsdp_config": {"min_num_params": 10}},

@@ -121,8 +121,8 @@ def test_pending_components_name_the_issue_F_CORE_3(kwargs, needle):
 
 def test_pending_option_names_the_issue_F_CORE_4():
     """F-CORE-4: an option whose feature has not landed -> NotImplementedError naming option, value and issue."""
-    with pytest.raises(NotImplementedError, match=r"debug=\['underflow_overflow'\] is not implemented yet.*#4"):
-        Fit(debug="underflow_overflow")
+    with pytest.raises(NotImplementedError, match=r"debug=\['tpu_metrics_debug'\] is not implemented yet.*#6"):
+        Fit(debug="tpu_metrics_debug")
 
 
 def test_single_device_strategy_with_several_devices_F_CORE_3():

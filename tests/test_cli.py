@@ -259,8 +259,8 @@ def test_datamodule_command(recording_core, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("extra_argv, message", [
-    (["--debug", "underflow_overflow"], "debug=['underflow_overflow'] is not implemented yet (lands with the "
-                                        "precision/efficiency issue #4)"),
+    (["--debug", "tpu_metrics_debug"], "debug=['tpu_metrics_debug'] is not implemented yet (lands with the "
+                                       "accelerators issue #6)"),
     (["--module", "cli_tiny_task:Modle"], "has no attribute 'Modle' (from 'cli_tiny_task:Modle'). Did you mean \"Model\"?"),
     (["--module", "no_such_pkg.mod:Model"], "cannot import 'no_such_pkg.mod'"),
     (["--data", "cli_tiny_task:only_eval"], "'fit' needs data under 'train'"),

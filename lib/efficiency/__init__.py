@@ -89,10 +89,15 @@ class TechniquesCallback(Callback):
 
 
 def setup_techniques(fit: Fit, module: nn.Module) -> None:
-    """Once per module, after the strategy placed it: gradient checkpointing, then ``torch.compile``."""
+    """Once per module, after the strategy placed it: gradient checkpointing, ``debug="underflow_overflow"``
+    hooks (:class:`~taskfit.efficiency.debug.DebugUnderflowOverflow`), then ``torch.compile``."""
     args = fit.args
     if args.gradient_checkpointing:
         enable_gradient_checkpointing(module, args.gradient_checkpointing_kwargs)
+    if "underflow_overflow" in args.debug:
+        from taskfit.efficiency.debug import DebugUnderflowOverflow
+
+        DebugUnderflowOverflow(module)
     if args.torch_compile:
         compile_module(module, args.torch_compile_backend, args.torch_compile_mode)
 

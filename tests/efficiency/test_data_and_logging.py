@@ -89,3 +89,34 @@ def test_f_mem_3_example_attention_runs_through_sdpa():
     finally:
         F.scaled_dot_product_attention = original
     assert len(calls) >= 2  # eval: SDPA again or the fused fast path, both flash/mem-efficient kernels
+
+
+class OverflowsAtStep(TokenModel):
+    """Its first block's weights become inf before optimizer step ``at`` (a diverged update)."""
+
+    def __init__(self, at):
+        super().__init__()
+        self.at = at
+
+    def training_step(self, batch, batch_idx):
+        if self.fit.state.global_step == self.at:
+            with torch.no_grad():
+                self.blocks[0].ff.weight[0, 0] = float("inf")
+        return super().training_step(batch, batch_idx)
+
+
+def test_f_loop_8_debug_underflow_overflow_names_the_module(tmp_path):
+    """F-LOOP-8: debug="underflow_overflow" stops at the first module whose weights turn inf and names it, with
+    the last frames' abs min/max; without it the run ends with non-finite weights and no hint where they came
+    from."""
+    import pytest
+
+    with pytest.raises(ValueError, match=r"inf/NaN detected in the weights of blocks\.0\.ff \(Linear\)") as err:
+        Fit(args(tmp_path, max_steps=4, debug="underflow_overflow")).fit(OverflowsAtStep(at=2), token_data())
+    report = str(err.value).splitlines()
+    assert report[1].startswith("emb (Embedding): weights [") and report[-1].startswith("blocks.0.ff (Linear)")
+    module = OverflowsAtStep(at=2)
+    fit = Fit(args(tmp_path, max_steps=4))
+    fit.fit(module, token_data())
+    assert fit.state.global_step == 4 and math.isfinite(module.losses[2]) and not math.isfinite(module.losses[3])
+    assert not torch.isfinite(module.blocks[0].ff.weight).all()
