@@ -30,7 +30,6 @@ from taskfit.registry import invalid_choice
 
 SECRET_FIELDS = ("hub_token", "push_to_hub_token")
 
-_PREC = "the precision/efficiency issue #4"
 _DIST = "the distributed issue #5"
 _ACCEL = "the accelerators issue #6"
 

@@ -86,5 +86,7 @@ def fit_with_auto_batch_size(fit: Fit, **kwargs: Any) -> Any:
             fit.args = fit.args.replace(per_device_train_batch_size=size // 2)
             if snapshot is not None:
                 model.load_state_dict(snapshot)
+            elif fit.model_init is not None:  # build a fresh model on the next attempt
+                fit.model = fit.module = fit._setup_done_for = None
     finally:
         fit._auto_batch_size_active = False

@@ -187,10 +187,16 @@ class MixedPrecision(Precision):
             optimizer.step()
             return True
         self.unscale_gradients(optimizer)  # records found_inf for this optimizer
-        found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
-        found_inf = bool(sum(v.item() for v in found.values()))  # GradScaler.step syncs on this too
+        try:  # GradScaler.step syncs on these flags too, so reading them costs no extra wait
+            found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
+            found_inf = bool(sum(v.item() for v in found.values()))
+        except (AttributeError, KeyError):  # pragma: no cover - private layout changed: compare the scales
+            found_inf = None
+            before = self.scaler.get_scale()
         self.scaler.step(optimizer)
         self.scaler.update()
+        if found_inf is None:  # pragma: no cover
+            found_inf = self.scaler.get_scale() < before
         self._unscaled = False
         if found_inf:
             self.skipped_steps += 1

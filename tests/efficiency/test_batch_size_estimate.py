@@ -182,3 +182,17 @@ def test_f_loop_7_cuda_auto_find_batch_size_real_oom(tmp_path):
               strategy=strategy)
     fit.fit(module, token_data(32))
     assert fit.args.per_device_train_batch_size == 4 and module.sizes[:2] == [16, 8]
+
+
+def test_f_loop_7_auto_find_batch_size_with_model_init(tmp_path):
+    """F-LOOP-7: with model_init each retry starts from a freshly built model (same seed, same start)."""
+    built = []
+
+    def model_init():
+        built.append(NeedsSmallBatch())
+        return built[-1]
+
+    fit = Fit(args(tmp_path, max_steps=2, per_device_train_batch_size=8, auto_find_batch_size=True),
+              model_init=model_init)
+    fit.fit(None, token_data(16))
+    assert len(built) == 2 and fit.model is built[1] and built[1].sizes == [4, 4]

@@ -60,6 +60,7 @@ MEASURED += [n for n in ("adamw_bnb_8bit", "adamw_8bit", "paged_adamw_32bit", "l
 MEASURED += ["lion"] if HAS_LION else []
 
 
+@pytest.mark.filterwarnings("ignore:Paged optimizers are not supported on CPU")
 @pytest.mark.parametrize("name", MEASURED)
 def test_f_mem_5_estimate_optimizer_state_is_exact(name):
     """F-MEM-5 / F-LOOP-4: every optimizer trains (all parameters move after one step) and the estimate's
