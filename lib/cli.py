@@ -84,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         _add_options(p)
         parser.commands[command] = p  # type: ignore[attr-defined]
     sub.add_parser("plot", help="Redraw a run's training curves (PNG) from its metrics.csv: taskfit plot RUN_DIR.")
+    sub.add_parser("bench", help="Run a benchmark suite (source checkout): taskfit bench SUITE [--quick] [--check].")
     return parser
 
 
