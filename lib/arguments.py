@@ -39,7 +39,6 @@ _ACCEL = "the accelerators issue #6"
 PENDING_OPTIONS: dict[str, str] = {
     "debug": _ACCEL,
     **dict.fromkeys((
-        "fsdp", "fsdp_config", "fsdp_min_num_params", "fsdp_transformer_layer_cls_to_wrap", "deepspeed",
         "accelerator_config", "dispatch_batches", "split_batches", "num_nodes"), _DIST),
     **dict.fromkeys(("use_mps_device", "tpu_num_cores", "tpu_metrics_debug"), _ACCEL),
 }

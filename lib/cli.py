@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
         parser.commands[command] = p  # type: ignore[attr-defined]
     sub.add_parser("plot", help="Redraw a run's training curves (PNG) from its metrics.csv: taskfit plot RUN_DIR.")
     sub.add_parser("bench", help="Run a benchmark suite (source checkout): taskfit bench SUITE [--quick] [--check].")
+    sub.add_parser("convert", help="Convert a DeepSpeed checkpoint to full fp32 weights: taskfit convert CHECKPOINT OUT.")
     return parser
 
 
@@ -357,6 +358,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokens = sys.argv[1:] if argv is None else list(argv)
     if tokens[:1] == ["bench"]:  # F-BENCH-4: `taskfit bench SUITE` runs benchmarks/ of a source checkout
         return bench_main(tokens[1:])
+    if tokens[:1] == ["convert"]:  # F-CKPT-5: `taskfit convert CHECKPOINT OUT` (DeepSpeed shards -> fp32 weights)
+        from taskfit.strategies.deepspeed_convert import main as convert_main
+
+        return convert_main(tokens[1:])
     if tokens[:1] == ["plot"]:  # F-OBS-3: `taskfit plot RUN_DIR` has its own small parser
         from taskfit.plots import main as plot_main
 

@@ -59,6 +59,12 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
                                  or args.precision is not None or args.bf16 or args.fp16):
         raise ValueError("A Strategy instance owns its precision and checkpoint IO: give them to the strategy, "
                          "not as precision=/plugins= (or pass the strategy by name).")
+    if strategy is None and getattr(args, "deepspeed", None):  # HF deepspeed=CONFIG selects the DeepSpeed strategy
+        if strat_name == "auto":
+            strat_name = "deepspeed"
+        elif not strat_name.startswith("deepspeed"):
+            raise ValueError(f"deepspeed= (a DeepSpeed config) conflicts with strategy={strat_name!r}; drop one of "
+                             "them or use strategy='deepspeed'.")
     if strategy is None:
         entry = STRATEGIES.get(strat_name)
         if strat_name == "auto" and len(devices) > 1:

@@ -2,6 +2,7 @@
 
 from taskfit.registry import Registry
 from taskfit.strategies.ddp import DDPStrategy
+from taskfit.strategies.deepspeed import DeepSpeedStrategy
 from taskfit.strategies.parallel import DistributedError, ParallelStrategy
 from taskfit.strategies.single_device import SingleDeviceStrategy
 from taskfit.strategies.strategy import Strategy
@@ -12,20 +13,24 @@ STRATEGIES.register("single_device", SingleDeviceStrategy, description="one proc
 STRATEGIES.register("ddp", DDPStrategy, description="DistributedDataParallel; re-runs the script per process")
 STRATEGIES.register("ddp_spawn", DDPStrategy, description="DistributedDataParallel in spawned workers",
                     start_method="spawn")
+STRATEGIES.register("deepspeed", DeepSpeedStrategy, description="DeepSpeed; ZeRO stage from the config (default 2)")
+for _stage in (1, 2, 3):
+    STRATEGIES.register(f"deepspeed_stage_{_stage}", DeepSpeedStrategy, description=f"DeepSpeed ZeRO stage {_stage}",
+                        stage=_stage)
+STRATEGIES.register("deepspeed_stage_2_offload", DeepSpeedStrategy, stage=2, offload_optimizer="cpu",
+                    description="DeepSpeed ZeRO-2, optimizer states offloaded to CPU (DeepSpeedCPUAdam)")
+STRATEGIES.register("deepspeed_stage_3_offload", DeepSpeedStrategy, stage=3, offload_optimizer="cpu",
+                    offload_parameters="cpu", description="DeepSpeed ZeRO-3, optimizer states and parameters on CPU")
+STRATEGIES.register("deepspeed_stage_3_offload_nvme", DeepSpeedStrategy, stage=3, offload_optimizer="nvme",
+                    offload_parameters="nvme", description="DeepSpeed ZeRO-3, optimizer states and parameters on NVMe")
 _PENDING = {
     "dp": "the distributed-strategies issue (#5)",
     "fsdp": "the distributed-strategies issue (#5)",
     "fsdp2": "the distributed-strategies issue (#5)",
-    "deepspeed": "the distributed-strategies issue (#5)",
-    "deepspeed_stage_1": "the distributed-strategies issue (#5)",
-    "deepspeed_stage_2": "the distributed-strategies issue (#5)",
-    "deepspeed_stage_2_offload": "the distributed-strategies issue (#5)",
-    "deepspeed_stage_3": "the distributed-strategies issue (#5)",
-    "deepspeed_stage_3_offload": "the distributed-strategies issue (#5)",
     "xla": "the accelerators issue (#6)",
     "xla_fsdp": "the accelerators issue (#6)",
 }
 for _name, _where in _PENDING.items():
     STRATEGIES.register(_name, SingleDeviceStrategy, pending=f"lands with {_where}")
 
-__all__ = ["STRATEGIES", "DDPStrategy", "DistributedError", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]
+__all__ = ["STRATEGIES", "DDPStrategy", "DeepSpeedStrategy", "DistributedError", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]

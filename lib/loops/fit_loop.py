@@ -110,6 +110,9 @@ class FitLoop:
         """Train until ``state.max_steps`` or ``num_epochs`` or a stop flag."""
         fit = self.fit
         state, control, args, hooks = fit.state, fit.control, fit.args, fit._hooks
+        # first: through the DDP/FSDP wrapper's forward; DeepSpeed builds its engine here and may replace
+        # fit.optimizer / fit.lr_scheduler with its own
+        train_fx = fit.strategy.step_function(fit.module, "training_step")
         module, strategy, optimizer = fit.module, fit.strategy, fit.optimizer
         L, H = hooks.lightning, hooks.hf
         accum = args.gradient_accumulation_steps
@@ -118,7 +121,6 @@ class FitLoop:
         step_scheduler = fit.lr_scheduler is not None and fit.scheduler_interval == "step"
         nan_filter = args.logging_nan_inf_filter
         self.tr_loss = torch.zeros((), device=strategy.root_device)
-        train_fx = strategy.step_function(module, "training_step")  # through the DDP/FSDP wrapper's forward
         world = strategy.world_size
         fwd_ctx = strategy.forward_context
         counts_needed = accum > 1 or world > 1

@@ -1,0 +1,100 @@
+"""Converting a DeepSpeed checkpoint (``checkpoint-N/shards/``, written by :class:`DeepSpeedStrategy`) into one full
+fp32 state dict with the keys of a single-device run (F-CKPT-5): ``taskfit convert CHECKPOINT OUT`` and
+:func:`convert_checkpoint`. Mirrors DeepSpeed's ``zero_to_fp32.py`` (``get_fp32_state_dict_from_zero_checkpoint``)
+and Lightning's ``convert_zero_checkpoint_to_fp32_state_dict``. The result loads into a single-device, DDP or
+any other run with ``model.load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from typing import Any, Sequence
+
+import torch
+
+from taskfit.strategies.deepspeed import META_NAME, require_deepspeed
+
+
+def deepspeed_fp32_state_dict(checkpoint: str) -> dict[str, torch.Tensor]:
+    """The full fp32 state dict (parameters from the fp32 master copies, plus buffers) of the DeepSpeed checkpoint
+    folder ``checkpoint`` (a local ``checkpoint-N``), keyed like the model saved by ``save_model``.
+
+    The shard files are verified against the checkpoint's manifest (size and SHA-256) first.
+
+    Raises:
+        FileNotFoundError: ``checkpoint`` is not a folder.
+        ValueError: it is no complete DeepSpeed checkpoint (no manifest or no ``shards/taskfit_deepspeed.json``),
+            or a shard is corrupted.
+        ModuleNotFoundError: DeepSpeed is not installed (``pip install taskfit[deepspeed]``).
+    """
+    from taskfit.checkpoint import read_manifest
+    from taskfit.io.checkpoint_io import TorchCheckpointIO, file_entry
+
+    if not os.path.isdir(checkpoint):
+        raise FileNotFoundError(f"Checkpoint folder {checkpoint!r} does not exist.")
+    manifest = read_manifest(TorchCheckpointIO(), checkpoint)
+    if META_NAME not in manifest["files"]:
+        raise ValueError(f"{checkpoint!r} is not a DeepSpeed checkpoint (its manifest lists no {META_NAME}); "
+                         "checkpoints of other strategies already hold full weights in model.safetensors.")
+    for name, entry in manifest["files"].items():
+        if name.startswith("shards/"):
+            with open(os.path.join(checkpoint, name), "rb") as fh:
+                if file_entry(fh.read()) != entry:
+                    raise ValueError(f"Checkpoint file {os.path.join(checkpoint, name)!r} is corrupted or truncated "
+                                     "(size/SHA-256 differ from the manifest).")
+    with open(os.path.join(checkpoint, META_NAME), encoding="utf-8") as fh:
+        meta = json.load(fh)
+    shards = os.path.join(checkpoint, "shards")
+    if meta["zero_stage"] == 0:  # no ZeRO: the engine's model file holds the full module
+        states = torch.load(os.path.join(shards, meta["tag"], "mp_rank_00_model_states.pt"), map_location="cpu",
+                            weights_only=False)
+        full = {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
+    else:
+        require_deepspeed()
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        full = get_fp32_state_dict_from_zero_checkpoint(shards, tag=meta["tag"])
+    prefix = meta["prefix"]
+    return {k[len(prefix):]: v.detach().clone().contiguous() for k, v in full.items() if k.startswith(prefix)}
+
+
+def convert_checkpoint(checkpoint: str, output_dir: str) -> str:
+    """Write ``output_dir/model.safetensors`` (full fp32 weights, single-device keys) and, when the checkpoint has
+    one, ``config.json``; returns the path of the weights file.
+
+    Raises:
+        the errors of :func:`deepspeed_fp32_state_dict`.
+    """
+    from safetensors.torch import save_file
+
+    state = deepspeed_fp32_state_dict(checkpoint)
+    os.makedirs(output_dir, exist_ok=True)
+    path = os.path.join(output_dir, "model.safetensors")
+    save_file(state, path, metadata={"format": "pt", "converted_from": os.path.abspath(checkpoint)})
+    if os.path.exists(os.path.join(checkpoint, "config.json")):
+        shutil.copyfile(os.path.join(checkpoint, "config.json"), os.path.join(output_dir, "config.json"))
+    return path
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``taskfit convert CHECKPOINT OUT``: prints the written weights file; status 2 (with the reason on stderr)
+    when ``CHECKPOINT`` is not a complete DeepSpeed checkpoint."""
+    parser = argparse.ArgumentParser(prog="taskfit convert", description="Convert a DeepSpeed checkpoint "
+                                     "(checkpoint-N with shards/) into full fp32 weights: OUT/model.safetensors.")
+    parser.add_argument("checkpoint", help="the checkpoint-N folder")
+    parser.add_argument("output_dir", help="folder for model.safetensors (and config.json)")
+    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        path = convert_checkpoint(ns.checkpoint, ns.output_dir)
+    except (FileNotFoundError, ValueError, ModuleNotFoundError) as err:
+        print(f"taskfit convert: error: {err}", file=sys.stderr)
+        return 2
+    print(path)
+    return 0
+
+
+__all__: list[Any] = ["convert_checkpoint", "deepspeed_fp32_state_dict", "main"]

@@ -1,0 +1,108 @@
+"""Jobs for the DeepSpeed tests, run in fresh processes: ``python deepspeed_job.py CONFIG.json`` (taskfit re-launches
+it per rank when ``devices`` > 1). Trains a token tagger (token-weighted losses, as in the DDP tests) and writes
+each rank's result: the full weights (gathered under ZeRO-3), the initial weights, the log and what was asked
+(save_model, a checkpoint)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+import torch
+
+from torch import nn
+
+from taskfit import Callback, Fit, TaskModule
+
+VOCAB, CLASSES, T = 4, 3, 6
+
+
+class Tagger(TaskModule):
+    """Token classifier whose loss is a mean over the non-ignored tokens (``labels != -100``): micro-batches hold
+    different numbers of tokens, so only exact item-count weighting across ranks matches one big batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(VOCAB, 16), nn.Tanh(), nn.Linear(16, CLASSES))
+
+    def training_step(self, batch, batch_idx):
+        logits = self.net(batch["x"])
+        return nn.functional.cross_entropy(logits.reshape(-1, CLASSES).float(), batch["labels"].reshape(-1),
+                                           ignore_index=-100)
+
+    def validation_step(self, batch, batch_idx):
+        logits = self.net(batch["x"])
+        self.log("val_ce", nn.functional.cross_entropy(logits.reshape(-1, CLASSES).float(),
+                                                       batch["labels"].reshape(-1), ignore_index=-100), sync_dist=True)
+
+
+def tokens(n: int = 48, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        x = torch.randn(T, VOCAB, generator=g)
+        labels = x[:, :CLASSES].argmax(-1)
+        labels[int(torch.randint(1, T + 1, (1,), generator=g)):] = -100  # 1..T valid tokens per sample
+        out.append({"x": x, "labels": labels})
+    return out
+
+
+class KillAfterStep(Callback):
+    """Every rank SIGKILLs itself right after optimizer step ``step`` (no save at that step)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and not control.should_save:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def full_weights(fit: Fit, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    strategy = fit.strategy
+    if getattr(strategy, "engine", None) is not None and strategy.zero_stage == 3:
+        return strategy._gathered_state_dict(module)  # a collective: every rank calls it
+    return {k: v.detach().float().clone() for k, v in module.state_dict().items()}
+
+
+def optimizer_state(fit: Fit) -> list[torch.Tensor]:
+    """This rank's optimizer state tensors (ZeRO: of its fp32 partitions), in a fixed order."""
+    return [torch.as_tensor(v).clone() for st in fit.optimizer.state.values() for _, v in sorted(st.items())]
+
+
+def run(cfg: dict) -> dict:
+    args = dict(output_dir=cfg["out"], report_to="none", disable_tqdm=True, max_steps=cfg.get("steps", 6),
+                per_device_train_batch_size=cfg["bs"], per_device_eval_batch_size=5, learning_rate=0.1,
+                gradient_accumulation_steps=cfg.get("accum", 1), logging_steps=1, save_strategy="no", seed=11,
+                strategy=cfg.get("strategy", "auto"), devices=cfg.get("devices", 1), ddp_timeout=120,
+                remove_unused_columns=False, max_grad_norm=cfg.get("max_grad_norm", 0.0))
+    if cfg.get("save_steps"):
+        args.update(save_strategy="steps", save_steps=cfg["save_steps"])
+    args.update(cfg.get("args", {}))
+    fit = Fit(callbacks=[KillAfterStep(cfg["kill_after_step"])] if cfg.get("kill_after_step") else [], **args)
+    torch.manual_seed(cfg.get("init_seed", 0) + int(os.environ.get("RANK", "0")) * cfg.get("rank_seed", 0))
+    module = Tagger()
+    initial = {k: v.detach().clone() for k, v in module.state_dict().items()}
+    out = fit.fit(module, tokens(cfg.get("n", 48)), resume_from_checkpoint=cfg.get("resume"))
+    result = {"weights": {k: v.float() for k, v in full_weights(fit, module).items()}, "initial": initial,
+              "loss": out.training_loss, "world_size": fit.world_size, "rank": fit.global_rank,
+              "log": [{k: v for k, v in r.items() if "runtime" not in k and "per_second" not in k}
+                      for r in fit.state.log_history],
+              "lrs": [r["learning_rate"] for r in fit.state.log_history if "learning_rate" in r],
+              "optimizer_type": type(fit.optimizer).__name__, "optimizer": optimizer_state(fit),
+              "global_step": fit.state.global_step,
+              "engine_optimizer": type(getattr(fit.strategy, "engine", None) and fit.strategy.engine.optimizer).__name__}
+    if cfg.get("save_model"):
+        fit.save_model(cfg["save_model"])
+    if cfg.get("eval"):
+        result["eval"] = fit.validate(module, tokens(17, seed=1))
+    return result
+
+
+if __name__ == "__main__":
+    cfg = json.load(open(sys.argv[1]))
+    torch.set_num_threads(1)
+    result = run(cfg)
+    torch.save(result, cfg["result"].replace(".pt", f".rank{result['rank']}.pt"))
