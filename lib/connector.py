@@ -65,6 +65,12 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
         elif not strat_name.startswith("deepspeed"):
             raise ValueError(f"deepspeed= (a DeepSpeed config) conflicts with strategy={strat_name!r}; drop one of "
                              "them or use strategy='deepspeed'.")
+    if strategy is None and getattr(args, "fsdp", None):  # HF fsdp="full_shard ..." selects the FSDP strategy
+        if strat_name == "auto":
+            strat_name = "fsdp"
+        elif strat_name not in ("fsdp", "fsdp2"):
+            raise ValueError(f"fsdp={args.fsdp!r} conflicts with strategy={strat_name!r}; drop one of them or use "
+                             "strategy='fsdp'.")
     if strategy is None:
         entry = STRATEGIES.get(strat_name)
         if strat_name == "auto" and len(devices) > 1:

@@ -100,11 +100,11 @@ def restore(fit: Fit, path: str, weights_only: bool = True) -> ResumePoint:
     shard_names = [n for n in manifest["files"] if n.startswith(SHARD_PREFIXES)]
     for n in shard_names:  # verify every shard before the strategy reads them
         _verify(io, path, n, manifest)
-    if fit.strategy.load_checkpoint_shards(fit.model, fit.optimizer, path, shard_names):
-        pass  # the strategy restored model and optimizer from its shards
-    else:
+    # the strategy restores model and optimizer itself from its shards (or, FSDP, from full files it re-shards)
+    restored = fit.strategy.load_checkpoint_shards(fit.model, fit.optimizer, path, shard_names)
+    if not restored:
         load_model_weights(fit, path, manifest, weights_only)
-    if fit.optimizer is not None and "optimizer.pt" in manifest["files"] and not shard_names:
+    if fit.optimizer is not None and "optimizer.pt" in manifest["files"] and not restored:
         fit.optimizer.load_state_dict(read("optimizer.pt"))
     if fit.lr_scheduler is not None and "scheduler.pt" in manifest["files"]:
         fit.lr_scheduler.load_state_dict(read("scheduler.pt"))

@@ -2,6 +2,7 @@
 
 from taskfit.registry import Registry
 from taskfit.strategies.ddp import DDPStrategy
+from taskfit.strategies.fsdp import FSDPStrategy
 from taskfit.strategies.deepspeed import DeepSpeedStrategy
 from taskfit.strategies.parallel import DistributedError, ParallelStrategy
 from taskfit.strategies.single_device import SingleDeviceStrategy
@@ -23,10 +24,11 @@ STRATEGIES.register("deepspeed_stage_3_offload", DeepSpeedStrategy, stage=3, off
                     offload_parameters="cpu", description="DeepSpeed ZeRO-3, optimizer states and parameters on CPU")
 STRATEGIES.register("deepspeed_stage_3_offload_nvme", DeepSpeedStrategy, stage=3, offload_optimizer="nvme",
                     offload_parameters="nvme", description="DeepSpeed ZeRO-3, optimizer states and parameters on NVMe")
+STRATEGIES.register("fsdp", FSDPStrategy, description="FSDP2 (fully_shard): parameters, gradients and optimizer "
+                    "state sharded over the processes")
+STRATEGIES.register("fsdp2", FSDPStrategy, description="alias of 'fsdp' (built on FSDP2)")
 _PENDING = {
     "dp": "the distributed-strategies issue (#5)",
-    "fsdp": "the distributed-strategies issue (#5)",
-    "fsdp2": "the distributed-strategies issue (#5)",
     "xla": "the accelerators issue (#6)",
     "xla_fsdp": "the accelerators issue (#6)",
 }

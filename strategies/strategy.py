@@ -148,9 +148,22 @@ class Strategy:
     def load_checkpoint_shards(self, module: torch.nn.Module, optimizer: Any, folder: str,
                                names: list[str]) -> bool:
         """Restore model and optimizer from the shard files ``names`` of checkpoint ``folder`` (their checksums
-        were verified). Return False when ``names`` is empty or holds nothing this strategy reads; the full
-        ``model.safetensors``/``optimizer.pt`` are loaded then."""
-        return False
+        were verified); True when restored. Here (one full copy of the model per process: single device, DDP):
+        FSDP's ``torch.distributed.checkpoint`` shards (``shards/.metadata``) are converted to one full state dict
+        (any saved world size) and loaded. Return False when ``names`` is empty or holds nothing this strategy
+        reads; the full ``model.safetensors``/``optimizer.pt`` are loaded then.
+
+        Raises:
+            ValueError: shards that do not match ``module`` / ``optimizer`` (names the keys).
+        """
+        from taskfit.strategies.checkpoint_shards import (
+            is_dcp_checkpoint, load_full_into, local_folder, read_full_state_dict,
+        )
+
+        if not is_dcp_checkpoint(names):
+            return False
+        load_full_into(module, optimizer, read_full_state_dict(local_folder(self.checkpoint_io, folder)))
+        return True
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str) -> None:
         """Write ``checkpoint`` from rank zero through the checkpoint IO plugin."""

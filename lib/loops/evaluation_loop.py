@@ -125,8 +125,9 @@ class EvaluationLoop:
         """
         fit, stage = self.fit, self.stage
         module, strategy, args, hooks = fit.module, fit.strategy, fit.args, fit._hooks
-        step_fn = {"validate": module.validation_step, "test": module.test_step,
-                   "predict": module.predict_step}[stage]
+        # through the DDP/FSDP wrapper's forward (FSDP all-gathers the root's parameters in its hooks)
+        step_fn = strategy.step_function(module, {"validate": "validation_step", "test": "test_step",
+                                                  "predict": "predict_step"}[stage])
         hook_stage = "validation" if stage == "validate" else stage
         compute_metrics = fit.compute_metrics
         collect = not args.prediction_loss_only and (stage == "predict" or compute_metrics is not None)
