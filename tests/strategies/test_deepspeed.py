@@ -30,8 +30,8 @@ HERE = Path(__file__).parent
 JOB = HERE / "deepspeed_job.py"
 TOL = 1e-6  # fp32: the same sums reduced in another order (measured max difference ~6e-8)
 # the run every 2-process test shares: 40 samples, 2 ranks x 2 samples, accumulation 3 -> windows 3, 3, 3, 1 per
-# epoch, 8 optimizer steps (2 epochs), clipping at 1.0 (active: norms ~0.5-1.5), linear schedule with 2 warmup steps
-BASE = {"bs": 2, "accum": 3, "n": 40, "steps": 8, "max_grad_norm": 1.0, "args": {"warmup_steps": 2}}
+# epoch, 8 optimizer steps (2 epochs), clipping at 0.5 (active: norms ~0.4-0.7), linear schedule with 2 warmup steps
+BASE = {"bs": 2, "accum": 3, "n": 40, "steps": 8, "max_grad_norm": 0.5, "args": {"warmup_steps": 2}}
 
 
 def _env() -> dict[str, str]:
@@ -195,8 +195,9 @@ def runs(tmp_path_factory):
 @pytest.mark.parametrize("case", ["stage1", "stage2", "stage3", "stage2_ds_optimizer"])
 def test_F_STRAT_6_zero_stages_equal_one_process_on_the_big_batch(case, runs):
     """DeepSpeed ZeRO 1/2/3 with 2 x 2 samples and accumulation 3 (a short last window per epoch) == one process
-    with 4 samples per micro-batch, within TOL: weights, logged losses, gradient norms (clipping at 1.0 active) and
-    learning rates. Rank 1 builds its model from another seed: the engine starts every rank from rank 0's weights.
+    with 4 samples per micro-batch, within TOL: weights, logged losses, gradient norms and learning rates
+    (clipping at 0.5 active). Rank 1 builds its model from another seed: the engine starts every rank from
+    rank 0's weights.
     ``stage2_ds_optimizer``: DeepSpeed's own AdamW and WarmupDecayLR from the config's "auto" sections."""
     (ref,), (r0, r1) = runs("single"), runs(case)
     assert (r0["world_size"], r1["rank"]) == (2, 1)
@@ -205,7 +206,7 @@ def test_F_STRAT_6_zero_stages_equal_one_process_on_the_big_batch(case, runs):
     for key in ("loss", "grad_norm", "learning_rate"):
         got, want = [r[key] for r in r0["log"] if key in r], [r[key] for r in ref["log"] if key in r]
         assert len(got) == len(want) == 8 and got == pytest.approx(want, abs=1e-5), key
-    assert max(r["grad_norm"] for r in ref["log"] if "grad_norm" in r) > 1.0  # clipping did something
+    assert max(r["grad_norm"] for r in ref["log"] if "grad_norm" in r) > 0.5  # clipping did something
     assert r0["loss"] == pytest.approx(ref["loss"], abs=1e-6)
     if case != "stage1":
         assert r0["engine_optimizer"] in ("DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3")
