@@ -177,7 +177,7 @@ class FitArguments(ArgumentSetters):
     adafactor: bool = _opt(False, "Deprecated: use optim='adafactor'.", "optimizer")
     group_by_length: bool = _opt(False, "Group training samples of similar length into batches (less padding).", "data")
     length_column_name: str | None = _opt("length", "Dataset column with precomputed lengths for group_by_length.", "data")
-    report_to: str | list[str] | None = _opt(None, "Loggers: none | all | csv | tensorboard | mlflow | wandb (str or list); None = all.", "logging")
+    report_to: str | list[str] | None = _opt(None, "Loggers: none | all | csv | tensorboard | mlflow | wandb (str or list); None = csv.", "logging")
     ddp_find_unused_parameters: bool | None = _opt(None, "DDP find_unused_parameters; None = False with gradient checkpointing, else True.", "distributed")
     ddp_bucket_cap_mb: int | None = _opt(None, "DDP gradient bucket size (MiB).", "distributed")
     ddp_broadcast_buffers: bool | None = _opt(None, "DDP broadcast_buffers; None = False with gradient checkpointing, else True.", "distributed")

@@ -26,8 +26,9 @@ PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16":
                      "double": "64-true"}
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
 REPORT_TO = ("none", "all", "csv", "tensorboard", "mlflow", "wandb")
-#: Every logger ``report_to`` can name. ``"all"`` (and the HF default ``None``) expands to ``csv`` plus those whose
-#: package is installed (HF: "all installed integrations"), see :func:`installed_loggers`.
+#: Every logger ``report_to`` can name. ``"all"`` expands to ``csv`` plus those whose package is installed (HF:
+#: "all installed integrations"), see :func:`installed_loggers`. The default ``None`` means ``csv`` only: a cheap
+#: local log that the plots read (HF v5 made its default "none" for the same reason: no surprise MLflow/W&B runs).
 BUILT_LOGGERS = ("csv", "tensorboard", "mlflow", "wandb")
 
 
@@ -247,7 +248,7 @@ def _parse_optim_args(text: str) -> dict | None:
 
 
 def _normalize_lists(a: Any) -> None:
-    names = _words("report_to", "all" if a.report_to is None else a.report_to)
+    names = _words("report_to", "csv" if a.report_to is None else a.report_to)
     for name in names:
         if name not in REPORT_TO:
             raise invalid_choice("report_to logger", name, REPORT_TO)

@@ -20,6 +20,7 @@ from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint import checkpoint_path, save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
+from taskfit.fit_mixins import CallbackManagement, ProcessInfo
 from taskfit.io.checkpoint_io import join
 from taskfit.data.loaders import DataModule, build_dataloader, floating_point_ops, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import Logger, build_loggers
@@ -38,7 +39,7 @@ log = logging.getLogger("taskfit")
 _COMPONENT_KEYS = ("accelerator", "strategy", "devices", "num_nodes", "precision")
 
 
-class Fit:
+class Fit(ProcessInfo, CallbackManagement):
     """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
 
     Args:
@@ -136,63 +137,6 @@ class Fit:
             log.setLevel(args.log_level.upper())
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
-    # ---------------------------------------------------------------------------------------- topology ---
-    @property
-    def is_global_zero(self) -> bool:
-        """True on the process with global rank 0."""
-        return self.strategy.is_global_zero
-
-    @property
-    def global_rank(self) -> int:
-        """Index of this process among all processes (0-based)."""
-        return self.strategy.global_rank
-
-    @property
-    def local_rank(self) -> int:
-        """Index of this process on its machine (0-based)."""
-        return self.strategy.local_rank
-
-    @property
-    def world_size(self) -> int:
-        """Number of processes taking part."""
-        return self.strategy.world_size
-
-    def is_world_process_zero(self) -> bool:
-        """HF alias of :attr:`is_global_zero`."""
-        return self.strategy.is_global_zero
-
-    def is_local_process_zero(self) -> bool:
-        """True on the first process of each machine."""
-        return self.strategy.local_rank == 0
-
-    @property
-    def should_stop(self) -> bool:
-        """Lightning alias of ``control.should_training_stop`` (settable)."""
-        return self.control.should_training_stop
-
-    @should_stop.setter
-    def should_stop(self, value: bool) -> None:
-        self.control.should_training_stop = bool(value)
-
-    # --------------------------------------------------------------------------------------- callbacks ---
-    def add_callback(self, callback: Any) -> None:
-        """Add a callback instance or class (instantiated without arguments), as HF ``add_callback``."""
-        self.callbacks.append(callback() if isinstance(callback, type) else callback)
-        self._hooks = HookRunner(self.callbacks, self.module)
-
-    def pop_callback(self, callback: Any) -> Any:
-        """Remove and return the first callback equal to ``callback`` or of that class (None if absent)."""
-        for cb in self.callbacks:
-            if cb is callback or (isinstance(callback, type) and isinstance(cb, callback)):
-                self.callbacks.remove(cb)
-                self._hooks = HookRunner(self.callbacks, self.module)
-                return cb
-        return None
-
-    def remove_callback(self, callback: Any) -> None:
-        """Remove the first callback equal to ``callback`` or of that class."""
-        self.pop_callback(callback)
-
     # ------------------------------------------------------------------------------------------- setup ---
     def _attach(self, model: nn.Module | None) -> TaskModule:
         if model is None:
@@ -283,6 +227,12 @@ class Fit:
         from taskfit.resume import finish_checkpoints, resolve_checkpoint, restore, wait_for_saves_quietly
 
         args = self.args
+        if getattr(self.strategy, "spawns", False):  # ddp_spawn: this process only launches the workers
+            from taskfit.launch import spawn_fit
+
+            return spawn_fit(self, model, train_data=train_data, eval_data=eval_data, data_collator=data_collator,
+                             datamodule=datamodule, resume_from_checkpoint=resume_from_checkpoint,
+                             weights_only=weights_only)
         if args.auto_find_batch_size and not getattr(self, "_auto_batch_size_active", False):  # halve on OOM
             return efficiency.fit_with_auto_batch_size(self, **{k: v for k, v in locals().items() if k != "self"})
         if resume_from_checkpoint is None:

@@ -2,6 +2,7 @@
 
 from taskfit.registry import Registry
 from taskfit.strategies.ddp import DDPStrategy
+from taskfit.strategies.dp import DataParallelStrategy
 from taskfit.strategies.fsdp import FSDPStrategy
 from taskfit.strategies.deepspeed import DeepSpeedStrategy
 from taskfit.strategies.parallel import DistributedError, ParallelStrategy
@@ -27,12 +28,12 @@ STRATEGIES.register("deepspeed_stage_3_offload_nvme", DeepSpeedStrategy, stage=3
 STRATEGIES.register("fsdp", FSDPStrategy, description="FSDP2 (fully_shard): parameters, gradients and optimizer "
                     "state sharded over the processes")
 STRATEGIES.register("fsdp2", FSDPStrategy, description="alias of 'fsdp' (built on FSDP2)")
+STRATEGIES.register("dp", DataParallelStrategy, description="torch.nn.DataParallel over several CUDA devices")
 _PENDING = {
-    "dp": "the distributed-strategies issue (#5)",
     "xla": "the accelerators issue (#6)",
     "xla_fsdp": "the accelerators issue (#6)",
 }
 for _name, _where in _PENDING.items():
     STRATEGIES.register(_name, SingleDeviceStrategy, pending=f"lands with {_where}")
 
-__all__ = ["STRATEGIES", "DDPStrategy", "DeepSpeedStrategy", "DistributedError", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]
+__all__ = ["STRATEGIES", "DDPStrategy", "DataParallelStrategy", "DeepSpeedStrategy", "DistributedError", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
+from lightning_utilities.core.rank_zero import rank_zero_only
 
 from taskfit.accelerators.accelerator import Accelerator
 from taskfit.io.checkpoint_io import CheckpointIO
@@ -68,20 +69,28 @@ class ParallelStrategy(Strategy):
 
     # -- topology ---------------------------------------------------------------------------------------
     @property
+    def env(self) -> ClusterEnvironment:
+        """The cluster environment; switches to the launched workers' ``env://`` variables once they exist (this
+        object may have been built before the launch, e.g. pickled into ``ddp_spawn`` workers)."""
+        if not self.cluster_environment.creates_processes_externally and TorchElasticEnvironment.detect():
+            self.cluster_environment = TorchElasticEnvironment()
+        return self.cluster_environment
+
+    @property
     def global_rank(self) -> int:
-        return self.cluster_environment.global_rank()
+        return self.env.global_rank()
 
     @property
     def local_rank(self) -> int:
-        return self.cluster_environment.local_rank()
+        return self.env.local_rank()
 
     @property
     def node_rank(self) -> int:
-        return self.cluster_environment.node_rank()
+        return self.env.node_rank()
 
     @property
     def world_size(self) -> int:
-        return self.cluster_environment.world_size()
+        return self.env.world_size()
 
     @property
     def spawns(self) -> bool:
@@ -98,12 +107,11 @@ class ParallelStrategy(Strategy):
         """
         if isinstance(self.launcher, SubprocessScriptLauncher) and not self.launcher.launched:
             self.launcher.launch()
-        if TorchElasticEnvironment.detect() and not isinstance(self.cluster_environment, TorchElasticEnvironment):
-            self.cluster_environment = TorchElasticEnvironment()  # now inside launched workers
         self.root_device = self._device_for(self.local_rank)
+        rank_zero_only.rank = self.global_rank  # spawned workers start without it
         super().setup_environment()
         if not dist.is_initialized():
-            env = self.cluster_environment
+            env = self.env
             os.environ.setdefault("MASTER_ADDR", env.main_address)
             os.environ.setdefault("MASTER_PORT", str(env.main_port))
             timeout = datetime.timedelta(seconds=float(getattr(self.args, "ddp_timeout", None) or 1800))

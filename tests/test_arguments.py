@@ -122,7 +122,7 @@ def test_output_dir_default_and_normalised_defaults():
     """F-CORE-4: output_dir defaults to "taskfit_output"; a default instance holds the normalised HF defaults."""
     a = FitArguments()
     assert a.output_dir == "taskfit_output"
-    assert a.report_to == list(installed_loggers())  # HF None = "all" = csv + every installed logger
+    assert a.report_to == ["csv"]  # default: the cheap CSV log only ("all" = csv + every installed logger)
     assert a.fsdp == [] and a.debug == [] and a.lr_scheduler_kwargs == {}
     assert (a.accelerator, a.strategy, a.devices, a.num_nodes, a.precision, a.checkpoint_io) == (
         "auto", "auto", "auto", 1, None, "auto")
@@ -377,7 +377,7 @@ def test_dict_options_accept_json_strings():
 
 
 def test_list_options_are_normalised():
-    """F-CORE-4: report_to and fsdp/debug become lists; "all"/None expand to csv + the installed loggers."""
+    """F-CORE-4: report_to and fsdp/debug become lists; "all" expands to csv + the installed loggers, None to csv."""
     assert FitArguments(report_to="none").report_to == []
     assert FitArguments(report_to=["none"]).report_to == []
     assert FitArguments(report_to="all").report_to == list(installed_loggers())

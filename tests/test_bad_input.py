@@ -105,9 +105,9 @@ def test_unknown_option_values_F_CORE_4():
 
 # ------------------------------------------------------------------------ pending components: at Fit(...) ---
 @pytest.mark.parametrize("kwargs, needle", [
-    ({"strategy": "dp"}, "#5"), ({"strategy": "fsdp"}, "#5"), ({"strategy": "deepspeed_stage_3"}, "#5"),
+    ({"strategy": "xla"}, "#6"), ({"strategy": "xla_fsdp"}, "#6"),
     ({"accelerator": "cuda"}, "#6"), ({"accelerator": "mps"}, "#6"),
-    ({"args": {"strategy": "fsdp"}}, "#5"),
+    ({"args": {"strategy": "xla"}}, "#6"),
 ])
 def test_pending_components_name_the_issue_F_CORE_3(kwargs, needle):
     """F-CORE-3: a known component that has not landed yet -> NotImplementedError naming it and the issue."""

@@ -4,20 +4,23 @@
 from __future__ import annotations
 
 import os
+import pickle
+import tempfile
 from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
 
-def _worker(local_rank: int, fn: Callable[..., Any], args: tuple, env: dict[str, str], queue: Any) -> None:
+def _worker(local_rank: int, fn: Callable[..., Any], payload: bytes, env: dict[str, str], result_path: str) -> None:
     os.environ.update(env, RANK=str(int(env["NODE_RANK"]) * int(env["_NPROCS"]) + local_rank),
                       LOCAL_RANK=str(local_rank))
     import torch
 
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    args = pickle.loads(payload)  # a private copy per worker (see MultiprocessingLauncher.launch)
     result = fn(*args)
-    if local_rank == 0:
-        queue.put(result)
+    if local_rank == 0:  # through a file: a queue would need the worker alive (shared memory) or could fill up
+        torch.save(result, result_path)
 
 
 class MultiprocessingLauncher:
@@ -40,8 +43,16 @@ class MultiprocessingLauncher:
                "WORLD_SIZE": str(self.num_processes * self.num_nodes), "NODE_RANK": str(self.node_rank),
                "TASKFIT_LAUNCHED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
                "_NPROCS": str(self.num_processes)}
-        ctx = mp.get_context(self.start_method)
-        queue = ctx.SimpleQueue()
-        mp.start_processes(_worker, args=(fn, args, env, queue), nprocs=self.num_processes, join=True,
-                           start_method=self.start_method)
-        return queue.get()
+        fd, path = tempfile.mkstemp(prefix="taskfit-spawn-", suffix=".pt")
+        os.close(fd)
+        try:
+            # plain pickle bytes: torch.multiprocessing would hand every worker the SAME shared-memory tensors,
+            # so the replicas' optimizers would all update one set of weights
+            payload = pickle.dumps(args)
+            mp.start_processes(_worker, args=(fn, payload, env, path), nprocs=self.num_processes, join=True,
+                               start_method=self.start_method)
+            import torch
+
+            return torch.load(path, weights_only=False)  # written by our own worker just now
+        finally:
+            os.unlink(path)

@@ -141,4 +141,6 @@ def assert_same_run(ref: dict, got: dict) -> None:
 if __name__ == "__main__":
     cfg = json.load(open(sys.argv[1]))
     torch.set_num_threads(1)
-    torch.save(run(cfg), cfg["result"])
+    result = run(cfg)
+    if os.environ.get("RANK", "0") == "0":  # under DDP every rank runs this; rank 0 reports
+        torch.save(result, cfg["result"])

@@ -137,14 +137,14 @@ def test_wandb_offline_run_folder_F_OBS_2(tmp_path, monkeypatch):
 
 # ------------------------------------------------------------------------------------------ by name ---
 def test_report_to_names_all_and_none_F_OBS_2(tmp_path):
-    """F-OBS-2: names build the matching classes under ``logging_dir``; ``all`` (and the default None) means
-    csv plus every installed logger; ``none`` builds nothing; a given object replaces the built one of its
+    """F-OBS-2: names build the matching classes under ``logging_dir``; ``all`` means csv plus every installed
+    logger, the default None csv only; ``none`` builds nothing; a given object replaces the built one of its
     class; an unknown name fails with the valid choices."""
     args = FitArguments(output_dir=str(tmp_path), report_to="all", logging_dir=str(tmp_path / "tb"))
     built = build_loggers(args)
     assert [lg.name for lg in built] == ["csv", "tensorboard", "mlflow", "wandb"]  # all installed here
     assert built[0].save_dir == str(tmp_path / "tb") and built[1].save_dir == str(tmp_path / "tb")
-    assert FitArguments().report_to == ["csv", "tensorboard", "mlflow", "wandb"]
+    assert FitArguments().report_to == ["csv"]
     assert build_loggers(FitArguments(report_to="none")) == []
     mine = CSVLogger(str(tmp_path / "mine"))
     both = build_loggers(FitArguments(report_to=["csv", "tensorboard"]), [mine])

@@ -36,8 +36,8 @@ def test_precision_plugin_from_flags_and_instances():
 def test_unknown_and_pending_names():
     with pytest.raises(ValueError, match=r'Unknown strategy .fdsp.\. Did you mean "fsdp"\?'):
         resolve_components(FitArguments(strategy="fdsp"))
-    with pytest.raises(NotImplementedError, match="distributed-strategies issue"):
-        resolve_components(FitArguments(strategy="fsdp"))
+    with pytest.raises(NotImplementedError, match="accelerators issue"):
+        resolve_components(FitArguments(strategy="xla"))
     with pytest.raises(NotImplementedError, match="accelerators issue"):
         resolve_components(FitArguments(accelerator="cuda"))
     several = resolve_components(FitArguments(devices=2))  # several processes: DDP (nothing launched yet)
