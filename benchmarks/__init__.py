@@ -14,7 +14,7 @@ from __future__ import annotations
 #: suite name -> one-line description
 SUITES = {
     "overhead": "taskfit vs a hand-written PyTorch loop (and Lightning / HF Trainer): per-step overhead, "
-                "import time, peak RSS, final-weight difference",
+    "import time, peak RSS, final-weight difference",
     "techniques": "efficiency-guide techniques on the MiniLM tweet classifier: throughput and peak memory",
     "strategies": "single device, DDP, FSDP, DeepSpeed on one job: throughput, memory per rank, checkpoints",
     "checkpoint": "sync vs async checkpoint saving, local and memory://: save/load time, size, hidden time",

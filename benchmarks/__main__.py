@@ -12,20 +12,39 @@ from benchmarks import SUITES
 
 def build_parser(prog: str = "python -m benchmarks") -> argparse.ArgumentParser:
     """The benchmark command line (also used by ``taskfit bench``)."""
-    p = argparse.ArgumentParser(prog=prog, description="Run a taskfit benchmark suite; results go to "
-                                "benchmarks/results/<suite>/ (JSON, Markdown, PNG).",
-                                epilog="suites: " + "; ".join(f"{k}: {v}" for k, v in SUITES.items()))
+    p = argparse.ArgumentParser(
+        prog=prog,
+        description="Run a taskfit benchmark suite; results go to "
+        "benchmarks/results/<suite>/ (JSON, Markdown, PNG).",
+        epilog="suites: " + "; ".join(f"{k}: {v}" for k, v in SUITES.items()),
+    )
     p.add_argument("suite", metavar="SUITE", help=f"one of: {', '.join(SUITES)}")
-    p.add_argument("--quick", action="store_true", help="short run (about 30 s); results go to a quick/ subfolder")
-    p.add_argument("--check", action="store_true", help="overhead only: exit 1 when taskfit's step-time ratio on "
-                   "the larger workloads exceeds 1.05 or its weights differ from the hand-written loop's")
+    p.add_argument(
+        "--quick", action="store_true", help="short run (about 30 s); results go to a quick/ subfolder"
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="overhead only: exit 1 when taskfit's step-time ratio on "
+        "the larger workloads exceeds 1.05 or its weights differ from the hand-written loop's",
+    )
     p.add_argument("--out", metavar="DIR", help="results folder (default benchmarks/results/<suite>/)")
     p.add_argument("--reps", type=int, metavar="N", help="repetitions (overhead, checkpoint)")
-    p.add_argument("--threads", type=int, default=1, metavar="N",
-                   help="torch.set_num_threads in every worker process (default 1; 1 also pins to one core)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        metavar="N",
+        help="torch.set_num_threads in every worker process (default 1; 1 also pins to one core)",
+    )
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
-    p.add_argument("--only", nargs="+", metavar="NAME", help="subset of rows: runners for overhead "
-                   "(raw taskfit lightning hf), row names for the other suites")
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        help="subset of rows: runners for overhead "
+        "(raw taskfit lightning hf), row names for the other suites",
+    )
     return p
 
 
@@ -47,7 +66,13 @@ def main(argv: Sequence[str] | None = None, prog: str = "python -m benchmarks") 
         if not torch.cuda.is_available():
             parser.error("--device cuda: no CUDA device is available here.")
     suite = importlib.import_module(f"benchmarks.{ns.suite}")
-    kwargs = dict(quick=ns.quick, out_dir=ns.out, reps=ns.reps, device=ns.device, threads=ns.threads)
+    kwargs = {
+        "quick": ns.quick,
+        "out_dir": ns.out,
+        "reps": ns.reps,
+        "device": ns.device,
+        "threads": ns.threads,
+    }
     try:
         if ns.suite == "overhead":
             return suite.run_suite(check=ns.check, runners=ns.only, **kwargs)

@@ -3,7 +3,8 @@
 
 The job: a ReLU MLP 784-2048-2048-2048-10 (10 M parameters; checkpoint ~120 MB with AdamW state), batch 32,
 20 steps with a checkpoint every 5 (4 saves), plus a row without saving. Per row, in a fresh process,
-after one short unmeasured warm-up fit, repeated ``--reps`` times (median, min-max): the whole fit time (s); the time each save blocks the training
+after one short unmeasured warm-up fit, repeated ``--reps`` times (median, min-max): the whole fit time (s);
+the time each save blocks the training
 loop (s, from the step's ``on_step_end`` to ``on_save``); the background time of an async save (s); the
 checkpoint size (bytes); the load time (s, reading and deserialising every file of the last checkpoint); and,
 per storage, the fraction of the synchronous save cost that async saving hides:
@@ -20,8 +21,18 @@ import uuid
 from typing import Any
 
 from benchmarks.common import (
-    default_out_dir, finish, fmt_bytes, fmt_range, log, machine_info, machine_label, md_table, run_worker,
-    select_rows, summary,
+    default_out_dir,
+    finish,
+    fmt_bytes,
+    fmt_range,
+    log,
+    machine_info,
+    machine_label,
+    md_note,
+    md_table,
+    run_worker,
+    select_rows,
+    summary,
 )
 
 SIZES = (784, 2048, 2048, 2048, 10)
@@ -31,8 +42,13 @@ STEPS, SAVE_EVERY = 20, 5
 QUICK_STEPS, QUICK_SAVE_EVERY = 8, 4
 REPS, QUICK_REPS = 3, 1
 #: (row name, checkpoint_io name or None for no saving, storage "local" | "memory")
-ROWS = [("no_save", None, "local"), ("sync_local", "torch", "local"), ("async_local", "async", "local"),
-        ("sync_memory", "torch", "memory"), ("async_memory", "async", "memory")]
+ROWS = [
+    ("no_save", None, "local"),
+    ("sync_local", "torch", "local"),
+    ("async_local", "async", "local"),
+    ("sync_memory", "torch", "memory"),
+    ("async_memory", "async", "memory"),
+]
 
 
 def precheck(row: tuple) -> str | None:
@@ -78,10 +94,21 @@ def _run_row(row: tuple, spec: dict[str, Any]) -> dict[str, Any]:
         out_dir = f"memory://taskfit-bench-{uuid.uuid4().hex[:8]}/{name}"
     else:
         out_dir = os.path.join(spec["tmp"], name)
-    extra = {"save_strategy": "no"} if io_name is None else {
-        "save_strategy": "steps", "save_steps": every, "checkpoint_io": io_name}
-    args = FitArguments(output_dir=out_dir, max_steps=steps, per_device_train_batch_size=BATCH, seed=0,
-                        logging_strategy="no", report_to="none", disable_tqdm=True, **extra)
+    extra = (
+        {"save_strategy": "no"}
+        if io_name is None
+        else {"save_strategy": "steps", "save_steps": every, "checkpoint_io": io_name}
+    )
+    args = FitArguments(
+        output_dir=out_dir,
+        max_steps=steps,
+        per_device_train_batch_size=BATCH,
+        seed=0,
+        logging_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        **extra,
+    )
     clock = step_clock()
     data = synthetic_data(BATCH * steps, sizes[0], sizes[-1])
     module = mlp_task(sizes)
@@ -91,8 +118,13 @@ def _run_row(row: tuple, spec: dict[str, Any]) -> dict[str, Any]:
     fit_s = time.perf_counter() - start
     io = fit.strategy.checkpoint_io
     step_gaps = [b - a for a, b in zip(clock.steps, clock.steps[1:])]
-    res: dict[str, Any] = {"fit_s": fit_s, "step_median_s": statistics.median(step_gaps), "saves": len(clock.saves),
-                           "blocking_s": [s for _, s in clock.saves], "io_class": type(io).__name__}
+    res: dict[str, Any] = {
+        "fit_s": fit_s,
+        "step_median_s": statistics.median(step_gaps),
+        "saves": len(clock.saves),
+        "blocking_s": [s for _, s in clock.saves],
+        "io_class": type(io).__name__,
+    }
     if hasattr(io, "last_background_seconds"):
         res["background_s"] = io.last_background_seconds
     if io_name is not None:
@@ -105,8 +137,15 @@ def _run_row(row: tuple, spec: dict[str, Any]) -> dict[str, Any]:
     return res
 
 
-def run_suite(*, quick: bool = False, out_dir: str | None = None, reps: int | None = None, device: str = "cpu",
-              threads: int = 1, only: list[str] | None = None) -> int:
+def run_suite(
+    *,
+    quick: bool = False,
+    out_dir: str | None = None,
+    reps: int | None = None,
+    device: str = "cpu",
+    threads: int = 1,
+    only: list[str] | None = None,
+) -> int:
     """Run the checkpoint suite; write ``results.json``, ``results.md``, ``checkpoint.png``; print the table.
 
     Args:
@@ -120,8 +159,11 @@ def run_suite(*, quick: bool = False, out_dir: str | None = None, reps: int | No
     rows = select_rows("checkpoint", ROWS, only, "no_save")
     reps = reps or (QUICK_REPS if quick else REPS)
     info = machine_info(threads, device)
-    spec = {"steps": QUICK_STEPS if quick else STEPS, "save_every": QUICK_SAVE_EVERY if quick else SAVE_EVERY,
-            "sizes": list(QUICK_SIZES if quick else SIZES)}
+    spec = {
+        "steps": QUICK_STEPS if quick else STEPS,
+        "save_every": QUICK_SAVE_EVERY if quick else SAVE_EVERY,
+        "sizes": list(QUICK_SIZES if quick else SIZES),
+    }
     log(f"checkpoint: {len(rows)} rows x {reps} reps ({machine_label(info)})")
     skipped = {r[0]: reason for r in rows if (reason := precheck(r))}
     for n, reason in skipped.items():
@@ -130,17 +172,34 @@ def run_suite(*, quick: bool = False, out_dir: str | None = None, reps: int | No
     per_rep: dict[str, list[dict[str, Any]]] = {n: [] for n in runnable}
     started = time.perf_counter()
     for rep in range(reps):
-        for group in ([runnable] if quick else [[n] for n in runnable]):  # interleaved rows per repetition
+        for group in [runnable] if quick else [[n] for n in runnable]:  # interleaved rows per repetition
             res = run_worker("checkpoint", {**spec, "rows": group}, threads=threads)
             for n in group:
                 r = res.get("rows", {}).get(n) or {k: res[k] for k in ("error", "skipped") if k in res}
                 per_rep[n].append(r)
-                log(f"  rep {rep} {n:13s} " + (f"fit {r['fit_s']:.2f} s, blocking {sum(r['blocking_s']):.3f} s"
-                                               if "fit_s" in r else str(r.get("skipped") or r.get("error"))[:300]))
-    data = {"machine": info, "settings": {**spec, "batch": BATCH, "reps": reps, "threads": threads,
-                                          "process_per": "repetition" if quick else "row and repetition"},
-            "rows": _aggregate(rows, per_rep, skipped), "elapsed_s": time.perf_counter() - started}
-    finish("checkpoint", data, markdown(data), out_dir or default_out_dir("checkpoint", device, quick), _chart)
+                log(
+                    f"  rep {rep} {n:13s} "
+                    + (
+                        f"fit {r['fit_s']:.2f} s, blocking {sum(r['blocking_s']):.3f} s"
+                        if "fit_s" in r
+                        else str(r.get("skipped") or r.get("error"))[:300]
+                    )
+                )
+    data = {
+        "machine": info,
+        "settings": {
+            **spec,
+            "batch": BATCH,
+            "reps": reps,
+            "threads": threads,
+            "process_per": "repetition" if quick else "row and repetition",
+        },
+        "rows": _aggregate(rows, per_rep, skipped),
+        "elapsed_s": time.perf_counter() - started,
+    }
+    finish(
+        "checkpoint", data, markdown(data), out_dir or default_out_dir("checkpoint", device, quick), _chart
+    )
     return 0
 
 
@@ -152,14 +211,20 @@ def _aggregate(rows: list[tuple], per_rep: dict[str, list[dict]], skipped: dict[
             continue
         ok = [r for r in per_rep[name] if "fit_s" in r]
         bad = [r.get("skipped") or r.get("error") for r in per_rep[name] if "fit_s" not in r]
-        agg[name] = {"io": io_name, "storage": storage, "fit_s": summary([r["fit_s"] for r in ok]),
-                     "blocking_per_save_s": summary([statistics.mean(r["blocking_s"]) for r in ok if r["blocking_s"]]),
-                     "background_s": summary([r["background_s"] for r in ok if "background_s" in r]),
-                     "load_s": summary([r["load_s"] for r in ok if "load_s" in r]),
-                     "checkpoint_bytes": max((r["checkpoint_bytes"] for r in ok if "checkpoint_bytes" in r),
-                                             default=None),
-                     "saves": ok[0]["saves"] if ok else None, "io_class": ok[0]["io_class"] if ok else None,
-                     "per_rep": per_rep[name]}
+        agg[name] = {
+            "io": io_name,
+            "storage": storage,
+            "fit_s": summary([r["fit_s"] for r in ok]),
+            "blocking_per_save_s": summary([statistics.mean(r["blocking_s"]) for r in ok if r["blocking_s"]]),
+            "background_s": summary([r["background_s"] for r in ok if "background_s" in r]),
+            "load_s": summary([r["load_s"] for r in ok if "load_s" in r]),
+            "checkpoint_bytes": max(
+                (r["checkpoint_bytes"] for r in ok if "checkpoint_bytes" in r), default=None
+            ),
+            "saves": ok[0]["saves"] if ok else None,
+            "io_class": ok[0]["io_class"] if ok else None,
+            "per_rep": per_rep[name],
+        }
         if bad and not ok:
             agg[name]["skipped" if all(r and "not" in str(r) for r in bad) else "error"] = bad[0]
     base = (agg.get("no_save") or {}).get("fit_s")
@@ -175,25 +240,72 @@ def markdown(data: dict) -> str:
     """One line per row: fit time, cost over no saving, blocking per save, background, size, load."""
     s = data["settings"]
     base = (data["rows"].get("no_save") or {}).get("fit_s")
-    lines = ["### Checkpoint saving: sync vs async, local vs memory://", "",
-             f"{machine_label(data['machine'])}; MLP {'-'.join(map(str, s['sizes']))}, batch {s['batch']}, "
-             f"{s['steps']} steps, a checkpoint every {s['save_every']} steps; {s['reps']} repetition(s), one "
-             f"fresh process per {s['process_per']}; median (min-max).", ""]
+    lines = [
+        "### Checkpoint saving: sync vs async, local vs memory://",
+        "",
+        (
+            f"{machine_label(data['machine'])}; MLP {'-'.join(map(str, s['sizes']))}, batch {s['batch']}, "
+            f"{s['steps']} steps, a checkpoint every {s['save_every']} steps; {s['reps']} repetition(s), one "
+            f"fresh process per {s['process_per']}; median (min-max)."
+        ),
+        "",
+    ]
     rows = []
     for name, r in data["rows"].items():
         if "fit_s" not in r or not r["fit_s"]:
-            rows.append([name, r["io"] or "-", r["storage"], "", "", "", "", "", "", "",
-                         ("skipped: " + str(r.get("skipped")) if "skipped" in r else f"failed: {r.get('error')}")[:200]])
+            rows.append(
+                [
+                    name,
+                    r["io"] or "-",
+                    r["storage"],
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "",
+                    "skipped: " + md_note(r.get("skipped"))
+                    if "skipped" in r
+                    else "failed: " + md_note(r.get("error")),
+                ]
+            )
             continue
         cost = (r["fit_s"]["median"] - base["median"]) if base and name != "no_save" else None
         hidden = r.get("hidden_fraction")
-        rows.append([name, r["io"] or "-", r["storage"], fmt_range(r["fit_s"], 1, 2),
-                     "-" if cost is None else f"{cost:+.2f}", fmt_range(r["blocking_per_save_s"], 1, 3),
-                     fmt_range(r["background_s"], 1, 3), fmt_bytes(r["checkpoint_bytes"]), fmt_range(r["load_s"], 1, 3),
-                     "-" if hidden is None else f"{hidden:.0%}", ""])
-    lines.append(md_table(["row", "checkpoint_io", "storage", "fit s", "cost over no saving, s",
-                           "blocking per save, s", "background per save, s", "checkpoint size", "load s",
-                           "save cost hidden by async", "note"], rows))
+        rows.append(
+            [
+                name,
+                r["io"] or "-",
+                r["storage"],
+                fmt_range(r["fit_s"], 1, 2),
+                "-" if cost is None else f"{cost:+.2f}",
+                fmt_range(r["blocking_per_save_s"], 1, 3),
+                fmt_range(r["background_s"], 1, 3),
+                fmt_bytes(r["checkpoint_bytes"]),
+                fmt_range(r["load_s"], 1, 3),
+                "-" if hidden is None else f"{hidden:.0%}",
+                "",
+            ]
+        )
+    lines.append(
+        md_table(
+            [
+                "row",
+                "checkpoint_io",
+                "storage",
+                "fit s",
+                "cost over no saving, s",
+                "blocking per save, s",
+                "background per save, s",
+                "checkpoint size",
+                "load s",
+                "save cost hidden by async",
+                "note",
+            ],
+            rows,
+        )
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -203,8 +315,15 @@ def _chart(data: dict, out: str) -> None:
     done = {n: r for n, r in data["rows"].items() if r.get("fit_s") and n != "no_save"}
     if not done:
         return
-    series = {"blocking per save, s": [(r["blocking_per_save_s"] or {}).get("median") for r in done.values()],
-              "load, s": [(r["load_s"] or {}).get("median") for r in done.values()]}
-    grouped_bars(os.path.join(out, "checkpoint.png"), list(done), series, ylabel="seconds",
-                 title="Checkpoint: time a save blocks training, and load time",
-                 subtitle=machine_label(data["machine"]))
+    series = {
+        "blocking per save, s": [(r["blocking_per_save_s"] or {}).get("median") for r in done.values()],
+        "load, s": [(r["load_s"] or {}).get("median") for r in done.values()],
+    }
+    grouped_bars(
+        os.path.join(out, "checkpoint.png"),
+        list(done),
+        series,
+        ylabel="seconds",
+        title="Checkpoint: time a save blocks training, and load time",
+        subtitle=machine_label(data["machine"]),
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import importlib.metadata
+import itertools
 import json
 import os
 import platform
@@ -59,11 +60,17 @@ def machine_info(threads: int, device: str = "cpu") -> dict[str, Any]:
     ``"cuda"``), date (UTC). ``threads`` is the ``torch.set_num_threads`` value the workers used."""
     info: dict[str, Any] = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M"),
-        "python": platform.python_version(), "platform": platform.platform(),
-        "cpu": cpu_model(), "cpu_count": os.cpu_count(), "threads": threads, "device": device,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "threads": threads,
+        "device": device,
         "glibc_tunables": GLIBC_TUNABLES,
-        "versions": {name: package_version(name) for name in ("taskfit", "torch", "lightning", "transformers",
-                                                               "deepspeed", "bitsandbytes")},
+        "versions": {
+            name: package_version(name)
+            for name in ("taskfit", "torch", "lightning", "transformers", "deepspeed", "bitsandbytes")
+        },
     }
     if device.startswith("cuda"):
         import torch
@@ -76,8 +83,10 @@ def machine_label(info: dict[str, Any]) -> str:
     """One line naming the machine and software, printed above every table."""
     v = info["versions"]
     gpu = f", GPU {info['gpu']}" if info.get("gpu") else ""
-    return (f"torch {v['torch']}, Python {info['python']}, CPU {info['cpu']} ({info['cpu_count']} cores){gpu}, "
-            f"{info['threads']} thread(s) per process, {info['date_utc']} UTC")
+    return (
+        f"torch {v['torch']}, Python {info['python']}, CPU {info['cpu']} ({info['cpu_count']} cores){gpu}, "
+        f"{info['threads']} thread(s) per process, {info['date_utc']} UTC"
+    )
 
 
 def default_out_dir(suite: str, device: str = "cpu", quick: bool = False) -> Path:
@@ -101,7 +110,7 @@ def summary(values: list[float]) -> dict[str, float] | None:
 def step_times(stamps: list[float], warmup: int) -> list[float]:
     """Per-step durations (seconds) from the fetch timestamps of consecutive batches, dropping the first
     ``warmup`` steps."""
-    diffs = [b - a for a, b in zip(stamps, stamps[1:])]
+    diffs = [b - a for a, b in itertools.pairwise(stamps)]
     return diffs[warmup:] if len(diffs) > warmup else diffs
 
 
@@ -176,9 +185,17 @@ def worker_env(threads: int = 1) -> dict[str, str]:
     """Environment of every worker: ``threads`` OpenMP/MKL threads, fixed glibc allocator thresholds, the repo
     root on ``PYTHONPATH``, Hugging Face offline, no tokenizer threads, warnings quiet."""
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads), GLIBC_TUNABLES=GLIBC_TUNABLES,
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONWARNINGS="ignore", HF_HUB_DISABLE_TELEMETRY="1", TQDM_DISABLE="1")
+    env.update(
+        OMP_NUM_THREADS=str(threads),
+        MKL_NUM_THREADS=str(threads),
+        GLIBC_TUNABLES=GLIBC_TUNABLES,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        TOKENIZERS_PARALLELISM="false",
+        PYTHONWARNINGS="ignore",
+        HF_HUB_DISABLE_TELEMETRY="1",
+        TQDM_DISABLE="1",
+    )
     path = env.get("PYTHONPATH")
     env["PYTHONPATH"] = str(REPO_ROOT) + (os.pathsep + path if path else "")
     return env
@@ -202,9 +219,15 @@ def run_worker(task: str, spec: dict[str, Any], *, threads: int = 1, timeout: fl
     with tempfile.TemporaryDirectory(prefix="taskfit-bench-") as tmp:
         spec = {**spec, "out": os.path.join(tmp, "result.json"), "tmp": tmp, "threads": threads}
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "benchmarks.worker", task, json.dumps(spec)],
-                              cwd=REPO_ROOT, env=worker_env(threads), capture_output=True, text=True,
-                              timeout=timeout)
+        proc = subprocess.run(
+            [sys.executable, "-m", "benchmarks.worker", task, json.dumps(spec)],
+            cwd=REPO_ROOT,
+            env=worker_env(threads),
+            capture_output=True,
+            check=False,
+            text=True,
+            timeout=timeout,
+        )
         wall = time.perf_counter() - start
         try:
             with open(spec["out"]) as f:
@@ -227,7 +250,9 @@ def write_results(out_dir: str | os.PathLike, suite: str, data: dict[str, Any], 
     return paths
 
 
-def select_rows(kind: str, rows: list[tuple], only: list[str] | None, always: str | None = None) -> list[tuple]:
+def select_rows(
+    kind: str, rows: list[tuple], only: list[str] | None, always: str | None = None
+) -> list[tuple]:
     """The rows (tuples whose first item is the name) named in ``only`` (all when None) plus ``always``.
 
     Raises:
@@ -240,8 +265,9 @@ def select_rows(kind: str, rows: list[tuple], only: list[str] | None, always: st
     return [r for r in rows if not only or r[0] in only or r[0] == always]
 
 
-def finish(suite: str, data: dict[str, Any], markdown: str, out_dir: str | os.PathLike,
-           chart: Any = None) -> None:
+def finish(
+    suite: str, data: dict[str, Any], markdown: str, out_dir: str | os.PathLike, chart: Any = None
+) -> None:
     """Write the suite's results (:func:`write_results`), its charts (``chart(data, out_dir)``), print the
     Markdown to stdout and say where the files are."""
     write_results(out_dir, suite, data, markdown)
@@ -249,6 +275,15 @@ def finish(suite: str, data: dict[str, Any], markdown: str, out_dir: str | os.Pa
         chart(data, str(out_dir))
     print(markdown)
     log(f"results in {out_dir}")
+
+
+def md_note(text: Any, limit: int = 200) -> str:
+    """One Markdown-table-safe line for a skip reason or an error: for a traceback tail, its last line naming
+    an exception; ``|`` escaped, newlines folded, cut to ``limit`` characters."""
+    lines = [ln.strip() for ln in str(text or "").splitlines() if ln.strip()]
+    errors = [ln for ln in lines if "Error" in ln or "Exception" in ln]
+    line = errors[-1] if errors else " ".join(lines)
+    return line.replace("|", "/")[:limit]
 
 
 def md_table(header: list[str], rows: list[list[Any]]) -> str:

@@ -4,33 +4,37 @@ checkpoint folder."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+from taskfit import Callback, TaskModule
 
-def mlp_task(sizes: tuple[int, ...], seed: int = 0) -> Any:
+
+class MLPClassifier(TaskModule):
     """A TaskModule: ReLU MLP with layer widths ``sizes`` (input first, classes last), cross-entropy on
     ``(x, y)`` batches, the default optimizer from the arguments (so strategies such as DeepSpeed can build
-    their own). Initialised from ``seed``."""
-    import torch
-    import torch.nn.functional as F
-    from taskfit import TaskModule
+    their own). Defined at module level so that spawn-started ranks can unpickle it."""
 
-    class MLPClassifier(TaskModule):
-        def __init__(self) -> None:
-            super().__init__()
-            layers: list[torch.nn.Module] = []
-            for a, b in zip(sizes, sizes[1:]):
-                layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
-            self.net = torch.nn.Sequential(*layers[:-1])
+    def __init__(self, sizes: tuple[int, ...]) -> None:
+        super().__init__()
+        layers: list[torch.nn.Module] = []
+        for a, b in itertools.pairwise(sizes):
+            layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+        self.net = torch.nn.Sequential(*layers[:-1])
 
-        def training_step(self, batch: Any, batch_idx: int) -> Any:
-            x, y = batch
-            return F.cross_entropy(self.net(x), y)
+    def training_step(self, batch: Any, batch_idx: int) -> Any:
+        x, y = batch
+        return F.cross_entropy(self.net(x), y)
 
+
+def mlp_task(sizes: tuple[int, ...], seed: int = 0) -> MLPClassifier:
+    """:class:`MLPClassifier` over ``sizes``, initialised from ``seed``."""
     torch.manual_seed(seed)
-    return MLPClassifier()
+    return MLPClassifier(tuple(sizes))
 
 
 def synthetic_data(n: int, features: int, classes: int, seed: int = 1) -> Any:
@@ -43,22 +47,23 @@ def synthetic_data(n: int, features: int, classes: int, seed: int = 1) -> Any:
     return TensorDataset(torch.randn(n, features, generator=g), torch.randint(0, classes, (n,), generator=g))
 
 
-def step_clock() -> Any:
-    """A taskfit ``Callback`` recording ``time.perf_counter()`` (s) at every ``on_step_end`` (``steps``) and
-    every ``on_save`` (``saves``: ``(global_step, seconds since that step's on_step_end)``)."""
-    from taskfit import Callback
+class StepClock(Callback):
+    """Records ``time.perf_counter()`` (s) at every ``on_step_end`` (``steps``) and at every ``on_save``
+    (``saves``: ``(global_step, seconds since that step's on_step_end)``)."""
 
-    class StepClock(Callback):
-        def __init__(self) -> None:
-            self.steps: list[float] = []
-            self.saves: list[tuple[int, float]] = []
+    def __init__(self) -> None:
+        self.steps: list[float] = []
+        self.saves: list[tuple[int, float]] = []
 
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.steps.append(time.perf_counter())
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.steps.append(time.perf_counter())
 
-        def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.saves.append((state.global_step, time.perf_counter() - self.steps[-1]))
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.saves.append((state.global_step, time.perf_counter() - self.steps[-1]))
 
+
+def step_clock() -> StepClock:
+    """A fresh :class:`StepClock`."""
     return StepClock()
 
 
@@ -102,8 +107,8 @@ def newest_checkpoint(output_dir: str, storage_options: dict | None = None) -> s
     found = []
     for entry in fs.ls(root, detail=False):
         base = entry.rstrip("/").rsplit("/", 1)[-1]
-        if base.startswith("checkpoint-") and base[len("checkpoint-"):].isdigit():
-            found.append((int(base[len("checkpoint-"):]), base))
+        if base.startswith("checkpoint-") and base[len("checkpoint-") :].isdigit():
+            found.append((int(base[len("checkpoint-") :]), base))
     if not found:
         return None
     base = max(found)[1]

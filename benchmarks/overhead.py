@@ -4,15 +4,20 @@ installed) on the same model, data order and optimizer.
 Method (see ``/work/shared/BENCHMARKING.md``): every runner trains in its own fresh process (one BLAS thread,
 pinned to one core, same allocator settings); runners are interleaved (raw, taskfit, Lightning, HF, raw, ...)
 for several repetitions; the per-step time is the median of the intervals between consecutive batch fetches
-after the warm-up steps; the ratio runner/raw and the absolute overhead (µs/step) are taken per repetition and
+after the warm-up steps; the ratio runner/raw and the absolute overhead (µs/step) are taken per repetition
+and
 summarised as median (min-max). Full runs start one process per (runner, workload, repetition); ``--quick``
 runs one process per (runner, repetition) for all workloads, raw and taskfit only. Also reported: the
 whole-call time (set-up + all steps, seconds), ``import torch`` and framework import times (seconds), the
 peak RSS (bytes) and the largest absolute difference of the final weights from the hand-written loop's
 (exactly 0 expected in fp32).
 
-``--check`` exits with status 1 when taskfit's median ratio on the larger workloads (``mlp``, ``transformer``)
-exceeds :data:`CHECK_RATIO`, or when taskfit's final weights differ from the hand-written loop's.
+``--check`` exits with status 1 when taskfit's ratio on the larger workloads (``mlp``, ``transformer``)
+exceeds
+:data:`CHECK_RATIO` both as the median of per-repetition ratios and best-of-repetitions (fastest taskfit
+repetition over fastest raw one: load from other processes only adds time, so a real regression shows in
+both while a disturbed repetition does not fail the gate), or when taskfit's final weights differ from the
+hand-written loop's.
 """
 
 from __future__ import annotations
@@ -23,8 +28,19 @@ import time
 from typing import Any
 
 from benchmarks.common import (
-    default_out_dir, fmt_bytes, fmt_range, log, machine_info, machine_label, md_table, peak_rss_bytes, pin_core,
-    run_worker, step_times, summary, write_results,
+    default_out_dir,
+    fmt_bytes,
+    fmt_range,
+    log,
+    machine_info,
+    machine_label,
+    md_table,
+    peak_rss_bytes,
+    pin_core,
+    run_worker,
+    step_times,
+    summary,
+    write_results,
 )
 
 #: ``--check`` fails above this taskfit/raw per-step time ratio on the larger workloads
@@ -50,8 +66,13 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     runner = spec["runner"]
     framework_s = runners.import_framework(runner)
-    out: dict[str, Any] = {"runner": runner, "import_torch_s": torch_s, "import_framework_s": framework_s,
-                           "torch_threads": torch.get_num_threads(), "workloads": {}}
+    out: dict[str, Any] = {
+        "runner": runner,
+        "import_torch_s": torch_s,
+        "import_framework_s": framework_s,
+        "torch_threads": torch.get_num_threads(),
+        "workloads": {},
+    }
     for name in spec["workloads"]:
         job = build_job(name, spec["steps"][name], device=spec.get("device", "cpu"))
         call_s = runners.run(runner, job, os.path.join(spec["tmp"], name))
@@ -59,8 +80,12 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
         weights = os.path.join(spec["weights_dir"], f"{runner}-{name}-{spec['rep']}.pt")
         torch.save({k: v.detach().cpu() for k, v in job.net.state_dict().items()}, weights)
         out["workloads"][name] = {
-            "steps": job.steps, "measured_steps": len(times), "step_median_s": _median(times),
-            "step_mean_s": sum(times) / len(times), "call_s": call_s, "peak_rss_bytes": peak_rss_bytes(),
+            "steps": job.steps,
+            "measured_steps": len(times),
+            "step_median_s": _median(times),
+            "step_mean_s": sum(times) / len(times),
+            "call_s": call_s,
+            "peak_rss_bytes": peak_rss_bytes(),
             "weights": weights,
         }
     return out
@@ -85,10 +110,19 @@ def _weight_diff(path: str, ref: str) -> float | None:
     return max(((a[k].double() - b[k].double()).abs().max().item() for k in a), default=0.0)
 
 
-def run_suite(*, quick: bool = False, check: bool = False, out_dir: str | None = None, reps: int | None = None,
-              device: str = "cpu", threads: int = 1, runners: list[str] | None = None,
-              workloads: list[str] | None = None, steps: dict[str, int] | None = None,
-              in_process: bool = False) -> int:
+def run_suite(
+    *,
+    quick: bool = False,
+    check: bool = False,
+    out_dir: str | None = None,
+    reps: int | None = None,
+    device: str = "cpu",
+    threads: int = 1,
+    runners: list[str] | None = None,
+    workloads: list[str] | None = None,
+    steps: dict[str, int] | None = None,
+    in_process: bool = False,
+) -> int:
     """Run the overhead suite, write ``results.json``/``results.md``/``overhead.png`` and print the table.
 
     Args:
@@ -129,7 +163,9 @@ def run_suite(*, quick: bool = False, check: bool = False, out_dir: str | None =
     steps = {w: (steps or {}).get(w) or WORKLOADS[w]["quick_steps" if quick else "steps"] for w in workloads}
     core = pin_core() if threads == 1 else None
     info = machine_info(threads, device)
-    log(f"overhead: {len(runners)} runners x {len(workloads)} workloads x {reps} reps ({machine_label(info)})")
+    log(
+        f"overhead: {len(runners)} runners x {len(workloads)} workloads x {reps} reps ({machine_label(info)})"
+    )
     raw_results: dict[tuple[str, str, int], dict[str, Any]] = {}
     per_process: dict[str, list[dict[str, Any]]] = {r: [] for r in runners}
     started = time.perf_counter()
@@ -138,10 +174,21 @@ def run_suite(*, quick: bool = False, check: bool = False, out_dir: str | None =
         for rep in range(reps):
             for group in groups:
                 for r in runners:  # interleaved: raw, taskfit, peers, raw, taskfit, ...
-                    spec = {"runner": r, "workloads": group, "steps": steps, "warmup": warmup, "rep": rep,
-                            "device": device, "weights_dir": weights_dir, "pin_core": core}
-                    res = (worker({**spec, "threads": threads, "tmp": weights_dir}) if in_process
-                           else run_worker("overhead", spec, threads=threads))
+                    spec = {
+                        "runner": r,
+                        "workloads": group,
+                        "steps": steps,
+                        "warmup": warmup,
+                        "rep": rep,
+                        "device": device,
+                        "weights_dir": weights_dir,
+                        "pin_core": core,
+                    }
+                    res = (
+                        worker({**spec, "threads": threads, "tmp": weights_dir})
+                        if in_process
+                        else run_worker("overhead", spec, threads=threads)
+                    )
                     if "error" in res or "skipped" in res:
                         log(f"  rep {rep} {r} {group}: {res.get('error') or res.get('skipped')}")
                         per_process[r].append(res)
@@ -149,18 +196,33 @@ def run_suite(*, quick: bool = False, check: bool = False, out_dir: str | None =
                     per_process[r].append(res)
                     for w, wres in res["workloads"].items():
                         raw_results[(r, w, rep)] = wres
-                        log(f"  rep {rep} {r:9s} {w:12s} {wres['step_median_s'] * 1e3:8.3f} ms/step  "
-                            f"call {wres['call_s']:.2f} s")
+                        log(
+                            f"  rep {rep} {r:9s} {w:12s} {wres['step_median_s'] * 1e3:8.3f} ms/step  "
+                            f"call {wres['call_s']:.2f} s"
+                        )
         for (r, w, rep), wres in raw_results.items():
             ref = raw_results.get(("raw", w, rep))
             wres["weight_max_abs_diff"] = _weight_diff(wres["weights"], ref["weights"]) if ref else None
     data = _aggregate(raw_results, per_process, runners, workloads, reps)
-    data.update(machine=info, settings={"quick": quick, "reps": reps, "warmup_steps": warmup, "steps": steps,
-                                        "threads": threads, "pinned_core": core, "device": device,
-                                        "process_per": ("none (in-process smoke)" if in_process else
-                                                        "runner+rep" if quick else "runner+workload+rep"),
-                                        "check_ratio": CHECK_RATIO, "larger_workloads": list(LARGER_WORKLOADS)},
-                skipped_runners={r: skipped[r] for r in skipped}, elapsed_s=time.perf_counter() - started)
+    data.update(
+        machine=info,
+        settings={
+            "quick": quick,
+            "reps": reps,
+            "warmup_steps": warmup,
+            "steps": steps,
+            "threads": threads,
+            "pinned_core": core,
+            "device": device,
+            "process_per": (
+                "none (in-process smoke)" if in_process else "runner+rep" if quick else "runner+workload+rep"
+            ),
+            "check_ratio": CHECK_RATIO,
+            "larger_workloads": list(LARGER_WORKLOADS),
+        },
+        skipped_runners={r: skipped[r] for r in skipped},
+        elapsed_s=time.perf_counter() - started,
+    )
     failures = _check_failures(data, workloads)
     data["check"] = {"requested": check, "failures": failures, "passed": not failures}
     md = markdown(data)
@@ -192,18 +254,35 @@ def _aggregate(results: dict, per_process: dict, runners: list[str], workloads: 
                 "call_s": summary([x["call_s"] for x in ok]),
                 "peak_rss_bytes": summary([x["peak_rss_bytes"] for x in ok]),
                 "ratio": summary([x["step_median_s"] / y["step_median_s"] for x, y in pairs]),
+                # best-of-repetitions: other processes on the machine only ever add time, so the fastest
+                # repetition of each runner is the least disturbed estimate
+                "best_ratio": (
+                    min(x["step_median_s"] for x, _ in pairs) / min(y["step_median_s"] for _, y in pairs)
+                    if pairs
+                    else None
+                ),
+                "best_overhead_us": (
+                    (min(x["step_median_s"] for x, _ in pairs) - min(y["step_median_s"] for _, y in pairs))
+                    * 1e6
+                    if pairs
+                    else None
+                ),
                 "overhead_us": summary([(x["step_median_s"] - y["step_median_s"]) * 1e6 for x, y in pairs]),
-                "weight_max_abs_diff": max((x["weight_max_abs_diff"] for x in ok
-                                            if x.get("weight_max_abs_diff") is not None), default=None),
+                "weight_max_abs_diff": max(
+                    (x["weight_max_abs_diff"] for x in ok if x.get("weight_max_abs_diff") is not None),
+                    default=None,
+                ),
                 "per_rep": [{k: v for k, v in x.items() if k != "weights"} if x else None for x in rows],
             }
     imports = {}
     for r in runners:
         ok = [p for p in per_process[r] if "workloads" in p]
-        imports[r] = {"import_torch_s": summary([p["import_torch_s"] for p in ok]),
-                      "import_framework_s": summary([p["import_framework_s"] for p in ok]),
-                      "import_total_s": summary([p["import_torch_s"] + p["import_framework_s"] for p in ok]),
-                      "errors": [p.get("error") or p.get("skipped") for p in per_process[r] if "workloads" not in p]}
+        imports[r] = {
+            "import_torch_s": summary([p["import_torch_s"] for p in ok]),
+            "import_framework_s": summary([p["import_framework_s"] for p in ok]),
+            "import_total_s": summary([p["import_torch_s"] + p["import_framework_s"] for p in ok]),
+            "errors": [p.get("error") or p.get("skipped") for p in per_process[r] if "workloads" not in p],
+        }
     return {"workloads": table, "imports": imports, "runners": runners}
 
 
@@ -218,11 +297,16 @@ def _check_failures(data: dict, workloads: list[str]) -> list[str]:
         if row["ratio"] is None:
             failures.append(f"{w}: taskfit produced no measurement")
             continue
-        if w in LARGER_WORKLOADS and row["ratio"]["median"] > CHECK_RATIO:
-            failures.append(f"{w}: taskfit/raw step-time ratio {row['ratio']['median']:.3f} > {CHECK_RATIO}")
+        if w in LARGER_WORKLOADS and min(row["ratio"]["median"], row["best_ratio"]) > CHECK_RATIO:
+            failures.append(
+                f"{w}: taskfit/raw step-time ratio {row['ratio']['median']:.3f} (best-of-repetitions "
+                f"{row['best_ratio']:.3f}) > {CHECK_RATIO}"
+            )
         if row["weight_max_abs_diff"] != 0.0:
-            failures.append(f"{w}: taskfit's final weights differ from the hand-written loop's by "
-                            f"{row['weight_max_abs_diff']}")
+            failures.append(
+                f"{w}: taskfit's final weights differ from the hand-written loop's by "
+                f"{row['weight_max_abs_diff']}"
+            )
     return failures
 
 
@@ -233,10 +317,18 @@ def markdown(data: dict) -> str:
 
     runners, s = data["runners"], data["settings"]
     labels = [RUNNERS[r][0] for r in runners]
-    lines = [f"### Overhead against a hand-written loop ({'quick' if s['quick'] else 'full'} run)", "",
-             f"{machine_label(data['machine'])}; {s['reps']} interleaved repetitions, one fresh process per "
-             f"{s['process_per'].replace('+', ' x ')}, {s['warmup_steps']} warm-up steps; AdamW, fp32, "
-             "no clipping, logging, checkpointing or progress bar. Cells: median (min-max) over repetitions.", ""]
+    lines = [
+        f"### Overhead against a hand-written loop ({'quick' if s['quick'] else 'full'} run)",
+        "",
+        (
+            f"{machine_label(data['machine'])}; {s['reps']} interleaved repetitions, one fresh process per "
+            f"{s['process_per'].replace('+', ' x ')}, {s['warmup_steps']} warm-up steps; AdamW, fp32, "
+            "no clipping, logging, checkpointing or progress bar. Cells: overhead over the hand-written loop and "
+            "ratio, median (min-max) of the per-repetition values; best-of: fastest repetition of the runner "
+            "against the fastest of the hand-written loop (least disturbed by other load on the machine)."
+        ),
+        "",
+    ]
     header = ["workload", f"{labels[0]} ms/step"] + [f"{lab}" for lab in labels[1:]]
     rows = []
     for w, per in data["workloads"].items():
@@ -247,30 +339,68 @@ def markdown(data: dict) -> str:
             if not x["ratio"]:
                 row.append("-")
                 continue
-            row.append(f"{x['overhead_us']['median']:+.0f} µs/step ({x['ratio']['median']:.3f}x, "
-                       f"{x['ratio']['min']:.3f}-{x['ratio']['max']:.3f})")
+            row.append(
+                f"{x['overhead_us']['median']:+.0f} µs/step ({x['ratio']['median']:.3f}x, "
+                f"{x['ratio']['min']:.3f}-{x['ratio']['max']:.3f}); "
+                f"best-of: {x['best_overhead_us']:+.0f} µs, "
+                f"{x['best_ratio']:.3f}x"
+            )
         rows.append(row)
     lines += [md_table(header, rows), ""]
-    rows = [[WORKLOADS[w]["title"]] + [fmt_range(per[r]["step_s"], 1e3, 3) for r in runners]
-            for w, per in data["workloads"].items()]
-    lines += ["Per-step time, ms (median of per-process medians):", "",
-              md_table(["workload"] + labels, rows), ""]
-    rows = [[WORKLOADS[w]["title"]] + [fmt_range(per[r]["call_s"], 1, 2) for r in runners]
-            for w, per in data["workloads"].items()]
-    lines += ["Whole call (framework set-up + all steps + tear-down), s:", "",
-              md_table(["workload"] + labels, rows), ""]
-    rows = [[WORKLOADS[w]["title"]] + [_diff_cell(per[r]["weight_max_abs_diff"]) for r in runners[1:]]
-            for w, per in data["workloads"].items()]
-    lines += ["Largest absolute difference of the final weights from the hand-written loop's:", "",
-              md_table(["workload"] + labels[1:], rows), ""]
+    rows = [
+        [WORKLOADS[w]["title"]] + [fmt_range(per[r]["step_s"], 1e3, 3) for r in runners]
+        for w, per in data["workloads"].items()
+    ]
+    lines += [
+        "Per-step time, ms (median of per-process medians):",
+        "",
+        md_table(["workload"] + labels, rows),
+        "",
+    ]
+    rows = [
+        [WORKLOADS[w]["title"]] + [fmt_range(per[r]["call_s"], 1, 2) for r in runners]
+        for w, per in data["workloads"].items()
+    ]
+    lines += [
+        "Whole call (framework set-up + all steps + tear-down), s:",
+        "",
+        md_table(["workload"] + labels, rows),
+        "",
+    ]
+    rows = [
+        [WORKLOADS[w]["title"]] + [_diff_cell(per[r]["weight_max_abs_diff"]) for r in runners[1:]]
+        for w, per in data["workloads"].items()
+    ]
+    lines += [
+        "Largest absolute difference of the final weights from the hand-written loop's:",
+        "",
+        md_table(["workload"] + labels[1:], rows),
+        "",
+    ]
     imp = data["imports"]
-    rows = [[RUNNERS[r][0], fmt_range(imp[r]["import_torch_s"], 1, 2), fmt_range(imp[r]["import_framework_s"], 1, 2),
-             fmt_range(imp[r]["import_total_s"], 1, 2)]
-            + [fmt_bytes((data["workloads"][w][r]["peak_rss_bytes"] or {}).get("median")) for w in data["workloads"]]
-            for r in runners]
-    lines += ["Import time (s) and peak RSS of the training process:", "",
-              md_table(["runner", "import torch", "import framework", "total"]
-                       + [f"peak RSS, {w}" for w in data["workloads"]], rows), ""]
+    rows = [
+        [
+            RUNNERS[r][0],
+            fmt_range(imp[r]["import_torch_s"], 1, 2),
+            fmt_range(imp[r]["import_framework_s"], 1, 2),
+            fmt_range(imp[r]["import_total_s"], 1, 2),
+        ]
+        + [
+            fmt_bytes((data["workloads"][w][r]["peak_rss_bytes"] or {}).get("median"))
+            for w in data["workloads"]
+        ]
+        for r in runners
+    ]
+    lines += [
+        "Import time (s) and peak RSS of the training process:",
+        "",
+        md_table(
+            ["runner", "import torch", "import framework", "total"]
+            + [f"peak RSS, {w}" for w in data["workloads"]],
+            rows,
+        ),
+        "",
+    ]
     if data.get("skipped_runners"):
         lines += ["Skipped: " + "; ".join(data["skipped_runners"].values()), ""]
     return "\n".join(lines)
@@ -288,13 +418,34 @@ def _chart(data: dict, out: str) -> None:
 
     groups = list(data["workloads"])
     peers = data["runners"][1:]
-    series = {RUNNERS[r][0]: [(data["workloads"][w][r]["ratio"] or {}).get("median") for w in groups] for r in peers}
-    errors = {RUNNERS[r][0]: [((x := data["workloads"][w][r]["ratio"]) and (x["min"], x["max"])) or None
-                              for w in groups] for r in peers}
-    grouped_bars(os.path.join(out, "overhead_ratio.png"), groups, series, ylabel="step time / hand-written loop",
-                 title="Per-step time relative to a hand-written PyTorch loop (1.0 = no overhead)",
-                 subtitle=machine_label(data["machine"]), baseline=1.0, errors=errors)
-    series = {RUNNERS[r][0]: [(data["workloads"][w][r]["overhead_us"] or {}).get("median") for w in groups]
-              for r in peers}
-    grouped_bars(os.path.join(out, "overhead_us.png"), groups, series, ylabel="µs per step",
-                 title="Absolute per-step overhead over a hand-written loop", subtitle=machine_label(data["machine"]))
+    series = {
+        RUNNERS[r][0]: [(data["workloads"][w][r]["ratio"] or {}).get("median") for w in groups] for r in peers
+    }
+    errors = {
+        RUNNERS[r][0]: [
+            ((x := data["workloads"][w][r]["ratio"]) and (x["min"], x["max"])) or None for w in groups
+        ]
+        for r in peers
+    }
+    grouped_bars(
+        os.path.join(out, "overhead_ratio.png"),
+        groups,
+        series,
+        ylabel="step time / hand-written loop",
+        title="Per-step time relative to a hand-written PyTorch loop (1.0 = no overhead)",
+        subtitle=machine_label(data["machine"]),
+        baseline=1.0,
+        errors=errors,
+    )
+    series = {
+        RUNNERS[r][0]: [(data["workloads"][w][r]["overhead_us"] or {}).get("median") for w in groups]
+        for r in peers
+    }
+    grouped_bars(
+        os.path.join(out, "overhead_us.png"),
+        groups,
+        series,
+        ylabel="µs per step",
+        title="Absolute per-step overhead over a hand-written loop",
+        subtitle=machine_label(data["machine"]),
+    )

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from benchmarks.common import log
 
@@ -20,9 +20,17 @@ def _pyplot():
     return plt
 
 
-def grouped_bars(path: str | Path, groups: Sequence[str], series: dict[str, Sequence[float | None]], *,
-                 ylabel: str, title: str, subtitle: str = "", baseline: float | None = None,
-                 errors: dict[str, Sequence[tuple[float, float] | None]] | None = None) -> Path | None:
+def grouped_bars(
+    path: str | Path,
+    groups: Sequence[str],
+    series: dict[str, Sequence[float | None]],
+    *,
+    ylabel: str,
+    title: str,
+    subtitle: str = "",
+    baseline: float | None = None,
+    errors: dict[str, Sequence[tuple[float, float] | None]] | None = None,
+) -> Path | None:
     """Grouped bar chart: one group per entry of ``groups``, one bar per ``series`` key (None = no bar).
 
     Args:
@@ -52,15 +60,31 @@ def grouped_bars(path: str | Path, groups: Sequence[str], series: dict[str, Sequ
             errs = [e for e, v in zip(errors[label], values) if v is not None]
             lo = [max(0.0, v - (e[0] if e else v)) for (_, v), e in zip(pts, errs)]
             hi = [max(0.0, (e[1] if e else v) - v) for (_, v), e in zip(pts, errs)]
-            ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[lo, hi], fmt="none", ecolor="black",
-                        capsize=3, linewidth=1)
+            ax.errorbar(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                yerr=[lo, hi],
+                fmt="none",
+                ecolor="black",
+                capsize=3,
+                linewidth=1,
+            )
         for bar, (_, v) in zip(bars, pts):
-            ax.annotate(f"{v:.3g}", (bar.get_x() + bar.get_width() / 2, bar.get_height()), ha="center",
-                        va="bottom", fontsize=7, xytext=(0, 2), textcoords="offset points")
+            ax.annotate(
+                f"{v:.3g}",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=7,
+                xytext=(0, 2),
+                textcoords="offset points",
+            )
     if baseline is not None:
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1)
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(groups, fontsize=8, rotation=20 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center")
+    ax.set_xticklabels(
+        groups, fontsize=8, rotation=20 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center"
+    )
     ax.set_ylabel(ylabel)
     ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=9)
     ax.legend(fontsize=8)

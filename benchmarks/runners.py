@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 import os
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from benchmarks.common import Skip, package_version
 
@@ -89,9 +90,17 @@ def run_taskfit(job: Any, tmp: str) -> None:
     optimizer (so no schedule), ``max_grad_norm=0``, logging/saving/progress bar off, ``32-true``."""
     from taskfit import Fit, FitArguments, TaskModule
 
-    args = FitArguments(output_dir=os.path.join(tmp, "taskfit"), max_steps=job.steps, max_grad_norm=0.0,
-                        logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
-                        per_device_train_batch_size=job.batch_size, seed=0)
+    args = FitArguments(
+        output_dir=os.path.join(tmp, "taskfit"),
+        max_steps=job.steps,
+        max_grad_norm=0.0,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        per_device_train_batch_size=job.batch_size,
+        seed=0,
+    )
     Fit(args, accelerator=_device_kind(job), precision="32-true").fit(_module(TaskModule, job), job.loader)
 
 
@@ -103,10 +112,19 @@ def run_lightning(job: Any, tmp: str) -> None:
     import lightning.pytorch as pl
 
     logging.getLogger("lightning.pytorch").setLevel(logging.ERROR)
-    trainer = pl.Trainer(accelerator=_device_kind(job), devices=1, max_steps=job.steps, max_epochs=1,
-                         logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, num_sanity_val_steps=0, precision="32-true",
-                         default_root_dir=os.path.join(tmp, "lightning"))
+    trainer = pl.Trainer(
+        accelerator=_device_kind(job),
+        devices=1,
+        max_steps=job.steps,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        precision="32-true",
+        default_root_dir=os.path.join(tmp, "lightning"),
+    )
     trainer.fit(_module(pl.LightningModule, job), train_dataloaders=job.loader)
 
 
@@ -132,11 +150,20 @@ def run_hf(job: Any, tmp: str) -> None:
         def get_train_dataloader(self) -> Any:
             return job.loader
 
-    args = TrainingArguments(output_dir=os.path.join(tmp, "hf"), max_steps=job.steps, max_grad_norm=0.0,
-                             learning_rate=job.optimizer.param_groups[0]["lr"], lr_scheduler_type="constant",
-                             logging_strategy="no", save_strategy="no", report_to="none", disable_tqdm=True,
-                             per_device_train_batch_size=job.batch_size, use_cpu=_device_kind(job) == "cpu",
-                             seed=0)
+    args = TrainingArguments(
+        output_dir=os.path.join(tmp, "hf"),
+        max_steps=job.steps,
+        max_grad_norm=0.0,
+        learning_rate=job.optimizer.param_groups[0]["lr"],
+        lr_scheduler_type="constant",
+        logging_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        per_device_train_batch_size=job.batch_size,
+        use_cpu=_device_kind(job) == "cpu",
+        seed=0,
+    )
     BenchTrainer(model=Wrapper(), args=args, optimizers=(job.optimizer, None)).train()
 
 
@@ -144,8 +171,12 @@ def _device_kind(job: Any) -> str:
     return next(job.net.parameters()).device.type
 
 
-RUN: dict[str, Callable[[Any, str], None]] = {"raw": run_raw, "taskfit": run_taskfit, "lightning": run_lightning,
-                                              "hf": run_hf}
+RUN: dict[str, Callable[[Any, str], None]] = {
+    "raw": run_raw,
+    "taskfit": run_taskfit,
+    "lightning": run_lightning,
+    "hf": run_hf,
+}
 
 
 def run(name: str, job: Any, tmp: str) -> float:

@@ -15,21 +15,40 @@ are absent, are skipped with the reason.
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import os
 import sys
 import time
 from typing import Any
 
 from benchmarks.common import (
-    REPO_ROOT, Skip, default_out_dir, finish, fmt_bytes, log, machine_info, machine_label, md_table, package_version,
-    peak_rss_bytes, reset_peak_rss, rss_bytes, run_worker, select_rows,
+    REPO_ROOT,
+    Skip,
+    default_out_dir,
+    finish,
+    fmt_bytes,
+    log,
+    machine_info,
+    machine_label,
+    md_note,
+    md_table,
+    package_version,
+    peak_rss_bytes,
+    reset_peak_rss,
+    rss_bytes,
+    run_worker,
+    select_rows,
 )
 
 #: the guide's table: method -> (improves training speed, optimizes memory utilization)
 GUIDE = {
-    "Batch size choice": ("Yes", "Yes"), "Gradient accumulation": ("No", "Yes"),
-    "Gradient checkpointing": ("No", "Yes"), "Mixed precision training": ("Yes", "(No)"),
-    "Optimizer choice": ("Yes", "Yes"), "Data preloading": ("Yes", "No"), "DeepSpeed Zero": ("No", "Yes"),
+    "Batch size choice": ("Yes", "Yes"),
+    "Gradient accumulation": ("No", "Yes"),
+    "Gradient checkpointing": ("No", "Yes"),
+    "Mixed precision training": ("Yes", "(No)"),
+    "Optimizer choice": ("Yes", "Yes"),
+    "Data preloading": ("Yes", "No"),
+    "DeepSpeed Zero": ("No", "Yes"),
     "torch.compile": ("Yes", "No"),
 }
 BASE_BATCH = 16
@@ -38,8 +57,13 @@ ROWS: list[tuple[str, str, str, dict[str, Any], str | None]] = [
     ("baseline", f"baseline: batch {BASE_BATCH}, fp32, AdamW", "-", {}, None),
     ("batch_32", "batch 32", "Batch size choice", {"per_device_train_batch_size": 32}, None),
     ("batch_8", "batch 8", "Batch size choice", {"per_device_train_batch_size": 8}, None),
-    ("accum_2x8", "batch 8 x accumulation 2", "Gradient accumulation",
-     {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2}, None),
+    (
+        "accum_2x8",
+        "batch 8 x accumulation 2",
+        "Gradient accumulation",
+        {"per_device_train_batch_size": 8, "gradient_accumulation_steps": 2},
+        None,
+    ),
     ("grad_ckpt", "gradient checkpointing", "Gradient checkpointing", {"gradient_checkpointing": True}, None),
     ("bf16_mixed", "bf16-mixed", "Mixed precision training", {"precision": "bf16-mixed"}, None),
     ("fp16_mixed", "16-mixed", "Mixed precision training", {"precision": "16-mixed"}, None),
@@ -47,15 +71,26 @@ ROWS: list[tuple[str, str, str, dict[str, Any], str | None]] = [
     ("tf32", "tf32", "Mixed precision training", {"tf32": True}, "cuda"),
     ("adamw_fused", "AdamW fused", "Optimizer choice", {"optim": "adamw_torch_fused"}, None),
     ("adafactor", "Adafactor", "Optimizer choice", {"optim": "adafactor"}, None),
-    ("adamw_8bit", "8-bit AdamW (bitsandbytes)", "Optimizer choice", {"optim": "adamw_bnb_8bit"}, "bitsandbytes"),
-    ("workers_2", "2 loader workers + pin memory", "Data preloading",
-     {"dataloader_num_workers": 2, "dataloader_pin_memory": True, "dataloader_persistent_workers": True}, None),
+    (
+        "adamw_8bit",
+        "8-bit AdamW (bitsandbytes)",
+        "Optimizer choice",
+        {"optim": "adamw_bnb_8bit"},
+        "bitsandbytes",
+    ),
+    (
+        "workers_2",
+        "2 loader workers + pin memory",
+        "Data preloading",
+        {"dataloader_num_workers": 2, "dataloader_pin_memory": True, "dataloader_persistent_workers": True},
+        None,
+    ),
     ("compile", "torch.compile", "torch.compile", {"torch_compile": True}, None),
     ("zero2", "DeepSpeed ZeRO-2", "DeepSpeed Zero", {"strategy": "deepspeed_stage_2"}, "deepspeed"),
 ]
 #: rows left out of ``--quick`` runs, with the reason
 QUICK_SKIP = {"compile": "left out of --quick runs (compiling takes ~35 s here); the full run measures it"}
-STEPS, WARMUP = 6, 2
+STEPS, WARMUP = 4, 2
 QUICK_STEPS, QUICK_WARMUP = 3, 1
 
 
@@ -71,7 +106,7 @@ def _example() -> Any:
 
 def precheck(row: tuple, device: str) -> str | None:
     """Why ``row`` cannot run here (None when it can): a pending feature, missing hardware or package."""
-    name, _, _, overrides, need = row
+    _name, _, _, overrides, need = row
     if need == "cuda" and not device.startswith("cuda"):
         return "needs a CUDA device"
     if need and need != "cuda" and package_version(need) is None:
@@ -113,7 +148,8 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             out["rows"][name] = _run_row(row, spec, example, tokenizer, tweets)
         except (Skip, NotImplementedError) as err:
             out["rows"][name] = {"skipped": str(err)}
-        except Exception as err:  # a technique that fails here is reported, the other rows still run
+        # a technique that fails here is reported, the other rows still run
+        except Exception as err:  # noqa: BLE001
             out["rows"][name] = {"error": f"{type(err).__name__}: {err}"}
     return out
 
@@ -142,9 +178,17 @@ def _run_row(row: tuple, spec: dict[str, Any], example: Any, tokenizer: Any, twe
             self.stamps.append(time.perf_counter())
 
     clock = StepClock()
-    args = FitArguments(output_dir=os.path.join(spec["tmp"], name), max_steps=steps + warmup, seed=0,
-                        logging_strategy="no", save_strategy="no",
-                        report_to="none", disable_tqdm=True, learning_rate=5e-5, **overrides)
+    args = FitArguments(
+        output_dir=os.path.join(spec["tmp"], name),
+        max_steps=steps + warmup,
+        seed=0,
+        logging_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        learning_rate=5e-5,
+        **overrides,
+    )
     cuda = spec["device"].startswith("cuda")
     if cuda:
         torch.cuda.reset_peak_memory_stats()
@@ -154,13 +198,20 @@ def _run_row(row: tuple, spec: dict[str, Any], example: Any, tokenizer: Any, twe
     fit = Fit(args, accelerator="cuda" if cuda else "cpu", callbacks=[clock])
     result = fit.fit(module, data)
     call_s = time.perf_counter() - start
-    measured = clock.stamps[warmup - 1:] if warmup else [start, *clock.stamps]
+    measured = clock.stamps[warmup - 1 :] if warmup else [start, *clock.stamps]
     span = measured[-1] - measured[0]
-    diffs = sorted(b - a for a, b in zip(measured, measured[1:]))
-    res = {"samples_per_s": per_step * (len(measured) - 1) / span, "step_s": diffs[len(diffs) // 2],
-           "samples_per_step": per_step, "steps": steps, "warmup": warmup, "call_s": call_s,
-           "peak_rss_bytes": peak_rss_bytes(), "rss_before_bytes": rss0,
-           "train_loss": float(result.training_loss)}
+    diffs = sorted(b - a for a, b in itertools.pairwise(measured))
+    res = {
+        "samples_per_s": per_step * (len(measured) - 1) / span,
+        "step_s": diffs[len(diffs) // 2],
+        "samples_per_step": per_step,
+        "steps": steps,
+        "warmup": warmup,
+        "call_s": call_s,
+        "peak_rss_bytes": peak_rss_bytes(),
+        "rss_before_bytes": rss0,
+        "train_loss": float(result.training_loss),
+    }
     res["peak_bytes"] = torch.cuda.max_memory_allocated() if cuda else res["peak_rss_bytes"] - rss0
     res["memory_kind"] = "CUDA peak allocated" if cuda else "peak RSS increase during the fit"
     return res
@@ -179,8 +230,15 @@ def _classifier(example: Any, small: bool) -> Any:
     return example.TweetClassifier(AutoModelForSequenceClassification.from_config(config))
 
 
-def run_suite(*, quick: bool = False, out_dir: str | None = None, reps: int | None = None, device: str = "cpu",
-              threads: int = 1, only: list[str] | None = None) -> int:
+def run_suite(
+    *,
+    quick: bool = False,
+    out_dir: str | None = None,
+    reps: int | None = None,
+    device: str = "cpu",
+    threads: int = 1,
+    only: list[str] | None = None,
+) -> int:
     """Run the techniques suite; write ``results.json``, ``results.md``, ``techniques.png``; print the table.
 
     Args:
@@ -196,9 +254,14 @@ def run_suite(*, quick: bool = False, out_dir: str | None = None, reps: int | No
     """
     rows = select_rows("technique", ROWS, only, "baseline")
     info = machine_info(threads, device)
-    spec = {"steps": QUICK_STEPS if quick else STEPS, "warmup": QUICK_WARMUP if quick else WARMUP,
-            "max_length": 32 if quick else 64, "small_model": quick, "device": device,
-            "batch_scale": 0.25 if quick else 1.0}
+    spec = {
+        "steps": QUICK_STEPS if quick else STEPS,
+        "warmup": QUICK_WARMUP if quick else WARMUP,
+        "max_length": 32 if quick else 64,
+        "small_model": quick,
+        "device": device,
+        "batch_scale": 0.25 if quick else 1.0,
+    }
     log(f"techniques: {len(rows)} rows ({machine_label(info)})")
     results: dict[str, Any] = {}
     runnable = []
@@ -218,46 +281,110 @@ def run_suite(*, quick: bool = False, out_dir: str | None = None, reps: int | No
         for n in group:
             results[n] = res.get("rows", {}).get(n) or {k: res[k] for k in ("error", "skipped") if k in res}
             r = results[n]
-            log(f"  {n:12s} " + (f"{r['samples_per_s']:7.1f} samples/s  peak {fmt_bytes(r['peak_bytes'])}"
-                                 if "samples_per_s" in r else str(r.get("skipped") or r.get("error"))[:200]))
+            log(
+                f"  {n:12s} "
+                + (
+                    f"{r['samples_per_s']:7.1f} samples/s  peak {fmt_bytes(r['peak_bytes'])}"
+                    if "samples_per_s" in r
+                    else str(r.get("skipped") or r.get("error"))[:200]
+                )
+            )
     base = results.get("baseline", {})
     for r in results.values():
         if "samples_per_s" in r and "samples_per_s" in base:
             r["speed_vs_baseline"] = r["samples_per_s"] / base["samples_per_s"]
             r["memory_vs_baseline"] = r["peak_bytes"] / base["peak_bytes"] if base["peak_bytes"] > 0 else None
-    model = ("random-init 1-layer MiniLM-width BERT, batch sizes / 4 (quick smoke run; memory figures of "
-             "later rows are not comparable: one process)" if quick
-             else "all-MiniLM-L6-v2 + classification head (22.7 M parameters)")
-    data = {"machine": info, "settings": {**spec, "threads": threads, "model": model, "base_batch": BASE_BATCH,
-                                          "process_per": "suite" if quick else "row"},
-            "rows": {r[0]: {"label": r[1], "method": r[2], "overrides": r[3], **results[r[0]]} for r in rows},
-            "elapsed_s": time.perf_counter() - started}
-    finish("techniques", data, markdown(data), out_dir or default_out_dir("techniques", device, quick), _chart)
+    model = (
+        "random-init 1-layer MiniLM-width BERT, batch sizes / 4 (quick smoke run; memory figures of "
+        "later rows are not comparable: one process)"
+        if quick
+        else "all-MiniLM-L6-v2 + classification head (22.7 M parameters)"
+    )
+    data = {
+        "machine": info,
+        "settings": {
+            **spec,
+            "threads": threads,
+            "model": model,
+            "base_batch": BASE_BATCH,
+            "process_per": "suite" if quick else "row",
+        },
+        "rows": {r[0]: {"label": r[1], "method": r[2], "overrides": r[3], **results[r[0]]} for r in rows},
+        "elapsed_s": time.perf_counter() - started,
+    }
+    finish(
+        "techniques", data, markdown(data), out_dir or default_out_dir("techniques", device, quick), _chart
+    )
     return 0
 
 
 def markdown(data: dict) -> str:
     """The guide's table with measured numbers, one line per row."""
     s = data["settings"]
-    lines = ["### Efficiency techniques, measured", "",
-             f"{machine_label(data['machine'])}; {s['model']}, election tweets, max length {s['max_length']}; "
-             f"{s['steps']} optimizer steps timed after {s['warmup']} warm-up steps; one fresh process per "
-             f"{s['process_per']}. Memory: {'CUDA peak allocated' if s['device'].startswith('cuda') else 'peak RSS increase during the fit (high-water mark reset before Fit)'}.",
-             ""]
+    lines = [
+        "### Efficiency techniques, measured",
+        "",
+        (
+            f"{machine_label(data['machine'])}; {s['model']}, election tweets, max length {s['max_length']}; "
+            f"{s['steps']} optimizer steps timed after {s['warmup']} warm-up steps; one fresh process per "
+            f"{s['process_per']}. Memory: {_memory_kind(s['device'])}."
+        ),
+        "",
+    ]
     rows = []
-    for name, r in data["rows"].items():
+    for r in data["rows"].values():
         guide = GUIDE.get(r["method"], ("", ""))
         if "samples_per_s" in r:
-            rows.append([r["method"], r["label"], f"{r['samples_per_s']:.1f}", f"{r.get('speed_vs_baseline', 1):.2f}x",
-                         fmt_bytes(r["peak_bytes"]), _ratio(r.get("memory_vs_baseline")), f"{r['train_loss']:.4f}",
-                         guide[0], guide[1]])
+            rows.append(
+                [
+                    r["method"],
+                    r["label"],
+                    f"{r['samples_per_s']:.1f}",
+                    f"{r.get('speed_vs_baseline', 1):.2f}x",
+                    fmt_bytes(r["peak_bytes"]),
+                    _ratio(r.get("memory_vs_baseline")),
+                    f"{r['train_loss']:.4f}",
+                    guide[0],
+                    guide[1],
+                ]
+            )
         else:
-            reason = (r.get("skipped") or r.get("error") or "").replace("|", "/")
-            rows.append([r["method"], r["label"], "skipped" if "skipped" in r else "failed", "", "", "", "",
-                         guide[0], guide[1] + f" — {reason[:160]}"])
-    lines.append(md_table(["method (guide)", "row", "samples/s", "speed vs baseline", "peak memory",
-                           "memory vs baseline", "train loss", "guide: speed", "guide: memory / note"], rows))
+            rows.append(
+                [
+                    r["method"],
+                    r["label"],
+                    "skipped" if "skipped" in r else "failed",
+                    "",
+                    "",
+                    "",
+                    "",
+                    guide[0],
+                    guide[1] + " — " + md_note(r.get("skipped") or r.get("error"), 160),
+                ]
+            )
+    lines.append(
+        md_table(
+            [
+                "method (guide)",
+                "row",
+                "samples/s",
+                "speed vs baseline",
+                "peak memory",
+                "memory vs baseline",
+                "train loss",
+                "guide: speed",
+                "guide: memory / note",
+            ],
+            rows,
+        )
+    )
     return "\n".join(lines) + "\n"
+
+
+def _memory_kind(device: str) -> str:
+    if device.startswith("cuda"):
+        return "CUDA peak allocated"
+    return "peak RSS increase during the fit (high-water mark reset before Fit)"
 
 
 def _ratio(x: float | None) -> str:
@@ -271,8 +398,16 @@ def _chart(data: dict, out: str) -> None:
     if not done:
         return
     groups = [r["label"] for r in done.values()]
-    series = {"throughput vs baseline": [r.get("speed_vs_baseline") for r in done.values()],
-              "peak memory vs baseline": [r.get("memory_vs_baseline") for r in done.values()]}
-    grouped_bars(os.path.join(out, "techniques.png"), groups, series, ylabel="relative to the baseline row",
-                 title="Efficiency techniques: throughput and peak memory (baseline = 1)",
-                 subtitle=machine_label(data["machine"]), baseline=1.0)
+    series = {
+        "throughput vs baseline": [r.get("speed_vs_baseline") for r in done.values()],
+        "peak memory vs baseline": [r.get("memory_vs_baseline") for r in done.values()],
+    }
+    grouped_bars(
+        os.path.join(out, "techniques.png"),
+        groups,
+        series,
+        ylabel="relative to the baseline row",
+        title="Efficiency techniques: throughput and peak memory (baseline = 1)",
+        subtitle=machine_label(data["machine"]),
+        baseline=1.0,
+    )

@@ -9,9 +9,11 @@ every runner's per-step time comes from the same clock without a framework-speci
 
 from __future__ import annotations
 
+import itertools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -20,13 +22,36 @@ from torch.utils.data import DataLoader, Dataset
 
 #: name -> description and sizes; ``steps``/``quick_steps`` are optimizer steps per run
 WORKLOADS: dict[str, dict[str, Any]] = {
-    "tiny_mlp": {"title": "tiny MLP 32-64-64-10, batch 64", "kind": "mlp", "sizes": (32, 64, 64, 10),
-                 "batch": 64, "steps": 2000, "quick_steps": 300},
-    "mlp": {"title": "MLP 784-512-512-10, batch 128", "kind": "mlp", "sizes": (784, 512, 512, 10),
-            "batch": 128, "steps": 200, "quick_steps": 40},
-    "transformer": {"title": "2-layer transformer encoder d128, seq 64, batch 16", "kind": "transformer",
-                    "d_model": 128, "heads": 4, "ff": 512, "layers": 2, "seq": 64, "vocab": 1000,
-                    "classes": 10, "batch": 16, "steps": 50, "quick_steps": 15},
+    "tiny_mlp": {
+        "title": "tiny MLP 32-64-64-10, batch 64",
+        "kind": "mlp",
+        "sizes": (32, 64, 64, 10),
+        "batch": 64,
+        "steps": 2000,
+        "quick_steps": 300,
+    },
+    "mlp": {
+        "title": "MLP 784-512-512-10, batch 128",
+        "kind": "mlp",
+        "sizes": (784, 512, 512, 10),
+        "batch": 128,
+        "steps": 200,
+        "quick_steps": 40,
+    },
+    "transformer": {
+        "title": "2-layer transformer encoder d128, seq 64, batch 16",
+        "kind": "transformer",
+        "d_model": 128,
+        "heads": 4,
+        "ff": 512,
+        "layers": 2,
+        "seq": 64,
+        "vocab": 1000,
+        "classes": 10,
+        "batch": 16,
+        "steps": 50,
+        "quick_steps": 15,
+    },
 }
 #: workloads whose overhead ratio ``--check`` gates (step time large enough for a ratio to mean something)
 LARGER_WORKLOADS = ("mlp", "transformer")
@@ -40,7 +65,8 @@ def _identity(batch: Any) -> Any:
 
 
 class TimedBatches(Dataset):
-    """``length`` items served cyclically from ``batches``; ``stamps[i]`` is the ``time.perf_counter()`` (s) at
+    """``length`` items served cyclically from ``batches``; ``stamps[i]`` is the ``time.perf_counter()`` (s)
+    at
     which item ``i`` was fetched (the start of step ``i`` in every runner)."""
 
     def __init__(self, batches: list[dict[str, torch.Tensor]], length: int) -> None:
@@ -59,7 +85,9 @@ class TokenClassifier(nn.Module):
     """Embedding + learned positions + ``nn.TransformerEncoder`` (dropout 0, batch first) + mean pooling +
     linear head. Input ``(batch, seq)`` int64 token ids; output ``(batch, classes)`` logits."""
 
-    def __init__(self, vocab: int, seq: int, d_model: int, heads: int, ff: int, layers: int, classes: int) -> None:
+    def __init__(
+        self, vocab: int, seq: int, d_model: int, heads: int, ff: int, layers: int, classes: int
+    ) -> None:
         super().__init__()
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Parameter(torch.randn(seq, d_model) * 0.02)
@@ -96,14 +124,15 @@ def build_model(name: str) -> nn.Module:
     if w["kind"] == "mlp":
         sizes = w["sizes"]
         layers: list[nn.Module] = []
-        for a, b in zip(sizes, sizes[1:]):
+        for a, b in itertools.pairwise(sizes):
             layers += [nn.Linear(a, b), nn.ReLU()]
         return nn.Sequential(*layers[:-1])
     return TokenClassifier(w["vocab"], w["seq"], w["d_model"], w["heads"], w["ff"], w["layers"], w["classes"])
 
 
 def build_batches(name: str, n: int = N_DISTINCT_BATCHES, seed: int = 1) -> list[dict[str, torch.Tensor]]:
-    """``n`` seeded batches ``{"x", "labels"}`` for workload ``name`` (float inputs for MLPs, token ids for the
+    """``n`` seeded batches ``{"x", "labels"}`` for workload ``name`` (float inputs for MLPs, token ids for
+    the
     transformer; labels int64 in ``[0, classes)``)."""
     w = WORKLOADS[name]
     g = torch.Generator().manual_seed(seed)
