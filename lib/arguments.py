@@ -11,6 +11,7 @@ refuses them (``NotImplementedError`` naming the option and the issue where it l
 :data:`PENDING_OPTIONS`); options taskfit will never support raise ``ValueError`` at construction.
 """
 
+import contextlib
 import copy
 import json
 import math
@@ -245,6 +246,45 @@ class FitArguments(ArgumentSetters):
         """
         self.__post_init__()
         return self
+
+    @contextlib.contextmanager
+    def main_process_first(self, local: bool = True, desc: str = "work") -> Any:
+        """Context manager: the main process (``local``: the first of each node, else global rank 0) runs the
+        block first, e.g. to tokenise and cache a dataset, and the others wait at a barrier, then run it (reading
+        the cache). Under torchrun (or SLURM/DeepSpeed launchers exporting ``RANK``/``WORLD_SIZE``) it forms the
+        process group if needed; in a plain ``python train.py`` run the block runs before taskfit launches the other
+        processes, which then run it after the main one. Mirrors HF ``TrainingArguments.main_process_first``.
+
+        Args:
+            local (bool): per node (True) or once for the whole job (False).
+            desc (str): what the block does, for the log message of the waiting processes.
+        """
+        import logging
+
+        import torch.distributed as dist
+
+        launched = all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+        if dist.is_available() and not dist.is_initialized() and launched and int(os.environ["WORLD_SIZE"]) > 1:
+            # torchrun & co. started the processes: form the group now (Fit's strategy then reuses it)
+            import datetime
+
+            import torch
+
+            backend = self.ddp_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            dist.init_process_group(backend, init_method="env://",
+                                    timeout=datetime.timedelta(seconds=float(self.ddp_timeout or 1800)))
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            yield  # one process, or taskfit's own launcher has not started the others yet (they run it later)
+            return
+        rank = int(os.environ.get("LOCAL_RANK", dist.get_rank())) if local else dist.get_rank()
+        if rank != 0:
+            logging.getLogger("taskfit").debug("Waiting for the main process to finish %s first.", desc)
+            dist.barrier()
+        try:
+            yield
+        finally:
+            if rank == 0:
+                dist.barrier()
 
     def resolved_precision(self) -> str:
         """The precision plugin name: ``"bf16-mixed"`` if ``bf16``, ``"16-mixed"`` if ``fp16``, else ``precision``,

@@ -30,6 +30,7 @@ from taskfit.loops.state import FitControl, FitState
 from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_metrics_json, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
+from taskfit.summary import process_log_level
 from taskfit.seed import enable_full_determinism, seed_everything
 from taskfit.summary import log_summary
 from taskfit.wrapping import ModelTaskModule, model_loss
@@ -133,8 +134,9 @@ class Fit(ProcessInfo, CallbackManagement):
         self._resume_point: Any = None  # set by fit(resume_from_checkpoint=...), consumed by the fit loop
         self._publisher: Any = None
         self._setup_done_for: nn.Module | None = None
-        if args.log_level not in (None, "passive"):
-            log.setLevel(args.log_level.upper())
+        level = process_log_level(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
+        if level:
+            log.setLevel(level)
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
     # ------------------------------------------------------------------------------------------- setup ---

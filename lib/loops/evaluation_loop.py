@@ -98,6 +98,21 @@ class _Collector:
         return nested_concat(self.host_items) if concat else self.host_items
 
 
+def _padding_free_limit(loader: Any) -> int | None:
+    """Dataset length when ``loader`` splits it with the ``DistributedSampler`` padding rule (global position
+    ``rank + i * world_size`` >= length is a repeat); None when the padding cannot be told apart."""
+    from torch.utils.data import DistributedSampler
+
+    from taskfit.data.samplers import DistributedSamplerWrapper
+
+    sampler = getattr(loader, "sampler", None)
+    if isinstance(sampler, DistributedSamplerWrapper):
+        return len(sampler.sampler)
+    if isinstance(sampler, DistributedSampler) and not sampler.drop_last:
+        return len(sampler.dataset)
+    return None
+
+
 class EvaluationLoop:
     """Run one pass over a loader in evaluation mode.
 
@@ -137,6 +152,8 @@ class EvaluationLoop:
         batch_metrics_mode = args.batch_eval_metrics and compute_metrics is not None and stage != "predict"
         distributed = strategy.world_size > 1
         indices = loader_indices(loader) if distributed else None
+        real_limit = _padding_free_limit(loader) if distributed else None
+        rank, world = strategy.global_rank, strategy.world_size
         seen: set[int] = set()  # dataset indices already given to batch_eval_metrics (drops sampler repeats)
         batch_bounds = [0]
 
@@ -147,7 +164,7 @@ class EvaluationLoop:
         module._log_defaults = (False, True)
         preds, labels, inputs = (_Collector(args.eval_accumulation_steps) for _ in range(3))
         returned_metrics: dict[str, Any] = {}
-        loss_sum, n_samples, n_batches, batch_metrics = None, 0, 0, None
+        loss_sum, n_samples, n_real, n_batches, batch_metrics = None, 0, 0, 0, None
         memory = None if args.skip_memory_metrics else MemoryTracker(strategy.root_device)
         try:
             fit.num_eval_batches = len(loader) if hasattr(loader, "__len__") else None
@@ -164,12 +181,16 @@ class EvaluationLoop:
                     batch = strategy.batch_to_device(batch)
                     results.set_batch(batch)
                     bs = infer_batch_size(batch)
+                    weight = bs
+                    if real_limit is not None:  # the sampler's padding repeats count nowhere (loss, logged means)
+                        weight = sum(1 for i in range(n_samples, n_samples + bs) if rank + i * world < real_limit)
+                        results._batch_size = weight
                     hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx)
                     with strategy.forward_context():
                         out = step_fn(batch, batch_idx)
                     loss, logits, lab = self._unpack(out, batch, label_names, returned_metrics)
                     if loss is not None:
-                        loss_sum = loss.detach().float() * bs if loss_sum is None else loss_sum + loss.detach().float() * bs
+                        loss_sum = loss.detach().float() * weight if loss_sum is None else loss_sum + loss.detach().float() * weight
                     if collect:
                         if generate is not None:
                             logits = generate(batch, label_names)
@@ -189,6 +210,7 @@ class EvaluationLoop:
                                                             compute_result=batch_idx + 1 == fit.num_eval_batches)
                             preds.clear(), labels.clear(), inputs.clear()
                     n_samples += bs
+                    n_real += weight
                     n_batches += 1
                     batch_bounds.append(n_samples)
                     if memory is not None:
@@ -211,7 +233,8 @@ class EvaluationLoop:
                 metrics[metric_key(name, prefix)] = float(metric.compute())
                 metric.reset()
             if loss_sum is not None:
-                total = strategy.reduce(torch.tensor(float(n_samples), device=loss_sum.device), "sum")
+                total = strategy.reduce(torch.tensor(float(n_samples if real_limit is None else n_real),
+                                                     device=loss_sum.device), "sum")
                 metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum")) / max(1.0, float(total))
             if compute_metrics is not None and (stage != "predict" or all_labels is not None):
                 if batch_metrics_mode:

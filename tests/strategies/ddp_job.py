@@ -66,7 +66,7 @@ class DieAt(Callback):
 def build(cfg: dict) -> tuple[Fit, Tagger]:
     callbacks = [DieAt(*cfg["die"])] if cfg.get("die") else []
     args = dict(output_dir=cfg["out"], report_to="none", disable_tqdm=True, max_steps=cfg.get("steps", 6),
-                per_device_train_batch_size=cfg["bs"], per_device_eval_batch_size=5, learning_rate=0.1,
+                per_device_train_batch_size=cfg["bs"], per_device_eval_batch_size=cfg.get("eval_bs", 5), learning_rate=0.1,
                 gradient_accumulation_steps=cfg.get("accum", 1), logging_steps=2, save_strategy="no", seed=11,
                 strategy=cfg.get("strategy", "auto"), devices=cfg.get("devices", 1), ddp_timeout=cfg.get("timeout", 60),
                 remove_unused_columns=False)
@@ -78,12 +78,21 @@ def build(cfg: dict) -> tuple[Fit, Tagger]:
 
 def run(cfg: dict) -> dict:
     fit, module = build(cfg)
+    if cfg.get("order"):  # main_process_first: rank 0 writes its lines before any other rank starts
+        with fit.args.main_process_first(desc="preparing data"):
+            rank = os.environ.get("RANK", "0")
+            with open(cfg["order"], "a") as f:
+                f.write(f"start {rank}\n")
+            time.sleep(1.0 if rank == "0" else 0)
+            with open(cfg["order"], "a") as f:
+                f.write(f"end {rank}\n")
     initial = {k: v.detach().clone() for k, v in module.state_dict().items()}
     out = fit.fit(module, tokens(), tokens(17, seed=1) if cfg.get("eval") else None)
     result = {"weights": {k: v.detach().clone() for k, v in module.state_dict().items()}, "initial": initial,
               "loss": out.training_loss, "log": [{k: v for k, v in r.items() if "runtime" not in k and "per_second" not in k}
                                                   for r in fit.state.log_history],
-              "world_size": fit.world_size, "rank": fit.global_rank}
+              "world_size": fit.world_size, "rank": fit.global_rank,
+              "log_level": __import__("logging").getLogger("taskfit").level}
     if cfg.get("eval"):
         result["eval"] = fit.validate(module, tokens(17, seed=1))
         result["predictions"] = fit.predict(module, tokens(17, seed=1)).predictions

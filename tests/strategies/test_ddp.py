@@ -62,7 +62,7 @@ def assert_close(a: dict, b: dict, tol: float = TOL) -> None:
 def single(tmp_path_factory):
     """One process on the big batch (8 = 2 ranks x 4), with and without accumulation."""
     tmp = tmp_path_factory.mktemp("single")
-    run(tmp, {"bs": 8, "eval": True}, "plain")
+    run(tmp, {"bs": 8, "eval": True, "eval_bs": 1}, "plain")
     run(tmp, {"bs": 8, "accum": 2}, "accum")
     return {"plain": result(tmp, "plain"), "accum": result(tmp, "accum")}
 
@@ -71,7 +71,7 @@ def test_F_STRAT_2_ddp_launched_by_taskfit_equals_single_process(tmp_path, singl
     """``python job.py`` with ``Fit(strategy="ddp", devices=2)`` re-launches itself; token-count weighting across
     ranks makes 2 x 4 equal to one batch of 8 although ranks hold different numbers of tokens. Rank 1 builds
     its model from another seed: DDP starts every rank from rank 0's weights."""
-    run(tmp_path, {"bs": 4, "strategy": "ddp", "devices": 2, "eval": True, "rank_seed": 1}, "ddp")
+    run(tmp_path, {"bs": 4, "strategy": "ddp", "devices": 2, "eval": True, "rank_seed": 1, "eval_bs": 1}, "ddp")
     r0, r1, ref = result(tmp_path, "ddp", 0), result(tmp_path, "ddp", 1), single["plain"]
     assert (r0["world_size"], r1["rank"]) == (2, 1)
     assert not torch.equal(r0["initial"]["net.0.weight"], r1["initial"]["net.0.weight"])
@@ -82,13 +82,20 @@ def test_F_STRAT_2_ddp_launched_by_taskfit_equals_single_process(tmp_path, singl
     # evaluation: predictions gathered in dataset order without the sampler's padding repeat (17 samples)
     assert r0["predictions"].shape == (17, 6) and np.array_equal(r0["predictions"], ref["predictions"])
     assert np.array_equal(r1["predictions"], ref["predictions"])
+    # eval loss and synced logged means leave out the sampler's repeat of sample 0 (17 samples over 2 ranks)
+    assert r0["eval"]["eval_loss"] == pytest.approx(ref["eval"]["eval_loss"], abs=1e-6)
+    assert r0["eval"]["val_ce"] == pytest.approx(ref["eval"]["val_ce"], abs=1e-6)
 
 
 def test_F_STRAT_2_ddp_with_accumulation_under_torchrun(tmp_path, single):
-    run(tmp_path, {"bs": 4, "accum": 2, "strategy": "ddp", "devices": 2}, "torchrun",
+    run(tmp_path, {"bs": 4, "accum": 2, "strategy": "ddp", "devices": 2, "order": str(tmp_path / "order.txt"),
+                   "args": {"log_level": "info", "log_level_replica": "error", "log_on_each_node": False}}, "torchrun",
         launcher=[sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", "--master_port",
                   str(find_free_port())])
     assert_close(single["accum"]["weights"], result(tmp_path, "torchrun")["weights"])
+    # F-STRAT-8: main_process_first (rank 0's block ends before rank 1's starts); log_level / log_level_replica
+    assert (tmp_path / "order.txt").read_text().split("\n")[:2] == ["start 0", "end 0"]
+    assert result(tmp_path, "torchrun", 0)["log_level"] == 20 and result(tmp_path, "torchrun", 1)["log_level"] == 40
     assert single["accum"]["loss"] == pytest.approx(result(tmp_path, "torchrun")["loss"], abs=1e-6)
 
 
