@@ -41,7 +41,7 @@ PENDING_OPTIONS: dict[str, str] = {
     "debug": _ACCEL,
     **dict.fromkeys((
         "accelerator_config", "dispatch_batches", "split_batches", "num_nodes"), _DIST),
-    **dict.fromkeys(("use_mps_device", "tpu_num_cores", "tpu_metrics_debug"), _ACCEL),
+    "tpu_metrics_debug": _ACCEL,
 }
 
 #: options that are only partly pending: the value is pending when the predicate is true.

@@ -18,7 +18,9 @@ def run_summary(fit: Fit, module: Any, max_steps: int, steps_per_epoch: int | No
     """The facts of a run before its first step.
 
     Returns:
-        dict: ``accelerator`` (class name), ``device`` (e.g. ``"cpu"``, ``"cuda:0"``), ``strategy``,
+        dict: ``accelerator`` (class name), ``device`` (e.g. ``"cpu"``, ``"cuda:0"``), ``accelerator_reason``
+        (why it was chosen, F-ACC-1), ``visible_devices`` (CUDA only: ``CUDA_VISIBLE_DEVICES`` and
+        ``CUDA_DEVICE_ORDER``, None when unset), ``strategy``,
         ``precision`` (plugin name), ``world_size`` (processes), ``num_nodes``, ``parameters`` and
         ``trainable_parameters`` (counts), ``per_device_batch_size``, ``gradient_accumulation_steps``,
         ``effective_batch_size`` (samples per optimizer step over all processes), ``max_steps``,
@@ -37,7 +39,10 @@ def run_summary(fit: Fit, module: Any, max_steps: int, steps_per_epoch: int | No
         "gradient_accumulation_steps": a.gradient_accumulation_steps,
         "effective_batch_size": a.per_device_train_batch_size * a.gradient_accumulation_steps * s.world_size,
         "max_steps": max_steps, "steps_per_epoch": steps_per_epoch,
+        "accelerator_reason": getattr(s.accelerator, "selection_reason", None),
     }
+    if hasattr(s.accelerator, "visible_devices"):  # CUDA: CUDA_VISIBLE_DEVICES / CUDA_DEVICE_ORDER (F-ACC-2)
+        out["visible_devices"] = s.accelerator.visible_devices()
     try:  # F-MEM-5: parameters + gradients + optimizer state per device (activations need a batch: left out)
         from taskfit.efficiency.estimate import estimate_memory
 
@@ -51,7 +56,9 @@ def format_summary(summary: dict[str, Any]) -> str:
     """The summary as aligned ``name: value`` lines under a header (counts with thousands separators)."""
     s = summary
     lines = [
-        ("accelerator", f"{s['accelerator']} ({s['device']})"),
+        ("accelerator", f"{s['accelerator']} ({s['device']})"
+                        + (f", {s['accelerator_reason']}" if s.get("accelerator_reason") else "")
+                        + "".join(f", {k}={v}" for k, v in (s.get("visible_devices") or {}).items() if v is not None)),
         ("strategy", f"{s['strategy']}, {s['world_size']} process(es) on {s['num_nodes']} node(s)"),
         ("precision", s["precision"]),
         ("parameters", f"{s['parameters']:,} ({s['trainable_parameters']:,} trainable)"),

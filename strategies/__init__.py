@@ -8,6 +8,8 @@ from taskfit.strategies.deepspeed import DeepSpeedStrategy
 from taskfit.strategies.parallel import DistributedError, ParallelStrategy
 from taskfit.strategies.single_device import SingleDeviceStrategy
 from taskfit.strategies.strategy import Strategy
+from taskfit.strategies.xla import XLAStrategy
+from taskfit.strategies.xla_fsdp import XLAFSDPStrategy
 
 STRATEGIES = Registry("strategy")
 STRATEGIES.register("auto", SingleDeviceStrategy, description="single device for one device")
@@ -29,11 +31,9 @@ STRATEGIES.register("fsdp", FSDPStrategy, description="FSDP2 (fully_shard): para
                     "state sharded over the processes")
 STRATEGIES.register("fsdp2", FSDPStrategy, description="alias of 'fsdp' (built on FSDP2)")
 STRATEGIES.register("dp", DataParallelStrategy, description="torch.nn.DataParallel over several CUDA devices")
-_PENDING = {
-    "xla": "the accelerators issue (#6)",
-    "xla_fsdp": "the accelerators issue (#6)",
-}
-for _name, _where in _PENDING.items():
-    STRATEGIES.register(_name, SingleDeviceStrategy, pending=f"lands with {_where}")
+STRATEGIES.register("xla", XLAStrategy, description="PyTorch/XLA: one replica per XLA device (extra 'xla')")
+STRATEGIES.register("xla_fsdp", XLAFSDPStrategy, description="PyTorch/XLA FSDP (XlaFullyShardedDataParallel, or "
+                    "SPMD FSDPv2 with fsdp_config xla_fsdp_v2)")
 
-__all__ = ["STRATEGIES", "DDPStrategy", "DataParallelStrategy", "DeepSpeedStrategy", "DistributedError", "ParallelStrategy", "SingleDeviceStrategy", "Strategy"]
+__all__ = ["STRATEGIES", "DDPStrategy", "DataParallelStrategy", "DeepSpeedStrategy", "DistributedError", "ParallelStrategy", "SingleDeviceStrategy", "Strategy",
+           "XLAFSDPStrategy", "XLAStrategy"]

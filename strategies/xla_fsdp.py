@@ -1,0 +1,148 @@
+"""PyTorch/XLA FSDP (``strategy="xla_fsdp"``; F-STRAT-5): ``XlaFullyShardedDataParallel`` over XLA replicas, or
+with ``fsdp_config={"xla_fsdp_v2": True}`` the SPMD ``SpmdFullyShardedDataParallel`` (FSDPv2) in one process over
+a ``("fsdp", "tensor")`` mesh of every device. Mirrors the HF Trainer's XLA FSDP path (``fsdp_config`` keys
+``xla``, ``xla_fsdp_settings``, ``xla_fsdp_grad_ckpt``, ``xla_fsdp_v2``) and Lightning's ``XLAFSDPStrategy``."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from taskfit.accelerators.accelerator import Accelerator
+from taskfit.io.checkpoint_io import CheckpointIO
+from taskfit.precision.precision import Precision
+from taskfit.strategies.fsdp_options import read_fsdp_config
+from taskfit.strategies.wrapper import StepForward
+from taskfit.strategies.xla import XLAStrategy, _sync, to_cpu
+
+
+class XLAFSDPStrategy(XLAStrategy):
+    """Shard parameters, gradients and optimizer state over XLA devices.
+
+    Args:
+        accelerator, devices, precision, checkpoint_io, num_nodes: as :class:`XLAStrategy`.
+        args (FitArguments | None): ``fsdp_config`` (dict, JSON or path, ``fsdp_`` prefixes allowed) with
+            ``xla_fsdp_settings`` (dict: keyword arguments of ``XlaFullyShardedDataParallel``, e.g.
+            ``{"compute_dtype": "bfloat16", "flatten_parameters": False}``; dtype names are converted),
+            ``xla_fsdp_grad_ckpt`` (bool: gradient checkpointing of every wrapped layer), ``xla_fsdp_v2`` (bool:
+            SPMD FSDPv2), ``transformer_layer_cls_to_wrap`` (list[str]) or ``min_num_params`` (int) for auto-wrap.
+
+    Raises:
+        ModuleNotFoundError: torch_xla is missing (names the extra).
+        ValueError: an unknown ``fsdp_config`` key, ``xla_fsdp_settings`` that is not a dict, ``xla_fsdp_v2``
+            with several processes (FSDPv2 is single-process SPMD).
+    """
+
+    name = "xla_fsdp"
+
+    def __init__(self, accelerator: Accelerator, devices: list[torch.device], precision: Precision,
+                 checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1, args: Any = None) -> None:
+        cfg = read_fsdp_config(getattr(args, "fsdp_config", None))
+        self.v2 = bool(cfg.get("xla_fsdp_v2", False))
+        settings = cfg.get("xla_fsdp_settings") or {}
+        if not isinstance(settings, dict):
+            raise ValueError(f"fsdp_config 'xla_fsdp_settings' must be a dict of XlaFullyShardedDataParallel "
+                             f"arguments; got {type(settings).__name__}.")
+        if self.v2 and len(devices) > 1:
+            raise ValueError("fsdp_config xla_fsdp_v2=True (SPMD FSDPv2) runs in one process over every device "
+                             f"of the host; devices={len(devices)} asks for several processes: use devices=1.")
+        super().__init__(accelerator, devices, precision, checkpoint_io, num_nodes, args)
+        self.settings = {k: getattr(torch, v) if k.endswith("_dtype") and isinstance(v, str) else v
+                         for k, v in settings.items()}
+        self.grad_ckpt = bool(cfg.get("xla_fsdp_grad_ckpt", False))
+        self.layer_names = cfg.get("transformer_layer_cls_to_wrap") or []
+        if isinstance(self.layer_names, str):
+            self.layer_names = [self.layer_names]
+        self.min_num_params = int(cfg.get("min_num_params") or 0)
+        self.mesh: Any = None
+
+    def setup_environment(self) -> None:
+        """FSDPv2: switch PJRT to SPMD (``xr.use_spmd()``, before any XLA tensor exists) and set the global
+        ``("fsdp", "tensor")`` mesh of shape ``(devices, 1)`` as HF does; then take the XLA device."""
+        if self.v2:
+            import numpy as np
+            import torch_xla.distributed.spmd as xs
+            import torch_xla.runtime as xr
+
+            self.accelerator.setup_device(self.root_device)
+            xr.use_spmd()
+            n = xr.global_runtime_device_count()
+            self.mesh = xs.Mesh(np.arange(n), (n, 1), ("fsdp", "tensor"))
+            xs.set_global_mesh(self.mesh)
+        super().setup_environment()
+
+    def _auto_wrap_policy(self, module: torch.nn.Module) -> Callable[..., Any] | None:
+        from torch_xla.distributed.fsdp.wrap import size_based_auto_wrap_policy, transformer_auto_wrap_policy
+
+        if self.layer_names:
+            classes = {type(m) for m in module.modules() if type(m).__name__ in self.layer_names}
+            missing = set(self.layer_names) - {c.__name__ for c in classes}
+            if missing:
+                raise ValueError(f"fsdp_config transformer_layer_cls_to_wrap names {sorted(missing)}, which "
+                                 f"{type(module).__name__} does not contain.")
+            return functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=classes)
+        if self.min_num_params > 0:
+            return functools.partial(size_based_auto_wrap_policy, min_num_params=self.min_num_params)
+        return None
+
+    def setup(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Convert and move ``module`` to the XLA device, then wrap ``StepForward(module)`` in
+        ``XlaFullyShardedDataParallel`` (or ``SpmdFullyShardedDataParallel`` for FSDPv2), with auto-wrap and
+        per-layer gradient checkpointing (``xla_fsdp_grad_ckpt``) as configured."""
+        from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel, checkpoint_module
+
+        module = self.precision.convert_module(module).to(self.root_device)
+        policy = self._auto_wrap_policy(module)
+        if self.v2:
+            from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDP
+
+            kwargs: dict[str, Any] = {"mesh": self.mesh}
+        else:
+            FSDP, kwargs = XlaFullyShardedDataParallel, dict(self.settings)
+        wrapper_callable = None
+        if self.grad_ckpt:
+            def wrapper_callable(m: torch.nn.Module, *a: Any, **kw: Any) -> torch.nn.Module:
+                return FSDP(checkpoint_module(m), *a, **kw)
+        self.model = FSDP(StepForward(module), auto_wrap_policy=policy, auto_wrapper_callable=wrapper_callable,
+                          **kwargs)
+        self._inner = module
+        return self.model
+
+    def step_function(self, module: torch.nn.Module, name: str) -> Callable[..., Any]:
+        """``module.<name>`` routed through the FSDP wrapper's ``forward`` (which gathers the shards)."""
+        model = self.model
+        if model is None or model is module:
+            return getattr(module, name)
+        return lambda *args: model(name, *args)
+
+    def clip_gradients(self, parameters: list[torch.Tensor], max_norm: float,
+                       optimizer: torch.optim.Optimizer) -> torch.Tensor:
+        """Clip the global gradient norm: ``XlaFullyShardedDataParallel.clip_grad_norm_`` across shards; under
+        FSDPv2 the SPMD tensors are global, so ``torch.nn.utils.clip_grad_norm_`` is exact."""
+        self.precision.unscale_gradients(optimizer)
+        if not self.v2 and hasattr(self.model, "clip_grad_norm_"):
+            return self.model.clip_grad_norm_(max_norm)
+        return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
+
+    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Step (FSDP already reduce-scattered the gradients in backward), then cut the lazy graph."""
+        ok = self.precision.optimizer_step(optimizer)
+        _sync()
+        return ok
+
+    def model_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full state dict with single-device keys on the CPU: FSDPv2 parameters are global SPMD tensors
+        (``.cpu()`` gathers them); ``XlaFullyShardedDataParallel`` shards are gathered from every replica
+        (``xm.all_gather`` of the flat shards via ``consolidate_sharded_state_dicts``)."""
+        _sync()
+        if self.v2 or self.model is None:
+            return to_cpu(module.state_dict())
+        import torch_xla.core.xla_model as xm
+        from torch_xla.distributed.fsdp import consolidate_sharded_state_dicts
+
+        shard = {"model": to_cpu(self.model.state_dict()), "shard_metadata": self.model.get_shard_metadata()}
+        shards = [shard] if self.world_size == 1 else xm.mesh_reduce("taskfit_xla_fsdp_state", shard, lambda s: s)
+        full = consolidate_sharded_state_dicts([s["model"] for s in shards], [s["shard_metadata"] for s in shards])
+        return {k[len("module."):] if k.startswith("module.") else k: v for k, v in full.items()}
