@@ -70,11 +70,14 @@ def exportable_model(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def model_files(fit: Fit) -> dict[str, Any]:
-    """``{file name: object}`` of the model part of a checkpoint: weights and ``config.json``."""
+def model_files(fit: Fit, weights: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+    """``{file name: object}`` of the model part of a checkpoint: weights and ``config.json``.
+
+    ``weights`` (default: ``strategy.model_state_dict`` of the exported model, a collective for sharded
+    strategies, so every rank must then call this) are the full state dict to write."""
     model = exportable_model(fit.model)
     name = WEIGHTS_NAME if fit.args.save_safetensors is not False else WEIGHTS_NAME_PT
-    files: dict[str, Any] = {name: fit.strategy.model_state_dict(model)}
+    files: dict[str, Any] = {name: fit.strategy.model_state_dict(model) if weights is None else weights}
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_json_string"):
         files["config.json"] = config.to_json_string()
@@ -85,7 +88,7 @@ def model_files(fit: Fit) -> dict[str, Any]:
     return files
 
 
-def save_model_folder(fit: Fit, folder: str) -> None:
+def save_model_folder(fit: Fit, folder: str, weights: dict[str, torch.Tensor] | None = None) -> None:
     """Write the unwrapped model's weights and config (and the processing class) into ``folder``.
 
     HF-style models (with ``save_pretrained``, also when a TaskModule only wraps one, see
@@ -94,28 +97,31 @@ def save_model_folder(fit: Fit, folder: str) -> None:
     """
     io = fit.strategy.checkpoint_io
     model = exportable_model(fit.model)
+    weights = fit.strategy.model_state_dict(model) if weights is None else weights
     if hasattr(model, "save_pretrained") and io.is_local(folder):
-        model.save_pretrained(io.fs(folder)[1], state_dict=fit.strategy.model_state_dict(model),
+        model.save_pretrained(io.fs(folder)[1], state_dict=weights,
                               safe_serialization=fit.args.save_safetensors is not False)
     else:
         io.wait()
-        io.save_files(model_files(fit), folder)
+        io.save_files(model_files(fit, weights), folder)
     processor = fit.processing_class
     if processor is not None and hasattr(processor, "save_pretrained") and io.is_local(folder):
         processor.save_pretrained(io.fs(folder)[1])
 
 
-def checkpoint_files(fit: Fit, loop_state: dict[str, Any], sharded: bool = False) -> dict[str, Any]:
-    """``{file name: object}`` this rank writes into the checkpoint of the current step (with ``sharded``, the
-    strategy wrote the model and optimizer shards itself: only ``config.json`` of the model part here)."""
+def checkpoint_files(fit: Fit, loop_state: dict[str, Any], weights: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+    """``{file name: object}`` this rank writes into the checkpoint of the current step. ``weights`` is the full
+    model state dict, or None when the strategy wrote the model and optimizer shards itself (then only
+    ``config.json`` of the model part is written here)."""
     a, rank = fit.args, fit.global_rank
+    sharded = weights is None
     files: dict[str, Any] = {f"rng_state_{rank}.pt": rng_states()}
     if not is_writer(fit):
         return files
-    files.update({k: v for k, v in model_files(fit).items() if not sharded or k == "config.json"})
+    files.update({k: v for k, v in model_files(fit, weights or {}).items() if not sharded or k == "config.json"})
     if not a.save_only_model:
         if fit.optimizer is not None and not sharded:
-            files["optimizer.pt"] = fit.optimizer.state_dict()
+            files["optimizer.pt"] = _on_cpu(fit, fit.optimizer.state_dict())
         if fit.lr_scheduler is not None:
             files["scheduler.pt"] = fit.lr_scheduler.state_dict()
         training_state = {
@@ -132,6 +138,15 @@ def checkpoint_files(fit: Fit, loop_state: dict[str, Any], sharded: bool = False
     files["trainer_state.json"] = fit.state.state_dict()
     files["fit_args.json"] = a.to_json_string(redact=True)  # never write credentials
     return files
+
+
+def _on_cpu(fit: Fit, state: Any) -> Any:
+    """``state`` with device tensors (CUDA, XLA, MPS) moved to the CPU, so the file loads anywhere."""
+    if fit.strategy.root_device.type == "cpu":
+        return state
+    from lightning_utilities.core.apply_func import apply_to_collection
+
+    return apply_to_collection(state, torch.Tensor, lambda t: t.detach().cpu())
 
 
 def callback_states(callbacks: list[Any]) -> dict[str, Any]:
@@ -187,6 +202,8 @@ def save_checkpoint(fit: Fit, loop_state: dict[str, Any]) -> str:
         def finalize(entries: dict[str, FileEntry]) -> None:
             io.write_bytes(part, json.dumps(entries).encode())
     shards = None if a.save_only_model else fit.strategy.save_checkpoint_shards(fit.model, fit.optimizer, target)
+    # the full weights are a collective for sharded strategies: every rank takes part (only the writer keeps them)
+    weights = fit.strategy.model_state_dict(exportable_model(fit.model)) if shards is None else None
     if shards:  # sharded strategies write their own files (DCP, DeepSpeed engine): add them to the manifest
         from taskfit.io.checkpoint_io import file_entry
 
@@ -194,7 +211,7 @@ def save_checkpoint(fit: Fit, loop_state: dict[str, Any]) -> str:
         inner = finalize
         def finalize(entries: dict[str, FileEntry]) -> None:  # noqa: F811
             inner({**entries, **extra})
-    io.save_files(checkpoint_files(fit, loop_state, sharded=bool(shards)), target, finalize)
+    io.save_files(checkpoint_files(fit, loop_state, weights), target, finalize)
     return final
 
 

@@ -18,7 +18,7 @@ from taskfit.arguments import FitArguments
 from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
-from taskfit.checkpoint import checkpoint_path, save_checkpoint, save_model_folder
+from taskfit.checkpoint import checkpoint_path, exportable_model, save_checkpoint, save_model_folder
 from taskfit.connector import resolve_components
 from taskfit.fit_mixins import CallbackManagement, ProcessInfo
 from taskfit.io.checkpoint_io import join
@@ -497,8 +497,9 @@ class Fit(ProcessInfo, CallbackManagement):
         if self.model is None:
             raise ValueError("save_model() before any model was given to fit/validate/predict.")
         folder = output_dir or self.args.output_dir
+        weights = self.strategy.model_state_dict(exportable_model(self.model))  # every rank: may be a gather
         if self.is_global_zero:
-            save_model_folder(self, folder)
+            save_model_folder(self, folder, weights)
             self.strategy.checkpoint_io.write_bytes(join(folder, "fit_args.json"), self.args.to_json_string(redact=True).encode())
         self.strategy.barrier("save_model")
         return folder
@@ -535,9 +536,13 @@ class Fit(ProcessInfo, CallbackManagement):
         :mod:`taskfit.publish`) and wait for it; returns the failed pushes (empty when it worked)."""
         from taskfit.publish import Publisher, hub_storage_options, hub_target, push_final
 
+        weights = self.strategy.model_state_dict(exportable_model(self.model))  # every rank: may be a gather
+        if not self.is_global_zero:
+            return []
         target = hub_target(self.args)
         publisher = Publisher(target, hub_storage_options(self.args, target), always_push=True)
-        push_final(self, publisher, {k: v for k, v in self.logged_metrics.items() if k.startswith("train_")}, dataset)
+        metrics = {k: v for k, v in self.logged_metrics.items() if k.startswith("train_")}
+        push_final(self, publisher, metrics, dataset, weights)
         return publisher.finish()
 
     # ------------------------------------------------------------------------------------ data helpers ---

@@ -274,9 +274,11 @@ def push_checkpoint(fit: Fit, publisher: Publisher, path: str) -> None:
     publisher.submit(name, job, optional=True)
 
 
-def push_final(fit: Fit, publisher: Publisher, metrics: dict[str, Any], dataset: Any = None) -> None:
-    """Queue the end-of-training push: final model, model card, metrics and arguments (a snapshot is taken now)."""
-    files = snapshot(model_files(fit))
+def push_final(fit: Fit, publisher: Publisher, metrics: dict[str, Any], dataset: Any = None,
+               weights: dict[str, Any] | None = None) -> None:
+    """Queue the end-of-training push: final model (``weights``: the full state dict, gathered by every rank
+    beforehand under sharded strategies), model card, metrics and arguments (a snapshot is taken now)."""
+    files = snapshot(model_files(fit, weights))
     files["README.md"] = create_model_card(fit, dataset=dataset, metrics=metrics)
     files["train_results.json"] = dict(metrics)
     files["all_results.json"] = dict(metrics)

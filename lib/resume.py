@@ -247,10 +247,14 @@ def finish_checkpoints(fit: Fit, metrics: dict[str, Any], publisher: Any = None)
     out: dict[str, Any] = {}
     if fit.args.load_best_model_at_end:
         out.update(load_best_model(fit))
-    if publisher is not None:
+    weights = None
+    if fit.args.push_to_hub:  # the full weights may be a gather: every rank takes part, rank 0 publishes
+        from taskfit.checkpoint import exportable_model
         from taskfit.publish import push_final
 
-        push_final(fit, publisher, {**metrics, **out})
+        weights = fit.strategy.model_state_dict(exportable_model(fit.model))
+    if publisher is not None:
+        push_final(fit, publisher, {**metrics, **out}, weights=weights)
         errors = publisher.finish()
         if errors:
             out["push_errors"] = len(errors)

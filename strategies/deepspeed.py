@@ -117,7 +117,6 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._module: torch.nn.Module | None = None
         self._optimizer: Any = None  # the optimizer fit.optimizer must be for the engine to be current
         self._grad_norm = torch.zeros(())
-        self._discard_next_state_dict = False
 
     @property
     def zero_stage(self) -> int:
@@ -259,11 +258,8 @@ class DeepSpeedStrategy(ParallelStrategy):
     # -- weights ----------------------------------------------------------------------------------------
     def model_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
         """The full state dict of ``module`` (the unwrapped model). ZeRO 0-2 keep full parameters on every rank;
-        under ZeRO-3 the parameters are gathered, which is a collective: ``save_model`` calls this on rank 0 only,
-        so the other ranks join the gather in :meth:`barrier` (``"save_model"``)."""
-        if self._discard_next_state_dict:  # checkpoint_files only keeps config.json of a sharded checkpoint
-            self._discard_next_state_dict = False
-            return {}
+        under ZeRO-3 the parameters are gathered, a collective: every rank calls this (``save_model`` and the
+        checkpoint code do)."""
         if self.engine is None or self.zero_stage != 3:
             return {k: v.detach().clone() for k, v in module.state_dict().items()}
         return self._gathered_state_dict(module)
@@ -272,19 +268,6 @@ class DeepSpeedStrategy(ParallelStrategy):
         deepspeed = require_deepspeed()
         with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
             return {k: v.detach().clone() for k, v in module.state_dict().items()}
-
-    def barrier(self, name: str | None = None) -> None:
-        if name == "save_model" and self.engine is not None and self.zero_stage == 3 and not self.is_global_zero:
-            module = self._save_model_target()
-            if module is not None:
-                self._gathered_state_dict(module)  # rank 0 gathers the same parameters in model_state_dict
-        super().barrier(name)
-
-    def _save_model_target(self) -> torch.nn.Module | None:
-        from taskfit.checkpoint import exportable_model
-
-        fit = getattr(self._module, "_fit", None)
-        return exportable_model(fit.model) if fit is not None and fit.model is not None else None
 
     # -- checkpoints ------------------------------------------------------------------------------------
     def _prefix(self, module: torch.nn.Module) -> str:
@@ -326,7 +309,6 @@ class DeepSpeedStrategy(ParallelStrategy):
                 rel = os.path.relpath(os.path.join(root, f), local).replace(os.sep, "/")
                 if self._owner(f) == self.global_rank:
                     mine.append(rel)
-        self._discard_next_state_dict = True
         return sorted(mine)
 
     def _owner(self, filename: str) -> int:

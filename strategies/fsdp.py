@@ -95,7 +95,6 @@ class FSDPStrategy(ParallelStrategy):
         self.module: nn.Module | None = None
         self.mesh: Any = None
         self.wrapped_names: list[str] = []  # names (inside the TaskModule) of the modules made FSDP units
-        self._skip_full_once = False
 
     # -- set-up -----------------------------------------------------------------------------------------
     def mixed_precision_policy(self) -> Any:
@@ -282,30 +281,11 @@ class FSDPStrategy(ParallelStrategy):
         return self.local_rank == 0 if each_node else self.is_global_zero
 
     def model_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
-        """The full, unsharded state dict of ``module`` with single-device keys, gathered to rank 0's CPU.
-
-        The gather is a collective while the callers (``save_model``, checkpoint files) run it on the writing
-        rank only: the other ranks join it from :meth:`barrier` (``"save_model"``, and ``"checkpoint-prepare"``
-        when a checkpoint needs full weights). Right after a sharded checkpoint's shards were written, the
-        caller drops the weights, so nothing is gathered then (returns ``{}``)."""
-        if self._skip_full_once:
-            self._skip_full_once = False
-            return {}
+        """The full, unsharded state dict of ``module`` with single-device keys, gathered to rank 0's CPU (a
+        collective: every rank calls this, as ``save_model`` and the checkpoint code do; others get ``{}``)."""
         if self._prefix_of(module) is None:
             return module.state_dict()
         return self._full_model_state(module)
-
-    def barrier(self, name: str | None = None) -> None:
-        """Wait for every process; before ``"save_model"`` (and ``"checkpoint-prepare"`` of a
-        ``save_only_model`` checkpoint) the non-writing ranks first join the writer's full-weights gather."""
-        self._skip_full_once = False
-        ready = self.model is not None and self.module is not None
-        if ready and name == "save_model" and not self.is_global_zero:  # rank 0 gathered before its barrier
-            self._full_model_state(self.module)
-        super().barrier(name)
-        if ready and name == "checkpoint-prepare" and getattr(self.args, "save_only_model", False) \
-                and not self._is_writer():  # the writer gathers after this barrier
-            self._full_model_state(self.module)
 
     def _model_file_name(self) -> str:
         return "pytorch_model.bin" if getattr(self.args, "save_safetensors", True) is False else "model.safetensors"
@@ -328,7 +308,6 @@ class FSDPStrategy(ParallelStrategy):
         if self.model is None:
             return None
         io = self.checkpoint_io
-        self._skip_full_once = self._is_writer()
         if self.options.state_dict_type == "full":
             from taskfit.checkpoint import exportable_model  # the same module save_model exports
 

@@ -92,7 +92,13 @@ class Strategy:
 
     # -- step -------------------------------------------------------------------------------------------
     def forward_context(self) -> ContextManager:
-        """Context for forward passes (precision autocast)."""
+        """Context for forward passes (precision autocast; on MPS a missing operator is re-raised with the
+        ``PYTORCH_ENABLE_MPS_FALLBACK=1`` hint)."""
+        if self.root_device.type == "mps":
+            stack = contextlib.ExitStack()
+            stack.enter_context(self.accelerator.missing_op_hint())
+            stack.enter_context(self.precision.forward_context("mps"))
+            return stack
         return self.precision.forward_context(self.root_device.type)
 
     def no_sync(self, micro_batch_is_last: bool) -> ContextManager:

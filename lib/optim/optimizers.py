@@ -249,8 +249,9 @@ def _build_adamw(
     (mirrors HF ``_get_adamw_torch``).
 
     ``optim_args`` may override any AdamW argument; ``beta1``/``beta2`` are accepted as aliases that replace
-    one entry of ``betas``. ``fused=True`` (``adamw_torch_fused``) uses the fused kernel; without it torch
-    picks its default implementation (``foreach`` on supported devices).
+    one entry of ``betas``. ``fused=True`` (``adamw_torch_fused``) uses the fused kernel; so does plain
+    ``adamw_torch`` when every parameter is a floating-point CUDA tensor and ``optim_args`` sets none of
+    ``fused``/``foreach``/``differentiable``/``capturable``; otherwise torch picks its default (``foreach``).
 
     Raises:
         ValueError: ``fused=True`` on parameters whose device or dtype the fused kernel does not support.
@@ -267,6 +268,10 @@ def _build_adamw(
         "eps": args.adam_epsilon,
         "weight_decay": weight_decay,
     }
+    params = [p for g in param_groups for p in g["params"]]
+    if not fused and params and all(p.device.type == "cuda" and p.is_floating_point() for p in params) \
+            and not {"fused", "foreach", "differentiable", "capturable"} & set(optim_args):
+        fused = True  # on CUDA the fused kernel is the fastest AdamW (F-ACC-2); optim_args may opt out
     if not fused:
         return _construct(name, torch.optim.AdamW, param_groups, kwargs, optim_args)
     kwargs["fused"] = True
