@@ -51,6 +51,22 @@ def require_deepspeed() -> Any:
     return deepspeed
 
 
+def _keep_engine_grads(optimizer: Any) -> None:
+    """Make ``optimizer.zero_grad`` a no-op: the engine's optimizer wrapper clears gradients itself in
+    ``engine.step`` (called only when such a wrapper holds ``optimizer``).
+
+    Under ZeRO the optimizer's parameters are the engine's fp32 partitions, and with optimizer offload
+    (``cpu_offload``) their ``.grad`` tensors are buffers allocated once and filled in place at every accumulation
+    boundary. The fit loop's ``optimizer.zero_grad(set_to_none=True)`` after each step would set them to None and
+    the next boundary would fail inside DeepSpeed (``'NoneType' object has no attribute 'view'`` in
+    ``copy_grads_in_partition``).
+    """
+    def zero_grad(set_to_none: bool = True) -> None:
+        return None
+
+    optimizer.zero_grad = zero_grad
+
+
 class DeepSpeedPrecision(Precision):
     """Precision under DeepSpeed: the engine converts the module (``bf16``/``fp16`` config sections) and scales
     losses, so this plugin only casts floating-point inputs to the engine's dtype once the engine exists.
@@ -189,6 +205,8 @@ class DeepSpeedStrategy(ParallelStrategy):
                 # iteration 0, as torch/taskfit schedules do (otherwise DeepSpeed repeats it for two steps)
             fit.lr_scheduler = scheduler if scheduler is not None else create_scheduler(basic, fit.args, max_steps)
             fit.scheduler_interval = "step"
+        if engine.optimizer is not fit.optimizer:  # a ZeRO/bf16 wrapper owns it and clears the gradients
+            _keep_engine_grads(fit.optimizer)
         self._optimizer = fit.optimizer
         self.model = engine
         self.precision.active = True

@@ -4,7 +4,10 @@ Fast tests (default run): the config resolution ("auto" values, one error listin
 refused on CPU) and one real 1-process engine run with DeepSpeed's own optimizer and schedule in bf16.
 Slow tests (``make test-deepspeed``; 2 processes each, ~30 s a run on 2 cores): ZeRO 1/2/3 with 2 x 2 samples and
 accumulation 3 (windows 3, 3, 3, 1 per epoch) equal one process on batches of 4 within ``TOL``; exact resume after
-SIGKILL under stage 2 and 3; conversion to fp32 weights that load into a single-device model; ``save_model``.
+SIGKILL under stage 2 and 3; conversion to fp32 weights that load into a single-device model; ``save_model``;
+the offload presets (stage 2 optimizer offload, stage 3 optimizer + parameter offload; DeepSpeedCPUAdam, JIT-built
+with gcc on first use) equal one process with the same optimizer within ``TOL`` and torch's AdamW within
+``OFFLOAD_TOL``.
 
 ``TASKFIT_DEEPSPEED_SHM_COMM=0`` keeps DeepSpeed from JIT-compiling its shared-memory all-reduce op.
 """
@@ -29,6 +32,9 @@ pytestmark = pytest.mark.deepspeed
 HERE = Path(__file__).parent
 JOB = HERE / "deepspeed_job.py"
 TOL = 1e-6  # fp32: the same sums reduced in another order (measured max difference ~6e-8)
+# DeepSpeedCPUAdam vs torch.optim.AdamW after 8 steps at lr 0.1: measured max weight difference 1.5e-6 (the same
+# update computed with other float32 arithmetic; 2-process offload vs 1-process offload, both CPUAdam: 1.8e-7)
+OFFLOAD_TOL = 1e-5
 # the run every 2-process test shares: 40 samples, 2 ranks x 2 samples, accumulation 3 -> windows 3, 3, 3, 1 per
 # epoch, 8 optimizer steps (2 epochs), clipping at 0.5 (active: norms ~0.4-0.7), linear schedule with 2 warmup steps
 BASE = {"bs": 2, "accum": 3, "n": 40, "steps": 8, "max_grad_norm": 0.5, "args": {"warmup_steps": 2}}
@@ -180,6 +186,12 @@ def runs(tmp_path_factory):
                                "save_steps": 3, "save_model": str(tmp / "stage2_model")},
                     "stage3": {**BASE, "strategy": "deepspeed_stage_3", "devices": 2, "rank_seed": 1,
                                "save_steps": 3, "save_model": str(tmp / "stage3_model")},
+                    "stage2_offload": {**BASE, "strategy": "deepspeed_stage_2_offload", "devices": 2,
+                                       "rank_seed": 1},
+                    "stage3_offload": {**BASE, "strategy": "deepspeed_stage_3_offload", "devices": 2,
+                                       "rank_seed": 1},
+                    # one process with the same optimizer (DeepSpeedCPUAdam) as the offload runs
+                    "single_cpu_adam": {**BASE, "bs": 4, "strategy": "deepspeed_stage_2_offload", "devices": 1},
                     "stage2_ds_optimizer": {**BASE, "strategy": "deepspeed_stage_2", "devices": 2, "args": {
                         "warmup_steps": 2, "deepspeed": {"optimizer": {"type": "auto"},
                                                          "scheduler": {"type": "auto"}}}}}
@@ -210,6 +222,31 @@ def test_F_STRAT_6_zero_stages_equal_one_process_on_the_big_batch(case, runs):
     assert r0["loss"] == pytest.approx(ref["loss"], abs=1e-6)
     if case != "stage1":
         assert r0["engine_optimizer"] in ("DeepSpeedZeroOptimizer", "DeepSpeedZeroOptimizer_Stage3")
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("case", ["stage2_offload", "stage3_offload"])
+def test_F_STRAT_6_offload_equals_one_process(case, runs):
+    """The offload presets (ZeRO-2 with optimizer offload; ZeRO-3 with optimizer and parameter offload) on 2 x 2
+    samples with accumulation 3 and active clipping == one process on batches of 4: within TOL against a single
+    process that also steps DeepSpeedCPUAdam, within OFFLOAD_TOL against torch's AdamW (see OFFLOAD_TOL). Every
+    optimizer step after the first used to fail inside DeepSpeed (the fit loop's ``zero_grad(set_to_none=True)``
+    dropped the offloaded fp32 gradient buffers)."""
+    (ref,), (cpu_ref,), (r0, r1) = runs("single"), runs("single_cpu_adam"), runs(case)
+    assert r0["optimizer_type"] == cpu_ref["optimizer_type"] == "DeepSpeedCPUAdam" and ref["optimizer_type"] == "AdamW"
+    assert r0["engine_optimizer"] == ("DeepSpeedZeroOptimizer_Stage3" if case == "stage3_offload"
+                                      else "DeepSpeedZeroOptimizer")
+    assert (r0["world_size"], r1["rank"], r0["global_step"]) == (2, 1, 8)
+    assert all(torch.equal(v, r1["weights"][k]) for k, v in r0["weights"].items())
+    assert_close(cpu_ref["weights"], r0["weights"])
+    assert_close(ref["weights"], r0["weights"], OFFLOAD_TOL)
+    assert max((r0["weights"][k] - v).abs().max() for k, v in r0["initial"].items()) > 0.1  # it trained
+    for want_run in (cpu_ref, ref):
+        for key in ("loss", "grad_norm", "learning_rate"):
+            got, want = [r[key] for r in r0["log"] if key in r], [r[key] for r in want_run["log"] if key in r]
+            assert len(got) == len(want) == 8 and got == pytest.approx(want, abs=1e-5), key
+        assert r0["loss"] == pytest.approx(want_run["loss"], abs=1e-6)
 
 
 @pytest.mark.slow
