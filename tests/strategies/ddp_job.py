@@ -12,8 +12,8 @@ import torch
 from torch import nn
 
 from taskfit import Callback, Fit, TaskModule
+from token_data import CLASSES, VOCAB, token_samples
 
-VOCAB, CLASSES, T = 4, 3, 6
 
 
 class Tagger(TaskModule):
@@ -41,15 +41,7 @@ class Tagger(TaskModule):
 
 
 def tokens(n: int = 48, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        x = torch.randn(T, VOCAB, generator=g)
-        labels = x[:, :CLASSES].argmax(-1)
-        valid = int(torch.randint(1, T + 1, (1,), generator=g))  # 1..T valid tokens per sample
-        labels[valid:] = -100
-        out.append({"x": x, "labels": labels, "idx": torch.tensor(i)})
-    return out
+    return token_samples(n, seed, with_index=True)
 
 
 class DieAt(Callback):

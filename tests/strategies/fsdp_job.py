@@ -18,8 +18,9 @@ import torch
 from torch import nn
 
 from taskfit import Callback, Fit, TaskModule
+from token_data import CLASSES, VOCAB, token_samples
 
-VOCAB, CLASSES, T, H = 4, 3, 6, 16
+H = 16
 
 
 class Block(nn.Module):
@@ -59,14 +60,7 @@ class Tagger(TaskModule):
 
 
 def tokens(n: int = 32, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        x = torch.randn(T, VOCAB, generator=g)
-        labels = x[:, :CLASSES].argmax(-1)
-        labels[int(torch.randint(1, T + 1, (1,), generator=g)):] = -100  # 1..T valid tokens per sample
-        out.append({"x": x, "labels": labels})
-    return out
+    return token_samples(n, seed)
 
 
 class Observe(Callback):
