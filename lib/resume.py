@@ -227,8 +227,13 @@ def load_best_model(fit: Fit) -> dict[str, Any]:
     if not st.best_model_checkpoint:
         log.warning("load_best_model_at_end=True but no best checkpoint was recorded (no evaluation with a save).")
         return {}
-    fit.strategy.checkpoint_io.wait()
-    load_model_weights(fit, st.best_model_checkpoint)
+    io = fit.strategy.checkpoint_io
+    io.wait()
+    manifest = read_manifest(io, st.best_model_checkpoint)
+    shards = [n for n in manifest["files"] if n.startswith(SHARD_PREFIXES)]
+    # sharded strategies restore their own shards (or cut full weights into shards); others load the full file
+    if not fit.strategy.load_checkpoint_shards(fit.model, None, st.best_model_checkpoint, shards):
+        load_model_weights(fit, st.best_model_checkpoint, manifest)
     log.info("Loaded the best model from %s (global_step %s, %s=%s).", st.best_model_checkpoint,
              st.best_global_step, fit.args.metric_for_best_model, st.best_metric)
     return {"best_global_step": st.best_global_step, "best_metric": st.best_metric,

@@ -237,3 +237,18 @@ def test_F_STRAT_4_hf_option_forms_resolve(tmp_path):
         s.auto_wrap_units(Tagger())
     s = _fit(strategy="fsdp", fsdp_min_num_params=100).strategy
     assert sorted(n for n, _ in s.auto_wrap_units(Tagger())) == ["blocks.0.lin", "blocks.1.lin"]  # innermost
+
+
+@pytest.mark.parametrize("state_dict_type", ["sharded", "full"])
+def test_F_CKPT_3_fsdp_load_best_model_at_end_restores_the_best_step(state_dict_type, tmp_path):
+    """load_best_model_at_end under FSDP reads the best checkpoint's shards (or cuts its full weights into
+    shards) on every rank: the final weights equal a single-device run that loaded its best checkpoint. With
+    greater_is_better=True on the eval loss the best step is an early one, not the last."""
+    best = {"eval_strategy": "steps", "eval_steps": 1, "save_strategy": "steps", "save_steps": 1,
+            "load_best_model_at_end": True, "metric_for_best_model": "loss", "greater_is_better": True}
+    one = run_job(tmp_path, "one", bs=4, eval=True, args=best)
+    two = fsdp(tmp_path, "two", {**best, "fsdp": "full_shard auto_wrap",
+                                 "fsdp_config": {"state_dict_type": state_dict_type}}, eval=True)
+    steps = [r["best_global_step"] for r in (one["log"][-1], two["log"][-1])]
+    assert steps[0] == steps[1] < 4
+    assert max_diff(one["weights"], two["weights"]) < TOL
