@@ -92,7 +92,7 @@ def run(cfg: dict) -> dict:
 
 
 if __name__ == "__main__":
-    cfg = json.load(open(sys.argv[1]))
+    cfg = json.load(open(sys.argv[-1]))  # the deepspeed launcher puts --local_rank=N first
     torch.set_num_threads(1)
     result = run(cfg)
     torch.save(result, cfg["result"].replace(".pt", f".rank{result['rank']}.pt"))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -116,6 +117,22 @@ def test_F_STRAT_7_two_torchrun_nodes_equal_one_node_with_two_processes(tmp_path
     assert two_nodes["world_size"] == 2 and result(tmp_path, "nodes", 1)["rank"] == 1
     for k, v in one_node["weights"].items():
         assert torch.equal(v, two_nodes["weights"][k]), k
+
+
+@pytest.mark.deepspeed
+def test_F_STRAT_7_ddp_under_the_deepspeed_launcher(tmp_path, single):
+    """The ``deepspeed`` launcher exports the ``env://`` variables (and passes ``--local_rank``): taskfit uses the
+    processes it started."""
+    launcher = shutil.which("deepspeed", path=os.path.dirname(sys.executable))
+    if launcher is None:
+        pytest.skip("the deepspeed launcher is not installed (pip install 'taskfit[deepspeed]')")
+    run(tmp_path, {"bs": 4, "strategy": "ddp", "devices": 2}, "dslaunch",
+        launcher=[launcher, "--num_gpus", "2", "--master_port", str(find_free_port())],
+        env={"TASKFIT_DEEPSPEED_SHM_COMM": "0", "PATH": os.path.dirname(sys.executable) + os.pathsep +
+             os.environ.get("PATH", "")})
+    got = result(tmp_path, "dslaunch", 0)
+    assert got["world_size"] == 2 and result(tmp_path, "dslaunch", 1)["rank"] == 1
+    assert_close(single["plain"]["weights"], got["weights"])
 
 
 def test_F_STRAT_2_ddp_spawn_returns_trained_weights_to_the_caller(tmp_path, single):
