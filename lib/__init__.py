@@ -18,6 +18,7 @@ _EXPORTS = {
     "Callback": "taskfit.callbacks.base", "EarlyStopping": "taskfit.callbacks.early_stopping",
     "EarlyStoppingCallback": "taskfit.callbacks.early_stopping", "ProgressBar": "taskfit.callbacks.progress",
     "ThroughputMonitor": "taskfit.callbacks.throughput",
+    "DeviceStatsMonitor": "taskfit.callbacks.device_stats",
     "DataModule": "taskfit.data.loaders",
     "EvalPrediction": "taskfit.metrics", "PredictionOutput": "taskfit.metrics",
     "FitState": "taskfit.loops.state", "FitControl": "taskfit.loops.state",

@@ -1,8 +1,9 @@
-"""Callbacks: base class, early stopping, progress bar, throughput monitor."""
+"""Callbacks: base class, early stopping, progress bar, throughput and device-stats monitors."""
 
 from taskfit.callbacks.base import Callback, HookRunner
+from taskfit.callbacks.device_stats import DeviceStatsMonitor
 from taskfit.callbacks.early_stopping import EarlyStopping, EarlyStoppingCallback
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import ThroughputMonitor
 
-__all__ = ["Callback", "EarlyStopping", "EarlyStoppingCallback", "HookRunner", "ProgressBar", "ThroughputMonitor"]
+__all__ = ["Callback", "DeviceStatsMonitor", "EarlyStopping", "EarlyStoppingCallback", "HookRunner", "ProgressBar", "ThroughputMonitor"]
