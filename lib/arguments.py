@@ -31,24 +31,14 @@ from taskfit.registry import invalid_choice
 
 SECRET_FIELDS = ("hub_token", "push_to_hub_token")
 
-_DIST = "the distributed issue #5"
-_ACCEL = "the accelerators issue #6"
 
 #: option name -> the issue where its feature lands. An option is *pending* when its value differs from the
 #: default (or matches the rule in ``_PENDING_WHEN``) and it is still listed here; remove a row when it lands.
 #: (``torchdynamo`` is a deprecated alias copied into ``torch_compile_backend``, which is what gets reported.)
-PENDING_OPTIONS: dict[str, str] = {
-    "debug": _ACCEL,
-    **dict.fromkeys((
-        "accelerator_config", "dispatch_batches", "split_batches", "num_nodes"), _DIST),
-    "tpu_metrics_debug": _ACCEL,
-}
+PENDING_OPTIONS: dict[str, str] = {}
 
 #: options that are only partly pending: the value is pending when the predicate is true.
-_PENDING_WHEN: dict[str, Callable[[Any], bool]] = {
-    "num_nodes": lambda v: v != 1,
-    "debug": lambda v: "tpu_metrics_debug" in v,
-}
+_PENDING_WHEN: dict[str, Callable[[Any], bool]] = {}
 
 
 def _opt(default: Any, help: str, group: str, factory: Callable[[], Any] | None = None) -> Any:
@@ -339,7 +329,7 @@ class FitArguments(ArgumentSetters):
         """``(option, issue)`` for every option set to a non-default value whose feature has not landed.
 
         Defaults never count. Options with partial support count only for the unbuilt values
-        (``num_nodes != 1``, ``debug`` containing ``tpu_metrics_debug``, ``skip_memory_metrics=False``,
+        (``num_nodes != 1``, ``skip_memory_metrics=False``,
         ``report_to`` naming a logger other than ``csv``).
         """
         defaults = _default_values()

@@ -32,6 +32,9 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
         NotImplementedError: a known name whose component has not landed yet (names the issue).
         TypeError: a plugin of an unknown kind.
     """
+    from taskfit.data.loaders import data_options
+
+    data_options(args)  # accelerator_config / split_batches: bad keys fail before any work
     precision_plugin, ckpt_plugin = None, None
     for p in plugins or []:
         if isinstance(p, Precision):

@@ -22,7 +22,7 @@ from taskfit.checkpoint import checkpoint_path, exportable_model, save_checkpoin
 from taskfit.connector import resolve_components
 from taskfit.fit_mixins import CallbackManagement, ProcessInfo
 from taskfit.io.checkpoint_io import join
-from taskfit.data.loaders import DataModule, build_dataloader, floating_point_ops, forward_parameter_names, num_examples, num_tokens
+from taskfit.data.loaders import DataModule, build_dataloader, per_process_batch_size, floating_point_ops, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import Logger, build_loggers
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
 from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
@@ -178,7 +178,7 @@ class Fit(ProcessInfo, CallbackManagement):
             names = forward_parameter_names(self.model)
             if names is not None:
                 keep = names | set(self.module.label_names) | {"label", "label_ids"}
-        bs = self.args.per_device_train_batch_size if train else self.args.per_device_eval_batch_size
+        bs = per_process_batch_size(self.args, self.world_size, train)  # split_batches: global size / world
         return self.strategy.process_dataloader(
             build_dataloader(data, self.args, train=train, batch_size=bs, collate_fn=self._collator(collator),
                              keep_columns=keep, what=what))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from taskfit import Fit, TaskModule
+from taskfit import FitArguments, Fit, TaskModule
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
@@ -115,10 +115,20 @@ def test_absent_accelerator_named_F_ACC_1(kwargs, needle):
         Fit(**kwargs)
 
 
-def test_pending_option_names_the_issue_F_CORE_4():
-    """F-CORE-4: an option whose feature has not landed -> NotImplementedError naming option, value and issue."""
-    with pytest.raises(NotImplementedError, match=r"debug=\['tpu_metrics_debug'\] is not implemented yet.*#6"):
-        Fit(debug="tpu_metrics_debug")
+def test_option_conflicts_fail_at_construction_F_CORE_4(tmp_path):
+    """F-CORE-4 / F-STRAT-2: option values that cannot work here fail at ``Fit(...)``, naming them."""
+    with pytest.raises(ValueError, match=r"debug='tpu_metrics_debug' reports torch_xla metrics.*'cpu'"):
+        Fit(debug="tpu_metrics_debug", report_to="none")
+    with pytest.raises(ValueError, match=r"Unknown accelerator_config key\(s\) \['split_batch'\]"):
+        Fit(accelerator_config={"split_batch": True}, report_to="none")
+    with pytest.raises(ValueError, match="even_batches=False is not supported"):
+        Fit(accelerator_config={"even_batches": False}, report_to="none")
+    with pytest.raises(ValueError, match="split_batches=True splits each batch of 5 over 2 processes"):
+        from taskfit.data.loaders import per_process_batch_size
+
+        per_process_batch_size(FitArguments(split_batches=True, per_device_train_batch_size=5), 2, train=True)
+    assert per_process_batch_size(FitArguments(accelerator_config={"split_batches": True},
+                                               per_device_train_batch_size=8), 2, train=True) == 4
 
 
 def test_single_device_strategy_with_several_devices_F_CORE_3():

@@ -259,8 +259,6 @@ def test_datamodule_command(recording_core, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("extra_argv, message", [
-    (["--debug", "tpu_metrics_debug"], "debug=['tpu_metrics_debug'] is not implemented yet (lands with the "
-                                       "accelerators issue #6)"),
     (["--module", "cli_tiny_task:Modle"], "has no attribute 'Modle' (from 'cli_tiny_task:Modle'). Did you mean \"Model\"?"),
     (["--module", "no_such_pkg.mod:Model"], "cannot import 'no_such_pkg.mod'"),
     (["--data", "cli_tiny_task:only_eval"], "'fit' needs data under 'train'"),
@@ -268,7 +266,7 @@ def test_datamodule_command(recording_core, capsys, tmp_path):
     (["--datamodule", "cli_tiny_task:DM"], "set either 'data' or 'datamodule', not both"),
 ])
 def test_run_errors_exit_2_before_any_work(recording_core, capsys, extra_argv, message):
-    """F-CORE-6: pending options, bad import paths and missing data return 2 before the core is called."""
+    """F-CORE-6: bad option values, bad import paths and missing data return 2 before the core is called."""
     assert main(["fit", "--config", recording_core, *extra_argv]) == 2
     assert message in capsys.readouterr().err
     assert RecordingFit.calls == []

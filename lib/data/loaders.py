@@ -231,3 +231,54 @@ def distributed_loader(loader: Any, num_replicas: int, rank: int) -> Any:
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
     return DataLoader(loader.dataset, **kwargs)
+
+
+#: HF ``accelerator_config`` keys (Accelerate's ``DataLoaderConfiguration``) taskfit understands
+ACCELERATOR_CONFIG_KEYS = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking",
+                           "gradient_accumulation_kwargs", "use_configured_state")
+
+
+def data_options(args: Any) -> dict[str, Any]:
+    """``split_batches`` / ``dispatch_batches`` from ``accelerator_config`` (dict or JSON file) and the deprecated
+    top-level flags (mirrors HF ``AcceleratorConfig``). ``dispatch_batches`` is accepted: every process reads its
+    own share, which gives the same batches as rank 0 reading and scattering them. ``even_batches`` must stay
+    True (uneven splits are padded, and evaluation drops the repeats).
+
+    Raises:
+        ValueError: an unknown key, ``even_batches=False``, or a file that is not a JSON object.
+    """
+    import json
+    import os
+
+    cfg = args.accelerator_config or {}
+    if isinstance(cfg, str):
+        if not os.path.exists(cfg):
+            raise ValueError(f"accelerator_config={cfg!r} is neither a dict, JSON text nor an existing file.")
+        with open(cfg) as f:
+            cfg = json.load(f)
+    if not isinstance(cfg, dict):
+        raise ValueError(f"accelerator_config must be a JSON object; got {type(cfg).__name__}.")
+    unknown = sorted(set(cfg) - set(ACCELERATOR_CONFIG_KEYS))
+    if unknown:
+        raise ValueError(f"Unknown accelerator_config key(s) {unknown}; valid keys: {list(ACCELERATOR_CONFIG_KEYS)}.")
+    if cfg.get("even_batches") is False:
+        raise ValueError("accelerator_config even_batches=False is not supported: taskfit pads uneven splits (like "
+                         "DistributedSampler) and drops the repeats from evaluation results.")
+    split = bool(cfg.get("split_batches", False) or args.split_batches)
+    return {"split_batches": split, "dispatch_batches": bool(cfg.get("dispatch_batches", False) or args.dispatch_batches)}
+
+
+def per_process_batch_size(args: Any, world_size: int, train: bool) -> int:
+    """The batch size one process loads: ``per_device_*_batch_size``, or with ``split_batches`` that size divided
+    by ``world_size`` (the configured size is then the global batch, as in Accelerate).
+
+    Raises:
+        ValueError: ``split_batches`` with a batch size that ``world_size`` does not divide.
+    """
+    size = args.per_device_train_batch_size if train else args.per_device_eval_batch_size
+    if world_size > 1 and data_options(args)["split_batches"]:
+        if size % world_size:
+            raise ValueError(f"split_batches=True splits each batch of {size} over {world_size} processes; choose a "
+                             f"batch size divisible by {world_size}.")
+        return size // world_size
+    return size

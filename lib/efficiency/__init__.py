@@ -50,7 +50,8 @@ def check_run(fit: Fit) -> dict[str, bool] | None:
 
     Raises:
         ValueError: ``tf32`` set off CUDA or on a pre-Ampere GPU; unknown compile backend or mode; an unknown
-            ``gradient_checkpointing_kwargs`` key; ``label_smoothing_factor`` together with ``compute_loss_func``.
+            ``gradient_checkpointing_kwargs`` key; ``label_smoothing_factor`` together with ``compute_loss_func``;
+            ``tpu_metrics_debug`` off XLA.
     """
     args, strategy = fit.args, fit.strategy
     flags = apply_tf32(args.tf32, strategy.root_device)
@@ -71,6 +72,10 @@ def check_run(fit: Fit) -> dict[str, bool] | None:
         fit.compute_loss_func = LabelSmoother(args.label_smoothing_factor, fit)
     if args.neftune_noise_alpha is not None or args.fp16_full_eval or args.bf16_full_eval:
         fit.callbacks.append(TechniquesCallback())
+    from taskfit.callbacks.xla_metrics import XLAMetricsReport, check_xla_metrics_option
+
+    if check_xla_metrics_option(args, strategy.accelerator.name):  # debug="tpu_metrics_debug"
+        fit.callbacks.append(XLAMetricsReport())
     return flags
 
 

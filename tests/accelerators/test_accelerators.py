@@ -3,7 +3,7 @@
 There is no GPU on these machines: CUDA and MPS availability is faked at the boundary (``torch.cuda.is_available``,
 ``torch.cuda.device_count``, ``torch.backends.mps.is_available``), which only exercises selection and error logic;
 nothing here runs a kernel on a GPU. XLA tests check the errors raised when torch_xla is missing (real XLA runs
-need ``torch_xla``: see tests/accelerators/test_xla_runtime.py).
+need ``torch_xla``: see tests/accelerators/test_xla_cpu.py).
 """
 
 from __future__ import annotations

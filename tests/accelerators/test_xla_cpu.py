@@ -231,3 +231,13 @@ def test_xla_fsdp_v2_spmd_two_virtual_devices_equals_eager_cpu(tmp_path, referen
     print(f"XLA-FSDP v2 (SPMD, 2 virtual devices) vs eager CPU: max |weight diff| = {diff:.3g}")
     assert diff < TOL
     assert result["losses"] == pytest.approx(ref_losses, abs=TOL)
+
+
+def test_F_ACC_1_tpu_metrics_debug_reports_xla_metrics_each_epoch(tmp_path, capsys):
+    """``debug="tpu_metrics_debug"``: torch_xla's metrics report is printed after every training epoch."""
+    from taskfit.callbacks.xla_metrics import XLAMetricsReport
+
+    fit, _ = run(tmp_path, debug="tpu_metrics_debug", max_steps=-1, num_train_epochs=2)
+    report = next(cb for cb in fit.callbacks if isinstance(cb, XLAMetricsReport))
+    assert len(report.reports) == 2 and all("Metric: CompileTime" in r for r in report.reports)
+    assert "Metric: CompileTime" in capsys.readouterr().out
