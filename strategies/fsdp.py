@@ -339,7 +339,7 @@ class FSDPStrategy(ParallelStrategy):
         from full ``model.safetensors``/``optimizer.pt`` (a ``"full"`` FSDP checkpoint or one written by a
         single-device / DDP run), each rank keeping its shard. Returns True when it restored them."""
         from torch.distributed.checkpoint.state_dict import (
-            StateDictOptions, get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
+            get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
             set_optimizer_state_dict,
         )
 

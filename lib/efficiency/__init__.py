@@ -10,7 +10,7 @@ off), :func:`prepare_full_eval` before a stand-alone validate/test/predict (``fp
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn

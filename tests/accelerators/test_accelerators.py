@@ -15,7 +15,6 @@ from lightning_utilities.core.imports import RequirementCache
 from taskfit import Fit
 from taskfit.accelerators import (ACCELERATORS, CPUAccelerator, CUDAAccelerator, MPSAccelerator, XLAAccelerator,
                                   choose_accelerator)
-from taskfit.accelerators.cuda import parse_gpu_devices
 from taskfit.accelerators.mps import FALLBACK_HINT
 from taskfit.arguments import FitArguments
 from taskfit.connector import resolve_components

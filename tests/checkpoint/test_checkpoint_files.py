@@ -8,15 +8,13 @@ import json
 import logging
 import os
 import sys
-from fractions import Fraction
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-from torch import nn
 
-from taskfit import Callback, EarlyStopping, Fit, FitArguments, TaskModule
+from taskfit import Callback, EarlyStopping, Fit, FitArguments
 from taskfit.checkpoint import CheckpointError, is_writer, list_checkpoints, rotate_checkpoints
 from taskfit.io import TorchCheckpointIO, UnsafeCheckpointError
 

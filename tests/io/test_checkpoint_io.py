@@ -8,7 +8,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from taskfit import Fit, FitArguments, TaskModule
+from taskfit import Fit, TaskModule
 from taskfit.io import TorchCheckpointIO, write_bytes_atomic
 
 
