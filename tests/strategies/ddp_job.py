@@ -26,12 +26,12 @@ class Tagger(TaskModule):
 
     def training_step(self, batch, batch_idx):
         logits = self.net(batch["x"])
-        return nn.functional.cross_entropy(logits.reshape(-1, CLASSES), batch["labels"].reshape(-1),
+        return nn.functional.cross_entropy(logits.reshape(-1, CLASSES).float(), batch["labels"].reshape(-1),
                                            ignore_index=-100)
 
     def validation_step(self, batch, batch_idx):
         logits = self.net(batch["x"])
-        loss = nn.functional.cross_entropy(logits.reshape(-1, CLASSES), batch["labels"].reshape(-1),
+        loss = nn.functional.cross_entropy(logits.reshape(-1, CLASSES).float(), batch["labels"].reshape(-1),
                                            ignore_index=-100)
         self.log("val_ce", loss, sync_dist=True)
         return {"loss": loss}

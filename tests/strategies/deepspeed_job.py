@@ -11,42 +11,14 @@ import signal
 import sys
 
 import torch
+from ddp_job import Tagger  # the token tagger of the DDP tests
+from token_data import token_samples
 
-from torch import nn
-
-from taskfit import Callback, Fit, TaskModule
-
-VOCAB, CLASSES, T = 4, 3, 6
-
-
-class Tagger(TaskModule):
-    """Token classifier whose loss is a mean over the non-ignored tokens (``labels != -100``): micro-batches hold
-    different numbers of tokens, so only exact item-count weighting across ranks matches one big batch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(VOCAB, 16), nn.Tanh(), nn.Linear(16, CLASSES))
-
-    def training_step(self, batch, batch_idx):
-        logits = self.net(batch["x"])
-        return nn.functional.cross_entropy(logits.reshape(-1, CLASSES).float(), batch["labels"].reshape(-1),
-                                           ignore_index=-100)
-
-    def validation_step(self, batch, batch_idx):
-        logits = self.net(batch["x"])
-        self.log("val_ce", nn.functional.cross_entropy(logits.reshape(-1, CLASSES).float(),
-                                                       batch["labels"].reshape(-1), ignore_index=-100), sync_dist=True)
+from taskfit import Callback, Fit
 
 
 def tokens(n: int = 48, seed: int = 0) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(n):
-        x = torch.randn(T, VOCAB, generator=g)
-        labels = x[:, :CLASSES].argmax(-1)
-        labels[int(torch.randint(1, T + 1, (1,), generator=g)):] = -100  # 1..T valid tokens per sample
-        out.append({"x": x, "labels": labels})
-    return out
+    return token_samples(n, seed)
 
 
 class KillAfterStep(Callback):
