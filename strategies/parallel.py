@@ -4,6 +4,7 @@ DDP, FSDP and DeepSpeed subclass it and add their wrapping (``setup``) and check
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import logging
 import os
@@ -23,6 +24,23 @@ from taskfit.strategies.strategy import Strategy
 log = logging.getLogger("taskfit")
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN}
+
+
+def destroy_process_group() -> None:
+    """Tear the process group down before the interpreter exits: left to interpreter shutdown, gloo's worker
+    threads can still be joinable when their destructors run, which aborts the process ("terminate called without
+    an active exception") after training finished."""
+    if dist.is_available() and dist.is_initialized():
+        try:
+            if dist.get_backend() == "gloo":  # let every rank arrive first: a peer closing its sockets while
+                # this rank's gloo threads still read from them aborts the process
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
+        except Exception:  # a peer already died: nothing to wait for
+            pass
+        try:
+            dist.destroy_process_group()
+        except Exception:  # exiting anyway; a failed teardown must not hide the run's own result
+            pass
 
 
 class DistributedError(RuntimeError):
@@ -122,6 +140,7 @@ class ParallelStrategy(Strategy):
                 raise DistributedError(f"Could not form the process group ({env.describe()}, backend "
                                        f"{self.backend!r}): {exc}") from exc
             log.info("Process group ready: %s, backend %s.", env.describe(), self.backend)
+            atexit.register(destroy_process_group)
 
     @property
     def backend(self) -> str:
