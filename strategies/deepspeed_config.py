@@ -24,8 +24,6 @@ Mapping (config key <- argument):
 from __future__ import annotations
 
 import copy
-import json
-import os
 from typing import Any
 
 AUTO = "auto"
@@ -47,26 +45,9 @@ def load_config(config: Any) -> dict[str, Any]:
         ValueError: text that is not a JSON object.
         TypeError: any other type.
     """
-    if config is None:
-        return {}
-    if isinstance(config, dict):
-        return copy.deepcopy(config)
-    if isinstance(config, (str, os.PathLike)):
-        text = str(config)
-        if not text.strip().startswith("{"):
-            if not os.path.isfile(text):
-                raise FileNotFoundError(f"DeepSpeed config file {text!r} does not exist (deepspeed= takes a dict, a "
-                                        "JSON string or the path of a JSON file).")
-            with open(text, encoding="utf-8") as fh:
-                text = fh.read()
-        try:
-            value = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"DeepSpeed config {str(config)[:80]!r} is not valid JSON: {exc}") from None
-        if not isinstance(value, dict):
-            raise ValueError(f"DeepSpeed config must be a JSON object; got {type(value).__name__}.")
-        return value
-    raise TypeError(f"DeepSpeed config must be a dict, a JSON string or a path; got {type(config).__name__}.")
+    from taskfit.arguments_setters import load_json_object
+
+    return load_json_object(config, "DeepSpeed config")
 
 
 def _offload(device: str, nvme_path: str | None) -> dict[str, Any]:

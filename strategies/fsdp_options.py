@@ -5,8 +5,6 @@ JSON file, ``fsdp_min_num_params``, ``fsdp_transformer_layer_cls_to_wrap``) reso
 
 from __future__ import annotations
 
-import json
-import os
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -97,21 +95,9 @@ def read_fsdp_config(config: dict | str | None) -> dict[str, Any]:
     Raises:
         ValueError: an unreadable file, JSON that is not an object, or an unknown key (naming the valid keys).
     """
-    if config is None or config == "":
-        return {}
-    if isinstance(config, str):
-        text = config
-        if not config.strip().startswith("{"):
-            if not os.path.isfile(config):
-                raise ValueError(f"fsdp_config={config!r} is neither a JSON object nor an existing JSON file.")
-            with open(config, encoding="utf-8") as fh:
-                text = fh.read()
-        try:
-            config = json.loads(text)
-        except ValueError as exc:
-            raise ValueError(f"fsdp_config is not valid JSON: {exc}") from None
-    if not isinstance(config, dict):
-        raise ValueError(f"fsdp_config must be a JSON object / dict; got {type(config).__name__}.")
+    from taskfit.arguments_setters import load_json_object
+
+    config = load_json_object(config, "fsdp_config")
     out = {}
     for key, value in config.items():
         k = key[5:] if key.startswith("fsdp_") else key

@@ -127,6 +127,12 @@ def test_option_conflicts_fail_at_construction_F_CORE_4(tmp_path):
         from taskfit.data.loaders import per_process_batch_size
 
         per_process_batch_size(FitArguments(split_batches=True, per_device_train_batch_size=5), 2, train=True)
+    cfg = tmp_path / "accelerate.json"
+    cfg.write_text('{"split_batches": true}')
+    assert per_process_batch_size(FitArguments(accelerator_config=str(cfg), per_device_train_batch_size=8), 2,
+                                  train=True) == 4  # the same option as a JSON file
+    with pytest.raises(FileNotFoundError, match="accelerator_config file 'nope.json' does not exist"):
+        Fit(accelerator_config="nope.json", report_to="none")
     assert per_process_batch_size(FitArguments(accelerator_config={"split_batches": True},
                                                per_device_train_batch_size=8), 2, train=True) == 4
 

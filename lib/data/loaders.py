@@ -245,19 +245,12 @@ def data_options(args: Any) -> dict[str, Any]:
     True (uneven splits are padded, and evaluation drops the repeats).
 
     Raises:
-        ValueError: an unknown key, ``even_batches=False``, or a file that is not a JSON object.
+        ValueError: an unknown key, ``even_batches=False``, or text/a file that is not a JSON object.
+        FileNotFoundError: a path that does not exist.
     """
-    import json
-    import os
+    from taskfit.arguments_setters import load_json_object
 
-    cfg = args.accelerator_config or {}
-    if isinstance(cfg, str):
-        if not os.path.exists(cfg):
-            raise ValueError(f"accelerator_config={cfg!r} is neither a dict, JSON text nor an existing file.")
-        with open(cfg) as f:
-            cfg = json.load(f)
-    if not isinstance(cfg, dict):
-        raise ValueError(f"accelerator_config must be a JSON object; got {type(cfg).__name__}.")
+    cfg = load_json_object(args.accelerator_config, "accelerator_config")
     unknown = sorted(set(cfg) - set(ACCELERATOR_CONFIG_KEYS))
     if unknown:
         raise ValueError(f"Unknown accelerator_config key(s) {unknown}; valid keys: {list(ACCELERATOR_CONFIG_KEYS)}.")
