@@ -6,8 +6,9 @@ Layout of a checkpoint folder (``output_dir`` may be a local path or any fsspec 
     config.json             the model's config (HF models: their own config.json, so from_pretrained reads it)
     optimizer.pt            optimizer state dict               (not with save_only_model)
     scheduler.pt            LR scheduler state dict            (not with save_only_model; absent without one)
-    training_state.pt       precision plugin (grad scaler), loop state, control flags, callback states and the
-                            loop's running loss sums            (not with save_only_model)
+    training_state.pt       the run's training state (versioned): loop state, control flags, precision plugin
+                            (grad scaler), callback states, self.log aggregates and every rank's running loss
+                            sum                                 (not with save_only_model)
     rng_state_{rank}.pt     python / numpy / torch / accelerator RNG states, one file per rank
     trainer_state.json      the loop state as readable JSON (HF's trainer_state.json)
     fit_args.json           the FitArguments of the run
@@ -33,7 +34,6 @@ import torch
 
 from taskfit.__about__ import __version__
 from taskfit.io.checkpoint_io import CheckpointIO, FileEntry, deserialize, join
-from taskfit.seed import rng_states
 
 if TYPE_CHECKING:
     from taskfit.fit import Fit
@@ -109,32 +109,27 @@ def save_model_folder(fit: Fit, folder: str, weights: dict[str, torch.Tensor] | 
         processor.save_pretrained(io.fs(folder)[1])
 
 
-def checkpoint_files(fit: Fit, loop_state: dict[str, Any], weights: dict[str, torch.Tensor] | None) -> dict[str, Any]:
-    """``{file name: object}`` this rank writes into the checkpoint of the current step. ``weights`` is the full
-    model state dict, or None when the strategy wrote the model and optimizer shards itself (then only
-    ``config.json`` of the model part is written here)."""
+def checkpoint_files(fit: Fit, training_state: dict[str, Any],
+                     weights: dict[str, torch.Tensor] | None) -> dict[str, Any]:
+    """``{file name: object}`` this rank writes into the checkpoint of the current step. ``training_state`` is the
+    run's :class:`~taskfit.loops.state.TrainingState` dict (its ``rng`` part goes into this rank's own file).
+    ``weights`` is the full model state dict, or None when the strategy wrote the model and optimizer shards itself
+    (then only ``config.json`` of the model part is written here). Optimizers and schedulers after the first are
+    ``optimizer_{i}.pt`` / ``scheduler_{i}.pt``."""
     a, rank = fit.args, fit.global_rank
     sharded = weights is None
-    files: dict[str, Any] = {f"rng_state_{rank}.pt": rng_states()}
+    files: dict[str, Any] = {f"rng_state_{rank}.pt": training_state["rng"]}
     if not is_writer(fit):
         return files
     files.update({k: v for k, v in model_files(fit, weights or {}).items() if not sharded or k == "config.json"})
     if not a.save_only_model:
-        if fit.optimizer is not None and not sharded:
-            files["optimizer.pt"] = _on_cpu(fit, fit.optimizer.state_dict())
-        if fit.lr_scheduler is not None:
-            files["scheduler.pt"] = fit.lr_scheduler.state_dict()
-        training_state = {
-            "precision": fit.strategy.precision.state_dict(),
-            "state": fit.state.state_dict(),
-            "control": fit.control.state_dict(),
-            "callbacks": callback_states(fit.callbacks),
-            "loop": loop_state,
-            "results": fit.module._results.state_dict() if fit.module._results is not None else {},
-            "taskfit_version": __version__,
-        }
-        fit._hooks.call("on_save_checkpoint", fit, fit.module, training_state)
-        files["training_state.pt"] = training_state
+        if not sharded:
+            for i, opt in enumerate(fit.optimizers):
+                files["optimizer.pt" if i == 0 else f"optimizer_{i}.pt"] = _on_cpu(fit, opt.state_dict())
+        for i, cfg in enumerate(fit.lr_scheduler_configs):
+            files["scheduler.pt" if i == 0 else f"scheduler_{i}.pt"] = cfg.scheduler.state_dict()
+        files["training_state.pt"] = {**{k: v for k, v in training_state.items() if k != "rng"},
+                                      "taskfit_version": __version__}
     files["trainer_state.json"] = fit.state.state_dict()
     files["fit_args.json"] = a.to_json_string(redact=True)  # never write credentials
     return files
@@ -149,31 +144,19 @@ def _on_cpu(fit: Fit, state: Any) -> Any:
     return apply_to_collection(state, torch.Tensor, lambda t: t.detach().cpu())
 
 
-def callback_states(callbacks: list[Any]) -> dict[str, Any]:
-    """``{state_key: state}`` of every callback with ``state_dict()`` (taskfit / Lightning) or ``state()`` (HF
-    ``ExportableState``)."""
-    out = {}
-    for cb in callbacks:
-        if hasattr(cb, "state_dict"):
-            out[getattr(cb, "state_key", type(cb).__qualname__)] = cb.state_dict()
-        elif hasattr(cb, "state") and callable(cb.state):
-            out[type(cb).__qualname__] = cb.state()
-    return out
-
-
 def is_writer(fit: Fit) -> bool:
     """Whether this process writes the shared files and the manifest: global rank 0, or the first process of
     every node with ``save_on_each_node`` (mirrors HF ``TrainingArguments.should_save``)."""
     return fit.local_rank == 0 if fit.args.save_on_each_node else fit.is_global_zero
 
 
-def save_checkpoint(fit: Fit, loop_state: dict[str, Any]) -> str:
+def save_checkpoint(fit: Fit, training_state: dict[str, Any]) -> str:
     """Write ``output_dir/checkpoint-{global_step}/`` (through the strategy's checkpoint IO, so in the background
     with ``AsyncCheckpointIO``); rotate old checkpoints per ``save_total_limit`` once it is complete.
 
     Args:
-        fit (Fit): the running fit.
-        loop_state (dict): the fit loop's running sums (saved so logged losses continue exactly).
+        fit (Fit): the running fit (its current run's model, optimizers, schedulers and state).
+        training_state (dict): the run's ``TrainingState.state_dict()`` (saved whole).
 
     Returns:
         str: the checkpoint's final path (complete once its manifest exists).
@@ -211,7 +194,7 @@ def save_checkpoint(fit: Fit, loop_state: dict[str, Any]) -> str:
         inner = finalize
         def finalize(entries: dict[str, FileEntry]) -> None:  # noqa: F811
             inner({**entries, **extra})
-    io.save_files(checkpoint_files(fit, loop_state, weights), target, finalize)
+    io.save_files(checkpoint_files(fit, training_state, weights), target, finalize)
     return final
 
 

@@ -18,18 +18,19 @@ from taskfit.arguments import FitArguments
 from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
-from taskfit.checkpoint import checkpoint_path, exportable_model, save_checkpoint, save_model_folder
+from taskfit.checkpoint import checkpoint_path, exportable_model, save_model_folder
 from taskfit.connector import resolve_components
-from taskfit.fit_mixins import CallbackManagement, ProcessInfo
+from taskfit.fit_mixins import CallbackManagement, ProcessInfo, RunAttributes
 from taskfit.io.checkpoint_io import join
 from taskfit.data.loaders import DataModule, build_dataloader, per_process_batch_size, floating_point_ops, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import Logger, build_loggers
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
 from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
-from taskfit.loops.state import FitControl, FitState
+from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_metrics_json, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
+from taskfit.run import Run, RunLifecycle
 from taskfit.summary import process_log_level
 from taskfit.seed import enable_full_determinism, seed_everything
 from taskfit.summary import log_summary
@@ -40,7 +41,7 @@ log = logging.getLogger("taskfit")
 _COMPONENT_KEYS = ("accelerator", "strategy", "devices", "num_nodes", "precision")
 
 
-class Fit(ProcessInfo, CallbackManagement):
+class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
     """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
 
     Args:
@@ -115,54 +116,25 @@ class Fit(ProcessInfo, CallbackManagement):
             self.callbacks.insert(0, ProgressBar())
         efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
         self.loggers: list[Logger] = build_loggers(args, loggers)
-        self.state = FitState(is_local_process_zero=self.strategy.local_rank == 0,
-                              is_world_process_zero=self.strategy.is_global_zero)
-        self.control = FitControl()
-        self.model: nn.Module | None = None
-        self.module: TaskModule | None = None
-        self.optimizer: torch.optim.Optimizer | None = None
-        self.lr_scheduler: Any = None
-        self.scheduler_interval, self.scheduler_monitor = "step", None
+        self._idle_state = FitState(is_local_process_zero=self.strategy.local_rank == 0,
+                                    is_world_process_zero=self.strategy.is_global_zero)
+        self._idle_control = FitControl()
+        self._run: Run | None = None       # the run of the latest stage call (see taskfit.run)
+        self._last_fit: Run | None = None  # the run of the latest fit()
         self.callback_metrics: dict[str, Any] = {}
         self.logged_metrics: dict[str, Any] = {}
         self.num_eval_batches: int | None = None
-        self.train_loader: Any = None
-        self._eval_loaders: dict[str | None, Any] = {}
         self._hooks = HookRunner(self.callbacks)
-        self._flos_per_sample = 0
-        self._start_step = 0
-        self._resume_point: Any = None  # set by fit(resume_from_checkpoint=...), consumed by the fit loop
-        self._publisher: Any = None
-        self._setup_done_for: nn.Module | None = None
         level = process_log_level(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
         if level:
             log.setLevel(level)
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
-    # ------------------------------------------------------------------------------------------- setup ---
-    def _attach(self, model: nn.Module | None) -> TaskModule:
-        if model is None:
-            if self.module is not None:
-                return self.module
-            if self.model_init is None:
-                raise ValueError("No model: pass one to fit/validate/test/predict or give Fit(model_init=...).")
-            model = self.model_init()
-        if model is self.model and self.module is not None:
-            return self.module
-        if not isinstance(model, nn.Module):
-            raise TypeError(f"model must be a TaskModule or a torch.nn.Module; got {type(model).__name__}.")
-        module = model if isinstance(model, TaskModule) else ModelTaskModule(model, self.args.label_names)
-        module._fit = self
-        self.model, self.module = model, module
-        self._hooks = HookRunner(self.callbacks, module)
-        return module
-
-    def _setup_module(self, module: TaskModule) -> None:
-        if self._setup_done_for is not module:
-            self.strategy.setup_environment()
-            self.strategy.setup(module)
-            efficiency.setup_techniques(self, module)  # gradient checkpointing, torch.compile (once)
-            self._setup_done_for = module
+    @property
+    def scheduler_monitor(self) -> str | None:
+        """The metric the first (metric) scheduler watches, if any."""
+        configs = self.lr_scheduler_configs
+        return configs[0].monitor if configs else None
 
     def _collator(self, data_collator: Callable | None) -> Callable | None:
         collator = data_collator or self.data_collator
@@ -172,41 +144,34 @@ class Fit(ProcessInfo, CallbackManagement):
             collator = DataCollatorWithPadding(self.processing_class)
         return collator
 
-    def _loader(self, data: Any, *, train: bool, collator: Callable | None, what: str) -> Any:
+    def _loader(self, data: Any, *, train: bool, collator: Callable | None, what: str,
+                run: Run | None = None) -> Any:
+        run = run or self._run
         keep = None
-        if isinstance(self.module, ModelTaskModule) and self.args.remove_unused_columns:
-            names = forward_parameter_names(self.model)
+        if run is not None and isinstance(run.module, ModelTaskModule) and self.args.remove_unused_columns:
+            names = forward_parameter_names(run.model)
             if names is not None:
-                keep = names | set(self.module.label_names) | {"label", "label_ids"}
+                keep = names | set(run.module.label_names) | {"label", "label_ids"}
         bs = per_process_batch_size(self.args, self.world_size, train)  # split_batches: global size / world
         return self.strategy.process_dataloader(
             build_dataloader(data, self.args, train=train, batch_size=bs, collate_fn=self._collator(collator),
                              keep_columns=keep, what=what))
 
-    def _eval_loader_dict(self, data: Any, collator: Callable | None) -> dict[str | None, Any]:
+    def _eval_loader_dict(self, data: Any, collator: Callable | None, run: Run | None = None) -> dict[str | None, Any]:
         if data is None:
             return {}
         if isinstance(data, Mapping):
-            return {name: self._loader(d, train=False, collator=collator, what=f"eval dataset {name!r}")
+            return {name: self._loader(d, train=False, collator=collator, what=f"eval dataset {name!r}", run=run)
                     for name, d in data.items()}
-        return {None: self._loader(data, train=False, collator=collator, what="eval dataset")}
-
-    def _configure_optimizers(self, module: TaskModule, max_steps: int) -> None:
-        from taskfit.optim.configure import configure_optimizers
-
-        (self.optimizer, self.lr_scheduler, self.scheduler_interval,
-         self.scheduler_monitor) = configure_optimizers(self, module, max_steps)
-
-    def _hf_kwargs(self) -> dict[str, Any]:
-        return {"model": self.model, "optimizer": self.optimizer, "lr_scheduler": self.lr_scheduler,
-                "train_dataloader": self.train_loader}
+        return {None: self._loader(data, train=False, collator=collator, what="eval dataset", run=run)}
 
     # ----------------------------------------------------------------------------------------- fitting ---
     def fit(self, model: nn.Module | None = None, train_data: Any = None, eval_data: Any = None, *,
             data_collator: Callable | None = None, datamodule: DataModule | None = None,
             resume_from_checkpoint: str | bool | None = None, weights_only: bool = True) -> TrainOutput:
         """Train ``model`` on ``train_data`` (a DataLoader, a Dataset, or ``datamodule``), evaluating on
-        ``eval_data`` (one dataset/loader or a dict of named ones) as ``eval_strategy`` says.
+        ``eval_data`` (one dataset/loader or a dict of named ones) as ``eval_strategy`` says. Without ``model``,
+        ``model_init()`` builds a fresh one (every call), else the last run's model continues.
 
         ``resume_from_checkpoint`` (default ``args.resume_from_checkpoint``): ``True``/``"last"`` continues from the
         newest complete checkpoint in ``output_dir`` (from scratch when there is none), a path or URL from that
@@ -219,29 +184,38 @@ class Fit(ProcessInfo, CallbackManagement):
             also ``best_global_step``, ``best_metric``, ``best_model_checkpoint``.
 
         Raises:
-            ValueError: no or empty training data; evaluation requested without eval data or step.
+            ValueError: no or empty training data; evaluation requested without eval data or step; more optimizers
+                than the strategy supports.
             TypeError: data of the wrong type; a training_step returning something other than a loss.
             CheckpointError: the checkpoint to resume from is incomplete, corrupted or incompatible.
             UnsafeCheckpointError: a checkpoint file needs full unpickling and ``weights_only`` is True.
             CheckpointSaveError: a background (async) checkpoint save failed.
         """
+        return self._launch("fit", model, dict(train_data=train_data, eval_data=eval_data,
+                                               data_collator=data_collator, datamodule=datamodule,
+                                               resume_from_checkpoint=resume_from_checkpoint,
+                                               weights_only=weights_only))
+
+    def _fit_stage(self, model: nn.Module | None, **kwargs: Any) -> TrainOutput:
+        if not self.args.auto_find_batch_size:
+            return self._fit_once(self.args, model, **kwargs)
+        return efficiency.fit_with_auto_batch_size(  # halve the batch on out-of-memory, retry
+            lambda args: self._fit_once(args, model, **kwargs), self.args, model, kwargs.get("train_data"))
+
+    def _fit_once(self, args: FitArguments, model: nn.Module | None, train_data: Any, eval_data: Any,
+                  data_collator: Callable | None, datamodule: DataModule | None,
+                  resume_from_checkpoint: str | bool | None, weights_only: bool) -> TrainOutput:
+        from taskfit.optim.configure import configure_optimizers
         from taskfit.publish import make_publisher
         from taskfit.resume import finish_checkpoints, resolve_checkpoint, restore, wait_for_saves_quietly
 
-        args = self.args
-        if getattr(self.strategy, "spawns", False):  # ddp_spawn: this process only launches the workers
-            from taskfit.launch import spawn_fit
-
-            return spawn_fit(self, model, train_data=train_data, eval_data=eval_data, data_collator=data_collator,
-                             datamodule=datamodule, resume_from_checkpoint=resume_from_checkpoint,
-                             weights_only=weights_only)
-        if args.auto_find_batch_size and not getattr(self, "_auto_batch_size_active", False):  # halve on OOM
-            return efficiency.fit_with_auto_batch_size(self, **{k: v for k, v in locals().items() if k != "self"})
+        self.args = args  # a retry or a trial brings new arguments: the strategy re-derives its settings too
+        self.strategy.configure(args)
         if resume_from_checkpoint is None:
             resume_from_checkpoint = args.resume_from_checkpoint
         # seed first: model_init and the module's own initialisation must see the run's seed (HF order)
         (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
-        module = self._attach(model)
+        model, module = self._resolve_model(model, "fit")
         if datamodule is not None:
             datamodule.prepare_data()
             datamodule.setup("fit")
@@ -254,64 +228,70 @@ class Fit(ProcessInfo, CallbackManagement):
                              "eval_strategy='no'.")
         if eval_data is not None and not self._can_validate(module):
             raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
-        # a new run starts from a fresh loop state (a resume restores it below)
-        self.state = FitState(is_local_process_zero=self.is_local_process_zero(),
-                              is_world_process_zero=self.is_global_zero)
-        self.control = FitControl()
-        self.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset")
-        self._eval_loaders = self._eval_loader_dict(eval_data, data_collator)
+        st = FitState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_global_zero)
+        run = Run("fit", model, module, st, FitControl())
+        run.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset", run=run)
+        run.eval_loaders = self._eval_loader_dict(eval_data, data_collator, run=run)
 
-        steps_per_epoch, max_steps, num_epochs = plan_steps(self.train_loader, args)
-        st = self.state
+        steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, args)
         st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
         st.logging_steps = resolve_interval(args.logging_steps, max_steps)
         st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,
                                          max_steps)
         st.save_steps = resolve_interval(args.save_steps, max_steps)
         st.train_batch_size = args.per_device_train_batch_size
-        st.batches_per_epoch = steps_per_epoch and len(self.train_loader)
+        st.batches_per_epoch = steps_per_epoch and len(run.train_loader)
 
-        self._setup_module(module)
-        self._configure_optimizers(module, max_steps)
+        self.strategy.setup_environment()
+        run.optimizers, run.schedulers = configure_optimizers(
+            module, model, args, max_steps, self._optimizers,
+            strategy_builds_optimizer=self.strategy.builds_own_optimizer)
+        self._setup_run(run, max_steps)
+        self._run = self._last_fit = run
         module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
         module._log_defaults = (True, False)
-        ckpt = resolve_checkpoint(self, resume_from_checkpoint)
-        self._resume_point = restore(self, ckpt, weights_only) if ckpt else None
-        self._publisher = make_publisher(self)  # push_to_hub: uploads on a background thread
-        self._flos_per_sample = 6 * sum(p.numel() for p in module.parameters())
-        self._start_step = st.global_step
-        start_samples = st.samples_seen
+        run.training_state = TrainingState(
+            st, run.control, run.sums, self.strategy.precision, self.callbacks, module, self.strategy.all_gather,
+            self.global_rank, self.world_size, args.restore_callback_states_from_checkpoint)
+        ckpt = resolve_checkpoint(self.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
+        if ckpt:
+            saved = restore(run, ckpt, self.strategy, args, weights_only)
+            self._hooks.call("on_load_checkpoint", self, module, saved)
+        run.publisher = make_publisher(self)  # push_to_hub: uploads on a background thread
+        run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())
+        start_samples, start_step = st.samples_seen, st.global_step
         log_summary(self, module, max_steps, steps_per_epoch)
-        hooks, ctl = self._hooks, self.control
+        hooks, ctl = self._hooks, run.control
         ctl._new_training()
         if self.is_global_zero:
             for lg in self.loggers:
                 lg.log_hyperparams(args.to_sanitized_dict())
         hooks.call("setup", self, module, "fit")
         hooks.call("on_fit_start", self, module)
-        hooks.call_hf("on_train_begin", args, st, ctl, **self._hf_kwargs())
+        hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_train_start", self, module)
         module.train()
-        loop = FitLoop(self)
+        loop = FitLoop(run, self, args, self.strategy, hooks, self._log, self._evaluate_during_fit,
+                       self._save_checkpoint)
         start = time.perf_counter()
         try:
-            if args.eval_on_start and self._eval_loaders:
+            if args.eval_on_start and run.eval_loaders:
                 self._evaluate_during_fit()
-            loop.run(self.train_loader, steps_per_epoch, num_epochs)
+            loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
         except BaseException as exc:
-            wait_for_saves_quietly(self)
+            wait_for_saves_quietly(self.strategy.checkpoint_io)
             hooks.call("on_exception", self, module, exc)
             self._finalize_loggers("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
             raise
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
-                                st.global_step - self._start_step)
+                                st.global_step - start_step)
         metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)
         for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
             metrics.update(getattr(cb, "train_metrics", dict)())
-        metrics.update(finish_checkpoints(self, metrics, self._publisher))  # best model, final push
+        metrics.update(finish_checkpoints(self, metrics, run.publisher))  # best model, final push
         self._log(dict(metrics))
         hooks.call("on_train_end", self, module)
-        hooks.call_hf("on_train_end", args, st, ctl, **self._hf_kwargs())
+        hooks.call_hf("on_train_end", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_fit_end", self, module)
         hooks.call("teardown", self, module, "fit")
         self._finalize_loggers("success")
@@ -326,8 +306,9 @@ class Fit(ProcessInfo, CallbackManagement):
             for lg in self.loggers:
                 lg.finalize(status)
 
-    def _log(self, logs: dict[str, Any]) -> None:
-        """Send ``logs`` to every logger and ``on_log`` callbacks; append to ``state.log_history``."""
+    def log(self, logs: dict[str, Any]) -> None:
+        """Send ``logs`` to every logger and ``on_log`` callbacks; append to ``state.log_history`` with the
+        current ``step`` (and ``epoch`` unless given). Mirrors HF ``Trainer.log``."""
         st = self.state
         logs.setdefault("epoch", round(st.epoch, 4))
         st.log_history.append({**logs, "step": st.global_step})
@@ -344,21 +325,24 @@ class Fit(ProcessInfo, CallbackManagement):
         metrics: dict[str, float] = {}
         hidden: set[str] = set()
         for name, loader in loaders.items():
-            loop = EvaluationLoop(self, stage)
+            loop = EvaluationLoop(self, stage, self._hooks)
             metrics.update(loop.run(loader, prefix if name is None else f"{prefix}_{name}")[0])
             hidden |= loop.hidden
         return metrics, hidden
 
     def _evaluate_during_fit(self) -> dict[str, float]:
-        metrics, hidden = self._run_eval(self._eval_loaders, "validate", "eval")
+        run = self._run
+        metrics, hidden = self._run_eval(run.eval_loaders, "validate", "eval")
         metrics["epoch"] = self.state.epoch
         self._log({k: v for k, v in metrics.items() if k not in hidden})
         self._track_best(metrics)
-        if self.scheduler_interval == "eval" and self.lr_scheduler is not None:
-            if self.scheduler_monitor not in metrics:
-                raise KeyError(f"ReduceLROnPlateau monitors {self.scheduler_monitor!r}, which evaluation did not "
+        for cfg in run.schedulers:
+            if cfg.interval != "eval":
+                continue
+            if cfg.monitor not in metrics:
+                raise KeyError(f"ReduceLROnPlateau monitors {cfg.monitor!r}, which evaluation did not "
                                f"return; available: {sorted(metrics)}.")
-            self.lr_scheduler.step(metrics[self.scheduler_monitor])
+            cfg.scheduler.step(metrics[cfg.monitor])
         self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
         return metrics
 
@@ -376,23 +360,34 @@ class Fit(ProcessInfo, CallbackManagement):
             self.state.best_metric, self.state.best_global_step = value, self.state.global_step
             self.control.should_save = self.control.should_save or self.args.save_strategy == "best"
 
-    def _save_checkpoint(self, loop_state: dict[str, Any]) -> str:
+    def _save_checkpoint(self, training_state: dict[str, Any]) -> str:
+        run = self._run
         if self.state.best_global_step == self.state.global_step:  # recorded before the state is written
             self.state.best_model_checkpoint = checkpoint_path(self)
-        path = save_checkpoint(self, loop_state)
-        if self._publisher is not None:
+            training_state["state"]["best_model_checkpoint"] = self.state.best_model_checkpoint
+        self._hooks.call("on_save_checkpoint", self, run.module, training_state)
+        path = self.strategy.save_checkpoint(self, training_state)
+        if run.publisher is not None:
             from taskfit.publish import push_checkpoint
 
-            push_checkpoint(self, self._publisher, path)
+            push_checkpoint(self, run.publisher, path)
         self._hooks.call_hf("on_save", self.args, self.state, self.control)
         return path
+
+    _log = log
 
     # ----------------------------------------------------------------------------- evaluate / predict ---
     def _eval_entry(self, model: Any, data: Any, stage: str) -> tuple[TaskModule, Any]:
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model  # HF-style fit.evaluate(eval_dataset)
-        module = self._attach(model)
-        self._setup_module(module)
+        self.strategy.configure(self.args)
+        self.strategy.setup_environment()
+        model, module = self._resolve_model(model, stage)
+        last = self._run
+        state, control = (last.state, last.control) if last is not None else (self._idle_state, self._idle_control)
+        run = Run(stage, model, module, state, control)
+        self._setup_run(run)
+        self._run = run
         efficiency.prepare_full_eval(self, module)  # fp16_full_eval / bf16_full_eval
         if module._results is None:
             module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
@@ -418,9 +413,17 @@ class Fit(ProcessInfo, CallbackManagement):
         Raises:
             ValueError: no data, empty data, or a module without ``validation_step``.
         """
+        if model is not None and not isinstance(model, nn.Module) and data is None:
+            model, data = None, model  # HF-style fit.evaluate(eval_dataset)
+        return self._launch("validate", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
+                                                    metric_key_prefix=metric_key_prefix))
+
+    def _validate_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
+                        metric_key_prefix: str) -> dict[str, float]:
         module, data = self._eval_entry(model, data, "validate")
         data = data if data is not None else self._from_datamodule(datamodule, "validate", "val_dataloader")
-        loaders = self._eval_loader_dict(data, data_collator) if data is not None else self._eval_loaders
+        fit_loaders = self._last_fit.eval_loaders if self._last_fit is not None else {}
+        loaders = self._eval_loader_dict(data, data_collator) if data is not None else fit_loaders
         if not loaders:
             raise ValueError("validate() needs eval data: pass data, a datamodule, or eval_data to fit().")
         metrics, hidden = self._run_eval(loaders, "validate", metric_key_prefix)
@@ -442,6 +445,13 @@ class Fit(ProcessInfo, CallbackManagement):
         Raises:
             ValueError: no or empty data.
         """
+        if model is not None and not isinstance(model, nn.Module) and data is None:
+            model, data = None, model
+        return self._launch("test", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
+                                                metric_key_prefix=metric_key_prefix))
+
+    def _test_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
+                    metric_key_prefix: str) -> dict[str, float]:
         module, data = self._eval_entry(model, data, "test")
         data = data if data is not None else self._from_datamodule(datamodule, "test", "test_dataloader")
         if data is None:
@@ -459,12 +469,20 @@ class Fit(ProcessInfo, CallbackManagement):
         Raises:
             ValueError: no or empty data.
         """
-        module, data = self._eval_entry(model, data if data is not None else test_dataset, "predict")
+        data = data if data is not None else test_dataset
+        if model is not None and not isinstance(model, nn.Module) and data is None:
+            model, data = None, model
+        return self._launch("predict", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
+                                                   metric_key_prefix=metric_key_prefix))
+
+    def _predict_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
+                       metric_key_prefix: str) -> PredictionOutput:
+        module, data = self._eval_entry(model, data, "predict")
         data = data if data is not None else self._from_datamodule(datamodule, "predict", "predict_dataloader")
         if data is None:
             raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")
         loader = self._loader(data, train=False, collator=data_collator, what="predict dataset")
-        metrics, preds, labels = EvaluationLoop(self, "predict").run(loader, metric_key_prefix)
+        metrics, preds, labels = EvaluationLoop(self, "predict", self._hooks).run(loader, metric_key_prefix)
         self._hooks.call_hf("on_predict", self.args, self.state, self.control, metrics=metrics)
         return PredictionOutput(preds, labels, metrics)
 
@@ -473,7 +491,12 @@ class Fit(ProcessInfo, CallbackManagement):
         """Optuna search returning ``BestRun`` (F-HPO-1, HF ``Trainer.hyperparameter_search``); arguments
         (``backend``, ``train_data``, ``model_init``...): :func:`taskfit.hpo.hyperparameter_search`."""
         from taskfit.hpo import hyperparameter_search
-        return hyperparameter_search(self, hp_space, compute_objective, n_trials, direction, **kw)
+
+        runs = self._run, self._last_fit  # every trial is a run of its own; afterwards the Fit is as before
+        try:
+            return hyperparameter_search(self, hp_space, compute_objective, n_trials, direction, **kw)
+        finally:
+            self._run, self._last_fit = runs
 
     # ---------------------------------------------------------------------------------- loss / output ---
     def compute_loss(self, model: nn.Module, inputs: Any, return_outputs: bool = False,

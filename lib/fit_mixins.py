@@ -1,6 +1,7 @@
-"""Parts of ``Fit`` that only read or change its plain attributes: process topology (the strategy's ranks) and
+"""Parts of ``Fit`` that only read or change its plain attributes: process topology (the strategy's ranks),
 callback management (mirrors HF ``Trainer.add_callback``/``pop_callback``/``remove_callback`` and Lightning's
-``Trainer.is_global_zero``/``global_rank``/``should_stop``)."""
+``Trainer.is_global_zero``/``global_rank``/``should_stop``) and the HF-style attributes that read the current run
+(``fit.model``, ``fit.optimizer``, ``fit.state``...)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,68 @@ class ProcessInfo:
     def should_stop(self, value: bool) -> None:
         self.control.should_training_stop = bool(value)
 
+
+
+class RunAttributes:
+    """Read-through views of the current (or last) run (see :mod:`taskfit.run`): the HF ``Trainer`` attributes
+    users and callbacks read. ``_run`` is the run of the latest call of any stage, ``_last_fit`` that of the
+    latest ``fit`` (its optimizers, schedulers and loaders stay readable after a later ``validate``)."""
+
+    _run: Any
+    _last_fit: Any
+    _idle_state: Any
+    _idle_control: Any
+
+    @property
+    def model(self) -> Any:
+        """The model of the current or last run (None before any)."""
+        return self._run.model if self._run is not None else None
+
+    @property
+    def module(self) -> Any:
+        """The TaskModule the loops drive (the model itself, or the ``ModelTaskModule`` around a plain model)."""
+        return self._run.module if self._run is not None else None
+
+    @property
+    def state(self) -> Any:
+        """The loop state (HF ``TrainerState`` fields) of the current or last run."""
+        return self._run.state if self._run is not None else self._idle_state
+
+    @property
+    def control(self) -> Any:
+        """The control flags (HF ``TrainerControl``) of the current or last run."""
+        return self._run.control if self._run is not None else self._idle_control
+
+    @property
+    def optimizers(self) -> list[Any]:
+        """The optimizers of the last ``fit`` (as the strategy returned them: DeepSpeed's own, ...)."""
+        return list(self._last_fit.optimizers) if self._last_fit is not None else []
+
+    @property
+    def optimizer(self) -> Any:
+        """The (first) optimizer of the last ``fit`` (HF ``Trainer.optimizer``); None before any."""
+        return self._last_fit.optimizer if self._last_fit is not None else None
+
+    @property
+    def lr_scheduler_configs(self) -> list[Any]:
+        """The LR schedulers of the last ``fit`` with their step interval and monitor (Lightning's name)."""
+        return list(self._last_fit.schedulers) if self._last_fit is not None else []
+
+    @property
+    def lr_scheduler(self) -> Any:
+        """The (first) LR scheduler of the last ``fit`` (HF ``Trainer.lr_scheduler``); None without one."""
+        return self._last_fit.lr_scheduler if self._last_fit is not None else None
+
+    @property
+    def scheduler_interval(self) -> str:
+        """When the first scheduler steps: ``"step"``, ``"epoch"`` or ``"eval"``."""
+        configs = self.lr_scheduler_configs
+        return configs[0].interval if configs else "step"
+
+    @property
+    def train_loader(self) -> Any:
+        """The training DataLoader of the last ``fit`` (this process's share)."""
+        return self._last_fit.train_loader if self._last_fit is not None else None
 
 
 class CallbackManagement:

@@ -139,7 +139,7 @@ def hyperparameter_search(fit: Fit, hp_space: Callable[[Any], dict] | None = Non
                       for p in inspect.signature(init).parameters.values())  # a required argument: the trial
     hp_space = hp_space or default_hp_space_optuna
     compute_objective = compute_objective or default_compute_objective
-    saved = (fit.args, fit.loggers, fit.model_init, fit.model, fit.module, fit._setup_done_for)
+    saved = (fit.args, fit.loggers, fit.model_init)
     base_args = fit.args
     fields = set(base_args.field_names())
 
@@ -155,9 +155,7 @@ def hyperparameter_search(fit: Fit, hp_space: Callable[[Any], dict] | None = Non
         fit.args = base_args.replace(output_dir=folder, logging_dir=logging_dir, run_name=name,
                                      **{k: v for k, v in params.items() if k in fields})
         fit.loggers = build_loggers(fit.args)  # fresh loggers per trial, writing under its run folder
-        fit.model_init = (lambda: init(trial)) if takes_trial else init
-        fit.model = fit.module = None
-        fit._setup_done_for = None
+        fit.model_init = (lambda: init(trial)) if takes_trial else init  # fit(None) builds the trial's model
         reporter = _TrialCallback(trial, compute_objective, report=len(directions) == 1)
         fit.add_callback(reporter)
         try:
@@ -178,7 +176,7 @@ def hyperparameter_search(fit: Fit, hp_space: Callable[[Any], dict] | None = Non
     try:
         study.optimize(objective, n_trials=n_trials, timeout=timeout)
     finally:
-        fit.args, fit.loggers, fit.model_init, fit.model, fit.module, fit._setup_done_for = saved
+        fit.args, fit.loggers, fit.model_init = saved
     if len(directions) > 1:
         return [BestRun(str(t.number), list(t.values), dict(t.params), t) for t in study.best_trials]
     best = study.best_trial

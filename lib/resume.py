@@ -11,7 +11,6 @@ batch through the sampler (mirrors HF ``skip_first_batches``), not by replaying 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from taskfit.checkpoint import (
@@ -22,29 +21,12 @@ from taskfit.io.checkpoint_io import join
 
 if TYPE_CHECKING:
     from taskfit.fit import Fit
+    from taskfit.run import Run
 
 log = logging.getLogger("taskfit")
 
 
-@dataclass
-class ResumePoint:
-    """What the fit loop needs to continue a restored run.
-
-    Attributes:
-        path (str): the checkpoint folder.
-        skip_batches (int): micro-batches of the current epoch already consumed (0 at an epoch boundary or with
-            ``ignore_data_skip``).
-        rng (dict | None): this rank's RNG states at the time of the save.
-        loop (dict): the fit loop's running sums (``tr_loss``, ``steps_since_log``, ``total_loss``, ``grad_norm``).
-    """
-
-    path: str
-    skip_batches: int = 0
-    rng: dict[str, Any] | None = None
-    loop: dict[str, Any] = field(default_factory=dict)
-
-
-def resolve_checkpoint(fit: Fit, value: str | bool | None) -> str | None:
+def resolve_checkpoint(io: Any, output_dir: str, value: str | bool | None) -> str | None:
     """The checkpoint folder ``resume_from_checkpoint=value`` names, or None to start fresh.
 
     ``True`` and ``"last"`` pick the newest complete checkpoint in ``output_dir`` (incomplete ones are skipped
@@ -56,7 +38,7 @@ def resolve_checkpoint(fit: Fit, value: str | bool | None) -> str | None:
     """
     if value in (None, False, ""):
         return None
-    io, out = fit.strategy.checkpoint_io, fit.args.output_dir
+    out = output_dir
     if value is True or value == "last":
         done = list_checkpoints(io, out)
         partial = sorted(set(p for _, p in list_checkpoints(io, out, complete_only=False)) - set(p for _, p in done))
@@ -70,18 +52,46 @@ def resolve_checkpoint(fit: Fit, value: str | bool | None) -> str | None:
     return str(value)
 
 
-def restore(fit: Fit, path: str, weights_only: bool = True) -> ResumePoint:
-    """Load the checkpoint at ``path`` into ``fit`` (already set up with its optimizer and scheduler) and return
-    where the loop continues.
+def restore(run: Run, path: str, strategy: Any, args: Any, weights_only: bool = True) -> dict[str, Any]:
+    """Load the checkpoint at ``path`` into ``run`` (already set up: the strategy returned its optimizers and
+    schedulers): model, optimizers and schedulers through ``strategy.load_checkpoint``, then the run's
+    :class:`~taskfit.loops.state.TrainingState` whole. Returns the training state dict (for
+    ``on_load_checkpoint``).
 
     Raises:
         CheckpointError: missing/corrupted files (naming the file), a ``save_only_model`` checkpoint, or a
             batch-size / world-size / dataset change that would put a mid-epoch resume at the wrong sample.
         UnsafeCheckpointError: a file needs full unpickling and ``weights_only`` is True.
     """
-    io = fit.strategy.checkpoint_io
+    loaded = strategy.load_checkpoint(path, run.model, run.optimizers, [c.scheduler for c in run.schedulers],
+                                      weights_only=weights_only)
+    ts = loaded["training_state"]
+    _check_compatible(args, strategy.world_size, run.train_loader, loaded["args"], ts, loaded["manifest"])
+    run.training_state.load_state_dict(ts)
+    if run.training_state.rng is None:
+        log.warning("%s has no RNG state for rank %d (saved with world_size=%s); RNG streams restart from the seed.",
+                    path, strategy.global_rank, loaded["manifest"].get("world_size"))
+    if args.ignore_data_skip:
+        run.state.batch_in_epoch = 0  # HF: restart the current epoch from its first batch
+    run.resume_from, run.start_step = path, run.state.global_step
+    log.info("Resuming from %s: epoch %d, global_step %d, %d micro-batches into the epoch.", path,
+             run.state.current_epoch, run.state.global_step, run.state.batch_in_epoch)
+    return ts
+
+
+def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), schedulers: Any = (),
+                    weights_only: bool = True, full: bool = True) -> dict[str, Any]:
+    """Read checkpoint ``path`` through ``strategy``'s checkpoint IO (``Strategy.load_checkpoint`` calls this):
+    load the model weights (the strategy's shards, or the full file), with ``full`` also the optimizers'
+    (``optimizer.pt``, ``optimizer_{i}.pt``) and schedulers' states, and return ``{"manifest", "args" (the saved
+    arguments), "training_state"}`` (with ``full``; the training state dict holds this rank's ``rng``).
+
+    Raises:
+        CheckpointError: a missing/corrupted file, or (``full``) a ``save_only_model`` checkpoint.
+    """
+    io = strategy.checkpoint_io
     manifest = read_manifest(io, path)
-    if manifest.get("save_only_model"):
+    if full and manifest.get("save_only_model"):
         raise CheckpointError(f"{path!r} was saved with save_only_model=True: it holds the weights but no optimizer, "
                               "scheduler, RNG or loop state, so training cannot continue exactly from it. Load the "
                               "weights into the model instead, or resume from a full checkpoint.")
@@ -89,51 +99,31 @@ def restore(fit: Fit, path: str, weights_only: bool = True) -> ResumePoint:
     def read(name: str) -> Any:
         return read_file(io, path, name, manifest, weights_only=weights_only)
 
-    saved_args = read("fit_args.json")
-    ts = read("training_state.pt")
-    point = ResumePoint(path, loop=ts.get("loop", {}))
-    if point.loop.get("epoch_done"):  # saved after the end of an epoch: continue at the start of the next
-        ts["state"]["current_epoch"] += 1
-        ts["state"]["batch_in_epoch"] = 0
-    _check_compatible(fit, saved_args, ts["state"], manifest)
-
+    optimizers = list(optimizers) if full else []
     shard_names = [n for n in manifest["files"] if n.startswith(SHARD_PREFIXES)]
     for n in shard_names:  # verify every shard before the strategy reads them
         _verify(io, path, n, manifest)
     # the strategy restores model and optimizer itself from its shards (or, FSDP, from full files it re-shards)
-    restored = fit.strategy.load_checkpoint_shards(fit.model, fit.optimizer, path, shard_names)
+    restored = strategy.load_checkpoint_shards(model, optimizers[0] if optimizers else None, path, shard_names)
     if not restored:
-        load_model_weights(fit, path, manifest, weights_only)
-    if fit.optimizer is not None and "optimizer.pt" in manifest["files"] and not restored:
-        fit.optimizer.load_state_dict(read("optimizer.pt"))
-    if fit.lr_scheduler is not None and "scheduler.pt" in manifest["files"]:
-        fit.lr_scheduler.load_state_dict(read("scheduler.pt"))
-    fit.strategy.precision.load_state_dict(ts["precision"])
-    keep = {k: getattr(fit.state, k) for k in ("is_local_process_zero", "is_world_process_zero",
-                                                "max_steps", "num_train_epochs", "logging_steps", "eval_steps",
-                                                "save_steps", "train_batch_size")}
-    fit.state.load_state_dict(ts["state"])
-    for k, v in keep.items():
-        setattr(fit.state, k, v)
-    fit.control.load_state_dict(ts["control"])
-    fit.control._new_step()
-    _restore_callbacks(fit, ts.get("callbacks", {}))
-    if ts.get("results") and fit.module._results is not None:
-        fit.module._results.load_state_dict(ts["results"])
-    fit._hooks.call("on_load_checkpoint", fit, fit.module, ts)
-
-    rng_name = f"rng_state_{fit.global_rank}.pt"
-    if rng_name in manifest["files"]:
-        point.rng = read(rng_name)
-    else:
-        log.warning("%s has no RNG state for rank %d (saved with world_size=%s); RNG streams restart from the seed.",
-                    path, fit.global_rank, manifest.get("world_size"))
-    if fit.args.ignore_data_skip:
-        fit.state.batch_in_epoch = 0  # HF: restart the current epoch from its first batch
-    point.skip_batches = fit.state.batch_in_epoch
-    log.info("Resuming from %s: epoch %d, global_step %d, %d micro-batches into the epoch.", path,
-             fit.state.current_epoch, fit.state.global_step, point.skip_batches)
-    return point
+        load_model_weights(strategy, model, path, manifest, weights_only)
+    out: dict[str, Any] = {"manifest": manifest}
+    if not full:
+        return out
+    for i, opt in enumerate(optimizers):
+        name = "optimizer.pt" if i == 0 else f"optimizer_{i}.pt"
+        if name in manifest["files"] and not (restored and i == 0):
+            opt.load_state_dict(read(name))
+    for i, sched in enumerate(schedulers):
+        name = "scheduler.pt" if i == 0 else f"scheduler_{i}.pt"
+        if sched is not None and name in manifest["files"]:
+            sched.load_state_dict(read(name))
+    out["args"] = read("fit_args.json")
+    ts = read("training_state.pt")
+    rng_name = f"rng_state_{strategy.global_rank}.pt"
+    ts["rng"] = read(rng_name) if rng_name in manifest["files"] else None
+    out["training_state"] = ts
+    return out
 
 
 #: file-name prefixes of strategy-written shards (FSDP torch.distributed.checkpoint files, DeepSpeed engine files)
@@ -149,36 +139,38 @@ def _verify(io: Any, folder: str, name: str, manifest: dict[str, Any]) -> None:
                               "from the manifest).")
 
 
-def load_model_weights(fit: Fit, path: str, manifest: dict[str, Any] | None = None,
+def load_model_weights(strategy: Any, model: Any, path: str, manifest: dict[str, Any] | None = None,
                        weights_only: bool = True) -> None:
-    """Load the checkpoint's weights into ``fit.model`` (strict: every key must match).
+    """Load the checkpoint's full weights into ``model`` (strict: every key must match).
 
     Raises:
         CheckpointError: no weights file, or keys that do not match the model.
     """
-    io = fit.strategy.checkpoint_io
+    io = strategy.checkpoint_io
     manifest = manifest or read_manifest(io, path)
     name = next((n for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT) if n in manifest["files"]), None)
     if name is None:
         raise CheckpointError(f"{path!r} holds no model weights ({WEIGHTS_NAME} or {WEIGHTS_NAME_PT}).")
     state = read_file(io, path, name, manifest, weights_only=weights_only)
-    model = exportable_model(fit.model)
+    model = exportable_model(model)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(f"{join(path, name)!r} does not match {type(model).__name__}: missing keys "
                               f"{result.missing_keys[:5]}, unexpected keys {result.unexpected_keys[:5]}.")
 
 
-def _check_compatible(fit: Fit, saved: dict[str, Any], state: dict[str, Any], manifest: dict[str, Any]) -> None:
-    a = fit.args
-    mid_epoch = state.get("batch_in_epoch", 0) > 0 and not a.ignore_data_skip
+def _check_compatible(a: Any, world_size: int, train_loader: Any, saved: dict[str, Any], ts: dict[str, Any],
+                      manifest: dict[str, Any]) -> None:
+    state = ts["state"]
+    epoch_done = (ts.get("loop") or {}).get("epoch_done")
+    mid_epoch = state.get("batch_in_epoch", 0) > 0 and not epoch_done and not a.ignore_data_skip
     changes = []
     for name, now in (("per_device_train_batch_size", a.per_device_train_batch_size),
-                      ("world_size", fit.world_size)):
+                      ("world_size", world_size)):
         before = manifest.get("world_size") if name == "world_size" else saved.get(name)
         if before is not None and before != now:
             changes.append(f"{name} {before} -> {now}")
-    n_batches = _batches_per_epoch(fit)
+    n_batches = _batches_per_epoch(train_loader)
     before_batches = state.get("batches_per_epoch")
     if before_batches is not None and n_batches is not None and before_batches != n_batches:
         changes.append(f"batches per epoch {before_batches} -> {n_batches} (the dataset or drop_last changed?)")
@@ -196,27 +188,11 @@ def _check_compatible(fit: Fit, saved: dict[str, Any], state: dict[str, Any], ma
                     "will not match an uninterrupted run with the original settings.", "; ".join(changes))
 
 
-def _batches_per_epoch(fit: Fit) -> int | None:
+def _batches_per_epoch(loader: Any) -> int | None:
     try:
-        return len(fit.train_loader)
+        return len(loader)
     except TypeError:
         return None
-
-
-def _restore_callbacks(fit: Fit, states: dict[str, Any]) -> None:
-    """taskfit/Lightning callbacks (``load_state_dict``) are always restored, as Lightning does; HF callbacks
-    (``ExportableState``: ``state()`` with ``args``/``attributes``) only with
-    ``restore_callback_states_from_checkpoint=True``, as HF does."""
-    for cb in fit.callbacks:
-        if hasattr(cb, "load_state_dict"):
-            key = getattr(cb, "state_key", type(cb).__qualname__)
-            if key in states:
-                cb.load_state_dict(states[key])
-        elif fit.args.restore_callback_states_from_checkpoint and hasattr(cb, "state"):
-            saved = states.get(type(cb).__qualname__)
-            if saved:
-                for k, v in saved.get("attributes", {}).items():
-                    setattr(cb, k, v)
 
 
 def load_best_model(fit: Fit) -> dict[str, Any]:
@@ -227,13 +203,9 @@ def load_best_model(fit: Fit) -> dict[str, Any]:
     if not st.best_model_checkpoint:
         log.warning("load_best_model_at_end=True but no best checkpoint was recorded (no evaluation with a save).")
         return {}
-    io = fit.strategy.checkpoint_io
-    io.wait()
-    manifest = read_manifest(io, st.best_model_checkpoint)
-    shards = [n for n in manifest["files"] if n.startswith(SHARD_PREFIXES)]
+    fit.strategy.checkpoint_io.wait()
     # sharded strategies restore their own shards (or cut full weights into shards); others load the full file
-    if not fit.strategy.load_checkpoint_shards(fit.model, None, st.best_model_checkpoint, shards):
-        load_model_weights(fit, st.best_model_checkpoint, manifest)
+    fit.strategy.load_checkpoint(st.best_model_checkpoint, fit.model, full=False)
     log.info("Loaded the best model from %s (global_step %s, %s=%s).", st.best_model_checkpoint,
              st.best_global_step, fit.args.metric_for_best_model, st.best_metric)
     return {"best_global_step": st.best_global_step, "best_metric": st.best_metric,
@@ -266,10 +238,10 @@ def finish_checkpoints(fit: Fit, metrics: dict[str, Any], publisher: Any = None)
     return out
 
 
-def wait_for_saves_quietly(fit: Fit) -> None:
+def wait_for_saves_quietly(io: Any) -> None:
     """On a failing run: let a background checkpoint save finish (so it is not lost), logging its own failure
     instead of masking the run's exception."""
     try:
-        fit.strategy.checkpoint_io.wait()
+        io.wait()
     except Exception:
         log.exception("A background checkpoint save failed while the run was failing.")

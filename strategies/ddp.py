@@ -42,12 +42,11 @@ class DDPStrategy(ParallelStrategy):
             kwargs["device_ids"] = [self.root_device.index]
         return kwargs
 
-    def setup(self, module: torch.nn.Module) -> torch.nn.Module:
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Convert and move ``module``, then wrap it: ``DistributedDataParallel(StepForward(module))`` (the
         replicas start from rank 0's weights: DDP broadcasts them)."""
         module = self.precision.convert_module(module).to(self.root_device)
-        self.model = DistributedDataParallel(StepForward(module), **self.ddp_kwargs())
-        return self.model
+        return DistributedDataParallel(StepForward(module), **self.ddp_kwargs())
 
     def no_sync(self, micro_batch_is_last: bool) -> ContextManager:
         if micro_batch_is_last or not isinstance(self.model, DistributedDataParallel):

@@ -6,12 +6,11 @@ The engine owns backward (``engine.backward``), gradient reduction, accumulation
 (``gradient_clipping`` <- ``max_grad_norm``) and the optimizer step (``engine.step``); the fit loop still decides
 where a window ends (:meth:`DeepSpeedStrategy.no_sync` sets the engine's boundary for every micro-batch, so the
 shorter last window of an epoch is one optimizer step as everywhere else) and steps the LR schedule after each
-applied step (a DeepSpeed schedule from the config becomes ``fit.lr_scheduler``; the engine does not step it too).
+applied step (a DeepSpeed schedule from the config becomes the run's scheduler; the engine does not step it too).
 
-The engine is built once the run's optimizer exists (the first ``training_step``/``validation_step`` routed
-through the strategy inside ``fit``, or the restore of a checkpoint), from the taskfit optimizer (handed to
+The engine is built in :meth:`DeepSpeedStrategy.setup` from the run's optimizer (handed to
 ``deepspeed.initialize``) or, when the config has an ``optimizer`` section (always with optimizer offload), from
-DeepSpeed's own optimizer (``fit.optimizer`` then becomes that optimizer and ``fit.lr_scheduler`` its schedule).
+DeepSpeed's own optimizer, which ``setup`` returns in place of the run's (with its schedule).
 """
 
 from __future__ import annotations
@@ -117,21 +116,28 @@ class DeepSpeedStrategy(ParallelStrategy):
     """
 
     name = "deepspeed"
+    max_optimizers = 1
+    engine_owns_step = True
+
+    @property
+    def shards_parameters(self) -> bool:  # type: ignore[override]
+        """ZeRO-3 partitions the parameters (stages 0-2 keep full copies on every rank)."""
+        return self.zero_stage == 3
 
     def __init__(self, *args: Any, config: Any = None, stage: int | None = None, offload_optimizer: str | None = None,
                  offload_parameters: str | None = None, nvme_path: str | None = None, **kwargs: Any) -> None:
         require_deepspeed()
         super().__init__(*args, **kwargs)
+        self._config_source = config
+        self._config_options = dict(stage=stage, offload_optimizer=offload_optimizer,
+                                    offload_parameters=offload_parameters, nvme_path=nvme_path or "/local_nvme",
+                                    on_cpu=self.root_device.type == "cpu")
         fit_args = self.args
         raw = config if config is not None else getattr(fit_args, "deepspeed", None)
-        self.config = resolve_config(
-            raw, fit_args, world_size=self.world_size, precision=self.precision.name, stage=stage,
-            offload_optimizer=offload_optimizer, offload_parameters=offload_parameters,
-            nvme_path=nvme_path or "/local_nvme", on_cpu=self.root_device.type == "cpu")
+        self.config = resolve_config(raw, fit_args, world_size=self.world_size, precision=self.precision.name,
+                                     **self._config_options)
         self.precision = DeepSpeedPrecision(self.precision.name)
         self.engine: Any = None
-        self._module: torch.nn.Module | None = None
-        self._optimizer: Any = None  # the optimizer fit.optimizer must be for the engine to be current
         self._grad_norm = torch.zeros(())
 
     @property
@@ -152,67 +158,92 @@ class DeepSpeedStrategy(ParallelStrategy):
         deepspeed.init_distributed(dist_backend=self.backend, auto_mpi_discovery=False,
                                    rank=self.global_rank, world_size=self.world_size)
 
-    def setup(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Move ``module`` to this process's device; the engine wraps it later (see the module docstring), since
-        ``deepspeed.initialize`` needs the run's optimizer."""
-        self._module = module.to(self.root_device)
-        self.model = self._module
-        return self._module
+    def setup(self, module: torch.nn.Module, optimizers: Any = (), schedulers: Any = (), *,
+              max_steps: int | None = None) -> tuple[torch.nn.Module, list[Any], list[Any]]:
+        """Build the engine: ``deepspeed.initialize`` over ``module`` with the run's optimizer (or, when the config
+        has an ``optimizer`` section, DeepSpeed's own optimizer and schedule, returned in place of the run's).
+        Without an optimizer (``validate``/``test``/``predict``) the module is only placed, or, when it is the
+        module of the engine of an earlier ``fit``, that engine is kept (ZeRO-3 gathers its parameters).
+        A new optimizer for the same module (``fit`` called again) replaces the engine (the old one is
+        destroyed: its gradient hooks go).
 
-    def _ensure_engine(self, module: torch.nn.Module) -> Any:
-        """The engine, built on first use inside ``fit`` (None outside it: plain forward passes then).
+        Returns:
+            tuple: ``(engine or module, [optimizer], [scheduler])``.
 
         Raises:
-            RuntimeError: ``fit`` was called again on the same ``Fit`` (one engine per ``Fit``).
-            ValueError: the config has an ``optimizer`` section and the module or ``optimizers=`` define one too.
+            ValueError: more than one optimizer (DeepSpeed drives exactly one), before any work.
         """
-        fit = getattr(module, "_fit", None)
-        if fit is None or fit.optimizer is None:
-            return self.engine
-        if self.engine is not None:
-            if fit.optimizer is not self._optimizer:
-                raise RuntimeError("DeepSpeedStrategy builds one engine per Fit and it is bound to the first fit() "
-                                   "call's optimizer; create a new Fit (and model) for another run.")
-            return self.engine
-        self.engine = self._build_engine(fit, module)
-        return self.engine
+        optimizers, schedulers = list(optimizers), list(schedulers)
+        if len(optimizers) > 1:
+            raise ValueError(f"strategy={self.name!r} drives exactly one optimizer per engine; configure_optimizers "
+                             f"returned {len(optimizers)}. Combine the parameter groups into one optimizer, or use "
+                             "strategy='ddp' or 'fsdp'.")
+        if (not optimizers and not self.builds_own_optimizer) or max_steps is None:
+            if self.engine is not None and module is self._module:
+                return self.engine, optimizers, schedulers
+            self._module = module.to(self.root_device)
+            self.model = self._module
+            return self._module, optimizers, schedulers
+        self._destroy_engine()
+        self._module = module.to(self.root_device)
+        return self._build_engine(self._module, optimizers[0] if optimizers else None,
+                                  schedulers[0] if schedulers else None, max_steps)
 
-    def _build_engine(self, fit: Any, module: torch.nn.Module) -> Any:
+    @property
+    def builds_own_optimizer(self) -> bool:
+        """True when the config has an ``optimizer`` section: DeepSpeed builds the optimizer (and schedule)."""
+        return "optimizer" in self.config
+
+    def configure(self, args: Any) -> None:
+        """Take the run's arguments and resolve the DeepSpeed config from them again (a trial or a retry may
+        change the batch size, learning rate, ...).
+
+        Raises:
+            ValueError: config/argument conflicts (see :func:`resolve_config`).
+        """
+        if args is self.args:
+            return
+        self.args = args
+        raw = self._config_source if self._config_source is not None else getattr(args, "deepspeed", None)
+        self.config = resolve_config(raw, args, world_size=self.world_size, precision=self.precision.name,
+                                     **self._config_options)
+
+    def _destroy_engine(self) -> None:
+        if self.engine is not None:
+            try:
+                self.engine.destroy()  # removes the ZeRO gradient hooks from the module's parameters
+            except Exception:  # an engine half torn down: nothing else holds it
+                log.debug("DeepSpeed engine.destroy() failed", exc_info=True)
+            self.engine, self.precision.active = None, False
+
+    def _build_engine(self, module: torch.nn.Module, optimizer: Any, scheduler: Any,
+                      max_steps: int) -> tuple[Any, list[Any], list[Any]]:
         deepspeed = require_deepspeed()
         from taskfit.optim.schedulers import create_scheduler, get_warmup_steps
 
-        max_steps = int(fit.state.max_steps)
-        cfg = finalize_config(self.config, fit.args, max_steps, get_warmup_steps(fit.args, max_steps))
+        cfg = finalize_config(self.config, self.args, max_steps, get_warmup_steps(self.args, max_steps))
         kwargs: dict[str, Any] = {"model": StepForward(module), "config": cfg}
         ds_optimizer = "optimizer" in cfg
         if ds_optimizer:
-            from taskfit.module import TaskModule
-
-            if fit._optimizers[0] is not None or type(module).configure_optimizers is not TaskModule.configure_optimizers:
-                raise ValueError("The DeepSpeed config has an 'optimizer' section, but the module's "
-                                 "configure_optimizers or Fit(optimizers=...) define an optimizer too; drop one of "
-                                 "them.")
-            kwargs["model_parameters"] = self._param_groups(module, fit.args.weight_decay)
+            kwargs["model_parameters"] = self._param_groups(module, self.args.weight_decay)
         else:
-            kwargs["optimizer"] = fit.optimizer
-        engine, optimizer, _, scheduler = deepspeed.initialize(**kwargs)
-        engine.lr_scheduler = None  # the fit loop steps fit.lr_scheduler once per applied step
-        if ds_optimizer:  # fit's optimizer/schedule become DeepSpeed's (the taskfit ones were never stepped)
-            basic = engine.basic_optimizer
-            fit.optimizer = basic
-            if scheduler is not None and hasattr(scheduler, "last_batch_iteration") and scheduler.last_batch_iteration < 0:
-                scheduler.step()  # DeepSpeed's schedules start at -1: the first step then runs at the value of
+            kwargs["optimizer"] = optimizer
+        engine, ds_opt, _, ds_scheduler = deepspeed.initialize(**kwargs)
+        engine.lr_scheduler = None  # the fit loop steps the run's scheduler once per applied step
+        if ds_optimizer:  # the run's optimizer/schedule become DeepSpeed's
+            optimizer = engine.basic_optimizer
+            if ds_scheduler is not None and hasattr(ds_scheduler, "last_batch_iteration") and \
+                    ds_scheduler.last_batch_iteration < 0:
+                ds_scheduler.step()  # DeepSpeed's schedules start at -1: the first step then runs at the value of
                 # iteration 0, as torch/taskfit schedules do (otherwise DeepSpeed repeats it for two steps)
-            fit.lr_scheduler = scheduler if scheduler is not None else create_scheduler(basic, fit.args, max_steps)
-            fit.scheduler_interval = "step"
-        if engine.optimizer is not fit.optimizer:  # a ZeRO/bf16 wrapper owns it and clears the gradients
-            _keep_engine_grads(fit.optimizer)
-        self._optimizer = fit.optimizer
-        self.model = engine
+            scheduler = ds_scheduler if ds_scheduler is not None else create_scheduler(optimizer, self.args, max_steps)
+        if engine.optimizer is not optimizer:  # a ZeRO/bf16 wrapper owns it and clears the gradients
+            _keep_engine_grads(optimizer)
+        self.engine = self.model = engine
         self.precision.active = True
         log.info("DeepSpeed engine ready: ZeRO stage %d, %s, world size %d, optimizer %s.", self.zero_stage,
                  self.precision.name, self.world_size, type(engine.optimizer).__name__)
-        return engine
+        return engine, [optimizer], [scheduler] if scheduler is not None else []
 
     @staticmethod
     def _param_groups(module: torch.nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -228,15 +259,13 @@ class DeepSpeedStrategy(ParallelStrategy):
     def step_function(self, module: torch.nn.Module, name: str) -> Any:
         """``module.<name>`` routed through the engine's ``forward`` (ZeRO-3 gathers parameters there); the plain
         method before the engine exists (e.g. ``validate`` before any ``fit``)."""
-        engine = self._ensure_engine(module)
-        if engine is None:
+        engine = self.engine
+        if engine is None or module is not self._module:
             return getattr(module, name)
         return lambda *args: engine(name, *args)
 
     # -- step -------------------------------------------------------------------------------------------
     def _engine(self) -> Any:
-        if self.engine is None and self._module is not None:
-            self._ensure_engine(self._module)
         if self.engine is None:
             raise RuntimeError("The DeepSpeed engine does not exist yet: training steps run only inside fit().")
         return self.engine
@@ -355,7 +384,7 @@ class DeepSpeedStrategy(ParallelStrategy):
                              f"{meta['world_size']}; this run is ZeRO-{self.zero_stage} with world size "
                              f"{self.world_size}. Convert it with `taskfit convert {folder} OUT` and load the full "
                              "weights instead.")
-        engine = self._ensure_engine(self._module)
+        engine = self.engine
         if engine is None:
             raise RuntimeError("DeepSpeed checkpoints are restored inside fit() (the engine needs the optimizer).")
         path, _ = self._check("load_checkpoint", lambda: engine.load_checkpoint(
@@ -366,5 +395,6 @@ class DeepSpeedStrategy(ParallelStrategy):
         return True
 
     def teardown(self) -> None:
-        self.engine = None
+        """End of a stage: as :class:`Strategy`; the engine stays for a later ``validate``/``test``/``predict`` of
+        its module and is destroyed when the next ``fit`` builds a new one."""
         super().teardown()

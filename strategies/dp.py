@@ -43,10 +43,9 @@ class DataParallelStrategy(Strategy):
         super().__init__(accelerator, devices[0], precision, checkpoint_io)
         self.devices = list(devices)
 
-    def setup(self, module: torch.nn.Module) -> torch.nn.Module:
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         module = self.precision.convert_module(module).to(self.root_device)
-        self.model = torch.nn.DataParallel(StepForward(module), device_ids=[d.index for d in self.devices])
-        return self.model
+        return torch.nn.DataParallel(StepForward(module), device_ids=[d.index for d in self.devices])
 
     def step_function(self, module: torch.nn.Module, name: str) -> Callable[..., Any]:
         if self.model is None or name != "training_step":

@@ -77,6 +77,7 @@ class FSDPStrategy(ParallelStrategy):
     """
 
     name = "fsdp"
+    shards_parameters = True
 
     def __init__(self, *args: Any, sharding_strategy: str | None = None, cpu_offload: bool | None = None,
                  transformer_layer_cls_to_wrap: Any = None, min_num_params: int | None = None,
@@ -92,7 +93,6 @@ class FSDPStrategy(ParallelStrategy):
         if not self.options.use_orig_params:
             log.warning("fsdp_config use_orig_params=False is ignored: FSDP2 always trains the original parameters.")
         self.mixed_precision = mixed_precision
-        self.module: nn.Module | None = None
         self.mesh: Any = None
         self.wrapped_names: list[str] = []  # names (inside the TaskModule) of the modules made FSDP units
 
@@ -188,14 +188,16 @@ class FSDPStrategy(ParallelStrategy):
             for t in [*module.parameters(), *module.buffers()]:
                 self._check("broadcast (sync_module_states)", lambda t=t: dist.broadcast(t.data, src=0))
 
-    def setup(self, module: nn.Module) -> nn.Module:
+    def setup_module(self, module: nn.Module) -> nn.Module:
         """Convert and move ``module``, broadcast rank 0's weights (``sync_module_states``), apply activation
         checkpointing, then ``fully_shard`` every auto-wrap unit and the root ``StepForward(module)``.
-        Returns the root (also ``self.model``)."""
+        Returns the root. ``fully_shard`` replaces every parameter by a new sharded one (a ``DTensor``):
+        :meth:`setup_optimizers` re-points the run's optimizers."""
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         opts = self.options
         module = self.precision.convert_module(module).to(self.root_device)
+        self._params_before = list(module.named_parameters())
         if opts.sync_module_states and self.world_size > 1:
             self._sync_module_states(module)
         units = self.auto_wrap_units(module)
@@ -228,10 +230,38 @@ class FSDPStrategy(ParallelStrategy):
         if opts.backward_prefetch == "no_prefetch":
             for m in [root, *ordered]:
                 m.set_modules_to_backward_prefetch([])
-        self.module, self.model = module, root
+        self._names_before = {id(p): n for n, p in self._params_before}
         log.info("FSDP2: %s, %d auto-wrapped unit(s), offload=%s, mesh %s.", opts.sharding_strategy, len(units),
                  opts.offload_params, tuple(self.mesh.shape))
         return root
+
+    def setup_optimizers(self, module: nn.Module, optimizers: list[Any]) -> list[Any]:
+        """Replace the parameters ``optimizers`` were built over by the sharded parameters ``fully_shard`` put in
+        their place (by name; optimizer state, if any, moves with them).
+
+        Raises:
+            ValueError: an optimizer holds a parameter that is not one of ``module``'s.
+        """
+        names = getattr(self, "_names_before", {})
+        now = dict(module.named_parameters())
+        for optimizer in optimizers:
+            for group in optimizer.param_groups:
+                new = []
+                for p in group["params"]:
+                    if any(p is q for q in now.values()):
+                        new.append(p)
+                        continue
+                    name = names.get(id(p))
+                    if name is None or name not in now:
+                        raise ValueError(f"An optimizer holds a parameter of shape {tuple(p.shape)} that is not a "
+                                         "parameter of the module FSDP wraps; build optimizers over the module's "
+                                         "own parameters.")
+                    if p in optimizer.state:
+                        optimizer.state[now[name]] = optimizer.state.pop(p)
+                    new.append(now[name])
+                group["params"] = new
+        self._params_before, self._names_before = [], {}  # drop the references to the replaced parameters
+        return optimizers
 
     # -- step -------------------------------------------------------------------------------------------
     def no_sync(self, micro_batch_is_last: bool) -> ContextManager:

@@ -64,7 +64,6 @@ class ParallelStrategy(Strategy):
     """
 
     parallel = True
-    wraps_module = True  # route step methods through self.model (the wrapper)
 
     def __init__(self, accelerator: Accelerator, devices: list[torch.device], precision: Precision,
                  checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1, args: Any = None,
@@ -110,11 +109,18 @@ class ParallelStrategy(Strategy):
     def world_size(self) -> int:
         return self.env.world_size()
 
-    @property
-    def spawns(self) -> bool:
-        """True when ``fit``/``validate``/``predict`` must run inside spawned workers (``ddp_spawn``) that have
-        not been started yet."""
-        return isinstance(self.launcher, MultiprocessingLauncher) and not os.environ.get("TASKFIT_LAUNCHED")
+    def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on every process of the run (mirrors Lightning's launchers). Script launcher
+        (``strategy="ddp"`` run as ``python train.py``): start the other ranks as copies of the script once, then
+        run ``fn`` here as rank 0. Spawn launcher (``ddp_spawn``): run ``fn`` in freshly spawned workers and
+        return rank 0's result (``fn`` and ``args`` must pickle). Launched externally (torchrun, SLURM) or already
+        inside a worker: run ``fn`` here."""
+        launched = os.environ.get("TASKFIT_LAUNCHED")
+        if isinstance(self.launcher, MultiprocessingLauncher) and not launched:
+            return self.launcher.launch(fn, *args)
+        if isinstance(self.launcher, SubprocessScriptLauncher) and not self.launcher.launched and not launched:
+            self.launcher.launch()
+        return fn(*args)
 
     # -- set-up -----------------------------------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -123,8 +129,6 @@ class ParallelStrategy(Strategy):
         Raises:
             DistributedError: the process group could not be formed within ``ddp_timeout``.
         """
-        if isinstance(self.launcher, SubprocessScriptLauncher) and not self.launcher.launched:
-            self.launcher.launch()
         self.root_device = self._device_for(self.local_rank)
         rank_zero_only.rank = self.global_rank  # spawned workers start without it
         super().setup_environment()
@@ -159,7 +163,7 @@ class ParallelStrategy(Strategy):
     def step_function(self, module: torch.nn.Module, name: str) -> Callable[..., Any]:
         """``module.<name>`` routed through the wrapper's ``forward`` once ``setup`` wrapped it."""
         model = self.model
-        if not self.wraps_module or model is None or model is module:
+        if model is None or module is not self._module or model is module:
             return getattr(module, name)
         return lambda *args: model(name, *args)
 
@@ -206,7 +210,5 @@ class ParallelStrategy(Strategy):
     def backward(self, loss: torch.Tensor) -> None:
         self._check("backward (gradient all-reduce)", lambda: super(ParallelStrategy, self).backward(loss))
 
-    def teardown(self) -> None:
-        super().teardown()
-        if isinstance(self.launcher, SubprocessScriptLauncher) and self.launcher.launched:
-            self.launcher.join()
+    # the process group and the script launcher's workers outlive a stage: the next stage (``validate`` after
+    # ``fit``) runs on them; both are released at exit (``destroy_process_group``, ``SubprocessScriptLauncher.join``)

@@ -4,7 +4,8 @@ and checkpoint IO. Mirrors Lightning's ``Strategy``."""
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from collections.abc import Sequence
+from typing import Any, Callable, ContextManager
 
 import torch
 from lightning_utilities.core.apply_func import apply_to_collection
@@ -17,6 +18,13 @@ from taskfit.precision.precision import Precision
 class Strategy:
     """Base strategy for one process; distributed strategies override the communication methods.
 
+    The contract (mirrors Lightning Fabric's ``Strategy.setup_module_and_optimizers``): :meth:`launch` runs a
+    stage on every process, :meth:`setup` returns the wrapped module, optimizers and schedulers of one run (all
+    wrapping happens there), the step methods (:meth:`backward`, :meth:`clip_gradients`, :meth:`optimizer_step`)
+    act on what :meth:`setup` returned, :meth:`save_checkpoint`/:meth:`load_checkpoint` are the only way to and
+    from checkpoint files, and :meth:`teardown` ends every stage. Callers read the capability attributes below
+    instead of testing the strategy's class.
+
     Args:
         accelerator (Accelerator): the device kind.
         device (torch.device): the device of this process.
@@ -25,6 +33,14 @@ class Strategy:
     """
 
     name = "base"
+    #: each process holds only a part of the parameters (FSDP, ZeRO-3, XLA-FSDP): full weights need a gather
+    shards_parameters = False
+    #: how many optimizers one run may have (None: any number)
+    max_optimizers: int | None = None
+    #: backward, gradient clipping and the optimizer step belong to an engine (DeepSpeed)
+    engine_owns_step = False
+    #: several processes take part (collectives are real)
+    parallel = False
 
     def __init__(self, accelerator: Accelerator, device: torch.device, precision: Precision,
                  checkpoint_io: CheckpointIO | None = None) -> None:
@@ -33,6 +49,27 @@ class Strategy:
         self.precision = precision
         self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
         self.model: torch.nn.Module | None = None
+        self._module: torch.nn.Module | None = None  # the unwrapped module self.model wraps
+        if not hasattr(self, "args"):
+            self.args: Any = None
+
+    @property
+    def builds_own_optimizer(self) -> bool:
+        """True when the backend creates the run's optimizer itself (a DeepSpeed config with an ``optimizer``
+        section): :meth:`setup` then gets no optimizer and returns the backend's."""
+        return False
+
+    def configure(self, args: Any) -> None:
+        """Take the arguments of the run about to start (``FitArguments``; a hyperparameter-search trial or an
+        ``auto_find_batch_size`` retry brings new ones). Strategies that derive settings from them re-derive
+        them here."""
+        self.args = args
+
+    def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` on every process of the run and return this process's result. One process here;
+        :class:`ParallelStrategy` starts the workers first (script re-launch) or runs ``fn`` inside spawned
+        workers and returns rank 0's result (``ddp_spawn``)."""
+        return fn(*args)
 
     # -- process topology -------------------------------------------------------------------------------
     @property
@@ -65,14 +102,43 @@ class Strategy:
         """Prepare this process's device (and, in subclasses, the process group)."""
         self.accelerator.setup_device(self.root_device)
 
-    def setup(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Convert ``module`` to the plugin's dtype and move it to this process's device; returns it.
+    def setup(self, module: torch.nn.Module, optimizers: Sequence[Any] = (), schedulers: Sequence[Any] = (), *,
+              max_steps: int | None = None) -> tuple[torch.nn.Module, list[Any], list[Any]]:
+        """Set up one run: convert, place and wrap ``module`` and bind ``optimizers`` (built over ``module``'s
+        parameters) and ``schedulers`` to what the wrapping made of them. Returns ``(wrapped module, optimizers,
+        schedulers)``; the run uses only these afterwards. A module already wrapped by this strategy keeps its
+        wrapper (``validate`` after ``fit``).
 
-        Distributed strategies return a wrapper (DDP, FSDP, DeepSpeed engine) here.
+        Args:
+            module (nn.Module): the TaskModule.
+            optimizers (Sequence[Optimizer]): the run's optimizers (empty for validate/test/predict).
+            schedulers (Sequence[LRScheduler]): their LR schedulers (returned as they are, except where the backend
+                creates its own).
+            max_steps (int | None): optimizer steps of the run (backends that resolve schedules from it).
+
+        Raises:
+            ValueError: more optimizers than the backend supports (:attr:`max_optimizers`), before any work.
         """
+        optimizers = list(optimizers)
+        if self.max_optimizers is not None and len(optimizers) > self.max_optimizers:
+            raise ValueError(f"strategy={self.name!r} supports at most {self.max_optimizers} optimizer(s) per run; "
+                             f"configure_optimizers returned {len(optimizers)}. Combine the parameter groups into one "
+                             "optimizer, or use strategy='ddp' or 'fsdp' (any number of optimizers).")
+        if module is not self._module or self.model is None:
+            self.model = self.setup_module(module)
+            self._module = module
+        return self.model, self.setup_optimizers(module, optimizers), list(schedulers)
+
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Convert ``module`` to the plugin's dtype and move it to this process's device; returns the module the
+        steps run through (a wrapper in distributed strategies). Called by :meth:`setup`, once per module."""
         module = self.precision.convert_module(module)
-        self.model = module.to(self.root_device)
-        return self.model
+        return module.to(self.root_device)
+
+    def setup_optimizers(self, module: torch.nn.Module, optimizers: list[Any]) -> list[Any]:
+        """Point ``optimizers`` at the parameters :meth:`setup_module` left in ``module`` (sharding strategies
+        replace parameter objects); returns them. Identity here."""
+        return optimizers
 
     def process_dataloader(self, dataloader: Any) -> Any:
         """Hook to wrap or re-shard a DataLoader (distributed samplers, XLA loaders). Identity here."""
@@ -171,16 +237,38 @@ class Strategy:
         load_full_into(module, optimizer, read_full_state_dict(local_folder(self.checkpoint_io, folder)))
         return True
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str) -> None:
-        """Write ``checkpoint`` from rank zero through the checkpoint IO plugin."""
-        if self.is_global_zero:
-            self.checkpoint_io.save_checkpoint(checkpoint, path)
+    def save_checkpoint(self, source: Any, training_state: dict[str, Any]) -> str:
+        """Write ``output_dir/checkpoint-{global_step}/`` of the run ``source`` describes (a ``Fit``: its
+        arguments and its current run's model, optimizers, schedulers and state) with ``training_state`` (the run's
+        ``TrainingState.state_dict()``), in the checkpoint format (:mod:`taskfit.checkpoint`): every rank writes
+        its files (this strategy's shards through :meth:`save_checkpoint_shards`), the writing rank the manifest
+        last. The only way from the loops to checkpoint files. Every process must call it. Returns the path."""
+        from taskfit.checkpoint import save_checkpoint
 
-    def load_checkpoint(self, path: str, weights_only: bool = True) -> dict[str, Any]:
-        """Read a checkpoint through the checkpoint IO plugin onto the CPU."""
-        return self.checkpoint_io.load_checkpoint(path, weights_only=weights_only)
+        return save_checkpoint(source, training_state)
+
+    def load_checkpoint(self, path: str, model: torch.nn.Module, optimizers: Sequence[Any] = (),
+                        schedulers: Sequence[Any] = (), *, weights_only: bool = True,
+                        full: bool = True) -> dict[str, Any]:
+        """Read checkpoint ``path`` (verified against its manifest) into ``model`` (this strategy's shards through
+        :meth:`load_checkpoint_shards`, else the full weights) and, with ``full``, into ``optimizers`` and
+        ``schedulers``; returns ``{"manifest", "args", "training_state"}`` (the last two with ``full``). The only
+        way from the loops to checkpoint files.
+
+        Raises:
+            CheckpointError: a missing, corrupted or incompatible file; a ``save_only_model`` checkpoint with
+                ``full``.
+            UnsafeCheckpointError: a file needs full unpickling and ``weights_only`` is True.
+        """
+        from taskfit.resume import read_checkpoint
+
+        return read_checkpoint(self, path, model, optimizers, schedulers, weights_only=weights_only, full=full)
 
     def teardown(self) -> None:
-        """Release the device, background IO and (in subclasses) the process group."""
-        self.checkpoint_io.teardown()
-        self.accelerator.teardown()
+        """End of a stage (``fit``, ``validate``, ``test``, ``predict``; always runs, also after an error): wait for
+        and release background checkpoint IO (re-raising a failed background save) and the accelerator's cached
+        memory. The process group stays for the next stage; it is destroyed at exit."""
+        try:
+            self.checkpoint_io.teardown()
+        finally:
+            self.accelerator.teardown()

@@ -36,6 +36,7 @@ class XLAFSDPStrategy(XLAStrategy):
     """
 
     name = "xla_fsdp"
+    shards_parameters = True
 
     def __init__(self, accelerator: Accelerator, devices: list[torch.device], precision: Precision,
                  checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1, args: Any = None) -> None:
@@ -95,42 +96,35 @@ class XLAFSDPStrategy(XLAStrategy):
             return functools.partial(size_based_auto_wrap_policy, min_num_params=self.min_num_params)
         return None
 
-    def setup(self, module: torch.nn.Module) -> torch.nn.Module:
-        """Convert and move ``module`` to the XLA device. The FSDP wrapper is built at the first step (see
-        :meth:`_wrap`): ``XlaFullyShardedDataParallel`` deregisters the module's parameters, while the run's
-        optimizer is built from them after ``setup``."""
+    def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
+        """Convert and move ``module`` to the XLA device, then wrap ``StepForward(module)`` in
+        ``XlaFullyShardedDataParallel`` (or ``SpmdFullyShardedDataParallel`` for FSDPv2), with auto-wrap and
+        per-layer gradient checkpointing (``xla_fsdp_grad_ckpt``) as configured. The wrapper deregisters the
+        module's parameters: :meth:`setup_optimizers` points the run's optimizers at the shards."""
+        from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel, checkpoint_module
+
         module = self.precision.convert_module(module).to(self.root_device)
-        self._inner, self.model, self._remapped = module, None, None
-        return module
+        policy = self._auto_wrap_policy(module)
+        if self.v2:
+            from torch_xla.experimental.spmd_fully_sharded_data_parallel import SpmdFullyShardedDataParallel as FSDP
 
-    def _wrap(self) -> torch.nn.Module:
-        """Wrap ``StepForward(module)`` in ``XlaFullyShardedDataParallel`` (or ``SpmdFullyShardedDataParallel``
-        for FSDPv2), with auto-wrap and per-layer gradient checkpointing (``xla_fsdp_grad_ckpt``) as configured,
-        then point the run's optimizer at the sharded parameters (:meth:`_remap_optimizer`)."""
-        if self.model is None:
-            from torch_xla.distributed.fsdp import XlaFullyShardedDataParallel, checkpoint_module
+            kwargs: dict[str, Any] = {"mesh": self.mesh}
+        else:
+            # one shard per original parameter keeps the optimizer's groups (weight decay on/off) exact
+            FSDP, kwargs = XlaFullyShardedDataParallel, {"flatten_parameters": False, **self.settings}
+        wrapper_callable = None
+        if self.grad_ckpt:
+            def wrapper_callable(m: torch.nn.Module, *a: Any, **kw: Any) -> torch.nn.Module:
+                return FSDP(checkpoint_module(m), *a, **kw)
+        return FSDP(StepForward(module), auto_wrap_policy=policy, auto_wrapper_callable=wrapper_callable, **kwargs)
 
-            module = self._inner
-            policy = self._auto_wrap_policy(module)
-            if self.v2:
-                from torch_xla.experimental.spmd_fully_sharded_data_parallel import (
-                    SpmdFullyShardedDataParallel as FSDP)
-
-                kwargs: dict[str, Any] = {"mesh": self.mesh}
-            else:
-                # one shard per original parameter keeps the optimizer's groups (weight decay on/off) exact
-                FSDP, kwargs = XlaFullyShardedDataParallel, {"flatten_parameters": False, **self.settings}
-            wrapper_callable = None
-            if self.grad_ckpt:
-                def wrapper_callable(m: torch.nn.Module, *a: Any, **kw: Any) -> torch.nn.Module:
-                    return FSDP(checkpoint_module(m), *a, **kw)
-            self.model = FSDP(StepForward(module), auto_wrap_policy=policy, auto_wrapper_callable=wrapper_callable,
-                              **kwargs)
-        optimizer = getattr(getattr(self._inner, "_fit", None), "optimizer", None)
-        if optimizer is not None and optimizer is not self._remapped and not self.v2:  # v2 shards in place
-            self._remap_optimizer(optimizer)
-            self._remapped = optimizer
-        return self.model
+    def setup_optimizers(self, module: torch.nn.Module, optimizers: list[Any]) -> list[Any]:
+        """Replace the original parameters in ``optimizers`` by their shards (FSDPv2 shards in place: nothing to
+        do)."""
+        if not self.v2:
+            for optimizer in optimizers:
+                self._remap_optimizer(optimizer)
+        return optimizers
 
     def _remap_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
         """Replace every original parameter in ``optimizer`` by its shard (``p._sharded_param``), keeping its
@@ -167,9 +161,9 @@ class XLAFSDPStrategy(XLAStrategy):
 
     def step_function(self, module: torch.nn.Module, name: str) -> Callable[..., Any]:
         """``module.<name>`` routed through the FSDP wrapper's ``forward`` (which gathers the shards)."""
-        if module is not self._inner:
+        if module is not self._module or self.model is None:
             return getattr(module, name)
-        model = self._wrap()
+        model = self.model
         return lambda *args: model(name, *args)
 
     def clip_gradients(self, parameters: list[torch.Tensor], max_norm: float,

@@ -94,7 +94,7 @@ def test_datasets_and_collator_build_loaders_with_argument_batch_sizes_F_CORE_5(
     fit = _fit(tmp_path, per_device_train_batch_size=3, per_device_eval_batch_size=5, num_train_epochs=1,
                eval_strategy="epoch", data_collator=collator)
     fit.fit(module, Indexed(10), Indexed(7))
-    assert fit.train_loader.batch_size == 3 and fit._eval_loaders[None].batch_size == 5
+    assert fit.train_loader.batch_size == 3 and fit._last_fit.eval_loaders[None].batch_size == 5
     assert module.train_sizes == [3, 3, 3, 1]
     assert module.val_sizes == [5, 2]
     assert calls == [3, 3, 3, 1, 5, 2]

@@ -42,4 +42,4 @@ class DeviceStatsMonitor(Callback):
         if control.should_log and self._fit is not None:
             logs = self.stats()
             if logs:
-                self._fit._log(logs)
+                self._fit.log(logs)

@@ -216,7 +216,7 @@ class ThroughputMonitor(Callback):
         if self.track_tokens_seen and self.has_tokens:
             logs["num_input_tokens_seen"] = state.num_input_tokens_seen
         self.window_start, self.window_samples, self.window_tokens, self.window_eval_time = now, 0, 0, 0.0
-        self._fit._log(logs)
+        self._fit.log(logs)
 
     def train_metrics(self) -> dict[str, float]:
         """Whole-run numbers for ``Fit.fit``'s metrics (see the class docstring); empty before training."""

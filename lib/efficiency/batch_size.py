@@ -8,14 +8,10 @@ succeeds is the same as one started with that batch size.
 from __future__ import annotations
 
 import gc
-import inspect
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 import torch
-
-if TYPE_CHECKING:
-    from taskfit.fit import Fit
 
 log = logging.getLogger("taskfit")
 
@@ -41,15 +37,22 @@ def release_memory() -> None:
         torch.mps.empty_cache()
 
 
-def fit_with_auto_batch_size(fit: Fit, **kwargs: Any) -> Any:
-    """Run ``fit.fit(**kwargs)``; on out-of-memory halve ``per_device_train_batch_size`` and retry.
-
-    ``kwargs`` are ``Fit.fit``'s arguments by name (``model``, ``train_data``, ...); other names are ignored.
+def fit_with_auto_batch_size(fit_once: Callable[[Any], Any], args: Any, model: Any = None,
+                             train_data: Any = None) -> Any:
+    """Run ``fit_once(args)`` (one training run with these arguments); on out-of-memory halve
+    ``per_device_train_batch_size`` and retry.
 
     Before each retry: memory is released, the model's state dict is restored from a CPU copy taken before the
-    first attempt (when ``model`` is given; with ``model_init`` a fresh model is built anyway) and a warning is
-    logged (``auto_find_batch_size: out of memory at per_device_train_batch_size=8; retrying with 4``). The batch
-    size that worked is in ``fit.args.per_device_train_batch_size`` and ``fit.state.train_batch_size`` afterwards.
+    first attempt (when ``model`` is given; with ``model_init`` every attempt builds a fresh model anyway) and a
+    warning is logged (``auto_find_batch_size: out of memory at per_device_train_batch_size=8; retrying with 4``).
+    Every attempt is a new run (fresh optimizers, strategy set up again from the attempt's arguments); the batch size
+    that worked is in ``fit.args.per_device_train_batch_size`` and ``fit.state.train_batch_size`` afterwards.
+
+    Args:
+        fit_once (Callable[[FitArguments], TrainOutput]): one run with the given arguments.
+        args (FitArguments): the arguments of the first attempt.
+        model (nn.Module | None): the model passed to ``fit`` (restored between attempts).
+        train_data (Any): the training data passed to ``fit`` (a DataLoader cannot be re-batched).
 
     Returns:
         TrainOutput: the result of the attempt that fitted.
@@ -60,33 +63,24 @@ def fit_with_auto_batch_size(fit: Fit, **kwargs: Any) -> Any:
         torch.OutOfMemoryError / RuntimeError: out of memory at batch size 1, or any error that is not an
             out-of-memory one (re-raised as is).
     """
-    accepted = inspect.signature(type(fit).fit).parameters
-    kwargs = {k: v for k, v in kwargs.items() if k in accepted and k != "self"}  # fit's locals() may hold more
-    model, train_data = kwargs.get("model"), kwargs.get("train_data")
     snapshot = None
     if isinstance(model, torch.nn.Module):
         snapshot = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
-    fit._auto_batch_size_active = True
-    try:
-        while True:
-            size = fit.args.per_device_train_batch_size
-            try:
-                return fit.fit(**kwargs)
-            except (RuntimeError, torch.OutOfMemoryError) as exc:
-                if not is_out_of_memory(exc) or size <= 1:
-                    raise
-                if isinstance(train_data, torch.utils.data.DataLoader):
-                    raise ValueError("auto_find_batch_size=True ran out of memory, but train_data is a DataLoader "
-                                     f"with a fixed batch size ({train_data.batch_size}); pass the dataset so "
-                                     "taskfit can build smaller batches.") from exc
-            # outside the except block: the traceback (and the tensors its frames hold) is gone
-            release_memory()
-            log.warning("auto_find_batch_size: out of memory at per_device_train_batch_size=%d; retrying with %d",
-                        size, size // 2)
-            fit.args = fit.args.replace(per_device_train_batch_size=size // 2)
-            if snapshot is not None:
-                model.load_state_dict(snapshot)
-            elif fit.model_init is not None:  # build a fresh model on the next attempt
-                fit.model = fit.module = fit._setup_done_for = None
-    finally:
-        fit._auto_batch_size_active = False
+    while True:
+        size = args.per_device_train_batch_size
+        try:
+            return fit_once(args)
+        except (RuntimeError, torch.OutOfMemoryError) as exc:
+            if not is_out_of_memory(exc) or size <= 1:
+                raise
+            if isinstance(train_data, torch.utils.data.DataLoader):
+                raise ValueError("auto_find_batch_size=True ran out of memory, but train_data is a DataLoader "
+                                 f"with a fixed batch size ({train_data.batch_size}); pass the dataset so "
+                                 "taskfit can build smaller batches.") from exc
+        # outside the except block: the traceback (and the tensors its frames hold) is gone
+        release_memory()
+        log.warning("auto_find_batch_size: out of memory at per_device_train_batch_size=%d; retrying with %d",
+                    size, size // 2)
+        args = args.replace(per_device_train_batch_size=size // 2)
+        if snapshot is not None:
+            model.load_state_dict(snapshot)

@@ -121,8 +121,8 @@ class EvaluationLoop:
         stage (str): ``"validate"``, ``"test"`` or ``"predict"``.
     """
 
-    def __init__(self, fit: Fit, stage: str) -> None:
-        self.fit, self.stage = fit, stage
+    def __init__(self, fit: Fit, stage: str, hooks: Any) -> None:
+        self.fit, self.stage, self.hooks = fit, stage, hooks
         self.hidden: set[str] = set()
 
     def run(self, loader: Any, prefix: str) -> tuple[dict[str, float], Any, Any]:
@@ -139,7 +139,7 @@ class EvaluationLoop:
             ValueError: ``predict_with_generate`` with a model that has no ``generate`` (before any batch).
         """
         fit, stage = self.fit, self.stage
-        module, strategy, args, hooks = fit.module, fit.strategy, fit.args, fit._hooks
+        module, strategy, args, hooks = fit.module, fit.strategy, fit.args, self.hooks
         # through the DDP/FSDP wrapper's forward (FSDP all-gathers the root's parameters in its hooks)
         step_fn = strategy.step_function(module, {"validate": "validation_step", "test": "test_step",
                                                   "predict": "predict_step"}[stage])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
@@ -16,7 +16,7 @@ from taskfit.module import infer_batch_size
 from taskfit.seed import set_rng_states
 
 if TYPE_CHECKING:
-    from taskfit.fit import Fit
+    from taskfit.run import Run
 
 
 def _extract_training_loss(out: Any) -> torch.Tensor:
@@ -76,81 +76,76 @@ def _window(iterator: Any, size: int) -> list[Any]:
 
 
 class FitLoop:
-    """Drives training for one ``Fit.fit`` call; ``Fit`` owns the objects, this class owns the order.
+    """Drives training for one ``Fit.fit`` call: the run owns the objects, this class owns the order.
 
     Args:
-        fit (Fit): the run, already set up (module on device, optimizer, scheduler, loaders, state).
+        run (Run): the run, already set up (module on device, optimizers and schedulers from ``Strategy.setup``,
+            loaders, state; restored when resuming).
+        owner (Fit): what callbacks receive as ``fit``.
+        args (FitArguments): the run's options.
+        strategy (Strategy): placement and communication.
+        hooks (HookRunner): the resolved callback hooks.
+        log (Callable[[dict], None]): sends a log row to loggers and ``on_log``.
+        evaluate (Callable[[], dict]): evaluation during training (metrics).
+        save (Callable[[dict], str]): writes a checkpoint of the given training state; returns its path.
     """
 
-    def __init__(self, fit: Fit) -> None:
-        self.fit = fit
-        self.tr_loss = torch.zeros(())  # losses since the last log, summed per optimizer step
-        self.total_loss = 0.0            # sum of all logged step losses (host float)
-        self.steps_since_log = 0
-        self.grad_norm: torch.Tensor | None = None
-        self.loss_start_step = fit._start_step  # total_loss covers the steps from here on
-        self.epoch_done = False
+    def __init__(self, run: Run, owner: Any, args: Any, strategy: Any, hooks: Any, log: Callable[[dict], None],
+                 evaluate: Callable[[], dict], save: Callable[[dict], str]) -> None:
+        self.run, self.owner, self.args, self.strategy, self.hooks = run, owner, args, strategy, hooks
+        self._log, self._evaluate, self._save = log, evaluate, save
+        self.sums = run.sums
 
-    def state_dict(self) -> dict[str, Any]:
-        """The running loss sums, saved in checkpoints so a resumed run logs exactly the same losses."""
-        return {"tr_loss": self.tr_loss.detach().cpu().clone(), "steps_since_log": self.steps_since_log,
-                "total_loss": self.total_loss, "epoch_done": self.epoch_done,
-                "grad_norm": None if self.grad_norm is None else self.grad_norm.detach().cpu().clone()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (the sums then cover the whole run from step 0)."""
-        if not state:
-            return
-        self.tr_loss = state["tr_loss"].to(self.tr_loss.device)
-        self.steps_since_log, self.total_loss = int(state["steps_since_log"]), float(state["total_loss"])
-        self.grad_norm = state["grad_norm"]
-        self.loss_start_step = 0
-
-    def run(self, loader: Any, steps_per_epoch: int | None, num_epochs: int) -> None:
-        """Train until ``state.max_steps`` or ``num_epochs`` or a stop flag."""
-        fit = self.fit
-        state, control, args, hooks = fit.state, fit.control, fit.args, fit._hooks
-        # first: through the DDP/FSDP wrapper's forward; DeepSpeed builds its engine here and may replace
-        # fit.optimizer / fit.lr_scheduler with its own
-        train_fx = fit.strategy.step_function(fit.module, "training_step")
-        module, strategy, optimizer = fit.module, fit.strategy, fit.optimizer
+    def run_epochs(self, loader: Any, steps_per_epoch: int | None, num_epochs: int) -> None:
+        """Train until ``state.max_steps`` or ``num_epochs`` or a stop flag; a restored run continues where its
+        checkpoint was taken (also when that was after the last step: only the end of the run is left)."""
+        run, fit, args, hooks, strategy = self.run, self.owner, self.args, self.hooks, self.strategy
+        state, control, module, sums = run.state, run.control, run.module, self.sums
+        train_fx = strategy.step_function(module, "training_step")  # through the wrapper's forward
+        optimizers = run.optimizers
+        optimizer = optimizers[0]
+        step_schedulers = [c.scheduler for c in run.schedulers if c.interval == "step"]
+        epoch_schedulers = [c.scheduler for c in run.schedulers if c.interval == "epoch"]
         L, H = hooks.lightning, hooks.hf
         accum = args.gradient_accumulation_steps
         max_norm = args.max_grad_norm
         params = [p for p in module.parameters() if p.requires_grad]
-        step_scheduler = fit.lr_scheduler is not None and fit.scheduler_interval == "step"
         nan_filter = args.logging_nan_inf_filter
-        self.tr_loss = torch.zeros((), device=strategy.root_device)
+        sums.tr_loss = sums.tr_loss.to(strategy.root_device)
         world = strategy.world_size
         fwd_ctx = strategy.forward_context
+        precision = strategy.precision
         counts_needed = accum > 1 or world > 1
+        flos_per_sample = run.flos_per_sample
 
         try:
             batches_per_epoch = len(loader)
         except TypeError:
             batches_per_epoch = None
-        resume, fit._resume_point = fit._resume_point, None
-        if resume is not None:
-            self.load_state_dict(resume.loop)
-            if state.global_step >= state.max_steps:  # resumed from the end of the run: nothing left to do
-                return
+        resumed = run.resume_from is not None
+        rng = run.training_state.rng if resumed and run.training_state is not None else None
+        finished = resumed and state.global_step >= state.max_steps  # saved at the last step: only the end is left
         for epoch in range(state.current_epoch, num_epochs):
-            skip = resume.skip_batches if resume is not None else 0
-            if resume is not None and not skip and resume.rng is not None:
-                set_rng_states(resume.rng)  # saved at an epoch boundary: the saved run was about to start this epoch
+            skip = state.batch_in_epoch if resumed else 0
+            if resumed and not skip and rng is not None:
+                set_rng_states(rng)  # saved at an epoch boundary: the saved run was about to start this epoch
             state.current_epoch = epoch
-            set_loader_epoch(fit.train_loader, epoch)
+            set_loader_epoch(loader, epoch)
             control._new_epoch()
             if not skip:  # resumed mid-epoch: keep the restored epoch aggregates
                 module._results.reset_epoch()
             hooks.call("on_train_epoch_start", fit, module)
-            H["on_epoch_begin"] and hooks.call_hf("on_epoch_begin", args, state, control, **fit._hf_kwargs())
-            iterator = iter(skip_first_batches(loader, skip))
+            H["on_epoch_begin"] and hooks.call_hf("on_epoch_begin", args, state, control, **run.hf_kwargs())
+            if finished:
+                control.should_training_stop = True
+                iterator = iter(())
+            else:
+                iterator = iter(skip_first_batches(loader, skip))
             state.batch_in_epoch = skip
-            if skip and resume.rng is not None:
-                set_rng_states(resume.rng)  # saved mid-epoch: after the epoch's iterator existed, as in the saved run
-            resume = None
-            while True:
+            if skip and rng is not None:
+                set_rng_states(rng)  # saved mid-epoch: after the epoch's iterator existed, as in the saved run
+            resumed, rng = False, None
+            while not finished:
                 window = _window(iterator, accum)
                 if not window:
                     if state.batch_in_epoch == 0:  # an epoch without a single batch would repeat forever
@@ -180,7 +175,7 @@ class FitLoop:
                     batch_idx = state.batch_in_epoch
                     L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
                     if i == 0 and H["on_step_begin"]:
-                        hooks.call_hf("on_step_begin", args, state, control, **fit._hf_kwargs())
+                        hooks.call_hf("on_step_begin", args, state, control, **run.hf_kwargs())
                     with strategy.no_sync(i == last):
                         with fwd_ctx():
                             out = train_fx(batch, batch_idx)
@@ -198,53 +193,56 @@ class FitLoop:
                         H["on_substep_end"] and hooks.call_hf("on_substep_end", args, state, control)
                         L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
                         continue
-                    # ---- optimizer step: once per window ----
-                    strategy.precision.unscale_gradients(optimizer)  # before the hook and clipping (Lightning)
-                    L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, optimizer)
+                    # ---- optimizer step: once per window, every optimizer ----
+                    for opt in optimizers:
+                        precision.unscale_gradients(opt)  # before the hook and clipping (Lightning)
+                        L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, opt)
                     if max_norm and max_norm > 0:
-                        self.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
+                        sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
                     H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
-                    stepped = strategy.optimizer_step(optimizer)
+                    stepped = [strategy.optimizer_step(opt) for opt in optimizers]
                     H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)
-                    if step_scheduler and stepped:
-                        fit.lr_scheduler.step()
-                    L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, optimizer)
-                    optimizer.zero_grad(set_to_none=True)
+                    if stepped[0]:
+                        for sched in step_schedulers:
+                            sched.step()
+                    for opt in optimizers:
+                        L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, opt)
+                        opt.zero_grad(set_to_none=True)
                     if nan_filter:
                         step_loss = torch.where(torch.isfinite(step_loss), step_loss,
-                                                self.tr_loss / max(1, self.steps_since_log))
-                    self.tr_loss += step_loss
-                    self.steps_since_log += 1
+                                                sums.tr_loss / max(1, sums.steps_since_log))
+                    sums.tr_loss += step_loss
+                    sums.steps_since_log += 1
                     state.global_step += 1
                     state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
                     state.samples_seen += window_samples * world  # every rank takes as many samples
-                    state.total_flos += fit._flos_per_sample * window_samples * world
+                    state.total_flos += flos_per_sample * window_samples * world
                     L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
                     self._after_step(epoch_end=False)
                 if control.should_training_stop or control.should_epoch_stop:
                     break
             if not (control.should_training_stop or control.should_epoch_stop):
                 state.epoch = float(epoch + 1)  # the epoch ran to its end
-            if fit.lr_scheduler is not None and fit.scheduler_interval == "epoch":
-                fit.lr_scheduler.step()
+            for sched in epoch_schedulers:
+                sched.step()
             hooks.call("on_train_epoch_end", fit, module)
-            H["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **fit._hf_kwargs())
+            H["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
             epoch_logs = module._results.epoch_values(logger_only=True)
             if epoch_logs:
-                fit._log(epoch_logs)
-            self.epoch_done = True  # a checkpoint from here on resumes at the start of the next epoch
+                self._log(epoch_logs)
+            sums.epoch_done = True  # a checkpoint from here on resumes at the start of the next epoch
             self._after_step(epoch_end=True)
-            self.epoch_done = False
+            sums.epoch_done = False
             if control.should_training_stop:
                 break
-        if self.steps_since_log:
-            self.total_loss += float(self._global_tr_loss())
+        if sums.steps_since_log:
+            sums.total_loss += float(self._global_tr_loss())
 
     def _after_step(self, epoch_end: bool) -> None:
         """Set and act on the log / evaluate / save / stop flags (mirrors HF ``DefaultFlowCallback`` +
         ``_maybe_log_save_evaluate``)."""
-        fit = self.fit
-        state, control, args, hooks = fit.state, fit.control, fit.args, fit._hooks
+        run, args, hooks, sums = self.run, self.args, self.hooks, self.sums
+        state, control = run.state, run.control
         step = state.global_step
         if not epoch_end:
             if args.logging_strategy == "steps" and (step % state.logging_steps == 0
@@ -258,7 +256,7 @@ class FitLoop:
                 control.should_training_stop = True
                 control.should_save = control.should_save or args.save_strategy == "steps"  # HF: save at the end
             if hooks.hf["on_step_end"]:
-                hooks.call_hf("on_step_end", args, state, control, **fit._hf_kwargs())
+                hooks.call_hf("on_step_end", args, state, control, **run.hf_kwargs())
         else:
             if args.logging_strategy == "epoch":
                 control.should_log = True
@@ -266,32 +264,32 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "epoch":
                 control.should_save = True
-        if control.should_log and self.steps_since_log:
+        if control.should_log and sums.steps_since_log:
             tr_loss = float(self._global_tr_loss())
-            loss = tr_loss / self.steps_since_log
-            self.total_loss += tr_loss
-            self.tr_loss.zero_()
-            self.steps_since_log = 0
+            loss = tr_loss / sums.steps_since_log
+            sums.total_loss += tr_loss
+            sums.tr_loss.zero_()
+            sums.steps_since_log = 0
             logs = {"loss": round(loss, 6)}
-            if self.grad_norm is not None:
-                logs["grad_norm"] = float(self.grad_norm)
-            logs["learning_rate"] = fit.optimizer.param_groups[0]["lr"]
-            logs.update(fit.strategy.precision.log_values())  # 16-mixed: loss_scale, skipped_steps
-            logs.update(fit.module._results.step_values())
-            fit._log(logs)
+            if sums.grad_norm is not None:
+                logs["grad_norm"] = float(sums.grad_norm)
+            logs["learning_rate"] = run.optimizer.param_groups[0]["lr"]
+            logs.update(self.strategy.precision.log_values())  # 16-mixed: loss_scale, skipped_steps
+            logs.update(run.module._results.step_values())
+            self._log(logs)
         if control.should_evaluate:
-            fit._evaluate_during_fit()
+            self._evaluate()
         if control.should_save:
-            fit._save_checkpoint(self.state_dict())
+            self._save(run.training_state.state_dict())
         control._new_step()
 
     def _global_tr_loss(self) -> torch.Tensor:
         """The loss sum since the last log, averaged over processes (each holds its share of the window)."""
-        strategy = self.fit.strategy
-        return strategy.reduce(self.tr_loss, "mean") if strategy.world_size > 1 else self.tr_loss
+        strategy = self.strategy
+        return strategy.reduce(self.sums.tr_loss, "mean") if strategy.world_size > 1 else self.sums.tr_loss
 
     @property
     def training_loss(self) -> float:
         """Mean loss per optimizer step over the whole run (HF ``TrainOutput.training_loss``)."""
-        steps = self.fit.state.global_step - self.loss_start_step
-        return self.total_loss / steps if steps else math.nan
+        steps = self.run.state.global_step - self.sums.loss_start_step
+        return self.sums.total_loss / steps if steps else math.nan

@@ -96,3 +96,152 @@ class FitControl:
     def load_state_dict(self, state: dict[str, bool]) -> None:
         for k, v in state.items():
             setattr(self, k, v)
+
+
+class LossSums:
+    """The fit loop's running loss sums of this process (what the logged ``loss`` and ``train_loss`` are made of).
+
+    Attributes:
+        tr_loss (Tensor): 0-dim, this rank's sum of step losses since the last log (on the training device).
+        steps_since_log (int): optimizer steps in ``tr_loss``.
+        total_loss (float): sum over the run of the logged step losses (averaged over ranks: equal everywhere).
+        grad_norm (Tensor | None): the last clipped step's gradient norm (global: equal everywhere).
+        loss_start_step (int): the step ``total_loss`` counts from (0 once restored from a checkpoint).
+        epoch_done (bool): True between the end of an epoch and the start of the next (a checkpoint taken then
+            resumes at the next epoch's start).
+    """
+
+    def __init__(self, start_step: int = 0) -> None:
+        import torch
+
+        self.tr_loss = torch.zeros(())
+        self.steps_since_log = 0
+        self.total_loss = 0.0
+        self.grad_norm: Any = None
+        self.loss_start_step = start_step
+        self.epoch_done = False
+
+
+class TrainingState:
+    """Everything that decides what a run does next and everything it logs, saved and restored whole
+    (``state_dict``/``load_state_dict``; mirrors torchtune's ``TrainingProgress``).
+
+    It is a view over the objects the run owns: the loop state (:class:`FitState`: step, epoch, position in the
+    epoch, log history, best metric, callback states), the control flags, the loop's :class:`LossSums`, the
+    precision plugin (grad scaler), the callbacks, the module's ``self.log`` epoch aggregates and this process's
+    RNG states. Per-rank parts (RNG, running loss sum) are kept per rank: ``state_dict`` holds the running loss sum
+    of every rank (``tr_loss_per_rank``, gathered, a collective) and this rank's RNG states (``rng``), which the
+    checkpoint writes into this rank's own file.
+
+    Args:
+        state (FitState), control (FitControl), sums (LossSums): the run's loop objects.
+        precision (Precision): the precision plugin (``state_dict``/``load_state_dict``).
+        callbacks (list): the callbacks (``state_dict``/``load_state_dict``, or HF ``state()``).
+        module (TaskModule | None): whose ``_results`` (``self.log`` aggregates) are saved.
+        all_gather (Callable[[Tensor], Tensor]): the strategy's ``all_gather``; ``rank``/``world_size`` (int).
+        restore_hf_callbacks (bool): ``restore_callback_states_from_checkpoint`` (HF callbacks are restored only
+            with it, as HF does; taskfit/Lightning callbacks always are).
+
+    Version history: 1 = the loop sums of rank 0 only (read: every rank gets rank 0's sums); 2 = per rank.
+    """
+
+    VERSION = 2
+    #: FitState fields that belong to the new run's plan, not to the checkpoint
+    PLAN_FIELDS = ("is_local_process_zero", "is_world_process_zero", "max_steps", "num_train_epochs",
+                   "logging_steps", "eval_steps", "save_steps", "train_batch_size")
+
+    def __init__(self, state: FitState, control: FitControl, sums: LossSums, precision: Any = None,
+                 callbacks: list[Any] | None = None, module: Any = None, all_gather: Any = None, rank: int = 0,
+                 world_size: int = 1, restore_hf_callbacks: bool = False) -> None:
+        self.state, self.control, self.sums, self.precision = state, control, sums, precision
+        self.callbacks, self.module, self.all_gather = list(callbacks or []), module, all_gather
+        self.rank, self.world_size, self.restore_hf_callbacks = rank, world_size, restore_hf_callbacks
+        self.rng: dict[str, Any] | None = None  # restored RNG states (the loop applies them at the saved point)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole state; ``rng`` is this process's (collected now), ``tr_loss_per_rank`` every process's
+        (every rank must call this: it all-gathers)."""
+        from taskfit.seed import rng_states
+
+        s = self.sums
+        tr = s.tr_loss.detach()
+        per_rank = self.all_gather(tr) if self.all_gather is not None and self.world_size > 1 else tr.unsqueeze(0)
+        results = getattr(self.module, "_results", None)
+        return {
+            "version": self.VERSION,
+            "state": self.state.state_dict(),
+            "control": self.control.state_dict(),
+            "loop": {"tr_loss_per_rank": per_rank.cpu().clone(), "steps_since_log": s.steps_since_log,
+                     "total_loss": s.total_loss, "epoch_done": s.epoch_done,
+                     "grad_norm": None if s.grad_norm is None else s.grad_norm.detach().cpu().clone()},
+            "precision": self.precision.state_dict() if self.precision is not None else {},
+            "callbacks": callback_states(self.callbacks),
+            "results": results.state_dict() if results is not None else {},
+            "rng": rng_states(),
+        }
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict` output (also version 1 checkpoints). The plan fields of the new run
+        (:attr:`PLAN_FIELDS`) are kept; a checkpoint taken at an epoch's end continues at the next epoch's start.
+        This rank's running loss sum is its own saved one (the mean of the saved ranks' sums when the world size
+        changed, which keeps the logged mean)."""
+        import torch
+
+        keep = {k: getattr(self.state, k) for k in self.PLAN_FIELDS}
+        self.state.load_state_dict(saved["state"])
+        for k, v in keep.items():
+            setattr(self.state, k, v)
+        loop = saved.get("loop") or {}
+        if loop.get("epoch_done"):  # saved after the end of an epoch: continue at the start of the next
+            self.state.current_epoch += 1
+            self.state.batch_in_epoch = 0
+        self.control.load_state_dict(saved.get("control", {}))
+        self.control._new_step()
+        if self.precision is not None and saved.get("precision") is not None:
+            self.precision.load_state_dict(saved["precision"])
+        restore_callbacks(self.callbacks, saved.get("callbacks", {}), self.restore_hf_callbacks)
+        results = getattr(self.module, "_results", None)
+        if saved.get("results") and results is not None:
+            results.load_state_dict(saved["results"])
+        s = self.sums
+        if loop:
+            if "tr_loss_per_rank" in loop:
+                per_rank = loop["tr_loss_per_rank"]
+                tr = per_rank[self.rank] if len(per_rank) == self.world_size else per_rank.mean()
+            else:
+                tr = loop["tr_loss"]  # version 1: rank 0's sum only
+            s.tr_loss = torch.as_tensor(tr).to(s.tr_loss.device, s.tr_loss.dtype).clone()
+            s.steps_since_log, s.total_loss = int(loop["steps_since_log"]), float(loop["total_loss"])
+            s.grad_norm = loop.get("grad_norm")
+            s.loss_start_step = 0  # the sums now cover the whole run from step 0
+        else:
+            s.loss_start_step = self.state.global_step
+        self.rng = saved.get("rng")
+
+
+def callback_states(callbacks: list[Any]) -> dict[str, Any]:
+    """``{state_key: state}`` of every callback with ``state_dict()`` (taskfit / Lightning) or ``state()`` (HF
+    ``ExportableState``)."""
+    out = {}
+    for cb in callbacks:
+        if hasattr(cb, "state_dict"):
+            out[getattr(cb, "state_key", type(cb).__qualname__)] = cb.state_dict()
+        elif hasattr(cb, "state") and callable(cb.state):
+            out[type(cb).__qualname__] = cb.state()
+    return out
+
+
+def restore_callbacks(callbacks: list[Any], states: dict[str, Any], restore_hf: bool) -> None:
+    """taskfit/Lightning callbacks (``load_state_dict``) are always restored, as Lightning does; HF callbacks
+    (``ExportableState``: ``state()`` with ``args``/``attributes``) only with ``restore_hf`` (HF's
+    ``restore_callback_states_from_checkpoint``)."""
+    for cb in callbacks:
+        if hasattr(cb, "load_state_dict"):
+            key = getattr(cb, "state_key", type(cb).__qualname__)
+            if key in states:
+                cb.load_state_dict(states[key])
+        elif restore_hf and hasattr(cb, "state"):
+            saved = states.get(type(cb).__qualname__)
+            if saved:
+                for k, v in saved.get("attributes", {}).items():
+                    setattr(cb, k, v)

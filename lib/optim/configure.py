@@ -5,6 +5,7 @@ follow."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -14,50 +15,94 @@ from taskfit.optim.optimizers import create_optimizer
 from taskfit.optim.schedulers import create_scheduler, is_metric_scheduler
 
 if TYPE_CHECKING:
-    from taskfit.fit import Fit
     from taskfit.module import TaskModule
 
 
-def configure_optimizers(fit: Fit, module: TaskModule, max_steps: int) -> tuple[Any, Any, str, str | None]:
-    """Return ``(optimizer, lr_scheduler, interval, monitor)`` for a run of ``max_steps`` optimizer steps.
+@dataclass
+class SchedulerConfig:
+    """An LR scheduler with when it steps (Lightning's ``lr_scheduler`` config).
 
-    Order: a ``configure_optimizers`` result (an optimizer, ``(optimizer, scheduler)``, lists of one each, or
-    ``{"optimizer": ..., "lr_scheduler": ...}`` where the scheduler may be ``{"scheduler", "interval",
-    "monitor"}``) wins; else HF ``optimizers=(opt, sched)``; else ``optim``/``lr_scheduler_type`` from the
-    arguments. ``interval`` is ``"step"``, ``"epoch"``, or ``"eval"`` for metric schedulers
-    (``ReduceLROnPlateau``), which then watch ``monitor`` (default ``eval_<metric_for_best_model>`` or ``eval_loss``).
-
-    Raises:
-        TypeError: ``configure_optimizers`` returned something else.
-        ValueError: an ``interval`` other than ``"step"``/``"epoch"``.
+    Attributes:
+        scheduler (LRScheduler | ReduceLROnPlateau): the schedule.
+        interval (str): ``"step"`` (after every applied optimizer step), ``"epoch"``, or ``"eval"`` (metric
+            schedulers, after every evaluation during ``fit``).
+        monitor (str | None): the metric an ``"eval"`` scheduler watches (``eval_loss``...).
     """
-    cfg = module.configure_optimizers()
-    opt, sched = fit._optimizers
+
+    scheduler: Any
+    interval: str = "step"
+    monitor: str | None = None
+
+
+def _one_scheduler(sched: Any, args: Any) -> SchedulerConfig:
     interval, monitor = "step", None
-    if opt is None and cfg is None:
-        opt = create_optimizer(fit.model, fit.args)
-        sched = sched or create_scheduler(opt, fit.args, max_steps)
-    elif cfg is None and sched is None:  # HF: optimizers=(opt, None) gets the default schedule
-        sched = create_scheduler(opt, fit.args, max_steps)
-    elif opt is None:
-        if isinstance(cfg, torch.optim.Optimizer):
-            opt = cfg
-        elif isinstance(cfg, Mapping):
-            opt, sched = cfg.get("optimizer"), cfg.get("lr_scheduler")
-        elif isinstance(cfg, (list, tuple)) and len(cfg) == 2:
-            opt, sched = cfg
-            opt = opt[0] if isinstance(opt, (list, tuple)) else opt
-            sched = (sched[0] if sched else None) if isinstance(sched, (list, tuple)) else sched
-        if not isinstance(opt, torch.optim.Optimizer):
-            raise TypeError("configure_optimizers must return an optimizer, (optimizer, scheduler), "
-                            f"or {{'optimizer': ..., 'lr_scheduler': ...}}; got {type(cfg).__name__}.")
     if isinstance(sched, Mapping):
         interval, monitor = sched.get("interval", "step"), sched.get("monitor")
         sched = sched["scheduler"]
         if interval not in ("step", "epoch"):
             raise ValueError(f"lr_scheduler interval={interval!r} is not valid; choose 'step' or 'epoch'.")
-    if sched is not None and is_metric_scheduler(sched):
+    if is_metric_scheduler(sched):
         interval = "eval"
-        monitor = monitor or metric_key(fit.args.metric_for_best_model or "loss", "eval")
-    return opt, sched, interval, monitor
+        monitor = monitor or metric_key(args.metric_for_best_model or "loss", "eval")
+    return SchedulerConfig(sched, interval, monitor)
 
+
+def _as_list(x: Any) -> list[Any]:
+    if x is None:
+        return []
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, max_steps: int,
+                         hf_optimizers: tuple[Any, Any] = (None, None), *,
+                         strategy_builds_optimizer: bool = False) -> tuple[list[Any], list[SchedulerConfig]]:
+    """Return ``(optimizers, schedulers)`` for a run of ``max_steps`` optimizer steps.
+
+    Order: a ``configure_optimizers`` result (an optimizer; ``(optimizer, scheduler)``; ``([optimizers],
+    [schedulers])``; ``{"optimizer": ..., "lr_scheduler": ...}``; or a list of such dicts, Lightning's forms; a
+    scheduler may be ``{"scheduler", "interval", "monitor"}``) wins; else HF ``optimizers=(opt, sched)``; else
+    ``optim``/``lr_scheduler_type`` from ``args`` (over ``model``'s parameters). Several optimizers all step once
+    per accumulation window. ``interval`` is ``"step"``, ``"epoch"``, or ``"eval"`` for metric schedulers
+    (``ReduceLROnPlateau``), which then watch ``monitor`` (default ``eval_<metric_for_best_model>`` or
+    ``eval_loss``). With ``strategy_builds_optimizer`` (a DeepSpeed config with an ``optimizer`` section) no
+    optimizer is built here: the strategy's ``setup`` returns its own.
+
+    Raises:
+        TypeError: ``configure_optimizers`` returned something else.
+        ValueError: an ``interval`` other than ``"step"``/``"epoch"``; an optimizer defined both by the module or
+            ``optimizers=`` and by the strategy's backend config.
+    """
+    cfg = module.configure_optimizers()
+    opt, sched = hf_optimizers
+    if strategy_builds_optimizer:
+        if opt is not None or cfg is not None:
+            raise ValueError("The DeepSpeed config has an 'optimizer' section, but the module's configure_optimizers "
+                             "or Fit(optimizers=...) define an optimizer too; drop one of them.")
+        return [], []
+    if opt is None and cfg is None:
+        opt = create_optimizer(model, args)
+        opts, scheds = [opt], _as_list(sched or create_scheduler(opt, args, max_steps))
+    elif cfg is None:
+        opts = [opt]
+        scheds = _as_list(sched if sched is not None else create_scheduler(opt, args, max_steps))  # HF default
+    else:
+        if isinstance(cfg, torch.optim.Optimizer):
+            opts, scheds = [cfg], []
+        elif isinstance(cfg, Mapping):
+            opts, scheds = [cfg.get("optimizer")], _as_list(cfg.get("lr_scheduler"))
+        elif isinstance(cfg, (list, tuple)) and cfg and all(isinstance(c, Mapping) for c in cfg):
+            opts = [c.get("optimizer") for c in cfg]
+            scheds = [s for c in cfg for s in _as_list(c.get("lr_scheduler"))]
+        elif isinstance(cfg, (list, tuple)) and len(cfg) == 2 and not isinstance(cfg[0], torch.optim.Optimizer):
+            opts, scheds = _as_list(cfg[0]), _as_list(cfg[1])
+        elif isinstance(cfg, (list, tuple)) and len(cfg) == 2 and not isinstance(cfg[1], torch.optim.Optimizer):
+            opts, scheds = [cfg[0]], _as_list(cfg[1])
+        elif isinstance(cfg, (list, tuple)):
+            opts, scheds = list(cfg), []
+        else:
+            opts, scheds = [cfg], []
+        if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
+            raise TypeError("configure_optimizers must return an optimizer, (optimizer, scheduler), ([optimizers], "
+                            "[schedulers]), {'optimizer': ..., 'lr_scheduler': ...} or a list of such dicts; got "
+                            f"{type(cfg).__name__}.")
+    return opts, [_one_scheduler(s, args) for s in scheds]

@@ -83,7 +83,7 @@ def test_eval_accumulation_steps_bounds_device_memory_F_EVAL_2(trained):
     for steps in (None, 2, 1):
         fit.args.eval_accumulation_steps = steps
         fit._eval_entry(module, None, "validate")
-        loop = EvaluationLoop(fit, "validate")
+        loop = EvaluationLoop(fit, "validate", fit._hooks)
         _metrics, preds[steps], _labels = loop.run(loader, "eval")
         peaks[steps] = loop.peak_device_bytes
     fit.args.eval_accumulation_steps = None

@@ -77,7 +77,7 @@ def test_F_CKPT_6_every_save_pushes_the_model_at_each_save(tmp_path):
     class Peek(Callback):
         def on_step_end(self, args, state, control, **kw):
             if state.global_step == 6:  # after the push of checkpoint-4, before checkpoint-8
-                fit._publisher.finish()
+                fit._last_fit.publisher.finish()
                 seen["files"] = _listing(hub)
                 seen["weights"] = fsspec.filesystem("memory").cat_file(hub[len("memory:/"):] + "/model.safetensors")
 
@@ -156,7 +156,7 @@ def test_F_CKPT_6_push_that_always_fails_is_reported_and_training_is_intact(tmp_
     with caplog.at_level(logging.WARNING, logger="taskfit"):
         result = fit.fit(job.Net(), job.data(), job.data(16, seed=1))
     assert fit.state.global_step == 8 and result.metrics["push_errors"] == 3  # checkpoints 4 and 8, final model
-    assert len(fit._publisher.errors) == 3 and "injected failure" in fit._publisher.errors[0]
+    assert len(fit._last_fit.publisher.errors) == 3 and "injected failure" in fit._last_fit.publisher.errors[0]
     assert "had 3 failed push(es)" in caplog.text
     assert sorted(os.listdir(tmp_path / "out")) == ["checkpoint-4", "checkpoint-8"]  # local checkpoints intact
     assert (tmp_path / "out" / "checkpoint-8" / "manifest.json").exists()
@@ -208,7 +208,7 @@ def test_F_CKPT_6_hub_always_push_skips_or_queues_never_two_at_once(tmp_path, al
         "hub_always_push": always}})
     torch.manual_seed(0)
     fit.fit(job.Net(), job.data(), job.data(16, seed=1))
-    pub = fit._publisher
+    pub = fit._last_fit.publisher
     pushed = sorted(int(p.split("-")[1]) for p in pub.pushed if p.startswith("checkpoint-"))
     folders = sorted(int(p.split("/")[0].split("-")[1]) for p in _listing(hub) if p.startswith("checkpoint-")
                      and p.endswith("manifest.json"))
