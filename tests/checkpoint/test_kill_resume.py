@@ -23,6 +23,9 @@ CASES = {
     "last_window_of_epoch_before_epoch_end": ({"save_steps": 7}, {"kill_after_save": 14}, 14),
     "epoch_boundary_save_strategy_epoch": ({"save_strategy": "epoch"}, {"kill_after_step": 10}, 7),
     "epoch_boundary_workers2": ({"save_strategy": "epoch", "workers": 2}, {"kill_after_save": 14}, 14),
+    # killed right after the save of the last step: only the end of the run (the last epoch's log row, the
+    # final loss sums) is left to do
+    "after_the_save_of_the_last_step": ({"save_steps": 7}, {"kill_after_save": 21}, 21),
 }
 
 
@@ -51,6 +54,17 @@ def test_F_CKPT_2_sigkill_then_resume_equals_uninterrupted_run(case, tmp_path, r
     assert complete[-1] == start  # the newest complete checkpoint is the one resume must pick
     resumed = run_job({**cfg, "output_dir": out}, tmp_path, "resumed")
     assert_same_run(references(cfg), resumed)
+
+
+def test_F_CKPT_2_rerunning_a_finished_job_with_resume_ends_with_the_same_logs(tmp_path, references):
+    """Re-running a job that already finished (its last checkpoint is at the last step) with
+    ``resume_from_checkpoint=True`` trains no further and ends with the uninterrupted run's logs and train_loss."""
+    cfg = {"save_steps": 7}
+    out = str(tmp_path / "out")
+    first = run_job({**cfg, "output_dir": out}, tmp_path, "first")
+    assert_same_run(references(cfg), first)
+    again = run_job({**cfg, "output_dir": out}, tmp_path, "again")
+    assert_same_run(references(cfg), again)
 
 
 def test_F_CKPT_4_kill_during_a_save_resumes_from_the_previous_complete_checkpoint(tmp_path, references):

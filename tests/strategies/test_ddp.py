@@ -152,13 +152,17 @@ def test_F_STRAT_7_dead_worker_stops_the_others_with_a_clear_error(tmp_path):
     assert "DistributedError" in proc.stderr
 
 
-def test_F_CKPT_2_ddp_sigkill_then_resume_equals_uninterrupted(tmp_path):
-    ddp = {"args": {"strategy": "ddp", "devices": 2}, "save_steps": 4}
+@pytest.mark.parametrize("save_steps", [4, 3])
+def test_F_CKPT_2_ddp_sigkill_then_resume_equals_uninterrupted(tmp_path, save_steps):
+    """save_steps=3 with logging every 2 steps: the checkpoint holds a running loss sum that has not been logged
+    yet, and each rank's own sum must come back for the next logged loss and train_loss to match."""
+    ddp = {"args": {"strategy": "ddp", "devices": 2}, "save_steps": save_steps}
     ref = ckpt_job.run_job({**ddp, "output_dir": str(tmp_path / "ref"), "resume": None}, tmp_path, "ref")
     out = str(tmp_path / "out")
     ckpt_job.run_job({**ddp, "kill_after_step": 10, "output_dir": out}, tmp_path, "killed", expect_kill=True)
     time.sleep(1)  # the other rank notices the dead peer and exits
-    manifest = json.loads((tmp_path / "out" / "checkpoint-8" / "manifest.json").read_text())
+    saved = tmp_path / "out" / f"checkpoint-{10 // save_steps * save_steps}"
+    manifest = json.loads((saved / "manifest.json").read_text())
     assert {"rng_state_0.pt", "rng_state_1.pt"} <= set(manifest["files"]) and manifest["world_size"] == 2
     resumed = ckpt_job.run_job({**ddp, "output_dir": out}, tmp_path, "resumed")
     ckpt_job.assert_same_run(ref, resumed)
