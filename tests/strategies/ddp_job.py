@@ -70,6 +70,11 @@ def build(cfg: dict) -> tuple[Fit, Tagger]:
 
 def run(cfg: dict) -> dict:
     fit, module = build(cfg)
+    if cfg.get("eval_only"):  # validate / test / predict without a fit before them
+        data = tokens(17, seed=1)
+        return {"eval": fit.validate(module, data), "test": fit.test(module, data),
+                "predictions": fit.predict(module, data).predictions, "world_size": fit.world_size,
+                "rank": fit.global_rank}
     if cfg.get("order"):  # main_process_first: rank 0 writes its lines before any other rank starts
         with fit.args.main_process_first(desc="preparing data"):
             rank = os.environ.get("RANK", "0")

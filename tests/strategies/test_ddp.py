@@ -136,12 +136,35 @@ def test_F_STRAT_7_ddp_under_the_deepspeed_launcher(tmp_path, single):
 
 
 def test_F_STRAT_2_ddp_spawn_returns_trained_weights_to_the_caller(tmp_path, single):
-    run(tmp_path, {"bs": 4, "strategy": "ddp_spawn", "devices": 2}, "spawn")
+    """ddp_spawn runs fit, then validate and predict (each in freshly spawned workers that start from the caller's
+    trained weights) and finishes well within the bound; a stage that tried to join the process group in the
+    calling process would wait for ddp_timeout (600 s)."""
+    start = time.monotonic()
+    run(tmp_path, {"bs": 4, "strategy": "ddp_spawn", "devices": 2, "eval": True, "eval_bs": 1, "timeout": 600},
+        "spawn")
+    assert time.monotonic() - start < 200
     got = result(tmp_path, "spawn", 0)  # written by the calling process after the workers finished
     assert got["world_size"] == 2 and got["rank"] == 0
     assert_close(single["plain"]["weights"], got["weights"])
     assert [r["loss"] for r in got["log"] if "loss" in r] == pytest.approx(
         [r["loss"] for r in single["plain"]["log"] if "loss" in r], abs=1e-5)
+    assert got["eval"]["eval_loss"] == pytest.approx(single["plain"]["eval"]["eval_loss"], abs=1e-6)
+    assert np.array_equal(got["predictions"], single["plain"]["predictions"])
+
+
+def test_F_STRAT_2_ddp_spawn_validate_test_predict_on_their_own(tmp_path):
+    """validate/test/predict under ddp_spawn without a fit before them finish within the bound and equal one
+    process."""
+    run(tmp_path, {"bs": 4, "eval_only": True, "eval_bs": 1}, "one")
+    start = time.monotonic()
+    run(tmp_path, {"bs": 4, "strategy": "ddp_spawn", "devices": 2, "eval_only": True, "eval_bs": 1, "timeout": 600},
+        "spawned")
+    assert time.monotonic() - start < 150
+    one, got = result(tmp_path, "one"), result(tmp_path, "spawned")
+    assert got["world_size"] == 2
+    assert got["eval"]["eval_loss"] == pytest.approx(one["eval"]["eval_loss"], abs=1e-6)
+    assert got["test"]["test_loss"] == pytest.approx(one["test"]["test_loss"], abs=1e-6)
+    assert np.array_equal(got["predictions"], one["predictions"])
 
 
 def test_F_STRAT_7_dead_worker_stops_the_others_with_a_clear_error(tmp_path):
