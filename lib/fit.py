@@ -243,6 +243,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         st.batches_per_epoch = steps_per_epoch and len(run.train_loader)
 
         self.strategy.setup_environment()
+        run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
         run.optimizers, run.schedulers = configure_optimizers(
             module, model, args, max_steps, self._optimizers,
             strategy_builds_optimizer=self.strategy.builds_own_optimizer)
@@ -258,7 +259,6 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             saved = restore(run, ckpt, self.strategy, args, weights_only)
             self._hooks.call("on_load_checkpoint", self, module, saved)
         run.publisher = make_publisher(self)  # push_to_hub: uploads on a background thread
-        run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())
         start_samples, start_step = st.samples_seen, st.global_step
         log_summary(self, module, max_steps, steps_per_epoch)
         hooks, ctl = self._hooks, run.control

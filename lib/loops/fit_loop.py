@@ -103,7 +103,7 @@ class FitLoop:
         state, control, module, sums = run.state, run.control, run.module, self.sums
         train_fx = strategy.step_function(module, "training_step")  # through the wrapper's forward
         optimizers = run.optimizers
-        optimizer = optimizers[0]
+        optimizer, other_optimizers = optimizers[0], optimizers[1:]
         step_schedulers = [c.scheduler for c in run.schedulers if c.interval == "step"]
         epoch_schedulers = [c.scheduler for c in run.schedulers if c.interval == "epoch"]
         L, H = hooks.lightning, hooks.hf
@@ -200,9 +200,11 @@ class FitLoop:
                     if max_norm and max_norm > 0:
                         sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
                     H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
-                    stepped = [strategy.optimizer_step(opt) for opt in optimizers]
+                    stepped = strategy.optimizer_step(optimizer)
+                    for opt in other_optimizers:
+                        strategy.optimizer_step(opt)
                     H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)
-                    if stepped[0]:
+                    if stepped:
                         for sched in step_schedulers:
                             sched.step()
                     for opt in optimizers:

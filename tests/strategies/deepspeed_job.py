@@ -47,7 +47,8 @@ def optimizer_state(fit: Fit) -> list[torch.Tensor]:
 def run(cfg: dict) -> dict:
     args = dict(output_dir=cfg["out"], report_to="none", disable_tqdm=True, max_steps=cfg.get("steps", 6),
                 per_device_train_batch_size=cfg["bs"], per_device_eval_batch_size=5, learning_rate=0.1,
-                gradient_accumulation_steps=cfg.get("accum", 1), logging_steps=1, save_strategy="no", seed=11,
+                gradient_accumulation_steps=cfg.get("accum", 1), logging_steps=cfg.get("logging_steps", 1),
+                save_strategy="no", seed=11,
                 strategy=cfg.get("strategy", "auto"), devices=cfg.get("devices", 1), ddp_timeout=120,
                 remove_unused_columns=False, max_grad_norm=cfg.get("max_grad_norm", 0.0))
     if cfg.get("save_steps"):
@@ -58,6 +59,12 @@ def run(cfg: dict) -> dict:
     module = Tagger()
     initial = {k: v.detach().clone() for k, v in module.state_dict().items()}
     out = fit.fit(module, tokens(cfg.get("n", 48)), resume_from_checkpoint=cfg.get("resume"))
+    if cfg.get("second"):  # fit again on the same Fit: new arguments (as a trial brings), a fresh model
+        fit.args = fit.args.replace(**cfg["second"])
+        torch.manual_seed(cfg.get("init_seed", 0) + int(os.environ.get("RANK", "0")) * cfg.get("rank_seed", 0))
+        module = Tagger()
+        initial = {k: v.detach().clone() for k, v in module.state_dict().items()}
+        out = fit.fit(module, tokens(cfg.get("n", 48)))
     result = {"weights": {k: v.float() for k, v in full_weights(fit, module).items()}, "initial": initial,
               "loss": out.training_loss, "world_size": fit.world_size, "rank": fit.global_rank,
               "log": [{k: v for k, v in r.items() if "runtime" not in k and "per_second" not in k}

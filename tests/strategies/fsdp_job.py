@@ -81,7 +81,8 @@ def run(cfg: dict) -> dict:
     obs = Observe(cfg.get("kill"))
     args = dict(output_dir=cfg["out"], report_to="none", disable_tqdm=True, max_steps=cfg.get("steps", 4),
                 per_device_train_batch_size=cfg["bs"], per_device_eval_batch_size=4, learning_rate=0.05,
-                gradient_accumulation_steps=cfg.get("accum", 1), logging_steps=1, save_strategy="no", seed=11,
+                gradient_accumulation_steps=cfg.get("accum", 1), logging_steps=cfg.get("logging_steps", 1),
+                save_strategy="no", seed=11,
                 strategy=cfg.get("strategy", "auto"), devices=cfg.get("devices", 1), ddp_timeout=60,
                 remove_unused_columns=False, max_grad_norm=cfg.get("max_grad_norm", 1.0), optim="adamw_torch")
     args.update(cfg.get("args", {}))
@@ -90,6 +91,10 @@ def run(cfg: dict) -> dict:
     module = Tagger(cfg.get("dropout", 0.0))
     out = fit.fit(module, tokens(), tokens(8, seed=1) if cfg.get("eval") else None,
                   resume_from_checkpoint=cfg.get("resume"))
+    if cfg.get("twice"):  # fit again on the same Fit with a fresh model: a run of its own
+        torch.manual_seed(0)
+        module = Tagger(cfg.get("dropout", 0.0))
+        out = fit.fit(module, tokens(), tokens(8, seed=1) if cfg.get("eval") else None)
     folder = fit.save_model(os.path.join(cfg["out"], "final"))
     from safetensors.torch import load_file
 

@@ -26,6 +26,7 @@ import torch
 pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (pip install 'taskfit[deepspeed]')")
 
 from taskfit import Fit, FitArguments  # noqa: E402
+from taskfit.connector import resolve_components  # noqa: E402
 from taskfit.strategies.deepspeed_config import finalize_config, resolve_config  # noqa: E402
 
 pytestmark = pytest.mark.deepspeed
@@ -269,6 +270,49 @@ def test_F_CKPT_5_sigkill_then_resume_equals_uninterrupted_run(stage, runs, tmp_
         assert got["global_step"] == want["global_step"] == 8
         assert all(torch.equal(v, got["weights"][k]) for k, v in want["weights"].items())
         assert len(want["optimizer"]) > 0 and all(torch.equal(a, b) for a, b in zip(want["optimizer"], got["optimizer"]))
+        assert got["log"] == want["log"] and got["loss"] == want["loss"]
+
+
+def test_F_STRAT_6_more_than_one_optimizer_is_refused_before_any_work(tmp_path):
+    """DeepSpeed drives one optimizer per engine: setup refuses two before building anything, naming the limit;
+    callers read the capability (max_optimizers, engine_owns_step) instead of testing the class."""
+    sys.path.insert(0, str(HERE))
+    from ddp_job import Tagger
+
+    strategy = resolve_components(FitArguments(output_dir=str(tmp_path), strategy="deepspeed", report_to="none"))
+    assert (strategy.max_optimizers, strategy.engine_owns_step, strategy.shards_parameters) == (1, True, False)
+    module = Tagger()
+    opts = [torch.optim.SGD(module.net[0].parameters(), lr=0.1), torch.optim.SGD(module.net[2].parameters(), lr=0.1)]
+    with pytest.raises(ValueError, match="exactly one optimizer per engine; configure_optimizers returned 2"):
+        strategy.setup(module, opts, [], max_steps=4)
+    assert strategy.engine is None
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_F_STRAT_6_fit_twice_on_one_fit_equals_a_fresh_fit(tmp_path):
+    """A second fit() on the same Fit with new arguments (a trial's learning rate) and a fresh model builds a new
+    engine from the new arguments and ends equal to a fresh Fit with those arguments."""
+    cfg = {**BASE, "strategy": "deepspeed_stage_2", "devices": 2, "rank_seed": 1}
+    twice = run(tmp_path, {**cfg, "second": {"learning_rate": 0.05}}, "twice")
+    fresh = run(tmp_path, {**cfg, "args": {**BASE["args"], "learning_rate": 0.05}}, "fresh")
+    for got, want in zip(twice, fresh):
+        assert_close(want["weights"], got["weights"], 0.0)
+        assert got["log"] == want["log"] and got["loss"] == want["loss"] and got["lrs"][0] == pytest.approx(0.025)
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_F_CKPT_5_resume_restores_every_ranks_unlogged_loss_sum(tmp_path):
+    """Logging every 2 steps, saving every 3: the checkpoint at step 6 is taken right after a log, the one at step
+    3 holds a loss sum per rank that was not logged yet. Killed after step 4, the run resumes from step 3 and logs
+    the uninterrupted run's losses and train_loss (each rank gets its own sum back)."""
+    cfg = {**BASE, "strategy": "deepspeed_stage_2", "devices": 2, "rank_seed": 1, "save_steps": 3,
+           "logging_steps": 2}
+    ref = run(tmp_path, cfg, "ref")
+    run(tmp_path, {**cfg, "kill_after_step": 4}, "killed", expect_kill=True)
+    resumed = run(tmp_path, {**cfg, "out": str(tmp_path / "killed"), "resume": True}, "resumed")
+    for want, got in zip(ref, resumed):
         assert got["log"] == want["log"] and got["loss"] == want["loss"]
 
 

@@ -157,6 +157,28 @@ def test_F_CKPT_5_fsdp_sigkill_then_resume_equals_uninterrupted_run(state_dict_t
     assert resumed["eval"]["eval_loss"] == ref["eval"]["eval_loss"]
 
 
+def test_F_CKPT_5_fsdp_resume_restores_every_ranks_unlogged_loss_sum(tmp_path):
+    """Logging every 3 steps, a checkpoint at the end of epoch 1 (step 8) holds each rank's loss sum of steps 7-8,
+    not logged yet; killed after step 9, the resumed run logs the uninterrupted run's losses and train_loss."""
+    cfg = dict(steps=10, logging_steps=3, dropout=0.1)
+    args = {"fsdp": "full_shard auto_wrap", "save_strategy": "epoch"}
+    ref = fsdp(tmp_path, "ref", args, **cfg)
+    fsdp(tmp_path, "run", args, kill=9, expect_kill=True, **cfg)
+    resumed = fsdp(tmp_path, "run", args, resume=True, **cfg)
+    assert resumed["log"] == ref["log"] and resumed["loss"] == ref["loss"]
+    assert max_diff(resumed["weights"], ref["weights"]) == 0.0
+
+
+def test_F_CORE_3_fsdp_fit_twice_on_one_fit_equals_a_fresh_fit(tmp_path):
+    """A second fit() with a fresh model on the same Fit shards it anew and re-points the new optimizer at the
+    new shards: it ends equal to a fresh Fit."""
+    cfg = dict(steps=6, logging_steps=2, dropout=0.1)
+    args = {"fsdp": "full_shard auto_wrap"}
+    twice = fsdp(tmp_path, "twice", args, twice=True, **cfg)
+    fresh = fsdp(tmp_path, "fresh", args, **cfg)
+    assert max_diff(twice["weights"], fresh["weights"]) == 0.0 and twice["loss"] == fresh["loss"]
+
+
 @pytest.mark.parametrize("target", ["single_device", "ddp"])
 def test_F_CKPT_5_fsdp_checkpoint_resumes_a_single_device_and_a_ddp_run(target, tmp_path, reference_with_checkpoint):
     """F-CKPT-5: the 2-process FSDP shards are converted to one full state dict (model and optimizer) and resume
