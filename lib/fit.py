@@ -1,5 +1,6 @@
-"""``Fit``: how to run a TaskModule (F-CORE-3). Owns the strategy (and through it accelerator, precision and
-checkpoint IO), callbacks, loggers, arguments and the loops. Mirrors Lightning's ``Trainer`` plus the HF
+"""``Fit``: how to run a TaskModule (F-CORE-3). Holds the configuration: the strategy (and through it
+accelerator, precision and checkpoint IO), callbacks, loggers and arguments; every ``fit``/``validate``/``test``/
+``predict`` call works on a run of its own (:mod:`taskfit.run`) driven by the loops. Mirrors Lightning's ``Trainer`` plus the HF
 ``Trainer`` API (``evaluate``, ``predict``, ``save_model``, ``log_metrics``, ``save_metrics``, ``compute_loss``)."""
 
 from __future__ import annotations

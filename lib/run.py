@@ -90,6 +90,10 @@ class _SpawnedResult:
     state: dict[str, Any]
 
 
+def _stage_entry(fit: Any, stage: str, model: Any, kwargs: dict[str, Any], caller_pid: int) -> Any:
+    return fit._run_stage(stage, model, kwargs, caller_pid)
+
+
 class RunLifecycle:
     """The part of ``Fit`` that starts runs: launching a stage on every process, choosing the run's model and
     setting the run up on the strategy. Reads ``Fit``'s configuration (``args``, ``strategy``, ``callbacks``,
@@ -106,7 +110,9 @@ class RunLifecycle:
         """Run ``stage`` on every process through the strategy's one launch path (here, after starting the script's
         worker copies, or inside spawned workers whose rank-0 result comes back: then the trained weights are loaded
         into the caller's model and the loop state into ``fit.state``)."""
-        result = self.strategy.launch(self._run_stage, stage, model, kwargs, os.getpid())
+        # a plain function with the Fit among its arguments: spawn launchers pickle the arguments privately per
+        # worker (tensors reached through ``fn`` itself would be shared between the workers)
+        result = self.strategy.launch(_stage_entry, self, stage, model, kwargs, os.getpid())
         if not isinstance(result, _SpawnedResult):
             return result
         target = model if isinstance(model, nn.Module) else self.model

@@ -171,7 +171,8 @@ class DeepSpeedStrategy(ParallelStrategy):
             tuple: ``(engine or module, [optimizer], [scheduler])``.
 
         Raises:
-            ValueError: more than one optimizer (DeepSpeed drives exactly one), before any work.
+            ValueError: more than one optimizer (DeepSpeed drives exactly one), before any work; under ZeRO-3 a
+                second training setup of a module an earlier engine partitioned.
         """
         optimizers, schedulers = list(optimizers), list(schedulers)
         if len(optimizers) > 1:
@@ -184,6 +185,10 @@ class DeepSpeedStrategy(ParallelStrategy):
             self._module = module.to(self.root_device)
             self.model = self._module
             return self._module, optimizers, schedulers
+        if self.engine is not None and module is self._module and self.zero_stage == 3:
+            raise ValueError("DeepSpeed ZeRO-3 partitioned this module's parameters for an earlier fit(); another "
+                             "fit() needs a fresh model: pass one, or give Fit(model_init=...) and call fit() "
+                             "without a model.")
         self._destroy_engine()
         self._module = module.to(self.root_device)
         return self._build_engine(self._module, optimizers[0] if optimizers else None,

@@ -85,6 +85,10 @@ def run(cfg: dict) -> dict:
                 f.write(f"end {rank}\n")
     initial = {k: v.detach().clone() for k, v in module.state_dict().items()}
     out = fit.fit(module, tokens(), tokens(17, seed=1) if cfg.get("eval") else None)
+    if cfg.get("twice"):  # fit again on the same Fit with a fresh model: a run of its own
+        torch.manual_seed(cfg.get("init_seed", 0) + int(os.environ.get("RANK", "0")) * cfg.get("rank_seed", 0))
+        module = Tagger()
+        out = fit.fit(module, tokens(), tokens(17, seed=1) if cfg.get("eval") else None)
     result = {"weights": {k: v.detach().clone() for k, v in module.state_dict().items()}, "initial": initial,
               "loss": out.training_loss, "log": [{k: v for k, v in r.items() if "runtime" not in k and "per_second" not in k}
                                                   for r in fit.state.log_history],

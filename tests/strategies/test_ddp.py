@@ -152,6 +152,18 @@ def test_F_STRAT_2_ddp_spawn_returns_trained_weights_to_the_caller(tmp_path, sin
     assert np.array_equal(got["predictions"], single["plain"]["predictions"])
 
 
+@pytest.mark.parametrize("strategy", ["ddp", "ddp_spawn"])
+def test_F_CORE_3_fit_twice_on_one_fit_equals_a_fresh_run(tmp_path, single, strategy):
+    """The second fit() on the same Fit (fresh model) under DDP is a run of its own: it equals one process on the
+    big batch, as a fresh Fit does (spawn: the workers get private copies, never shared tensors)."""
+    run(tmp_path, {"bs": 4, "strategy": strategy, "devices": 2, "twice": True}, "twice")
+    got, ref = result(tmp_path, "twice", 0), single["plain"]
+    assert_close(ref["weights"], got["weights"])
+    assert [r["loss"] for r in got["log"] if "loss" in r] == pytest.approx(
+        [r["loss"] for r in ref["log"] if "loss" in r], abs=1e-5)
+    assert got["loss"] == pytest.approx(ref["loss"], abs=1e-6)
+
+
 def test_F_STRAT_2_ddp_spawn_validate_test_predict_on_their_own(tmp_path):
     """validate/test/predict under ddp_spawn without a fit before them finish within the bound and equal one
     process."""
