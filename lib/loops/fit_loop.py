@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from taskfit.data.loaders import set_loader_epoch, skip_first_batches
+from taskfit.loops.loss_filter import NonFiniteLossFilter
 from taskfit.module import infer_batch_size
 from taskfit.seed import set_rng_states
 
@@ -90,9 +91,11 @@ class FitLoop:
         self.grad_norm: torch.Tensor | None = None
         self.loss_start_step = fit._start_step  # total_loss covers the steps from here on
         self.epoch_done = False
+        self.nan_filter = NonFiniteLossFilter()  # logging_nan_inf_filter, applied where tr_loss is read
 
     def state_dict(self) -> dict[str, Any]:
         """The running loss sums, saved in checkpoints so a resumed run logs exactly the same losses."""
+        self.nan_filter.apply(self.tr_loss, self.steps_since_log)
         return {"tr_loss": self.tr_loss.detach().cpu().clone(), "steps_since_log": self.steps_since_log,
                 "total_loss": self.total_loss, "epoch_done": self.epoch_done,
                 "grad_norm": None if self.grad_norm is None else self.grad_norm.detach().cpu().clone()}
@@ -105,6 +108,7 @@ class FitLoop:
         self.steps_since_log, self.total_loss = int(state["steps_since_log"]), float(state["total_loss"])
         self.grad_norm = state["grad_norm"]
         self.loss_start_step = 0
+        self.nan_filter.reset(self.tr_loss, self.steps_since_log)
 
     def run(self, loader: Any, steps_per_epoch: int | None, num_epochs: int) -> None:
         """Train until ``state.max_steps`` or ``num_epochs`` or a stop flag."""
@@ -119,8 +123,9 @@ class FitLoop:
         max_norm = args.max_grad_norm
         params = [p for p in module.parameters() if p.requires_grad]
         step_scheduler = fit.lr_scheduler is not None and fit.scheduler_interval == "step"
-        nan_filter = args.logging_nan_inf_filter
+        record_loss = self.nan_filter.add if args.logging_nan_inf_filter else None
         self.tr_loss = torch.zeros((), device=strategy.root_device)
+        self.nan_filter.reset()
         world = strategy.world_size
         fwd_ctx = strategy.forward_context
         counts_needed = accum > 1 or world > 1
@@ -210,10 +215,9 @@ class FitLoop:
                         fit.lr_scheduler.step()
                     L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, optimizer)
                     optimizer.zero_grad(set_to_none=True)
-                    if nan_filter:
-                        step_loss = torch.where(torch.isfinite(step_loss), step_loss,
-                                                self.tr_loss / max(1, self.steps_since_log))
                     self.tr_loss += step_loss
+                    if record_loss is not None:
+                        record_loss(step_loss)
                     self.steps_since_log += 1
                     state.global_step += 1
                     state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
@@ -272,6 +276,7 @@ class FitLoop:
             self.total_loss += tr_loss
             self.tr_loss.zero_()
             self.steps_since_log = 0
+            self.nan_filter.reset()
             logs = {"loss": round(loss, 6)}
             if self.grad_norm is not None:
                 logs["grad_norm"] = float(self.grad_norm)
@@ -288,6 +293,7 @@ class FitLoop:
     def _global_tr_loss(self) -> torch.Tensor:
         """The loss sum since the last log, averaged over processes (each holds its share of the window)."""
         strategy = self.fit.strategy
+        self.nan_filter.apply(self.tr_loss, self.steps_since_log)  # a host sync follows anyway
         return strategy.reduce(self.tr_loss, "mean") if strategy.world_size > 1 else self.tr_loss
 
     @property
