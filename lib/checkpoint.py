@@ -115,7 +115,7 @@ def checkpoint_files(fit: Fit, loop_state: dict[str, Any], weights: dict[str, to
     ``config.json`` of the model part is written here)."""
     a, rank = fit.args, fit.global_rank
     sharded = weights is None
-    files: dict[str, Any] = {f"rng_state_{rank}.pt": rng_states()}
+    files: dict[str, Any] = {f"rng_state_{rank}.pt": rng_states(fit.strategy.accelerator)}
     if not is_writer(fit):
         return files
     files.update({k: v for k, v in model_files(fit, weights or {}).items() if not sharded or k == "config.json"})

@@ -181,7 +181,8 @@ class Fit(ProcessInfo, CallbackManagement):
         bs = per_process_batch_size(self.args, self.world_size, train)  # split_batches: global size / world
         return self.strategy.process_dataloader(
             build_dataloader(data, self.args, train=train, batch_size=bs, collate_fn=self._collator(collator),
-                             keep_columns=keep, what=what))
+                             keep_columns=keep, what=what,
+                             pin_memory_supported=self.strategy.accelerator.supports_pin_memory()))
 
     def _eval_loader_dict(self, data: Any, collator: Callable | None) -> dict[str | None, Any]:
         if data is None:

@@ -25,8 +25,8 @@ from typing import Any, ContextManager
 import torch
 from lightning_utilities.core.imports import RequirementCache
 
-from taskfit.precision.precision import Precision
-from taskfit.strategies.deepspeed_config import DS_PRECISIONS, finalize_config, resolve_config
+from taskfit.precision.deepspeed import DeepSpeedPrecision
+from taskfit.strategies.deepspeed_config import finalize_config, resolve_config
 from taskfit.strategies.parallel import ParallelStrategy
 from taskfit.strategies.wrapper import StepForward
 
@@ -67,30 +67,6 @@ def _keep_engine_grads(optimizer: Any) -> None:
     optimizer.zero_grad = zero_grad
 
 
-class DeepSpeedPrecision(Precision):
-    """Precision under DeepSpeed: the engine converts the module (``bf16``/``fp16`` config sections) and scales
-    losses, so this plugin only casts floating-point inputs to the engine's dtype once the engine exists.
-
-    Args:
-        name (str): the run's precision name (``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ...).
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        half = DS_PRECISIONS.get(name)
-        self.engine_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(half) if half else None
-        self.param_dtype = None  # the module stays as it is until deepspeed.initialize converts it
-        self.active = False
-
-    def convert_input(self, data: Any) -> Any:
-        if not self.active or self.engine_dtype is None:
-            return data
-        from lightning_utilities.core.apply_func import apply_to_collection
-
-        dtype = self.engine_dtype
-        return apply_to_collection(data, torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t)
-
-
 class DeepSpeedStrategy(ParallelStrategy):
     """DeepSpeed ZeRO data parallelism over ``devices`` x ``num_nodes`` processes (gloo and DeepSpeed's CPU
     accelerator on CPU machines).
@@ -117,18 +93,21 @@ class DeepSpeedStrategy(ParallelStrategy):
     """
 
     name = "deepspeed"
+    precision_plugin = DeepSpeedPrecision
 
     def __init__(self, *args: Any, config: Any = None, stage: int | None = None, offload_optimizer: str | None = None,
                  offload_parameters: str | None = None, nvme_path: str | None = None, **kwargs: Any) -> None:
         require_deepspeed()
         super().__init__(*args, **kwargs)
+        if not isinstance(self.precision, DeepSpeedPrecision):  # the engine owns the numerics
+            raise TypeError(f"DeepSpeedStrategy needs a DeepSpeedPrecision plugin (the engine casts and scales), got "
+                            f"{type(self.precision).__name__}; pass precision= by name or DeepSpeedPrecision(...).")
         fit_args = self.args
         raw = config if config is not None else getattr(fit_args, "deepspeed", None)
         self.config = resolve_config(
             raw, fit_args, world_size=self.world_size, precision=self.precision.name, stage=stage,
             offload_optimizer=offload_optimizer, offload_parameters=offload_parameters,
             nvme_path=nvme_path or "/local_nvme", on_cpu=self.root_device.type == "cpu")
-        self.precision = DeepSpeedPrecision(self.precision.name)
         self.engine: Any = None
         self._module: torch.nn.Module | None = None
         self._optimizer: Any = None  # the optimizer fit.optimizer must be for the engine to be current

@@ -25,6 +25,9 @@ class Strategy:
     """
 
     name = "base"
+    #: the precision plugin class this strategy needs (the connector builds it from the precision name); None:
+    #: the registry's plain plugins (mirrors the per-strategy plugins of Lightning Fabric's connector)
+    precision_plugin: type[Precision] | None = None
 
     def __init__(self, accelerator: Accelerator, device: torch.device, precision: Precision,
                  checkpoint_io: CheckpointIO | None = None) -> None:
@@ -73,6 +76,31 @@ class Strategy:
         module = self.precision.convert_module(module)
         self.model = module.to(self.root_device)
         return self.model
+
+    def use_eval_precision(self, module: torch.nn.Module, dtype: torch.dtype | None) -> None:
+        """HF ``fp16_full_eval``/``bf16_full_eval``: switch this strategy to a true-``dtype`` plugin for evaluation
+        outside training (module cast in place, inputs cast), keeping the training plugin; ``dtype=None``
+        switches back and casts ``module`` to the training plugin's dtype (values stay rounded to 16 bits, as in
+        HF). The strategy is the only owner of its precision plugin: nothing else replaces it.
+
+        Args:
+            module (torch.nn.Module): the module being evaluated.
+            dtype (torch.dtype | None): ``torch.float16``, ``torch.bfloat16`` or None.
+        """
+        saved = getattr(self, "_training_precision", None)
+        if dtype is None:
+            if saved is not None:
+                module.to(dtype=saved.param_dtype or torch.float32)
+                self.precision, self._training_precision = saved, None
+            return
+        if self.precision.param_dtype == dtype:
+            return
+        from taskfit.precision.precision import HalfTruePrecision
+
+        if saved is None:
+            self._training_precision = self.precision
+        self.precision = HalfTruePrecision(dtype)
+        self.precision.convert_module(module)
 
     def process_dataloader(self, dataloader: Any) -> Any:
         """Hook to wrap or re-shard a DataLoader (distributed samplers, XLA loaders). Identity here."""
