@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-if TYPE_CHECKING:
-    from taskfit.precision.precision import Precision
 
 
 class Accelerator(ABC):
@@ -119,7 +116,7 @@ class Accelerator(ABC):
         raise ValueError(f"tf32={enabled!r} only applies to CUDA GPUs (Ampere or newer), but training runs on "
                          f"{self.name!r}; leave tf32 unset (None).")
 
-    def check_precision(self, precision: Precision) -> None:
+    def check_precision(self, precision: Any) -> None:
         """Refuse, before any work, a precision plugin whose dtypes or loss scaling this kind cannot run.
 
         Args:

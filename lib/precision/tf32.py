@@ -17,8 +17,7 @@ def apply_tf32(tf32: bool | None, device: torch.device, accelerator: Any = None)
     Args:
         tf32 (bool | None): the option value.
         device (torch.device): the device training runs on.
-        accelerator (Accelerator | None): the run's accelerator; None: the registry's accelerator for
-            ``device``'s kind.
+        accelerator (Accelerator): the run's accelerator (it owns the switches; ``set_tf32``).
 
     Returns:
         dict[str, bool] | None: ``{"matmul": bool, "cudnn": bool}`` as set (for the run summary), or None when
@@ -27,12 +26,10 @@ def apply_tf32(tf32: bool | None, device: torch.device, accelerator: Any = None)
     Raises:
         ValueError: ``tf32`` is True or False on a device that is not CUDA, or True on a CUDA GPU older than
             Ampere (compute capability < 8.0); the message names the device.
+        TypeError: ``tf32`` is set but no accelerator is given.
     """
     if tf32 is None:
         return None
-    device = torch.device(device)
     if accelerator is None:
-        from taskfit.accelerators import ACCELERATORS
-
-        accelerator = ACCELERATORS.build(device.type)
-    return accelerator.set_tf32(bool(tf32), device)
+        raise TypeError(f"apply_tf32(tf32={tf32!r}) needs the run's accelerator, which owns the TF32 switches.")
+    return accelerator.set_tf32(bool(tf32), torch.device(device))
