@@ -50,7 +50,8 @@ class Accelerator(ABC):
         return {}
 
     def teardown(self) -> None:
-        """Release what :meth:`setup_device` took. No-op by default."""
+        """Release what :meth:`setup_device` took and the allocator's cached memory (:meth:`empty_cache`)."""
+        self.empty_cache()
 
     def device_name(self, device: torch.device) -> str:
         """A human-readable name of ``device`` (the GPU model on CUDA); the kind's name by default."""

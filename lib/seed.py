@@ -73,5 +73,5 @@ def set_rng_states(states: dict[str, Any], accelerator: Accelerator | None = Non
     name, keys, pos, has_gauss, cached = states["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
-    if accelerator is not None and states.get(accelerator.name) is not None:
-        accelerator.set_rng_state(states[accelerator.name])
+    if accelerator is not None:
+        accelerator.set_rng_state(states.get(accelerator.name))  # None (nothing saved for this kind): a no-op
