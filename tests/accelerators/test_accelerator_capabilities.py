@@ -43,7 +43,8 @@ class GeneratorAccelerator(CPUAccelerator):
         return self.generator.get_state()
 
     def set_rng_state(self, state) -> None:
-        self.generator.set_state(state)
+        if state is not None:  # None: nothing was saved for this kind (the contract's no-op)
+            self.generator.set_state(state)
 
     def supports_pin_memory(self) -> bool:
         return True
