@@ -214,7 +214,7 @@ class FSDPStrategy(ParallelStrategy):
         reshard = opts.reshard_after_forward
         if reshard is None:
             reshard = SHARDING_STRATEGIES[opts.sharding_strategy][0]
-        offload = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda") if opts.offload_params \
+        offload = CPUOffloadPolicy(pin_memory=self.accelerator.supports_pin_memory()) if opts.offload_params \
             else OffloadPolicy()
         kwargs = dict(mesh=self.mesh, reshard_after_forward=reshard, mp_policy=self.mixed_precision_policy(),
                       offload_policy=offload)
