@@ -142,7 +142,7 @@ class FitLoop:
         for epoch in range(state.current_epoch, num_epochs):
             skip = resume.skip_batches if resume is not None else 0
             if resume is not None and not skip and resume.rng is not None:
-                set_rng_states(resume.rng, strategy.accelerator)  # saved at an epoch boundary: the saved run was about to start this epoch
+                set_rng_states(resume.rng, strategy.accelerator)  # saved at an epoch boundary: before this epoch
             state.current_epoch = epoch
             set_loader_epoch(fit.train_loader, epoch)
             control._new_epoch()
@@ -153,7 +153,7 @@ class FitLoop:
             iterator = iter(skip_first_batches(loader, skip))
             state.batch_in_epoch = skip
             if skip and resume.rng is not None:
-                set_rng_states(resume.rng, strategy.accelerator)  # saved mid-epoch: after the epoch's iterator existed, as in the saved run
+                set_rng_states(resume.rng, strategy.accelerator)  # saved mid-epoch: after the epoch's iterator existed
             resume = None
             while True:
                 window = _window(iterator, accum)
