@@ -49,6 +49,14 @@ class CPUAccelerator(Accelerator):
                              "processes, -1 (one per core) or 'auto'.")
         return [torch.device("cpu")] * n
 
+    def supports_loss_scaling(self) -> bool:
+        """Whether this PyTorch has ``torch.amp.GradScaler("cpu")`` (2.3 and later)."""
+        try:
+            torch.amp.GradScaler("cpu", enabled=True)
+        except (AttributeError, TypeError, RuntimeError, ValueError):
+            return False
+        return True
+
     def get_device_stats(self, device: torch.device) -> dict[str, float]:
         """Resident set size of this process in bytes (``cpu_rss_bytes``), read from /proc where present."""
         try:

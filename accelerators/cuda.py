@@ -152,5 +152,67 @@ class CUDAAccelerator(Accelerator):
 
     def teardown(self) -> None:
         """Return cached blocks to the driver (``torch.cuda.empty_cache``)."""
+        self.empty_cache()
+
+    def device_name(self, device: torch.device) -> str:
+        """The GPU model (``torch.cuda.get_device_name``), e.g. ``"NVIDIA H100 80GB HBM3"``."""
+        return torch.cuda.get_device_name(device)
+
+    def get_rng_state(self) -> list[torch.Tensor] | None:
+        """Every visible GPU's generator state (``torch.cuda.get_rng_state_all``); None before CUDA is
+        initialised (nothing drew from it yet)."""
+        return torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None
+
+    def set_rng_state(self, state: list[torch.Tensor] | None) -> None:
+        """Restore :meth:`get_rng_state` output (``torch.cuda.set_rng_state_all``)."""
+        if state is not None:
+            torch.cuda.set_rng_state_all(state)
+
+    def supports_pin_memory(self) -> bool:
+        """True: batches cross the PCIe/NVLink bus, and copies from pinned memory can run asynchronously."""
+        return True
+
+    def memory_stats(self, device: torch.device) -> dict[str, int]:
+        """``allocated``, ``peak_allocated``, ``reserved`` in bytes (``torch.cuda.memory_allocated``,
+        ``max_memory_allocated``, ``memory_reserved``)."""
+        return {"allocated": int(torch.cuda.memory_allocated(device)),
+                "peak_allocated": int(torch.cuda.max_memory_allocated(device)),
+                "reserved": int(torch.cuda.memory_reserved(device))}
+
+    def reset_peak_memory_stats(self, device: torch.device) -> None:
+        """``torch.cuda.reset_peak_memory_stats``."""
+        torch.cuda.reset_peak_memory_stats(device)
+
+    def empty_cache(self) -> None:
+        """``torch.cuda.empty_cache`` (when CUDA was initialised)."""
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()
+
+    def supports_dtype(self, dtype: torch.dtype) -> bool:
+        """bfloat16 needs ``torch.cuda.is_bf16_supported()`` (Ampere or newer, or emulation); the others run."""
+        return torch.cuda.is_bf16_supported() if dtype == torch.bfloat16 else True
+
+    def supports_loss_scaling(self) -> bool:
+        return True
+
+    def supports_tf32(self, device: torch.device) -> bool:
+        """Compute capability 8.0 or newer (Ampere)."""
+        return torch.cuda.get_device_capability(device)[0] >= 8
+
+    def tf32_enabled(self) -> bool:
+        """``torch.backends.cuda.matmul.allow_tf32``."""
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+
+    def set_tf32(self, enabled: bool, device: torch.device) -> dict[str, bool]:
+        """Set ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32`` (process-wide).
+
+        Raises:
+            ValueError: ``enabled`` on a GPU older than Ampere (names the GPU and its compute capability).
+        """
+        if enabled and not self.supports_tf32(device):
+            major, minor = torch.cuda.get_device_capability(device)
+            raise ValueError(f"tf32=True needs an Ampere or newer GPU (compute capability >= 8.0); "
+                             f"{torch.cuda.get_device_name(device)} has {major}.{minor}. Leave tf32 unset.")
+        torch.backends.cuda.matmul.allow_tf32 = bool(enabled)
+        torch.backends.cudnn.allow_tf32 = bool(enabled)
+        return self.tf32_flags()

@@ -73,21 +73,22 @@ class MPSAccelerator(Accelerator):
                              "single device (no collective backend). Use strategy='auto' (single device) with "
                              "accelerator='mps', or accelerator='cpu' for multi-process training.")
 
-    @staticmethod
-    def check_precision(precision: str) -> None:
-        """Refuse precisions the MPS backend cannot run (PyTorch MPS backend rules).
+    def check_precision(self, precision: Any) -> None:
+        """Refuse precisions the MPS backend cannot run (PyTorch MPS backend rules), with MPS-specific messages.
 
         Args:
-            precision (str): a plugin name (``"16-mixed"``, ``"bf16-mixed"``, ``"bf16-true"``, ``"64-true"``, ...).
+            precision (Precision): the plugin (its dtypes are checked).
 
         Raises:
-            ValueError: ``"64-true"`` (MPS has no float64), or a ``bf16`` precision on macOS older than 14.
+            ValueError: a float64 precision (MPS has no float64), or a bfloat16 one on macOS older than 14.
         """
-        if precision.startswith("64"):
-            raise ValueError(f"precision={precision!r} cannot run on MPS: the MPS backend has no float64. Use "
+        dtypes = {precision.param_dtype, precision.autocast_dtype, precision.compute_dtype}
+        name = precision.name
+        if torch.float64 in dtypes:
+            raise ValueError(f"precision={name!r} cannot run on MPS: the MPS backend has no float64. Use "
                              "'32-true', '16-mixed' or accelerator='cpu'.")
-        if precision.startswith("bf16") and not _macos_at_least(14):
-            raise ValueError(f"precision={precision!r} needs bfloat16 on MPS, which needs macOS 14 or newer; use "
+        if torch.bfloat16 in dtypes and not self.supports_dtype(torch.bfloat16):
+            raise ValueError(f"precision={name!r} needs bfloat16 on MPS, which needs macOS 14 or newer; use "
                              "'16-mixed' or '32-true'.")
 
     @staticmethod
@@ -139,5 +140,35 @@ class MPSAccelerator(Accelerator):
 
     def teardown(self) -> None:
         """Release cached Metal memory (``torch.mps.empty_cache``) when MPS is in use."""
+        self.empty_cache()
+
+    def get_rng_state(self) -> torch.Tensor | None:
+        """The MPS generator's state (``torch.mps.get_rng_state``); None where MPS is absent."""
+        return torch.mps.get_rng_state() if self.is_available() else None
+
+    def set_rng_state(self, state: torch.Tensor | None) -> None:
+        """Restore :meth:`get_rng_state` output (``torch.mps.set_rng_state``)."""
+        if state is not None and self.is_available():
+            torch.mps.set_rng_state(state)
+
+    def memory_stats(self, device: torch.device) -> dict[str, int]:
+        """``allocated`` in bytes (``torch.mps.current_allocated_memory``; MPS keeps no peak counter)."""
+        try:
+            return {"allocated": int(torch.mps.current_allocated_memory())}
+        except Exception:  # not on a Mac: stats must never stop a run
+            return {}
+
+    def empty_cache(self) -> None:
+        """``torch.mps.empty_cache`` when MPS is available."""
         if self.is_available():
             torch.mps.empty_cache()
+
+    def supports_dtype(self, dtype: torch.dtype) -> bool:
+        """No float64 on MPS; bfloat16 needs macOS 14 or newer."""
+        if dtype == torch.float64:
+            return False
+        return _macos_at_least(14) if dtype == torch.bfloat16 else True
+
+    def supports_loss_scaling(self) -> bool:
+        """True: ``torch.amp.GradScaler("mps")``."""
+        return True

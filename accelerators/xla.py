@@ -136,3 +136,33 @@ class XLAAccelerator(Accelerator):
         used = info.get("bytes_used", info.get("kb_total", 0) * 1024 - info.get("kb_free", 0) * 1024)
         limit = info.get("bytes_limit", info.get("kb_total", 0) * 1024)
         return {"xla_memory_used_bytes": float(used), "xla_memory_limit_bytes": float(limit)}
+
+    def get_rng_state(self) -> int | None:
+        """The XLA generator's seed (``xm.get_rng_state()``, an int: XLA's generator state is its seed, advanced
+        with every random op); None without torch_xla. Lightning and the HF Trainer do not save it, so their
+        resumed XLA runs draw different random numbers."""
+        if not _TORCH_XLA:
+            return None
+        import torch_xla.core.xla_model as xm
+
+        return int(xm.get_rng_state())
+
+    def set_rng_state(self, state: int | None) -> None:
+        """Restore :meth:`get_rng_state` output (``xm.set_rng_state``)."""
+        if state is None:
+            return
+        require_torch_xla("Restoring the XLA random number generator")
+        import torch_xla.core.xla_model as xm
+
+        xm.set_rng_state(int(state))
+
+    def memory_stats(self, device: torch.device) -> dict[str, int]:
+        """``allocated`` and ``limit`` in bytes (``xm.get_memory_info``) where the runtime reports them."""
+        stats = self.get_device_stats(device)
+        if not stats:
+            return {}
+        return {"allocated": int(stats["xla_memory_used_bytes"]), "limit": int(stats["xla_memory_limit_bytes"])}
+
+    def supports_loss_scaling(self) -> bool:
+        """False: there is no ``GradScaler`` for XLA (use ``"bf16-mixed"``)."""
+        return False

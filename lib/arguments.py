@@ -258,9 +258,9 @@ class FitArguments(ArgumentSetters):
             # torchrun & co. started the processes: form the group now (Fit's strategy then reuses it)
             import datetime
 
-            import torch
+            from taskfit.accelerators import CUDAAccelerator
 
-            backend = self.ddp_backend or ("nccl" if torch.cuda.is_available() else "gloo")
+            backend = self.ddp_backend or ("nccl" if CUDAAccelerator.is_available() else "gloo")
             dist.init_process_group(backend, init_method="env://",
                                     timeout=datetime.timedelta(seconds=float(self.ddp_timeout or 1800)))
         if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:

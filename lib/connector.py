@@ -7,7 +7,7 @@ from typing import Any
 
 from taskfit.accelerators import ACCELERATORS, Accelerator, choose_accelerator
 from taskfit.io import CHECKPOINT_IO, CheckpointIO
-from taskfit.precision import PRECISIONS, Precision
+from taskfit.precision import Precision, build_precision
 from taskfit.strategies import STRATEGIES, Strategy
 
 
@@ -82,12 +82,16 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
                              f"{len(devices)}; use strategy='ddp' or devices=1.")
         if entry.pending:
             entry.build()  # raises NotImplementedError naming the issue
+        plugin_class = getattr(entry.factory, "precision_plugin", None)  # FSDP, DeepSpeed, XLA: their own
         if precision_plugin is None:
             pname, precision_plugin = _name_or_instance(args.resolved_precision(), Precision, "precision")
-            if pname is not None and accelerator.name == "mps":
-                accelerator.check_precision(pname)  # float64 / bf16 rules of the MPS backend
             if precision_plugin is None:
-                precision_plugin = PRECISIONS.build(pname)
+                precision_plugin = build_precision(pname, plugin_class)  # the name is parsed here, once
+        elif plugin_class is not None and not isinstance(precision_plugin, plugin_class):
+            raise ValueError(f"strategy={strat_name!r} needs a {plugin_class.__name__} precision plugin, got "
+                             f"{type(precision_plugin).__name__}; pass precision= by name or a "
+                             f"{plugin_class.__name__} instance.")
+        accelerator.check_precision(precision_plugin)  # dtypes / loss scaling the device kind lacks
         if ckpt_plugin is None:
             cname, ckpt_plugin = _name_or_instance(getattr(args, "checkpoint_io", "auto") or "auto", CheckpointIO,
                                                    "checkpoint_io")

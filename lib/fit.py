@@ -11,7 +11,6 @@ import time
 from collections.abc import Mapping
 from typing import Any, Callable
 
-import torch
 from lightning_utilities.core.rank_zero import rank_zero_only
 from torch import nn
 
@@ -156,7 +155,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         bs = per_process_batch_size(self.args, self.world_size, train)  # split_batches: global size / world
         return self.strategy.process_dataloader(
             build_dataloader(data, self.args, train=train, batch_size=bs, collate_fn=self._collator(collator),
-                             keep_columns=keep, what=what))
+                             keep_columns=keep, what=what,
+                             pin_memory_supported=self.strategy.accelerator.supports_pin_memory()))
 
     def _eval_loader_dict(self, data: Any, collator: Callable | None, run: Run | None = None) -> dict[str | None, Any]:
         if data is None:
@@ -201,7 +201,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         if not self.args.auto_find_batch_size:
             return self._fit_once(self.args, model, **kwargs)
         return efficiency.fit_with_auto_batch_size(  # halve the batch on out-of-memory, retry
-            lambda args: self._fit_once(args, model, **kwargs), self.args, model, kwargs.get("train_data"))
+            lambda args: self._fit_once(args, model, **kwargs), self.args, model, kwargs.get("train_data"),
+            self.strategy.accelerator)
 
     def _fit_once(self, args: FitArguments, model: nn.Module | None, train_data: Any, eval_data: Any,
                   data_collator: Callable | None, datamodule: DataModule | None,
@@ -254,8 +255,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         module._log_defaults = (True, False)
         run.training_state = TrainingState(
             st, run.control, run.sums, self.strategy.precision, self.callbacks, module, self.strategy.all_gather,
-            self.global_rank, self.world_size, args.restore_callback_states_from_checkpoint)
+            self.global_rank, self.world_size, args.restore_callback_states_from_checkpoint,
+            accelerator=self.strategy.accelerator)
         ckpt = resolve_checkpoint(self.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
+        ckpt = self.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
         if ckpt:
             saved = restore(run, ckpt, self.strategy, args, weights_only)
             self._hooks.call("on_load_checkpoint", self, module, saved)

@@ -165,39 +165,35 @@ def cpu_rss_bytes() -> int:
 class MemoryTracker:
     """Memory deltas of one stage in bytes (mirrors HF ``TrainerMemoryTracker``, ``skip_memory_metrics=False``).
 
-    ``start()`` records the baseline (and resets the CUDA peak counter), ``sample()`` (called per batch) keeps
-    the CPU peak, ``stop(stage)`` returns ``{stage}_mem_cpu_alloc_delta`` (RSS at the end minus at the start)
-    and ``{stage}_mem_cpu_peaked_delta`` (highest sampled RSS above the end value, 0 when none), plus on CUDA
-    ``{stage}_mem_gpu_alloc_delta`` / ``{stage}_mem_gpu_peaked_delta`` (``memory_allocated`` /
-    ``max_memory_allocated``) and on MPS ``{stage}_mem_mps_alloc_delta`` (``current_allocated_memory``; MPS
-    has no peak counter). Reading the numbers forces no device sync.
+    ``start()`` records the baseline (and resets the device's peak counter), ``sample()`` (called per batch)
+    keeps the CPU peak, ``stop(stage)`` returns ``{stage}_mem_cpu_alloc_delta`` (RSS at the end minus at the
+    start) and ``{stage}_mem_cpu_peaked_delta`` (highest sampled RSS above the end value, 0 when none), plus the
+    device's counters from :meth:`Accelerator.memory_stats`: on CUDA ``{stage}_mem_gpu_alloc_delta`` /
+    ``{stage}_mem_gpu_peaked_delta`` (``memory_allocated`` / ``max_memory_allocated``), on MPS
+    ``{stage}_mem_mps_alloc_delta`` (MPS has no peak counter), on XLA ``{stage}_mem_xla_alloc_delta``. Reading
+    the numbers forces no device sync.
 
     Args:
-        device (torch.device | None): the stage's device (None or CPU: RSS only).
+        device (torch.device | None): the stage's device.
+        accelerator (Accelerator | None): its accelerator, asked for the device counters (None: RSS only).
     """
 
-    def __init__(self, device: Any = None) -> None:
-        self.kind = getattr(device, "type", "cpu")
+    def __init__(self, device: Any = None, accelerator: Any = None) -> None:
+        self.accelerator = accelerator
+        self.kind = "gpu" if accelerator is not None and accelerator.name == "cuda" else getattr(accelerator, "name",
+                                                                                                 "cpu")
         self.device = device
         self.begin_cpu = self.peak_cpu = 0
         self.begin_dev = 0
 
-    def _device_allocated(self) -> int:
-        import torch
-
-        if self.kind == "cuda":
-            return int(torch.cuda.memory_allocated(self.device))
-        if self.kind == "mps":
-            return int(torch.mps.current_allocated_memory())
-        return 0
+    def _device_stats(self) -> dict[str, int]:
+        return self.accelerator.memory_stats(self.device) if self.accelerator is not None else {}
 
     def start(self) -> None:
         """Record the baseline."""
-        import torch
-
-        if self.kind == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        self.begin_dev = self._device_allocated()
+        if self.accelerator is not None:
+            self.accelerator.reset_peak_memory_stats(self.device)
+        self.begin_dev = self._device_stats().get("allocated", 0)
         self.begin_cpu = self.peak_cpu = cpu_rss_bytes()
 
     def sample(self) -> None:
@@ -206,15 +202,13 @@ class MemoryTracker:
 
     def stop(self, stage: str) -> dict[str, int]:
         """The deltas of the stage (bytes), keyed ``{stage}_mem_*``."""
-        import torch
-
         end = cpu_rss_bytes()
         out = {f"{stage}_mem_cpu_alloc_delta": end - self.begin_cpu,
                f"{stage}_mem_cpu_peaked_delta": max(0, max(self.peak_cpu, end) - end)}
-        if self.kind == "cuda":
-            end_dev = self._device_allocated()
-            out[f"{stage}_mem_gpu_alloc_delta"] = end_dev - self.begin_dev
-            out[f"{stage}_mem_gpu_peaked_delta"] = max(0, int(torch.cuda.max_memory_allocated(self.device)) - end_dev)
-        elif self.kind == "mps":
-            out[f"{stage}_mem_mps_alloc_delta"] = self._device_allocated() - self.begin_dev
+        stats = self._device_stats()
+        if "allocated" in stats:
+            end_dev = stats["allocated"]
+            out[f"{stage}_mem_{self.kind}_alloc_delta"] = end_dev - self.begin_dev
+            if "peak_allocated" in stats:
+                out[f"{stage}_mem_{self.kind}_peaked_delta"] = max(0, stats["peak_allocated"] - end_dev)
         return out

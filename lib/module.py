@@ -35,6 +35,10 @@ def infer_batch_size(batch: Any) -> int:
     """
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.dim() else 1
+    if type(batch) is dict:  # the common case, without the Mapping ABC check (hot path: once per micro-batch)
+        first = next(iter(batch.values()), None)
+        if isinstance(first, torch.Tensor):
+            return first.shape[0] if first.dim() else 1
     if isinstance(batch, Mapping):
         items = batch.values()
     elif isinstance(batch, (list, tuple)):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any
 import random
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from taskfit.accelerators.accelerator import Accelerator
 
 
 def seed_everything(seed: int) -> None:
@@ -32,22 +35,32 @@ def enable_full_determinism(seed: int) -> None:
     torch.backends.cudnn.benchmark = False
 
 
-def rng_states() -> dict[str, Any]:
-    """This process's RNG states (python, numpy, torch CPU and, when in use, CUDA / MPS) as plain values and
-    tensors, so ``torch.load(weights_only=True)`` reads them back (mirrors what HF saves as ``rng_state.pth``)."""
+def rng_states(accelerator: Accelerator | None = None) -> dict[str, Any]:
+    """This process's RNG states as plain values and tensors, so ``torch.load(weights_only=True)`` reads them
+    back (mirrors what HF saves as ``rng_state.pth``): ``python``, ``numpy``, ``torch`` (the CPU generator) and,
+    under the accelerator's name (``"cuda"``, ``"mps"``, ``"xla"``), the device generator's state from
+    :meth:`Accelerator.get_rng_state` when the accelerator has one.
+
+    Args:
+        accelerator (Accelerator | None): the run's accelerator; None: host generators only.
+    """
     name, keys, pos, has_gauss, cached = np.random.get_state()
     states: dict[str, Any] = {"python": random.getstate(),
                               "numpy": (name, keys.tolist(), int(pos), int(has_gauss), float(cached)),
                               "torch": torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
-    if hasattr(torch, "mps") and torch.backends.mps.is_available():
-        states["mps"] = torch.mps.get_rng_state()
+    device_state = accelerator.get_rng_state() if accelerator is not None else None
+    if device_state is not None:
+        states[accelerator.name] = device_state
     return states
 
 
-def set_rng_states(states: dict[str, Any]) -> None:
-    """Restore what :func:`rng_states` returned (device states only where that device is present).
+def set_rng_states(states: dict[str, Any], accelerator: Accelerator | None = None) -> None:
+    """Restore what :func:`rng_states` returned; the device part through ``accelerator.set_rng_state`` when the
+    states hold one for this accelerator's kind (states saved on another kind leave the device generator alone).
+
+    Args:
+        states (dict): :func:`rng_states` output.
+        accelerator (Accelerator | None): the run's accelerator; None: host generators only.
 
     Raises:
         ValueError: ``states`` lacks the python, numpy or torch entry.
@@ -60,7 +73,5 @@ def set_rng_states(states: dict[str, Any]) -> None:
     name, keys, pos, has_gauss, cached = states["numpy"]
     np.random.set_state((name, np.asarray(keys, dtype=np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(states["torch"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
-    if "mps" in states and hasattr(torch, "mps") and torch.backends.mps.is_available():
-        torch.mps.set_rng_state(states["mps"])
+    if accelerator is not None:
+        accelerator.set_rng_state(states.get(accelerator.name))  # None (nothing saved for this kind): a no-op

@@ -24,8 +24,8 @@ from typing import Any, ContextManager
 import torch
 from lightning_utilities.core.imports import RequirementCache
 
-from taskfit.precision.precision import Precision
-from taskfit.strategies.deepspeed_config import DS_PRECISIONS, finalize_config, resolve_config
+from taskfit.precision.deepspeed import DeepSpeedPrecision
+from taskfit.strategies.deepspeed_config import finalize_config, resolve_config
 from taskfit.strategies.parallel import ParallelStrategy
 from taskfit.strategies.wrapper import StepForward
 
@@ -66,30 +66,6 @@ def _keep_engine_grads(optimizer: Any) -> None:
     optimizer.zero_grad = zero_grad
 
 
-class DeepSpeedPrecision(Precision):
-    """Precision under DeepSpeed: the engine converts the module (``bf16``/``fp16`` config sections) and scales
-    losses, so this plugin only casts floating-point inputs to the engine's dtype once the engine exists.
-
-    Args:
-        name (str): the run's precision name (``"32-true"``, ``"bf16-mixed"``, ``"bf16-true"``, ...).
-    """
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        half = DS_PRECISIONS.get(name)
-        self.engine_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(half) if half else None
-        self.param_dtype = None  # the module stays as it is until deepspeed.initialize converts it
-        self.active = False
-
-    def convert_input(self, data: Any) -> Any:
-        if not self.active or self.engine_dtype is None:
-            return data
-        from lightning_utilities.core.apply_func import apply_to_collection
-
-        dtype = self.engine_dtype
-        return apply_to_collection(data, torch.Tensor, lambda t: t.to(dtype) if t.is_floating_point() else t)
-
-
 class DeepSpeedStrategy(ParallelStrategy):
     """DeepSpeed ZeRO data parallelism over ``devices`` x ``num_nodes`` processes (gloo and DeepSpeed's CPU
     accelerator on CPU machines).
@@ -123,11 +99,15 @@ class DeepSpeedStrategy(ParallelStrategy):
     def shards_parameters(self) -> bool:  # type: ignore[override]
         """ZeRO-3 partitions the parameters (stages 0-2 keep full copies on every rank)."""
         return self.zero_stage == 3
+    precision_plugin = DeepSpeedPrecision
 
     def __init__(self, *args: Any, config: Any = None, stage: int | None = None, offload_optimizer: str | None = None,
                  offload_parameters: str | None = None, nvme_path: str | None = None, **kwargs: Any) -> None:
         require_deepspeed()
         super().__init__(*args, **kwargs)
+        if not isinstance(self.precision, DeepSpeedPrecision):  # the engine owns the numerics
+            raise TypeError(f"DeepSpeedStrategy needs a DeepSpeedPrecision plugin (the engine casts and scales), got "
+                            f"{type(self.precision).__name__}; pass precision= by name or DeepSpeedPrecision(...).")
         self._config_source = config
         self._config_options = dict(stage=stage, offload_optimizer=offload_optimizer,
                                     offload_parameters=offload_parameters, nvme_path=nvme_path or "/local_nvme",
@@ -136,7 +116,6 @@ class DeepSpeedStrategy(ParallelStrategy):
         raw = config if config is not None else getattr(fit_args, "deepspeed", None)
         self.config = resolve_config(raw, fit_args, world_size=self.world_size, precision=self.precision.name,
                                      **self._config_options)
-        self.precision = DeepSpeedPrecision(self.precision.name)
         self.engine: Any = None
         self._grad_norm = torch.zeros(())
 

@@ -26,6 +26,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from taskfit.precision.deepspeed import DS_PRECISIONS  # noqa: F401  (re-exported: the config's precision names)
+
 AUTO = "auto"
 #: ``optim`` -> DeepSpeed optimizer type (``optimizer.type``); others stay taskfit optimizers handed to the engine
 OPTIM_TO_DS = {"adamw_torch": "AdamW", "adamw_torch_fused": "AdamW", "adamw_hf": "AdamW", "adagrad": "Adagrad",
@@ -33,7 +35,6 @@ OPTIM_TO_DS = {"adamw_torch": "AdamW", "adamw_torch_fused": "AdamW", "adamw_hf":
 #: ``lr_scheduler_type`` -> DeepSpeed scheduler type
 SCHED_TO_DS = {"linear": "WarmupDecayLR", "cosine": "WarmupCosineLR", "constant": "WarmupLR",
                "constant_with_warmup": "WarmupLR"}
-DS_PRECISIONS = {"32-true": None, "bf16-mixed": "bf16", "bf16-true": "bf16", "16-mixed": "fp16", "16-true": "fp16"}
 OFFLOAD_DEVICES = ("cpu", "nvme")
 
 

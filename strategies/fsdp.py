@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from taskfit.precision.fsdp import FSDPPrecision, fsdp_mixed_precision_policy
 from taskfit.strategies.checkpoint_shards import (
     is_dcp_checkpoint, local_folder, optimizer_state_by_index, optimizer_state_by_name, parameter_names,
     rank_file_names, shard_folder,
@@ -78,6 +79,7 @@ class FSDPStrategy(ParallelStrategy):
 
     name = "fsdp"
     shards_parameters = True
+    precision_plugin = FSDPPrecision
 
     def __init__(self, *args: Any, sharding_strategy: str | None = None, cpu_offload: bool | None = None,
                  transformer_layer_cls_to_wrap: Any = None, min_num_params: int | None = None,
@@ -98,13 +100,13 @@ class FSDPStrategy(ParallelStrategy):
 
     # -- set-up -----------------------------------------------------------------------------------------
     def mixed_precision_policy(self) -> Any:
-        """The ``MixedPrecisionPolicy`` for the precision plugin (see the class docstring)."""
-        from torch.distributed.fsdp import MixedPrecisionPolicy
-
+        """The ``MixedPrecisionPolicy`` for ``fully_shard``: the ``mixed_precision=`` argument, else the
+        :class:`~taskfit.precision.FSDPPrecision` plugin's (see the class docstring); a plain plugin given with a
+        strategy instance gets the policy of its autocast dtype."""
         if self.mixed_precision is not None:
             return self.mixed_precision
-        dtype = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(self.precision.name)
-        return MixedPrecisionPolicy(param_dtype=dtype, reduce_dtype=torch.float32 if dtype else None)
+        policy = getattr(self.precision, "mixed_precision_policy", None)
+        return policy() if policy is not None else fsdp_mixed_precision_policy(self.precision.autocast_dtype)
 
     def build_mesh(self) -> Any:
         """The device mesh: 1-D over all processes (``full_shard``/``shard_grad_op``), ``(world, 1)`` for
@@ -214,7 +216,7 @@ class FSDPStrategy(ParallelStrategy):
         reshard = opts.reshard_after_forward
         if reshard is None:
             reshard = SHARDING_STRATEGIES[opts.sharding_strategy][0]
-        offload = CPUOffloadPolicy(pin_memory=self.root_device.type == "cuda") if opts.offload_params \
+        offload = CPUOffloadPolicy(pin_memory=self.accelerator.supports_pin_memory()) if opts.offload_params \
             else OffloadPolicy()
         kwargs = dict(mesh=self.mesh, reshard_after_forward=reshard, mp_policy=self.mixed_precision_policy(),
                       offload_policy=offload)

@@ -14,6 +14,8 @@ from taskfit.accelerators.accelerator import Accelerator
 from taskfit.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from taskfit.precision.precision import Precision
 
+_CPU = torch.device("cpu")  # compared by value: cheaper than reading .type (~0.5 µs) per micro-batch
+
 
 class Strategy:
     """Base strategy for one process; distributed strategies override the communication methods.
@@ -41,6 +43,9 @@ class Strategy:
     engine_owns_step = False
     #: several processes take part (collectives are real)
     parallel = False
+    #: the precision plugin class this strategy needs (the connector builds it from the precision name); None:
+    #: the registry's plain plugins (mirrors the per-strategy plugins of Lightning Fabric's connector)
+    precision_plugin: type[Precision] | None = None
 
     def __init__(self, accelerator: Accelerator, device: torch.device, precision: Precision,
                  checkpoint_io: CheckpointIO | None = None) -> None:
@@ -140,6 +145,31 @@ class Strategy:
         replace parameter objects); returns them. Identity here."""
         return optimizers
 
+    def use_eval_precision(self, module: torch.nn.Module, dtype: torch.dtype | None) -> None:
+        """HF ``fp16_full_eval``/``bf16_full_eval``: switch this strategy to a true-``dtype`` plugin for evaluation
+        outside training (module cast in place, inputs cast), keeping the training plugin; ``dtype=None``
+        switches back and casts ``module`` to the training plugin's dtype (values stay rounded to 16 bits, as in
+        HF). The strategy is the only owner of its precision plugin: nothing else replaces it.
+
+        Args:
+            module (torch.nn.Module): the module being evaluated.
+            dtype (torch.dtype | None): ``torch.float16``, ``torch.bfloat16`` or None.
+        """
+        saved = getattr(self, "_training_precision", None)
+        if dtype is None:
+            if saved is not None:
+                module.to(dtype=saved.param_dtype or torch.float32)
+                self.precision, self._training_precision = saved, None
+            return
+        if self.precision.param_dtype == dtype:
+            return
+        from taskfit.precision.precision import HalfTruePrecision
+
+        if saved is None:
+            self._training_precision = self.precision
+        self.precision = HalfTruePrecision(dtype)
+        self.precision.convert_module(module)
+
     def process_dataloader(self, dataloader: Any) -> Any:
         """Hook to wrap or re-shard a DataLoader (distributed samplers, XLA loaders). Identity here."""
         return dataloader
@@ -152,7 +182,7 @@ class Strategy:
     def batch_to_device(self, batch: Any) -> Any:
         """Move every tensor of ``batch`` to this process's device (non-blocking from pinned memory)."""
         device = self.root_device
-        if device.type != "cpu":  # CPU tensors are already in place: skip the tree walk on the hot path
+        if device != _CPU and device.type != "cpu":  # CPU tensors are already in place: no tree walk
             batch = apply_to_collection(batch, torch.Tensor, lambda t: t.to(device, non_blocking=True))
         return self.precision.convert_input(batch)
 
@@ -160,12 +190,14 @@ class Strategy:
     def forward_context(self) -> ContextManager:
         """Context for forward passes (precision autocast; on MPS a missing operator is re-raised with the
         ``PYTORCH_ENABLE_MPS_FALLBACK=1`` hint)."""
-        if self.root_device.type == "mps":
+        device = self.root_device
+        kind = "cpu" if device == _CPU else device.type
+        if kind == "mps":
             stack = contextlib.ExitStack()
             stack.enter_context(self.accelerator.missing_op_hint())
             stack.enter_context(self.precision.forward_context("mps"))
             return stack
-        return self.precision.forward_context(self.root_device.type)
+        return self.precision.forward_context(kind)
 
     def no_sync(self, micro_batch_is_last: bool) -> ContextManager:
         """Skip gradient synchronisation on non-final micro-batches of an accumulation window (DDP ``no_sync``)."""

@@ -20,6 +20,7 @@ from taskfit.accelerators.accelerator import Accelerator
 from taskfit.accelerators.xla import require_torch_xla
 from taskfit.io.checkpoint_io import CheckpointIO
 from taskfit.precision.precision import Precision
+from taskfit.precision.xla import XLAPrecision
 from taskfit.strategies.strategy import Strategy
 
 
@@ -59,6 +60,7 @@ class XLAStrategy(Strategy):
     """
 
     name = "xla"
+    precision_plugin = XLAPrecision
     parallel = True  # the connector passes devices=, num_nodes= and args=
 
     def __init__(self, accelerator: Accelerator, devices: list[torch.device], precision: Precision,

@@ -33,19 +33,25 @@ PEAK_FLOPS: dict[str, dict[str, float]] = {
 }
 
 
-def compute_dtype(precision: str) -> str:
-    """The dtype that bounds matmul speed under a precision plugin name: ``bf16-*`` -> ``bf16``, ``16-*`` ->
-    ``fp16``, ``64-true`` -> ``fp64``, ``32-true`` -> ``tf32`` when TF32 matmuls are allowed, else ``fp32``."""
+def compute_dtype(precision: Any, tf32: bool = False) -> str:
+    """The dtype that bounds matmul speed under a precision plugin: bfloat16 -> ``bf16``, float16 -> ``fp16``,
+    float64 -> ``fp64``, float32 -> ``tf32`` when TF32 matmuls are on (``tf32``, from
+    ``Accelerator.tf32_enabled``, or ``torch.get_float32_matmul_precision() != "highest"``), else ``fp32``.
+
+    Args:
+        precision (Precision | str): the plugin (its ``compute_dtype``), or a precision name (built once).
+        tf32 (bool): whether the accelerator has TF32 matmuls switched on.
+    """
     import torch
 
-    if precision.startswith("bf16"):
-        return "bf16"
-    if precision.startswith("16"):
-        return "fp16"
-    if precision.startswith("64"):
-        return "fp64"
-    tf32 = torch.backends.cuda.matmul.allow_tf32 or torch.get_float32_matmul_precision() != "highest"
-    return "tf32" if tf32 else "fp32"
+    if isinstance(precision, str):
+        from taskfit.precision import build_precision
+
+        precision = build_precision(precision)
+    dtype = precision.compute_dtype
+    if dtype != torch.float32:
+        return {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float64: "fp64"}.get(dtype, str(dtype))
+    return "tf32" if tf32 or torch.get_float32_matmul_precision() != "highest" else "fp32"
 
 
 def peak_flops(device_name: str, dtype: str) -> float | None:
@@ -131,10 +137,10 @@ class ThroughputMonitor(Callback):
         self._fit = fit
         device = fit.strategy.root_device
         self.peak = self.user_peak
-        if self.peak is None and device.type == "cuda":
-            import torch
-
-            self.peak = peak_flops(torch.cuda.get_device_name(device), compute_dtype(fit.strategy.precision.name))
+        if self.peak is None:  # a device model listed in PEAK_FLOPS (CUDA GPUs), else None
+            accelerator = fit.strategy.accelerator
+            self.peak = peak_flops(accelerator.device_name(device),
+                                   compute_dtype(fit.strategy.precision, accelerator.tf32_enabled()))
         given = self.flops_per_batch if self.flops_per_batch is not None else getattr(module, "flops_per_batch", None)
         self._given = given
         self.flops_per_sample = None
@@ -145,7 +151,7 @@ class ThroughputMonitor(Callback):
         self.window_samples = self.window_tokens = 0
         self.window_eval_time = 0.0
         if self.memory:
-            self._tracker = MemoryTracker(device)
+            self._tracker = MemoryTracker(device, fit.strategy.accelerator)
             self._tracker.start()
 
     # ------------------------------------------------------------------------------------- per batch ---

@@ -80,12 +80,15 @@ def _lengths(dataset: Any, column: str) -> list[int]:
 
 
 def build_dataloader(data: Any, args: Any, *, train: bool, batch_size: int, collate_fn: Callable | None = None,
-                     keep_columns: Iterable[str] | None = None, what: str = "dataset") -> DataLoader | Any:
+                     keep_columns: Iterable[str] | None = None, what: str = "dataset",
+                     pin_memory_supported: bool = False) -> DataLoader | Any:
     """Return a DataLoader for ``data`` (a DataLoader is returned unchanged).
 
     Training loaders of map-style datasets use :class:`EpochRandomSampler` (or :class:`LengthGroupedSampler`
     with ``group_by_length``) seeded with ``data_seed`` or ``seed``; evaluation loaders keep dataset order.
-    ``dataloader_num_workers``, ``dataloader_pin_memory`` (only when an accelerator is used),
+    ``dataloader_num_workers``, ``dataloader_pin_memory`` (pinned only when ``pin_memory_supported``: the run's
+    accelerator copies batches from host memory, i.e. CUDA; on the CPU, MPS (unified memory) and XLA the
+    flag has no effect, as PyTorch's DataLoader itself ignores it without a device to pin for),
     ``dataloader_persistent_workers``, ``dataloader_prefetch_factor`` and ``dataloader_drop_last`` (training)
     are honoured, as in HF ``Trainer.get_train_dataloader``.
 
@@ -101,7 +104,7 @@ def build_dataloader(data: Any, args: Any, *, train: bool, batch_size: int, coll
         collate = ColumnFilter(collate, set(keep_columns))
     kwargs: dict[str, Any] = {
         "batch_size": batch_size, "collate_fn": collate, "num_workers": args.dataloader_num_workers,
-        "pin_memory": bool(args.dataloader_pin_memory) and torch.cuda.is_available(),
+        "pin_memory": bool(args.dataloader_pin_memory) and pin_memory_supported,
         "drop_last": bool(args.dataloader_drop_last) and train,
     }
     if args.dataloader_num_workers > 0:

@@ -22,7 +22,7 @@ from taskfit.efficiency.checkpointing import (
 )
 from taskfit.efficiency.compile import check_compile_options, compile_module
 from taskfit.efficiency.neftune import activate_neftune, deactivate_neftune
-from taskfit.precision import HalfTruePrecision, apply_tf32
+from taskfit.precision import apply_tf32
 from taskfit.registry import invalid_choice
 
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def check_run(fit: Fit) -> dict[str, bool] | None:
             ``tpu_metrics_debug`` off XLA.
     """
     args, strategy = fit.args, fit.strategy
-    flags = apply_tf32(args.tf32, strategy.root_device)
+    flags = apply_tf32(args.tf32, strategy.root_device, strategy.accelerator)
     if flags is not None:
         log.info("taskfit: tf32 matmul=%s cudnn=%s", flags["matmul"], flags["cudnn"])
     if args.torch_compile:
@@ -109,10 +109,7 @@ def setup_techniques(fit: Fit, module: nn.Module) -> None:
 
 def start_training(fit: Fit, module: nn.Module) -> None:
     """Before the fit loop: undo a previous full-eval cast, switch NEFTune on (``neftune_noise_alpha``)."""
-    saved = getattr(fit, "_precision_before_full_eval", None)
-    if saved is not None:
-        module.to(dtype=saved.param_dtype or torch.float32)
-        fit.strategy.precision, fit._precision_before_full_eval = saved, None
+    fit.strategy.use_eval_precision(module, None)  # undo a previous full-eval cast
     if fit.args.neftune_noise_alpha is not None:
         fit._neftune_embedding = activate_neftune(module, fit.args.neftune_noise_alpha)
 
@@ -130,13 +127,8 @@ def prepare_full_eval(fit: Fit, module: nn.Module) -> None:
     as in HF)."""
     args = fit.args
     dtype = torch.float16 if args.fp16_full_eval else torch.bfloat16 if args.bf16_full_eval else None
-    current = fit.strategy.precision
-    if dtype is None or getattr(current, "param_dtype", None) == dtype:
-        return
-    if getattr(fit, "_precision_before_full_eval", None) is None:
-        fit._precision_before_full_eval = current
-    fit.strategy.precision = HalfTruePrecision(dtype)
-    fit.strategy.precision.convert_module(module)
+    if dtype is not None:
+        fit.strategy.use_eval_precision(module, dtype)
 
 
 def attention_implementation(module: nn.Module) -> dict[str, str]:

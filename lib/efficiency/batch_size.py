@@ -28,17 +28,20 @@ def is_out_of_memory(exc: BaseException) -> bool:
         m in str(exc.args[0]) for m in OOM_MESSAGES)
 
 
-def release_memory() -> None:
-    """Collect garbage and empty the accelerator caches (CUDA, MPS) after an out-of-memory error."""
+def release_memory(accelerator: Any = None) -> None:
+    """Collect garbage and empty the accelerator's allocator cache (:meth:`Accelerator.empty_cache`) after an
+    out-of-memory error.
+
+    Args:
+        accelerator (Accelerator | None): the run's accelerator; None: garbage collection only.
+    """
     gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-    if hasattr(torch, "mps") and torch.backends.mps.is_available():
-        torch.mps.empty_cache()
+    if accelerator is not None:
+        accelerator.empty_cache()
 
 
 def fit_with_auto_batch_size(fit_once: Callable[[Any], Any], args: Any, model: Any = None,
-                             train_data: Any = None) -> Any:
+                             train_data: Any = None, accelerator: Any = None) -> Any:
     """Run ``fit_once(args)`` (one training run with these arguments); on out-of-memory halve
     ``per_device_train_batch_size`` and retry.
 
@@ -53,6 +56,7 @@ def fit_with_auto_batch_size(fit_once: Callable[[Any], Any], args: Any, model: A
         args (FitArguments): the arguments of the first attempt.
         model (nn.Module | None): the model passed to ``fit`` (restored between attempts).
         train_data (Any): the training data passed to ``fit`` (a DataLoader cannot be re-batched).
+        accelerator (Accelerator | None): whose allocator cache is emptied before a retry.
 
     Returns:
         TrainOutput: the result of the attempt that fitted.
@@ -78,7 +82,7 @@ def fit_with_auto_batch_size(fit_once: Callable[[Any], Any], args: Any, model: A
                                  f"with a fixed batch size ({train_data.batch_size}); pass the dataset so "
                                  "taskfit can build smaller batches.") from exc
         # outside the except block: the traceback (and the tensors its frames hold) is gone
-        release_memory()
+        release_memory(accelerator)
         log.warning("auto_find_batch_size: out of memory at per_device_train_batch_size=%d; retrying with %d",
                     size, size // 2)
         args = args.replace(per_device_train_batch_size=size // 2)

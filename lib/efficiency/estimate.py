@@ -19,7 +19,6 @@ from torch import nn
 from taskfit.optim.optimizers import BNB_OPTIMIZERS, parse_optim_args
 from taskfit.registry import invalid_choice
 
-_TRUE_DTYPES = {"64-true": torch.float64, "bf16-true": torch.bfloat16, "16-true": torch.float16}
 _BNB_MIN_8BIT_SIZE, _BNB_BLOCKSIZE, _BNB_QMAP_BYTES = 4096, 256, 256 * 4
 #: modules whose weights autocast casts to 16 bits in every forward (the "precision copies")
 _AUTOCAST_LAYERS = (nn.Linear, nn.Bilinear, nn.modules.conv._ConvNd, nn.RNNBase, nn.MultiheadAttention)
@@ -201,7 +200,8 @@ def estimate_memory(module: nn.Module, args: Any = None, batch: Any = None, *, w
     precision_name = args.resolved_precision()
     optim = getattr(args.optim, "value", args.optim)
     optim_args = parse_optim_args(args.optim_args)
-    true_dtype = _TRUE_DTYPES.get(precision_name)
+    plugin = PRECISIONS.build(precision_name)  # the name is parsed once; the plugin says what it casts
+    true_dtype = plugin.param_dtype
     world = world_size if world_size is not None else _world_size(args)
     strategy = str(args.strategy)
     shard = next((v for k, v in _SHARDING.items() if strategy.startswith(k)), (False, False, False))
@@ -220,7 +220,7 @@ def estimate_memory(module: nn.Module, args: Any = None, batch: Any = None, *, w
             n_train += p.numel()
             grads += nbytes
             state += optimizer_state_bytes(optim, view, optim_args)
-    if precision_name.endswith("-mixed"):
+    if plugin.autocast_dtype is not None:
         copies = sum(p.numel() * 2 for m in module.modules() if isinstance(m, _AUTOCAST_LAYERS)
                      for p in m.parameters(recurse=False) if p.is_floating_point())
     params, grads, state = (math.ceil(v / world) if s else v for v, s in zip((params, grads, state), shard))
@@ -230,9 +230,8 @@ def estimate_memory(module: nn.Module, args: Any = None, batch: Any = None, *, w
     activations = None
     if batch is not None:
         device = next((p.device for p in module.parameters()), torch.device("cpu"))
-        activations = _saved_activation_bytes(module, batch, PRECISIONS.build(precision_name)
-                                              if precision_name.endswith("-mixed") else PRECISIONS.build("32-true"),
-                                              device)
+        activations = _saved_activation_bytes(module, batch, plugin if plugin.autocast_dtype is not None
+                                              else PRECISIONS.build("32-true"), device)
     notes = []
     if true_dtype is not None and batch is not None:
         notes.append(f"activations traced in the module's current dtype; {precision_name} stores them in "

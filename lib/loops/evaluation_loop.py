@@ -165,7 +165,7 @@ class EvaluationLoop:
         preds, labels, inputs = (_Collector(args.eval_accumulation_steps) for _ in range(3))
         returned_metrics: dict[str, Any] = {}
         loss_sum, n_samples, n_real, n_batches, batch_metrics = None, 0, 0, 0, None
-        memory = None if args.skip_memory_metrics else MemoryTracker(strategy.root_device)
+        memory = None if args.skip_memory_metrics else MemoryTracker(strategy.root_device, strategy.accelerator)
         try:
             fit.num_eval_batches = len(loader) if hasattr(loader, "__len__") else None
         except TypeError:

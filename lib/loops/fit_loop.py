@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 
 def _extract_training_loss(out: Any) -> torch.Tensor:
-    loss = out.get("loss") if isinstance(out, Mapping) else out
+    loss = out if isinstance(out, torch.Tensor) else out.get("loss") if isinstance(out, Mapping) else out
     if not isinstance(loss, torch.Tensor):
         raise TypeError(f"training_step must return a scalar loss tensor or a dict with key 'loss'; it returned "
                         f"{type(out).__name__}{' without a loss' if isinstance(out, Mapping) else ''}.")
@@ -110,8 +110,9 @@ class FitLoop:
         accum = args.gradient_accumulation_steps
         max_norm = args.max_grad_norm
         params = [p for p in module.parameters() if p.requires_grad]
-        nan_filter = args.logging_nan_inf_filter
+        record_loss = sums.nan_filter.add if args.logging_nan_inf_filter else None  # filtered where the sum is read
         sums.tr_loss = sums.tr_loss.to(strategy.root_device)
+        sums.nan_filter.reset(sums.tr_loss, sums.steps_since_log)
         world = strategy.world_size
         fwd_ctx = strategy.forward_context
         precision = strategy.precision
@@ -128,7 +129,7 @@ class FitLoop:
         for epoch in range(state.current_epoch, num_epochs):
             skip = state.batch_in_epoch if resumed else 0
             if resumed and not skip and rng is not None:
-                set_rng_states(rng)  # saved at an epoch boundary: the saved run was about to start this epoch
+                set_rng_states(rng, strategy.accelerator)  # saved at an epoch boundary: before this epoch
             state.current_epoch = epoch
             set_loader_epoch(loader, epoch)
             control._new_epoch()
@@ -143,7 +144,7 @@ class FitLoop:
                 iterator = iter(skip_first_batches(loader, skip))
             state.batch_in_epoch = skip
             if skip and rng is not None:
-                set_rng_states(rng)  # saved mid-epoch: after the epoch's iterator existed, as in the saved run
+                set_rng_states(rng, strategy.accelerator)  # saved mid-epoch: after the epoch's iterator existed
             resumed, rng = False, None
             while not finished:
                 window = _window(iterator, accum)
@@ -210,10 +211,9 @@ class FitLoop:
                     for opt in optimizers:
                         L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, opt)
                         opt.zero_grad(set_to_none=True)
-                    if nan_filter:
-                        step_loss = torch.where(torch.isfinite(step_loss), step_loss,
-                                                sums.tr_loss / max(1, sums.steps_since_log))
                     sums.tr_loss += step_loss
+                    if record_loss is not None:
+                        record_loss(step_loss)
                     sums.steps_since_log += 1
                     state.global_step += 1
                     state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
@@ -272,6 +272,7 @@ class FitLoop:
             sums.total_loss += tr_loss
             sums.tr_loss.zero_()
             sums.steps_since_log = 0
+            sums.nan_filter.reset()
             logs = {"loss": round(loss, 6)}
             if sums.grad_norm is not None:
                 logs["grad_norm"] = float(sums.grad_norm)
@@ -287,8 +288,9 @@ class FitLoop:
 
     def _global_tr_loss(self) -> torch.Tensor:
         """The loss sum since the last log, averaged over processes (each holds its share of the window)."""
-        strategy = self.strategy
-        return strategy.reduce(self.sums.tr_loss, "mean") if strategy.world_size > 1 else self.sums.tr_loss
+        strategy, sums = self.strategy, self.sums
+        sums.nan_filter.apply(sums.tr_loss, sums.steps_since_log)  # a host sync follows anyway
+        return strategy.reduce(sums.tr_loss, "mean") if strategy.world_size > 1 else sums.tr_loss
 
     @property
     def training_loss(self) -> float:

@@ -107,6 +107,7 @@ class LossSums:
         total_loss (float): sum over the run of the logged step losses (averaged over ranks: equal everywhere).
         grad_norm (Tensor | None): the last clipped step's gradient norm (global: equal everywhere).
         loss_start_step (int): the step ``total_loss`` counts from (0 once restored from a checkpoint).
+        nan_filter (NonFiniteLossFilter): ``logging_nan_inf_filter``, applied lazily where ``tr_loss`` is read.
         epoch_done (bool): True between the end of an epoch and the start of the next (a checkpoint taken then
             resumes at the next epoch's start).
     """
@@ -114,6 +115,9 @@ class LossSums:
     def __init__(self, start_step: int = 0) -> None:
         import torch
 
+        from taskfit.loops.loss_filter import NonFiniteLossFilter
+
+        self.nan_filter = NonFiniteLossFilter()
         self.tr_loss = torch.zeros(())
         self.steps_since_log = 0
         self.total_loss = 0.0
@@ -139,6 +143,7 @@ class TrainingState:
         callbacks (list): the callbacks (``state_dict``/``load_state_dict``, or HF ``state()``).
         module (TaskModule | None): whose ``_results`` (``self.log`` aggregates) are saved.
         all_gather (Callable[[Tensor], Tensor]): the strategy's ``all_gather``; ``rank``/``world_size`` (int).
+        accelerator (Accelerator | None): asked for its device RNG state (CUDA, MPS, XLA) next to the host ones.
         restore_hf_callbacks (bool): ``restore_callback_states_from_checkpoint`` (HF callbacks are restored only
             with it, as HF does; taskfit/Lightning callbacks always are).
 
@@ -152,10 +157,11 @@ class TrainingState:
 
     def __init__(self, state: FitState, control: FitControl, sums: LossSums, precision: Any = None,
                  callbacks: list[Any] | None = None, module: Any = None, all_gather: Any = None, rank: int = 0,
-                 world_size: int = 1, restore_hf_callbacks: bool = False) -> None:
+                 world_size: int = 1, restore_hf_callbacks: bool = False, accelerator: Any = None) -> None:
         self.state, self.control, self.sums, self.precision = state, control, sums, precision
         self.callbacks, self.module, self.all_gather = list(callbacks or []), module, all_gather
         self.rank, self.world_size, self.restore_hf_callbacks = rank, world_size, restore_hf_callbacks
+        self.accelerator = accelerator  # its device RNG state is saved with the host ones
         self.rng: dict[str, Any] | None = None  # restored RNG states (the loop applies them at the saved point)
 
     def state_dict(self) -> dict[str, Any]:
@@ -164,6 +170,7 @@ class TrainingState:
         from taskfit.seed import rng_states
 
         s = self.sums
+        s.nan_filter.apply(s.tr_loss, s.steps_since_log)  # a checkpoint reads the sum: filter it now
         tr = s.tr_loss.detach()
         per_rank = self.all_gather(tr) if self.all_gather is not None and self.world_size > 1 else tr.unsqueeze(0)
         results = getattr(self.module, "_results", None)
@@ -177,7 +184,7 @@ class TrainingState:
             "precision": self.precision.state_dict() if self.precision is not None else {},
             "callbacks": callback_states(self.callbacks),
             "results": results.state_dict() if results is not None else {},
-            "rng": rng_states(),
+            "rng": rng_states(self.accelerator),
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:

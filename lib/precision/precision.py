@@ -26,6 +26,15 @@ class Precision:
     name = "32-true"
     #: dtype parameters are converted to by :meth:`convert_module`; ``None`` leaves them as they are
     param_dtype: torch.dtype | None = None
+    #: dtype of ``torch.autocast`` in :meth:`forward_context` (mixed precision); ``None``: no autocast
+    autocast_dtype: torch.dtype | None = None
+    #: whether losses are scaled (``"16-mixed"``: needs a ``GradScaler`` for the device kind)
+    loss_scaling: bool = False
+
+    @property
+    def compute_dtype(self) -> torch.dtype:
+        """The dtype matmuls run in: the autocast dtype, else the parameter dtype, else ``torch.float32``."""
+        return self.autocast_dtype or self.param_dtype or torch.float32
 
     def setup_device(self, device: torch.device) -> None:
         """Check that this plugin can run on ``device`` and prepare per-device state (the loss scaler).
@@ -141,7 +150,8 @@ class MixedPrecision(Precision):
         if scaler is not None and precision != "16-mixed":
             raise ValueError(f"A GradScaler is only used with precision='16-mixed', got precision={precision!r}.")
         self.name = precision
-        self.dtype = _MIXED_DTYPES[precision]
+        self.dtype = self.autocast_dtype = _MIXED_DTYPES[precision]
+        self.loss_scaling = precision == "16-mixed"
         self.scaler = scaler
         self.skipped_steps = 0
         self._unscaled = False
@@ -155,7 +165,7 @@ class MixedPrecision(Precision):
                 without float16 autocast (XLA); the message suggests ``"bf16-mixed"``.
         """
         kind = torch.device(device).type
-        if self.name != "16-mixed" or self.scaler is not None:
+        if not self.loss_scaling or self.scaler is not None:
             return
         if kind == "cpu" and not cpu_grad_scaler_supported():
             raise ValueError(f"precision='16-mixed' on the CPU needs torch.amp.GradScaler('cpu'), which torch "
@@ -224,3 +234,40 @@ class MixedPrecision(Precision):
         self.scaler.load_state_dict(state["scaler"])
         self.skipped_steps = int(state.get("skipped_steps", 0))
         self._pending_state = None
+
+
+#: parameter dtype of each precision name that is not mixed (mixed names keep fp32 parameters)
+_NAME_PARAM_DTYPES = {"32-true": None, "64-true": torch.float64, "bf16-true": torch.bfloat16,
+                      "16-true": torch.float16}
+
+
+class StrategyPrecision(MixedPrecision):
+    """Base of the plugins a strategy family needs for every precision name (:class:`~taskfit.precision.fsdp.
+    FSDPPrecision`, :class:`~taskfit.precision.xla.XLAPrecision`): a mixed name behaves as :class:`MixedPrecision`
+    (autocast, loss scaling for ``"16-mixed"``), a true name as :class:`Precision` / :class:`HalfTruePrecision`
+    (parameters and inputs in that dtype, no autocast). Mirrors Lightning Fabric's per-strategy plugins.
+
+    Args:
+        precision (str): one of :attr:`names`.
+        scaler (torch.amp.GradScaler | None): as :class:`MixedPrecision` (``"16-mixed"`` only).
+
+    Raises:
+        ValueError: a name outside :attr:`names` (with the valid choices); a ``scaler`` with another name.
+    """
+
+    names: tuple[str, ...] = ("32-true", "64-true", "bf16-mixed", "16-mixed", "bf16-true", "16-true")
+
+    def __init__(self, precision: str = "32-true", scaler: Any = None) -> None:
+        if precision not in self.names:
+            raise invalid_choice(f"{type(self).__name__} precision", precision, self.names)
+        if scaler is not None and precision != "16-mixed":
+            raise ValueError(f"A GradScaler is only used with precision='16-mixed', got precision={precision!r}.")
+        super().__init__(precision if precision in _MIXED_DTYPES else "bf16-mixed", scaler)
+        if precision not in _MIXED_DTYPES:  # a true precision: no autocast, no scaler, parameters in its dtype
+            self.name, self.dtype, self.autocast_dtype = precision, None, None
+            self.param_dtype = _NAME_PARAM_DTYPES[precision]
+
+    def forward_context(self, device_type: str = "cpu") -> ContextManager:
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device_type, dtype=self.autocast_dtype)

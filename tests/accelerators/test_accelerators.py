@@ -18,7 +18,7 @@ from taskfit.accelerators import (ACCELERATORS, CPUAccelerator, CUDAAccelerator,
 from taskfit.accelerators.mps import FALLBACK_HINT
 from taskfit.arguments import FitArguments
 from taskfit.connector import resolve_components
-from taskfit.precision import MixedPrecision
+from taskfit.precision import PRECISIONS, MixedPrecision
 from taskfit.summary import format_summary
 
 HAS_XLA = bool(RequirementCache(module="torch_xla"))
@@ -206,17 +206,17 @@ def test_mps_precision_rules_F_ACC_3(fake):
     fake(mps=True)
     with pytest.raises(ValueError, match="precision='64-true' cannot run on MPS: the MPS backend has no float64"):
         resolve_components(FitArguments(accelerator="mps", precision="64-true"))
-    MPSAccelerator.check_precision("16-mixed")
-    MPSAccelerator.check_precision("32-true")
+    MPSAccelerator().check_precision(PRECISIONS.build("16-mixed"))
+    MPSAccelerator().check_precision(PRECISIONS.build("32-true"))
 
 
 def test_mps_bf16_needs_macos_14_F_ACC_3(monkeypatch):
     """F-ACC-3: bf16 on MPS needs macOS 14 (faked both ways)."""
     monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: False, raising=False)
     with pytest.raises(ValueError, match="macOS 14"):
-        MPSAccelerator.check_precision("bf16-mixed")
+        MPSAccelerator().check_precision(PRECISIONS.build("bf16-mixed"))
     monkeypatch.setattr(torch.backends.mps, "is_macos_or_newer", lambda major, minor: major <= 14, raising=False)
-    MPSAccelerator.check_precision("bf16-mixed")
+    MPSAccelerator().check_precision(PRECISIONS.build("bf16-mixed"))
 
 
 def test_mps_missing_op_hint_F_ACC_3(monkeypatch):
