@@ -14,9 +14,10 @@ import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from taskfit.checkpoint import (
-    MANIFEST_NAME, WEIGHTS_NAME, WEIGHTS_NAME_PT, CheckpointError, exportable_model, list_checkpoints, read_file,
-    read_manifest,
+from taskfit.checkpoint import exportable_model
+from taskfit.io.checkpoint_format import (
+    MANIFEST_NAME, WEIGHTS_NAME, WEIGHTS_NAME_PT, CheckpointError, CheckpointReader, list_checkpoints,
+    read_manifest, require_entries, shard_names,
 )
 from taskfit.io.checkpoint_io import join
 
@@ -66,7 +67,7 @@ def resolve_checkpoint(fit: Fit, value: str | bool | None) -> str | None:
             log.warning("resume_from_checkpoint=%r: no complete checkpoint in %s; training from scratch.", value, out)
             return None
         return done[-1][1]
-    read_manifest(io, str(value))  # raises for a folder that is not a complete checkpoint
+    read_manifest(io, str(value))  # raises for a folder (or file) that is not a complete checkpoint
     return str(value)
 
 
@@ -80,30 +81,34 @@ def restore(fit: Fit, path: str, weights_only: bool = True) -> ResumePoint:
         UnsafeCheckpointError: a file needs full unpickling and ``weights_only`` is True.
     """
     io = fit.strategy.checkpoint_io
-    manifest = read_manifest(io, path)
+    reader = CheckpointReader(io, path, weights_only=weights_only)  # every file below is read once: verified and loaded from the same bytes
+    manifest = reader.manifest
     if manifest.get("save_only_model"):
         raise CheckpointError(f"{path!r} was saved with save_only_model=True: it holds the weights but no optimizer, "
                               "scheduler, RNG or loop state, so training cannot continue exactly from it. Load the "
                               "weights into the model instead, or resume from a full checkpoint.")
+    shards = shard_names(manifest)
+    _require_entries(fit, reader, shards)
 
     def read(name: str) -> Any:
-        return read_file(io, path, name, manifest, weights_only=weights_only)
+        return reader.read(name)
 
     saved_args = read("fit_args.json")
     ts = read("training_state.pt")
+    if not isinstance(ts, dict) or not {"state", "control", "precision"} <= set(ts):
+        raise CheckpointError(f"{path!r}: training_state.pt does not hold the training state (keys state, control, "
+                              "precision).")
     point = ResumePoint(path, loop=ts.get("loop", {}))
     if point.loop.get("epoch_done"):  # saved after the end of an epoch: continue at the start of the next
         ts["state"]["current_epoch"] += 1
         ts["state"]["batch_in_epoch"] = 0
     _check_compatible(fit, saved_args, ts["state"], manifest)
 
-    shard_names = [n for n in manifest["files"] if n.startswith(SHARD_PREFIXES)]
-    for n in shard_names:  # verify every shard before the strategy reads them
-        _verify(io, path, n, manifest)
-    # the strategy restores model and optimizer itself from its shards (or, FSDP, from full files it re-shards)
-    restored = fit.strategy.load_checkpoint_shards(fit.model, fit.optimizer, path, shard_names)
+    # the strategy restores model and optimizer itself from its shards (or, FSDP, from full files it re-shards),
+    # verifying each shard against the manifest as it reads it
+    restored = fit.strategy.load_checkpoint_shards(fit.model, fit.optimizer, path, shards, reader=reader)
     if not restored:
-        load_model_weights(fit, path, manifest, weights_only)
+        load_model_weights(fit, path, manifest, weights_only, reader=reader)
     if fit.optimizer is not None and "optimizer.pt" in manifest["files"] and not restored:
         fit.optimizer.load_state_dict(read("optimizer.pt"))
     if fit.lr_scheduler is not None and "scheduler.pt" in manifest["files"]:
@@ -136,32 +141,36 @@ def restore(fit: Fit, path: str, weights_only: bool = True) -> ResumePoint:
     return point
 
 
-#: file-name prefixes of strategy-written shards (FSDP torch.distributed.checkpoint files, DeepSpeed engine files)
-SHARD_PREFIXES = ("shards/",)
+def _require_entries(fit: Fit, reader: CheckpointReader, shards: list[str]) -> None:
+    """Refuse a manifest that lacks a file this run needs to continue exactly (instead of silently starting with
+    a fresh optimizer or schedule)."""
+    from taskfit.io.checkpoint_format import check_entry_name
 
-
-def _verify(io: Any, folder: str, name: str, manifest: dict[str, Any]) -> None:
-    from taskfit.io.checkpoint_io import file_entry
-
-    data = io.read_bytes(join(folder, name))
-    if file_entry(data) != manifest["files"][name]:
-        raise CheckpointError(f"Checkpoint file {join(folder, name)!r} is corrupted or truncated (size/SHA-256 differ "
-                              "from the manifest).")
+    path, files = reader.folder, reader.files
+    for name in shards:
+        check_entry_name(name, repr(path))
+    require_entries(reader.manifest, path, ["fit_args.json", "training_state.pt"], "every full checkpoint has it")
+    if not shards and not any(n in files for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT)):
+        raise CheckpointError(f"{path!r} holds no model weights: its manifest lists neither {WEIGHTS_NAME} nor "
+                              f"{WEIGHTS_NAME_PT} nor shards/.")
+    if fit.optimizer is not None and not shards:
+        require_entries(reader.manifest, path, ["optimizer.pt"], "the run has an optimizer to restore")
+    if fit.lr_scheduler is not None:
+        require_entries(reader.manifest, path, ["scheduler.pt"], "the run has an LR scheduler to restore")
 
 
 def load_model_weights(fit: Fit, path: str, manifest: dict[str, Any] | None = None,
-                       weights_only: bool = True) -> None:
+                       weights_only: bool = True, reader: CheckpointReader | None = None) -> None:
     """Load the checkpoint's weights into ``fit.model`` (strict: every key must match).
 
     Raises:
         CheckpointError: no weights file, or keys that do not match the model.
     """
-    io = fit.strategy.checkpoint_io
-    manifest = manifest or read_manifest(io, path)
-    name = next((n for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT) if n in manifest["files"]), None)
+    reader = reader or CheckpointReader(fit.strategy.checkpoint_io, path, manifest, weights_only=weights_only)
+    name = next((n for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT) if n in reader.files), None)
     if name is None:
         raise CheckpointError(f"{path!r} holds no model weights ({WEIGHTS_NAME} or {WEIGHTS_NAME_PT}).")
-    state = read_file(io, path, name, manifest, weights_only=weights_only)
+    state = reader.read(name)
     model = exportable_model(fit.model)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
@@ -229,11 +238,11 @@ def load_best_model(fit: Fit) -> dict[str, Any]:
         return {}
     io = fit.strategy.checkpoint_io
     io.wait()
-    manifest = read_manifest(io, st.best_model_checkpoint)
-    shards = [n for n in manifest["files"] if n.startswith(SHARD_PREFIXES)]
+    reader = CheckpointReader(io, st.best_model_checkpoint)
+    shards = shard_names(reader.manifest)
     # sharded strategies restore their own shards (or cut full weights into shards); others load the full file
-    if not fit.strategy.load_checkpoint_shards(fit.model, None, st.best_model_checkpoint, shards):
-        load_model_weights(fit, st.best_model_checkpoint, manifest)
+    if not fit.strategy.load_checkpoint_shards(fit.model, None, st.best_model_checkpoint, shards, reader=reader):
+        load_model_weights(fit, st.best_model_checkpoint, reader=reader)
     log.info("Loaded the best model from %s (global_step %s, %s=%s).", st.best_model_checkpoint,
              st.best_global_step, fit.args.metric_for_best_model, st.best_metric)
     return {"best_global_step": st.best_global_step, "best_metric": st.best_metric,
