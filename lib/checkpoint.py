@@ -5,6 +5,7 @@ verification, listing and rotation) lives in :mod:`taskfit.io.checkpoint_format`
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -156,6 +157,8 @@ def save_checkpoint(fit: Fit, loop_state: dict[str, Any]) -> str:
     writer = is_writer(fit)
     if writer:
         io.wait()  # an earlier save of this same folder may still be in flight
+        if local and os.path.islink(io.fs(final)[1]):
+            io.remove_checkpoint(final)  # a link named like this checkpoint: drop the link, never its target
         io.remove_checkpoint(join(final, MANIFEST_NAME))  # re-saving a step: never leave an old manifest over new files
         io.remove_checkpoint(target)
     fit.strategy.barrier("checkpoint-prepare")

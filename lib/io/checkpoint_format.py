@@ -48,7 +48,7 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from taskfit.io.checkpoint_io import CheckpointIO, FileEntry, deserialize, file_entry, join
+from taskfit.io.checkpoint_io import CheckpointError, CheckpointIO, FileEntry, deserialize, file_entry, join
 
 WEIGHTS_NAME = "model.safetensors"
 WEIGHTS_NAME_PT = "pytorch_model.bin"
@@ -60,11 +60,6 @@ FORMAT_VERSION = 1
 SHARDS_PREFIX = "shards/"
 _CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 _SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint cannot be used: missing, incomplete, corrupted (checksum mismatch), unsafe or incompatible.
-    The message names the file."""
 
 
 # ---- manifest --------------------------------------------------------------------------------------------
@@ -207,7 +202,7 @@ class CheckpointReader:
         data = self.read_bytes(name)
         weights_only = self.weights_only if weights_only is None else weights_only
         try:
-            return deserialize(name, data, map_location=map_location, weights_only=weights_only)
+            return deserialize(join(self.folder, name), data, map_location=map_location, weights_only=weights_only)
         except UnsafeCheckpointError:
             raise
         except Exception as exc:  # garbage that matches its manifest entry: name the file, not the parser

@@ -27,7 +27,12 @@ import torch
 FileEntry = dict[str, Any]
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used: missing, incomplete, corrupted (checksum mismatch), unsafe or incompatible.
+    The message names the file."""
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError, CheckpointError):
     """A checkpoint file holds pickled objects that ``torch.load(weights_only=True)`` refuses (they could run code
     when loaded). Load it with ``weights_only=False`` only if you trust where it came from."""
 
@@ -122,8 +127,8 @@ def deserialize(name: str, data: bytes, map_location: Any = "cpu", weights_only:
     try:
         return torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
     except pickle.UnpicklingError as exc:
-        if not weights_only:
-            raise
+        if not weights_only or "weights only" not in str(exc).lower():
+            raise  # not a refused global: garbage bytes (callers name the file)
         raise UnsafeCheckpointError(
             f"Refusing to load {name!r}: it contains pickled objects that torch.load(weights_only=True) does not "
             "allow, and unpickling them could run arbitrary code. If you trust this checkpoint, load it with "
@@ -243,7 +248,9 @@ class CheckpointIO(ABC):
         fs, s = self.fs(src)
         _, d = self.fs(dst)
         if is_local_fs(fs):
-            if os.path.exists(d):
+            if os.path.islink(d):  # replace the link itself, never what it points to
+                os.unlink(d)
+            elif os.path.exists(d):
                 import shutil
 
                 shutil.rmtree(d)
@@ -270,5 +277,7 @@ class TorchCheckpointIO(CheckpointIO):
     def remove_checkpoint(self, path: str) -> None:
         fs, p = self.fs(path)
         fs.invalidate_cache()
-        if fs.exists(p):
+        if is_local_fs(fs) and os.path.islink(p):  # remove the link, never what it points to
+            os.unlink(p)
+        elif fs.exists(p):
             fs.rm(p, recursive=True)
