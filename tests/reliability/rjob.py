@@ -3,7 +3,8 @@
 
 - ``slow_io``: seconds the checkpoint IO sleeps before writing each file (so a kill lands inside a save);
 - ``async``: save through ``AsyncCheckpointIO`` (wrapping the slow IO when given);
-- ``kill_after_step`` / ``kill_after_save``: SIGKILL this process (rank ``kill_rank``, default every rank).
+- ``kill_after_step`` / ``kill_after_save``: SIGKILL this process (rank ``kill_rank``, default every rank);
+- ``stop_after_step``: rank ``stop_rank`` writes the time to ``stopped_at`` and SIGSTOPs itself (a hung rank).
 """
 
 from __future__ import annotations
@@ -51,6 +52,16 @@ class Kill(Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class Stop(Callback):
+    def __init__(self, step: int, rank: int, stamp: str) -> None:
+        self.step, self.rank, self.stamp = step, rank, stamp
+
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == self.step and int(os.environ.get("RANK", "0")) == self.rank:
+            Path(self.stamp).write_text(repr(time.time()))
+            os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def make_fit(cfg: dict) -> Fit:
     base = job.make_fit({k: v for k, v in cfg.items() if not k.startswith("kill")})
     plugins: list = []
@@ -60,6 +71,8 @@ def make_fit(cfg: dict) -> Fit:
     elif inner is not None:
         plugins.append(inner)
     callbacks = [Kill(cfg.get("kill_after_step"), cfg.get("kill_after_save"), cfg.get("kill_rank"))]
+    if cfg.get("stop_after_step"):
+        callbacks.append(Stop(cfg["stop_after_step"], cfg.get("stop_rank", 1), cfg["stopped_at"]))
     return Fit(base.args, plugins=plugins, callbacks=callbacks)
 
 
