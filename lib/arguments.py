@@ -516,6 +516,8 @@ def read_config(path_or_text: str | os.PathLike, fmt: str | None = None) -> dict
     is_path = isinstance(path_or_text, os.PathLike) or (
         isinstance(path_or_text, str) and "\n" not in path_or_text
         and (os.path.isfile(path_or_text) or path_or_text.lower().endswith((".yaml", ".yml", ".json"))))
+    if isinstance(path_or_text, (str, os.PathLike)) and "\n" not in str(path_or_text) and os.path.isdir(path_or_text):
+        raise IsADirectoryError(f"Config {str(path_or_text)!r} is a directory; give the path of a YAML or JSON file.")
     if is_path:
         path = Path(path_or_text)
         if not path.is_file():

@@ -51,6 +51,7 @@ def configure_optimizers(fit: Fit, module: TaskModule, max_steps: int) -> tuple[
         if not isinstance(opt, torch.optim.Optimizer):
             raise TypeError("configure_optimizers must return an optimizer, (optimizer, scheduler), "
                             f"or {{'optimizer': ..., 'lr_scheduler': ...}}; got {type(cfg).__name__}.")
+    check_parameters_in_model(opt, fit.model)
     if isinstance(sched, Mapping):
         interval, monitor = sched.get("interval", "step"), sched.get("monitor")
         sched = sched["scheduler"]
@@ -61,3 +62,19 @@ def configure_optimizers(fit: Fit, module: TaskModule, max_steps: int) -> tuple[
         monitor = monitor or metric_key(fit.args.metric_for_best_model or "loss", "eval")
     return opt, sched, interval, monitor
 
+
+def check_parameters_in_model(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """Refuse an optimizer that holds a parameter the model does not have (it would train nothing of the model,
+    or another model's weights).
+
+    Raises:
+        ValueError: names the parameter group, the index and the shape of the first foreign parameter.
+    """
+    own = {id(p) for p in model.parameters()}
+    for g, group in enumerate(optimizer.param_groups):
+        for i, p in enumerate(group["params"]):
+            if id(p) not in own:
+                raise ValueError(
+                    f"The optimizer ({type(optimizer).__name__}) holds a parameter that is not in the model "
+                    f"{type(model).__name__}: param_groups[{g}]['params'][{i}] of shape {tuple(p.shape)}. Build the "
+                    "optimizer over this model's parameters (model.parameters()).")
