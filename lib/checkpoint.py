@@ -14,7 +14,7 @@ from taskfit.__about__ import __version__
 from taskfit.io.checkpoint_format import (  # noqa: F401  (re-exported: the format's public names)
     FORMAT, FORMAT_VERSION, MANIFEST_NAME, PREFIX, WEIGHTS_NAME, WEIGHTS_NAME_PT, CheckpointError, CheckpointReader,
     ManifestWriter, hash_files_in_background, list_checkpoints, part_writer, read_file, read_manifest,
-    rotate_checkpoints,
+    rotate_checkpoints, synchronous_io,
 )
 from taskfit.io.checkpoint_io import join
 from taskfit.seed import rng_states
@@ -74,8 +74,8 @@ def save_model_folder(fit: Fit, folder: str, weights: dict[str, torch.Tensor] | 
         model.save_pretrained(io.fs(folder)[1], state_dict=weights,
                               safe_serialization=fit.args.save_safetensors is not False)
     else:
-        io.wait()
-        io.save_files(model_files(fit, weights), folder)
+        io.wait()  # written before returning, also with a background (async) plugin: callers read it right away
+        synchronous_io(io).save_files(model_files(fit, weights), folder)
     processor = fit.processing_class
     if processor is not None and hasattr(processor, "save_pretrained") and io.is_local(folder):
         processor.save_pretrained(io.fs(folder)[1])

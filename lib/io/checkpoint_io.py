@@ -10,6 +10,7 @@ and safetensors); a file that needs full unpickling is refused with :class:`Unsa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -64,11 +65,16 @@ def write_bytes_atomic(path: str, data: bytes, storage_options: dict | None = No
     if is_local_fs(fs):
         os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
         tmp = f"{p}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except OSError as exc:  # a full disk or a file-size limit: name the file, leave no partial temp file
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise OSError(exc.errno, f"Could not write {len(data)} bytes to {p!r}: {exc.strerror or exc}") from exc
         return
     parent = p.rsplit("/", 1)[0] if "/" in p else ""
     if parent:

@@ -4,7 +4,8 @@
 - ``slow_io``: seconds the checkpoint IO sleeps before writing each file (so a kill lands inside a save);
 - ``async``: save through ``AsyncCheckpointIO`` (wrapping the slow IO when given);
 - ``kill_after_step`` / ``kill_after_save``: SIGKILL this process (rank ``kill_rank``, default every rank);
-- ``stop_after_step``: rank ``stop_rank`` writes the time to ``stopped_at`` and SIGSTOPs itself (a hung rank).
+- ``stop_after_step``: rank ``stop_rank`` writes the time to ``stopped_at`` and SIGSTOPs itself (a hung rank);
+- ``file_size_limit``: bytes, set as ``RLIMIT_FSIZE`` once step ``limit_after_step`` is done (a disk that fills up).
 """
 
 from __future__ import annotations
@@ -62,6 +63,18 @@ class Stop(Callback):
             os.kill(os.getpid(), signal.SIGSTOP)
 
 
+class DiskFull(Callback):
+    def __init__(self, step: int, limit: int) -> None:
+        self.step, self.limit = step, limit
+
+    def on_step_end(self, args, state, control, **kw):
+        if state.global_step == self.step:
+            import resource
+
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit then fail with EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (self.limit, self.limit))
+
+
 def make_fit(cfg: dict) -> Fit:
     base = job.make_fit({k: v for k, v in cfg.items() if not k.startswith("kill")})
     plugins: list = []
@@ -71,6 +84,8 @@ def make_fit(cfg: dict) -> Fit:
     elif inner is not None:
         plugins.append(inner)
     callbacks = [Kill(cfg.get("kill_after_step"), cfg.get("kill_after_save"), cfg.get("kill_rank"))]
+    if cfg.get("file_size_limit"):
+        callbacks.append(DiskFull(cfg["limit_after_step"], cfg["file_size_limit"]))
     if cfg.get("stop_after_step"):
         callbacks.append(Stop(cfg["stop_after_step"], cfg.get("stop_rank", 1), cfg["stopped_at"]))
     return Fit(base.args, plugins=plugins, callbacks=callbacks)

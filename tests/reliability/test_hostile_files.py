@@ -124,3 +124,16 @@ def test_F_REL_3_deepspeed_engine_files_and_convert_refuse_hostile_pickles(tmp_p
                           capture_output=True, text=True, timeout=300, env=clean_env())
     assert conv.returncode == 2 and "Refusing to load" in conv.stderr
     assert not marker.exists()
+
+
+def test_F_REL_3_fsdp_strategy_refuses_hostile_dcp_metadata(tmp_path):
+    """The FSDP strategy's own load path (one process in this test; 2 processes in the FSDP suite)."""
+    out, marker = tmp_path / "out", tmp_path / "pwned"
+    torch.manual_seed(0)
+    _fit(out, max_steps=2, save_steps=2, strategy="fsdp", devices=1).fit(job.Net(), job.data())
+    ck = out / "checkpoint-2"
+    replace_file(ck, "shards/.metadata", evil_pickle(marker))
+    torch.manual_seed(0)
+    with pytest.raises(UnsafeCheckpointError, match=r"\.metadata.*io\.open"):
+        _fit(out, max_steps=4, strategy="fsdp", devices=1).fit(job.Net(), job.data(), resume_from_checkpoint=True)
+    assert not marker.exists()
