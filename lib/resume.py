@@ -81,7 +81,8 @@ def restore(fit: Fit, path: str, weights_only: bool = True) -> ResumePoint:
         UnsafeCheckpointError: a file needs full unpickling and ``weights_only`` is True.
     """
     io = fit.strategy.checkpoint_io
-    reader = CheckpointReader(io, path, weights_only=weights_only)  # every file below is read once: verified and loaded from the same bytes
+    # every file below is read once: verified and loaded from the same bytes
+    reader = CheckpointReader(io, path, weights_only=weights_only)
     manifest = reader.manifest
     if manifest.get("save_only_model"):
         raise CheckpointError(f"{path!r} was saved with save_only_model=True: it holds the weights but no optimizer, "

@@ -197,7 +197,8 @@ def read_full_state_dict(folder: str, read_bytes: Callable[[str], bytes] | None 
     if read_bytes is None and not os.path.exists(os.path.join(path, METADATA_NAME)):
         raise FileNotFoundError(f"No torch.distributed.checkpoint shards in {folder!r} (no {METADATA_NAME}).")
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=dcp_reader(path, read_bytes, weights_only), planner=_EmptyStateDictLoadPlanner(),
+    _load_state_dict(state, storage_reader=dcp_reader(path, read_bytes, weights_only),
+                     planner=_EmptyStateDictLoadPlanner(),
                      no_dist=True)
     return state
 

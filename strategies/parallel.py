@@ -36,8 +36,9 @@ def destroy_process_group() -> None:
     stuck peer would only make this process wait)."""
     if dist.is_available() and dist.is_initialized():
         try:
-            if dist.get_backend() == "gloo" and not _collective_failed:  # let every rank arrive first: a peer closing its sockets while
-                # this rank's gloo threads still read from them aborts the process
+            # let every rank arrive first: a peer closing its sockets while this rank's gloo threads still read
+            # from them aborts the process
+            if dist.get_backend() == "gloo" and not _collective_failed:
                 dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
         except Exception:  # a peer already died: nothing to wait for
             pass

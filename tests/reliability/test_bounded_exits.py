@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from proc import RJOB, clean_env, finish, group_members, start, wait_group_gone
+from proc import RJOB, clean_env, finish, start, wait_group_gone
 
 pytestmark = pytest.mark.distributed
 TIMEOUT = 10  # ddp_timeout of these jobs, seconds

@@ -5,7 +5,6 @@ file of a single-device checkpoint)."""
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
