@@ -79,6 +79,7 @@ def _launch(kind: str, tmp: Path, i: int) -> subprocess.Popen:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(3600)  # 30 jobs of 15-25 s each on a loaded 2-core machine
 @pytest.mark.parametrize("kind", ["torchrun", "self-launched", "spawn"])
 def test_F_REL_2_finished_jobs_exit_0_on_every_rank_every_time(kind, tmp_path):
     """30 complete 2-process jobs per launcher: every process exits 0 (no 'terminate called without an active
