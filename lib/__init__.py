@@ -26,6 +26,8 @@ _EXPORTS = {
     "TensorBoardLogger": "taskfit.loggers.tensorboard", "MLFlowLogger": "taskfit.loggers.mlflow",
     "WandbLogger": "taskfit.loggers.wandb",
     "seed_everything": "taskfit.seed",
+    "CheckpointError": "taskfit.io.checkpoint_io", "UnsafeCheckpointError": "taskfit.io.checkpoint_io",
+    "NonFiniteError": "taskfit.loops.finite",
     "estimate_memory": "taskfit.efficiency.estimate", "MemoryEstimate": "taskfit.efficiency.estimate",
 }
 

@@ -16,6 +16,7 @@ import copy
 import json
 import math
 import os
+import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from pathlib import Path
@@ -422,12 +423,14 @@ class FitArguments(ArgumentSetters):
             d = {k: _redacted(k, v) for k, v in d.items()}
         return d
 
-    def to_json_string(self, redact: bool = False, indent: int = 2) -> str:
-        """JSON text of :meth:`to_dict` (``FitArguments.from_json(a.to_json_string()) == a``)."""
+    def to_json_string(self, redact: bool = True, indent: int = 2) -> str:
+        """JSON text of :meth:`to_dict` (``FitArguments.from_json(a.to_json_string()) == a`` when no credential is
+        set). Credentials are redacted unless ``redact=False`` (see :func:`redact_value`)."""
         return json.dumps(self.to_dict(redact=redact), indent=indent)
 
-    def to_yaml(self, redact: bool = False) -> str:
-        """YAML text of :meth:`to_dict`, in field order (``FitArguments.from_yaml(a.to_yaml()) == a``)."""
+    def to_yaml(self, redact: bool = True) -> str:
+        """YAML text of :meth:`to_dict`, in field order (``FitArguments.from_yaml(a.to_yaml()) == a`` when no
+        credential is set). Credentials are redacted unless ``redact=False``."""
         import yaml
 
         return yaml.safe_dump(self.to_dict(redact=redact), sort_keys=False, default_flow_style=False)
@@ -452,8 +455,9 @@ class FitArguments(ArgumentSetters):
         """Load from a JSON file path or JSON text (errors as :meth:`from_yaml`)."""
         return cls.from_dict(read_config(path_or_text, "json"))
 
-    def save(self, path: str | os.PathLike, redact: bool = False) -> Path:
-        """Write to ``path`` as YAML (``.yaml``/``.yml``) or JSON (``.json``); returns the path.
+    def save(self, path: str | os.PathLike, redact: bool = True) -> Path:
+        """Write to ``path`` as YAML (``.yaml``/``.yml``) or JSON (``.json``); returns the path. Credentials (tokens,
+        passwords and keys in option values, URL passwords) are written as placeholders unless ``redact=False``.
 
         Raises:
             ValueError: another extension.
@@ -477,8 +481,31 @@ class FitArguments(ArgumentSetters):
         return f"{type(self).__name__}({', '.join(changed)})"
 
 
+_SECRET_KEY = re.compile(r"token|secret|passw|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth",
+                         re.IGNORECASE)
+_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@", re.IGNORECASE)
+
+
+def redact_value(name: str, value: Any) -> Any:
+    """``value`` of option (or key) ``name`` with credentials replaced: a set value of a secret option
+    (``hub_token``) or of any key that names a credential (``token``, ``secret``, ``password``, ``api_key``,
+    ``access_key``, ``credentials``, ... inside dict options such as storage options) becomes ``"<NAME>"``;
+    passwords in URLs (``s3://user:pass@host``) become ``<REDACTED>``; dicts and lists are redacted recursively."""
+    if value is None:
+        return None
+    if name in SECRET_FIELDS or (_SECRET_KEY.search(str(name)) and not isinstance(value, (bool, dict, list))):
+        return f"<{str(name).upper()}>"
+    if isinstance(value, dict):
+        return {k: redact_value(str(k), v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(redact_value(name if not isinstance(v, (dict, list)) else "", v) for v in value)
+    if isinstance(value, str):
+        return _URL_PASSWORD.sub(lambda m: m.group("head") + "<REDACTED>@", value)
+    return value
+
+
 def _redacted(name: str, value: Any) -> Any:
-    return f"<{name.upper()}>" if name in SECRET_FIELDS and value is not None else value
+    return redact_value(name, value)
 
 
 @lru_cache(maxsize=1)
@@ -516,6 +543,8 @@ def read_config(path_or_text: str | os.PathLike, fmt: str | None = None) -> dict
     is_path = isinstance(path_or_text, os.PathLike) or (
         isinstance(path_or_text, str) and "\n" not in path_or_text
         and (os.path.isfile(path_or_text) or path_or_text.lower().endswith((".yaml", ".yml", ".json"))))
+    if isinstance(path_or_text, (str, os.PathLike)) and "\n" not in str(path_or_text) and os.path.isdir(path_or_text):
+        raise IsADirectoryError(f"Config {str(path_or_text)!r} is a directory; give the path of a YAML or JSON file.")
     if is_path:
         path = Path(path_or_text)
         if not path.is_file():

@@ -6,6 +6,7 @@ The option tables (valid choices of each enum-like option) live here too; ``task
 
 import importlib.util
 import json
+import math
 import types
 import typing
 from dataclasses import fields
@@ -80,6 +81,8 @@ _RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
     ("fsdp_min_num_params", lambda v: v >= 0, ">= 0 (parameters)"),
     ("tpu_num_cores", lambda v: v >= 1, ">= 1 or None"),
     ("num_nodes", lambda v: v >= 1, ">= 1"),
+    ("seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32 - 1] (the range numpy's seed accepts)"),
+    ("data_seed", lambda v: 0 <= v < 2**32, "an integer in [0, 2**32 - 1] or None"),
     ("local_rank", lambda v: v >= -1, ">= -1"),
     ("generation_max_length", lambda v: v >= 1, ">= 1 (tokens) or None"),
     ("generation_num_beams", lambda v: v >= 1, ">= 1 or None"),
@@ -101,7 +104,15 @@ def _number(text: str) -> int | float | None:
 
 
 def _coerce(name: str, value: Any, kinds: tuple[type, ...]) -> Any:
-    """Check ``value`` against the option's types; convert strings (YAML ``5e-5``, CLI text) where unambiguous."""
+    """Check ``value`` against the option's types; convert strings (YAML ``5e-5``, CLI text) where unambiguous.
+    Numbers must be finite (no option takes NaN or inf)."""
+    out = _coerce_kind(name, value, kinds)
+    if isinstance(out, float) and not math.isfinite(out):
+        raise ValueError(f"FitArguments.{name} must be a finite number, got {value!r}.")
+    return out
+
+
+def _coerce_kind(name: str, value: Any, kinds: tuple[type, ...]) -> Any:
     if value is None:
         if _NONE in kinds:
             return None
@@ -247,6 +258,7 @@ def _normalize(a: Any) -> None:
     if isinstance(a.optim_args, str):
         a.optim_args = _parse_optim_args(a.optim_args)
     _normalize_lists(a)
+    _warn_unused_config_file(a)
     a.devices = _normalize_devices(a.devices)
     for name in _STEP_FIELDS:  # HF: a value > 1 is a number of steps and must be an integer
         value = getattr(a, name)
@@ -278,7 +290,18 @@ def _parse_optim_args(text: str) -> dict | None:
             raise ValueError(f"optim_args must be a dict, a JSON object or 'key=value,key2=value2'; got {text!r}.")
         decoded = _json_or_none(raw.strip())
         out[key.strip()] = raw.strip() if decoded is None else decoded
+    for key, value in out.items():  # numeric optimizer settings given as words fail later, deep in the optimizer
+        if key.strip() in _NUMERIC_OPTIM_ARGS and isinstance(value, str):
+            raise ValueError(f"optim_args {key}={value!r} in {text!r} is not a number; {key} takes a number "
+                             f"(e.g. {key}=0.001).")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"optim_args {key}={value!r} in {text!r} must be a finite number.")
     return out
+
+
+#: optimizer keyword arguments that are numbers in every torch / bitsandbytes optimizer that has them
+_NUMERIC_OPTIM_ARGS = frozenset({"lr", "eps", "weight_decay", "momentum", "dampening", "alpha", "lr_decay",
+                                 "initial_accumulator_value", "rho", "clip_threshold", "decay_rate"})
 
 
 def _normalize_lists(a: Any) -> None:
@@ -303,6 +326,20 @@ def _normalize_lists(a: Any) -> None:
             raise invalid_choice("debug option", option, DEBUG_OPTIONS)
     if a.label_names is not None:
         a.label_names = [str(n) for n in a.label_names]
+
+
+def _warn_unused_config_file(a: Any) -> None:
+    """``fsdp_config`` naming a missing file is an error when FSDP is used (when it is read) and a warning when it
+    is not (the value is ignored, but it is most likely a typo)."""
+    import logging
+    import os
+
+    value = a.fsdp_config
+    if isinstance(value, (str, os.PathLike)) and str(value).strip() and not os.path.isfile(str(value)):
+        if not a.fsdp and str(getattr(a, "strategy", "") or "").split("_")[0] not in ("fsdp", "fsdp2", "xla"):
+            logging.getLogger("taskfit").warning(
+                "fsdp_config=%r: no such file; ignored because FSDP is not used (set fsdp or strategy='fsdp' to "
+                "use it, or remove the option).", str(value))
 
 
 def _normalize_devices(devices: Any) -> int | str | list[int]:

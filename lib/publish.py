@@ -34,7 +34,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from taskfit.__about__ import __version__
-from taskfit.checkpoint import MANIFEST_NAME, WEIGHTS_NAME, WEIGHTS_NAME_PT, model_files
+from taskfit.checkpoint import MANIFEST_NAME, WEIGHTS_NAME, WEIGHTS_NAME_PT, model_files, read_manifest
 from taskfit.io.async_checkpoint_io import snapshot
 from taskfit.io.checkpoint_io import file_entry, filesystem, join, serialize, write_bytes_atomic
 
@@ -263,7 +263,7 @@ def push_checkpoint(fit: Fit, publisher: Publisher, path: str) -> None:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{path} did not become a complete checkpoint within 600 s.")
             time.sleep(0.05)
-        names = list(json.loads(io.read_bytes(join(path, MANIFEST_NAME)))["files"])
+        names = list(read_manifest(io, path)["files"])  # validated: no name leaves the checkpoint folder
         model = [n for n in names if n in (WEIGHTS_NAME, WEIGHTS_NAME_PT, "config.json")]
         publisher.upload_files("", {n: io.read_bytes(join(path, n)) for n in model})
         if strategy == "checkpoint":

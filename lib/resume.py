@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
-from taskfit.checkpoint import (
-    MANIFEST_NAME, WEIGHTS_NAME, WEIGHTS_NAME_PT, CheckpointError, exportable_model, list_checkpoints, read_file,
-    read_manifest,
+from taskfit.checkpoint import exportable_model
+from taskfit.io.checkpoint_format import (
+    MANIFEST_NAME, WEIGHTS_NAME, WEIGHTS_NAME_PT, CheckpointError, CheckpointReader, list_checkpoints,
+    read_manifest, require_entries, shard_names,
 )
 from taskfit.io.checkpoint_io import join
 
@@ -48,7 +49,7 @@ def resolve_checkpoint(io: Any, output_dir: str, value: str | bool | None) -> st
             log.warning("resume_from_checkpoint=%r: no complete checkpoint in %s; training from scratch.", value, out)
             return None
         return done[-1][1]
-    read_manifest(io, str(value))  # raises for a folder that is not a complete checkpoint
+    read_manifest(io, str(value))  # raises for a folder (or file) that is not a complete checkpoint
     return str(value)
 
 
@@ -84,29 +85,33 @@ def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), 
     """Read checkpoint ``path`` through ``strategy``'s checkpoint IO (``Strategy.load_checkpoint`` calls this):
     load the model weights (the strategy's shards, or the full file), with ``full`` also the optimizers'
     (``optimizer.pt``, ``optimizer_{i}.pt``) and schedulers' states, and return ``{"manifest", "args" (the saved
-    arguments), "training_state"}`` (with ``full``; the training state dict holds this rank's ``rng``).
+    arguments), "training_state"}`` (with ``full``; the training state dict holds this rank's ``rng``). Every file
+    is read once: verified against the manifest and loaded from the same bytes.
 
     Raises:
-        CheckpointError: a missing/corrupted file, or (``full``) a ``save_only_model`` checkpoint.
+        CheckpointError: a missing/corrupted file, a manifest lacking an entry the run needs, or (``full``) a
+            ``save_only_model`` checkpoint.
     """
-    io = strategy.checkpoint_io
-    manifest = read_manifest(io, path)
+    reader = CheckpointReader(strategy.checkpoint_io, path, weights_only=weights_only)
+    manifest = reader.manifest
     if full and manifest.get("save_only_model"):
         raise CheckpointError(f"{path!r} was saved with save_only_model=True: it holds the weights but no optimizer, "
                               "scheduler, RNG or loop state, so training cannot continue exactly from it. Load the "
                               "weights into the model instead, or resume from a full checkpoint.")
+    optimizers = list(optimizers) if full else []
+    schedulers = [s for s in schedulers if s is not None] if full else []
+    shards = shard_names(manifest)
+    _require_entries(reader, shards, full, len(optimizers), len(schedulers))
 
     def read(name: str) -> Any:
-        return read_file(io, path, name, manifest, weights_only=weights_only)
+        return reader.read(name)
 
-    optimizers = list(optimizers) if full else []
-    shard_names = [n for n in manifest["files"] if n.startswith(SHARD_PREFIXES)]
-    for n in shard_names:  # verify every shard before the strategy reads them
-        _verify(io, path, n, manifest)
-    # the strategy restores model and optimizer itself from its shards (or, FSDP, from full files it re-shards)
-    restored = strategy.load_checkpoint_shards(model, optimizers[0] if optimizers else None, path, shard_names)
+    # the strategy restores model and optimizer itself from its shards (or, FSDP, from full files it re-shards),
+    # verifying each shard against the manifest as it reads it
+    restored = strategy.load_checkpoint_shards(model, optimizers[0] if optimizers else None, path, shards,
+                                               reader=reader)
     if not restored:
-        load_model_weights(strategy, model, path, manifest, weights_only)
+        load_model_weights(strategy, model, path, reader=reader)
     out: dict[str, Any] = {"manifest": manifest}
     if not full:
         return out
@@ -116,42 +121,53 @@ def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), 
             opt.load_state_dict(read(name))
     for i, sched in enumerate(schedulers):
         name = "scheduler.pt" if i == 0 else f"scheduler_{i}.pt"
-        if sched is not None and name in manifest["files"]:
+        if name in manifest["files"]:
             sched.load_state_dict(read(name))
     out["args"] = read("fit_args.json")
     ts = read("training_state.pt")
+    if not isinstance(ts, dict) or not {"state", "control", "precision"} <= set(ts):
+        raise CheckpointError(f"{path!r}: training_state.pt does not hold the training state (keys state, control, "
+                              "precision).")
     rng_name = f"rng_state_{strategy.global_rank}.pt"
     ts["rng"] = read(rng_name) if rng_name in manifest["files"] else None
     out["training_state"] = ts
     return out
 
 
-#: file-name prefixes of strategy-written shards (FSDP torch.distributed.checkpoint files, DeepSpeed engine files)
-SHARD_PREFIXES = ("shards/",)
+def _require_entries(reader: CheckpointReader, shards: list[str], full: bool, n_optimizers: int,
+                     n_schedulers: int) -> None:
+    """Refuse a manifest that lacks a file this run needs to continue exactly (instead of silently starting with
+    a fresh optimizer or schedule)."""
+    from taskfit.io.checkpoint_format import check_entry_name
 
-
-def _verify(io: Any, folder: str, name: str, manifest: dict[str, Any]) -> None:
-    from taskfit.io.checkpoint_io import file_entry
-
-    data = io.read_bytes(join(folder, name))
-    if file_entry(data) != manifest["files"][name]:
-        raise CheckpointError(f"Checkpoint file {join(folder, name)!r} is corrupted or truncated (size/SHA-256 differ "
-                              "from the manifest).")
+    path, files = reader.folder, reader.files
+    for name in shards:
+        check_entry_name(name, repr(path))
+    if not shards and not any(n in files for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT)):
+        raise CheckpointError(f"{path!r} holds no model weights: its manifest lists neither {WEIGHTS_NAME} nor "
+                              f"{WEIGHTS_NAME_PT} nor shards/.")
+    if not full:
+        return
+    require_entries(reader.manifest, path, ["fit_args.json", "training_state.pt"], "every full checkpoint has it")
+    # sharded strategies keep the optimizer state in their shards
+    names = [] if shards else ["optimizer.pt" if i == 0 else f"optimizer_{i}.pt" for i in range(n_optimizers)]
+    require_entries(reader.manifest, path, names, "the run has an optimizer to restore")
+    names = ["scheduler.pt" if i == 0 else f"scheduler_{i}.pt" for i in range(n_schedulers)]
+    require_entries(reader.manifest, path, names, "the run has an LR scheduler to restore")
 
 
 def load_model_weights(strategy: Any, model: Any, path: str, manifest: dict[str, Any] | None = None,
-                       weights_only: bool = True) -> None:
+                       weights_only: bool = True, reader: CheckpointReader | None = None) -> None:
     """Load the checkpoint's full weights into ``model`` (strict: every key must match).
 
     Raises:
         CheckpointError: no weights file, or keys that do not match the model.
     """
-    io = strategy.checkpoint_io
-    manifest = manifest or read_manifest(io, path)
-    name = next((n for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT) if n in manifest["files"]), None)
+    reader = reader or CheckpointReader(strategy.checkpoint_io, path, manifest, weights_only=weights_only)
+    name = next((n for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT) if n in reader.files), None)
     if name is None:
         raise CheckpointError(f"{path!r} holds no model weights ({WEIGHTS_NAME} or {WEIGHTS_NAME_PT}).")
-    state = read_file(io, path, name, manifest, weights_only=weights_only)
+    state = reader.read(name)
     model = exportable_model(model)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:

@@ -15,6 +15,7 @@ parameter *index* (``torch.optim.Optimizer.state_dict()``); :func:`optimizer_sta
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -52,27 +53,160 @@ def local_folder(io: Any, folder: str) -> str:
     return io.fs(folder)[1] if io is not None else folder
 
 
-def read_full_state_dict(folder: str) -> dict[str, Any]:
+#: the globals a DCP ``.metadata`` pickle may name: DCP's own metadata classes and the torch values they hold
+_DCP_MODULE_CLASSES = {
+    "torch.distributed.checkpoint.metadata": {
+        "Metadata", "TensorStorageMetadata", "ChunkStorageMetadata", "BytesStorageMetadata", "TensorProperties",
+        "MetadataIndex", "StorageMeta", "_MEM_FORMAT_ENCODING"},
+    "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+    "torch.distributed.checkpoint._extension": {"StreamTransformExtension", "ZStandard", "ExtensionRegistry"},
+    "torch.serialization": {"_get_layout"},
+    "torch": {"Size", "device", "memory_format", "layout"},
+    "pathlib": {"Path", "PosixPath", "WindowsPath", "PurePosixPath", "PureWindowsPath"},
+    "collections": {"OrderedDict"},
+}
+
+
+def _allowed_dcp_global(module: str, name: str) -> bool:
+    if name in _DCP_MODULE_CLASSES.get(module, ()):
+        return True
+    return module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+
+
+def load_dcp_metadata(data: bytes, where: str) -> Any:
+    """Unpickle the bytes of a DCP ``.metadata`` file allowing only DCP's own metadata classes and plain torch
+    values (sizes, dtypes, layouts, memory formats); anything else (a callable that could run code) is refused.
+
+    Raises:
+        UnsafeCheckpointError: the pickle names another global (names the file and the global).
+    """
+    import io
+    import pickle
+
+    from taskfit.io.checkpoint_io import UnsafeCheckpointError
+
+    class _Restricted(pickle.Unpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            if _allowed_dcp_global(module, name):
+                return super().find_class(module, name)
+            raise UnsafeCheckpointError(
+                f"Refusing to load {where}: its pickle refers to {module}.{name}, which is not one of "
+                "torch.distributed.checkpoint's metadata classes; unpickling it could run arbitrary code.")
+
+    return _Restricted(io.BytesIO(data)).load()
+
+
+def dcp_reader(path: str, read_bytes: Callable[[str], bytes] | None = None, weights_only: bool = True) -> Any:
+    """A ``torch.distributed.checkpoint`` storage reader for the shard folder ``path`` that reads every file once
+    through ``read_bytes(file name)`` (default: the plain file; pass a manifest-verifying reader to check sizes
+    and SHA-256 on the same bytes that are loaded), unpickles ``.metadata`` with :func:`load_dcp_metadata` and
+    loads non-tensor values with ``torch.load(weights_only=True)`` (DCP's own planner would unpickle them fully).
+    ``weights_only=False`` (trusted checkpoints only) restores DCP's plain unpickling."""
+    import contextlib
+    import io
+    from pathlib import Path
+
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystem
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    from taskfit.io.checkpoint_io import deserialize
+
+    def plain(name: str) -> bytes:
+        with open(os.path.join(path, name), "rb") as fh:
+            return fh.read()
+
+    source = read_bytes or plain
+    cache: dict[str, bytes] = {}
+
+    def blob(name: str) -> bytes:
+        if name not in cache:
+            cache[name] = source(name)
+        return cache[name]
+
+    class _VerifiedFS(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, p: Any, mode: str) -> Any:
+            if "r" not in mode:
+                raise ValueError("this storage reader only reads")
+            yield io.BytesIO(blob(Path(p).name))
+
+    class _SafeBytes:
+        """The planner, except that non-tensor values are loaded with ``weights_only=True``."""
+
+        def __init__(self, planner: Any) -> None:
+            self._planner = planner
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self._planner, name)
+
+        def load_bytes(self, read_item: Any, value: Any) -> None:
+            data = value.read()
+            # refused here unless weights_only=True can load it; the planner then unpickles the same, proven bytes
+            if weights_only:
+                deserialize(f"{SHARDS_DIR}/{read_item.storage_index.fqn}", data)
+            self._planner.load_bytes(read_item, io.BytesIO(data))
+
+    def parse(name: str) -> Any:
+        if weights_only:
+            return load_dcp_metadata(blob(name), repr(os.path.join(path, name)))
+        import pickle
+
+        return pickle.loads(blob(name))
+
+    # read (and refuse) the metadata here: DCP swallows errors of read_metadata and retries other file names
+    global_metadata = parse(METADATA_NAME)
+
+    class _Reader(FileSystemReader):
+        def __init__(self) -> None:
+            super().__init__(path)
+            self.fs = _VerifiedFS()
+
+        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+            rank = kwargs.get("rank")
+            metadata = global_metadata if rank is None else parse(f"__{rank}{METADATA_NAME}")
+            if getattr(metadata, "storage_meta", None) is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+        def read_data(self, plan: Any, planner: Any) -> Any:
+            return super().read_data(plan, _SafeBytes(planner))
+
+    return _Reader()
+
+
+def read_full_state_dict(folder: str, read_bytes: Callable[[str], bytes] | None = None,
+                         weights_only: bool = True) -> dict[str, Any]:
     """Read a DCP shard set in one process, with no process group: ``{"model": {name: tensor}, "optim":
     {"state": {name: {...}}, "param_groups": [...]}}`` with full (unsharded) CPU tensors. Mirrors
-    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``.
+    ``torch.distributed.checkpoint.format_utils.dcp_to_torch_save``, with safe loading (see :func:`dcp_reader`).
 
     Args:
         folder (str): the checkpoint folder (holding ``shards/``) or the ``shards`` folder itself.
+        read_bytes (callable | None): ``shard file name -> bytes`` (e.g. verified against the manifest).
 
     Raises:
         FileNotFoundError: no ``.metadata`` there.
+        UnsafeCheckpointError: ``.metadata`` or a value needs arbitrary unpickling.
     """
-    from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.format_utils import _EmptyStateDictLoadPlanner
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
     path = folder if os.path.exists(os.path.join(folder, METADATA_NAME)) else shard_folder(folder)
-    if not os.path.exists(os.path.join(path, METADATA_NAME)):
+    if read_bytes is None and not os.path.exists(os.path.join(path, METADATA_NAME)):
         raise FileNotFoundError(f"No torch.distributed.checkpoint shards in {folder!r} (no {METADATA_NAME}).")
     state: dict[str, Any] = {}
-    _load_state_dict(state, storage_reader=FileSystemReader(path), planner=_EmptyStateDictLoadPlanner(), no_dist=True)
+    _load_state_dict(state, storage_reader=dcp_reader(path, read_bytes, weights_only),
+                     planner=_EmptyStateDictLoadPlanner(),
+                     no_dist=True)
     return state
+
+
+def verified_shard_bytes(reader: Any) -> Callable[[str], bytes]:
+    """``shard file name -> bytes`` checked against the manifest of ``reader`` (a
+    :class:`~taskfit.io.checkpoint_format.CheckpointReader`)."""
+    return lambda name: reader.read_bytes(f"{SHARDS_DIR}/{name}")
 
 
 def optimizer_state_by_index(osd: dict[str, Any]) -> dict[str, Any]:
@@ -158,9 +292,13 @@ def convert_checkpoint(folder: str, output_dir: str | None = None, safe_serializ
     Raises:
         FileNotFoundError: ``folder`` holds no DCP shards.
     """
-    from taskfit.io.checkpoint_io import safetensors_bytes
+    from taskfit.io.checkpoint_format import MANIFEST_NAME, CheckpointReader
+    from taskfit.io.checkpoint_io import TorchCheckpointIO, safetensors_bytes
 
-    state = read_full_state_dict(folder)
+    read = None
+    if os.path.exists(os.path.join(folder, MANIFEST_NAME)):  # a checkpoint folder: verify every shard as it is read
+        read = verified_shard_bytes(CheckpointReader(TorchCheckpointIO(), folder))
+    state = read_full_state_dict(folder, read)
     if output_dir is not None:
         os.makedirs(output_dir, exist_ok=True)
         model = {k: v.contiguous() for k, v in state["model"].items()}

@@ -350,30 +350,43 @@ class DeepSpeedStrategy(ParallelStrategy):
         return 0
 
     def load_checkpoint_shards(self, module: torch.nn.Module, optimizer: Any, folder: str,
-                               names: list[str]) -> bool:
+                               names: list[str], reader: Any = None) -> bool:
         """Restore module, optimizer and ZeRO state with ``engine.load_checkpoint`` (builds the engine first).
-        False when ``names`` holds no DeepSpeed checkpoint.
+        Every engine file is read once through ``reader`` (a
+        :class:`~taskfit.io.checkpoint_format.CheckpointReader`, built when None): verified against the manifest
+        and unpickled with ``weights_only=True`` plus DeepSpeed's own classes (see
+        :mod:`taskfit.strategies.deepspeed_files`). False when ``names`` holds no DeepSpeed checkpoint.
 
         Raises:
             ValueError: the checkpoint was written by another world size or ZeRO stage (convert it to full weights
                 with ``taskfit convert`` and load those instead) or by another strategy.
+            CheckpointError: a missing or corrupted file. UnsafeCheckpointError: a file needs arbitrary unpickling.
         """
+        from taskfit.io.checkpoint_format import CheckpointReader
+        from taskfit.strategies.deepspeed_files import verified_engine_loads
+
         if META_NAME not in names:
             return False
+        reader = reader or CheckpointReader(self.checkpoint_io, folder)
         local = self.checkpoint_io.fs(folder)[1]
-        with open(os.path.join(local, META_NAME), encoding="utf-8") as fh:
-            meta = json.load(fh)
+        meta = reader.read(META_NAME)
+        if not isinstance(meta, dict) or not {"world_size", "zero_stage", "tag"} <= set(meta):
+            raise ValueError(f"{os.path.join(local, META_NAME)!r} is not a taskfit DeepSpeed description.")
         if meta["world_size"] != self.world_size or meta["zero_stage"] != self.zero_stage:
             raise ValueError(f"{folder!r} holds a DeepSpeed ZeRO-{meta['zero_stage']} checkpoint of world size "
                              f"{meta['world_size']}; this run is ZeRO-{self.zero_stage} with world size "
                              f"{self.world_size}. Convert it with `taskfit convert {folder} OUT` and load the full "
                              "weights instead.")
+        if meta["tag"] != TAG:
+            raise ValueError(f"{os.path.join(local, META_NAME)!r} names the DeepSpeed tag {meta['tag']!r}; taskfit "
+                             f"writes {TAG!r}.")
         engine = self.engine
         if engine is None:
             raise RuntimeError("DeepSpeed checkpoints are restored inside fit() (the engine needs the optimizer).")
-        path, _ = self._check("load_checkpoint", lambda: engine.load_checkpoint(
-            os.path.join(local, "shards"), tag=meta["tag"], load_optimizer_states=True,
-            load_lr_scheduler_states=False, load_module_strict=True))
+        with verified_engine_loads(engine, reader, local):
+            path, _ = self._check("load_checkpoint", lambda: engine.load_checkpoint(
+                os.path.join(local, "shards"), tag=TAG, load_optimizer_states=True,
+                load_lr_scheduler_states=False, load_module_strict=True))
         if path is None:
             raise ValueError(f"DeepSpeed could not load the engine checkpoint in {folder!r}/shards.")
         return True

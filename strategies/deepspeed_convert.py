@@ -8,8 +8,8 @@ any other run with ``model.load_state_dict``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
+import pickle
 import shutil
 import sys
 from typing import Any, Sequence
@@ -23,35 +23,39 @@ def deepspeed_fp32_state_dict(checkpoint: str) -> dict[str, torch.Tensor]:
     """The full fp32 state dict (parameters from the fp32 master copies, plus buffers) of the DeepSpeed checkpoint
     folder ``checkpoint`` (a local ``checkpoint-N``), keyed like the model saved by ``save_model``.
 
-    The shard files are verified against the checkpoint's manifest (size and SHA-256) first.
+    The shard files are verified against the checkpoint's manifest (size and SHA-256) and checked to load with
+    ``weights_only=True`` (plus DeepSpeed's own classes) first.
 
     Raises:
         FileNotFoundError: ``checkpoint`` is not a folder.
         ValueError: it is no complete DeepSpeed checkpoint (no manifest or no ``shards/taskfit_deepspeed.json``),
-            or a shard is corrupted.
+            or a shard is corrupted (``CheckpointError``) or needs arbitrary unpickling (``UnsafeCheckpointError``).
         ModuleNotFoundError: DeepSpeed is not installed (``pip install taskfit[deepspeed]``).
     """
-    from taskfit.checkpoint import read_manifest
-    from taskfit.io.checkpoint_io import TorchCheckpointIO, file_entry
+    from taskfit.io.checkpoint_format import CheckpointReader
+    from taskfit.io.checkpoint_io import TorchCheckpointIO
+    from taskfit.strategies.deepspeed_files import load_engine_file
 
     if not os.path.isdir(checkpoint):
         raise FileNotFoundError(f"Checkpoint folder {checkpoint!r} does not exist.")
-    manifest = read_manifest(TorchCheckpointIO(), checkpoint)
-    if META_NAME not in manifest["files"]:
+    reader = CheckpointReader(TorchCheckpointIO(), checkpoint)
+    if META_NAME not in reader.files:
         raise ValueError(f"{checkpoint!r} is not a DeepSpeed checkpoint (its manifest lists no {META_NAME}); "
                          "checkpoints of other strategies already hold full weights in model.safetensors.")
-    for name, entry in manifest["files"].items():
-        if name.startswith("shards/"):
-            with open(os.path.join(checkpoint, name), "rb") as fh:
-                if file_entry(fh.read()) != entry:
-                    raise ValueError(f"Checkpoint file {os.path.join(checkpoint, name)!r} is corrupted or truncated "
-                                     "(size/SHA-256 differ from the manifest).")
-    with open(os.path.join(checkpoint, META_NAME), encoding="utf-8") as fh:
-        meta = json.load(fh)
+    meta = reader.read(META_NAME)
+    if not isinstance(meta, dict) or not {"tag", "zero_stage", "prefix"} <= set(meta):
+        raise ValueError(f"{os.path.join(checkpoint, META_NAME)!r} is not a taskfit DeepSpeed description.")
+    # every engine file: verified against the manifest and proven loadable with weights_only=True (plus DeepSpeed's
+    # own classes) before DeepSpeed's converter, which unpickles without restrictions, opens it
+    engine_files = {}
+    for name in reader.files:
+        if name.startswith("shards/") and name.endswith(".pt"):
+            engine_files[name] = load_engine_file(reader.read_bytes(name), repr(os.path.join(checkpoint, name)))
     shards = os.path.join(checkpoint, "shards")
     if meta["zero_stage"] == 0:  # no ZeRO: the engine's model file holds the full module
-        states = torch.load(os.path.join(shards, meta["tag"], "mp_rank_00_model_states.pt"), map_location="cpu",
-                            weights_only=False)
+        states = engine_files.get(f"shards/{meta['tag']}/mp_rank_00_model_states.pt")
+        if states is None:
+            raise ValueError(f"{checkpoint!r} lists no shards/{meta['tag']}/mp_rank_00_model_states.pt.")
         full = {k: v.float() if v.is_floating_point() else v for k, v in states["module"].items()}
     else:
         require_deepspeed()
@@ -90,7 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
         path = convert_checkpoint(ns.checkpoint, ns.output_dir)
-    except (FileNotFoundError, ValueError, ModuleNotFoundError) as err:
+    except (FileNotFoundError, ValueError, ModuleNotFoundError, pickle.UnpicklingError) as err:
         print(f"taskfit convert: error: {err}", file=sys.stderr)
         return 2
     print(path)

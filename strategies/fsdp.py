@@ -366,7 +366,8 @@ class FSDPStrategy(ParallelStrategy):
                     lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(path, single_file_per_rank=True)))
         return rank_file_names(self.global_rank, with_metadata=self.is_global_zero)
 
-    def load_checkpoint_shards(self, module: nn.Module, optimizer: Any, folder: str, names: list[str]) -> bool:
+    def load_checkpoint_shards(self, module: nn.Module, optimizer: Any, folder: str, names: list[str],
+                               reader: Any = None) -> bool:
         """Restore model and optimizer: from the DCP shards (any world size: DCP reshards), or, without shards,
         from full ``model.safetensors``/``optimizer.pt`` (a ``"full"`` FSDP checkpoint or one written by a
         single-device / DDP run), each rank keeping its shard. Returns True when it restored them."""
@@ -375,31 +376,36 @@ class FSDPStrategy(ParallelStrategy):
             set_optimizer_state_dict,
         )
 
+        from taskfit.io.checkpoint_format import CheckpointReader
+
         if self.model is None:
             return False
+        reader = reader or CheckpointReader(self.checkpoint_io, folder)
         if is_dcp_checkpoint(names):
             import torch.distributed.checkpoint as dcp
+
+            from taskfit.strategies.checkpoint_shards import dcp_reader, verified_shard_bytes
 
             path = shard_folder(local_folder(self.checkpoint_io, folder))
             state: dict[str, Any] = {"model": get_model_state_dict(module)}
             if optimizer is not None:
                 state["optim"] = get_optimizer_state_dict(module, optimizer)
             self._check("torch.distributed.checkpoint load",
-                        lambda: dcp.load(state, storage_reader=dcp.FileSystemReader(path)))
+                        lambda: dcp.load(state, storage_reader=dcp_reader(path, verified_shard_bytes(reader),
+                                                                       reader.weights_only)))
             set_model_state_dict(module, state["model"])
             if optimizer is not None:
                 set_optimizer_state_dict(module, optimizer, state["optim"])
             return True
-        from taskfit.checkpoint import exportable_model, read_file, read_manifest
+        from taskfit.checkpoint import exportable_model
 
-        io = self.checkpoint_io
-        manifest = read_manifest(io, folder)
+        manifest = reader.manifest
         weights = next((n for n in ("model.safetensors", "pytorch_model.bin") if n in manifest["files"]), None)
         if weights is None:
             return False
         # every rank holds the full tensors: cut its own shard locally (no collective) and load the sharded dicts
         target = exportable_model(module)
-        full_model = read_file(io, folder, weights, manifest)
+        full_model = reader.read(weights)
         own = get_model_state_dict(target)
         missing, unexpected = sorted(set(own) - set(full_model)), sorted(set(full_model) - set(own))
         if missing or unexpected:
@@ -407,7 +413,7 @@ class FSDPStrategy(ParallelStrategy):
                              f"unexpected keys {unexpected[:5]}.")
         set_model_state_dict(target, shard_like(full_model, own))
         if optimizer is not None and "optimizer.pt" in manifest["files"]:
-            osd = optimizer_state_by_name(read_file(io, folder, "optimizer.pt", manifest),
+            osd = optimizer_state_by_name(reader.read("optimizer.pt"),
                                           parameter_names(module, optimizer))
             own_osd = get_optimizer_state_dict(module, optimizer)
             set_optimizer_state_dict(module, optimizer, {"state": shard_like(osd["state"], own_osd["state"]),

@@ -26,14 +26,19 @@ _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.
                "min": dist.ReduceOp.MIN}
 
 
+_collective_failed = False  # a collective of this process failed: peers may be gone or stuck
+
+
 def destroy_process_group() -> None:
     """Tear the process group down before the interpreter exits: left to interpreter shutdown, gloo's worker
     threads can still be joinable when their destructors run, which aborts the process ("terminate called without
-    an active exception") after training finished."""
+    an active exception") after training finished. After a failed collective the closing barrier is skipped (a
+    stuck peer would only make this process wait)."""
     if dist.is_available() and dist.is_initialized():
         try:
-            if dist.get_backend() == "gloo":  # let every rank arrive first: a peer closing its sockets while
-                # this rank's gloo threads still read from them aborts the process
+            # let every rank arrive first: a peer closing its sockets while this rank's gloo threads still read
+            # from them aborts the process
+            if dist.get_backend() == "gloo" and not _collective_failed:
                 dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
         except Exception:  # a peer already died: nothing to wait for
             pass
@@ -76,8 +81,13 @@ class ParallelStrategy(Strategy):
         self.launcher: Any = None
         env = self.cluster_environment
         if not env.creates_processes_externally and env.world_size() > 1:
-            cls = SubprocessScriptLauncher if start_method == "popen" else MultiprocessingLauncher
-            self.launcher = cls(self.num_processes, self.num_nodes, env.node_rank(), env.main_address, env.main_port)
+            if start_method == "popen":  # wait for the workers at most ddp_timeout plus a few seconds
+                timeout = float(getattr(args, "ddp_timeout", None) or 1800) + 5.0
+                self.launcher = SubprocessScriptLauncher(self.num_processes, self.num_nodes, env.node_rank(),
+                                                         env.main_address, env.main_port, join_timeout=timeout)
+            else:
+                self.launcher = MultiprocessingLauncher(self.num_processes, self.num_nodes, env.node_rank(),
+                                                        env.main_address, env.main_port)
 
     def _device_for(self, local_rank: int) -> torch.device:
         if self.devices and self.devices[0].type != "cpu":
@@ -141,6 +151,8 @@ class ParallelStrategy(Strategy):
                 dist.init_process_group(self.backend, init_method="env://", rank=env.global_rank(),
                                         world_size=env.world_size(), timeout=timeout)
             except Exception as exc:
+                if isinstance(self.launcher, SubprocessScriptLauncher):
+                    self.launcher.failed = True
                 raise DistributedError(f"Could not form the process group ({env.describe()}, backend "
                                        f"{self.backend!r}): {exc}") from exc
             log.info("Process group ready: %s, backend %s.", env.describe(), self.backend)
@@ -176,6 +188,10 @@ class ParallelStrategy(Strategy):
             if not (isinstance(exc, getattr(dist, "DistError", ())) or any(
                     k in text for k in ("gloo", "Gloo", "NCCL", "Connection", "connection", "timed out", "Timed out"))):
                 raise  # an ordinary error (e.g. in the user's backward), not a communication failure
+            global _collective_failed
+            _collective_failed = True
+            if isinstance(self.launcher, SubprocessScriptLauncher):
+                self.launcher.failed = True  # at exit, do not wait long for workers that may be stuck
             raise DistributedError(
                 f"{what} failed on rank {self.global_rank} of {self.world_size}: another process stopped or did not "
                 f"answer within ddp_timeout={getattr(self.args, 'ddp_timeout', None)} s. Cause: {exc}") from exc

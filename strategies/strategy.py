@@ -250,23 +250,30 @@ class Strategy:
         return None
 
     def load_checkpoint_shards(self, module: torch.nn.Module, optimizer: Any, folder: str,
-                               names: list[str]) -> bool:
-        """Restore model and optimizer from the shard files ``names`` of checkpoint ``folder`` (their checksums
-        were verified); True when restored. Here (one full copy of the model per process: single device, DDP):
-        FSDP's ``torch.distributed.checkpoint`` shards (``shards/.metadata``) are converted to one full state dict
-        (any saved world size) and loaded. Return False when ``names`` is empty or holds nothing this strategy
-        reads; the full ``model.safetensors``/``optimizer.pt`` are loaded then.
+                               names: list[str], reader: Any = None) -> bool:
+        """Restore model and optimizer from the shard files ``names`` of checkpoint ``folder``; True when restored.
+        ``reader`` (a :class:`~taskfit.io.checkpoint_format.CheckpointReader` of ``folder``) verifies each file
+        against the manifest on the bytes that are loaded (one read per file); built here when None. Here (one
+        full copy of the model per process: single device, DDP): FSDP's ``torch.distributed.checkpoint`` shards
+        (``shards/.metadata``) are converted to one full state dict (any saved world size) and loaded. Return
+        False when ``names`` is empty or holds nothing this strategy reads; the full ``model.safetensors``/
+        ``optimizer.pt`` are loaded then.
 
         Raises:
             ValueError: shards that do not match ``module`` / ``optimizer`` (names the keys).
+            CheckpointError: a shard is missing or corrupted. UnsafeCheckpointError: it needs arbitrary unpickling.
         """
+        from taskfit.io.checkpoint_format import CheckpointReader
         from taskfit.strategies.checkpoint_shards import (
-            is_dcp_checkpoint, load_full_into, local_folder, read_full_state_dict,
+            is_dcp_checkpoint, load_full_into, local_folder, read_full_state_dict, verified_shard_bytes,
         )
 
         if not is_dcp_checkpoint(names):
             return False
-        load_full_into(module, optimizer, read_full_state_dict(local_folder(self.checkpoint_io, folder)))
+        reader = reader or CheckpointReader(self.checkpoint_io, folder)
+        state = read_full_state_dict(local_folder(self.checkpoint_io, folder), verified_shard_bytes(reader),
+                                     reader.weights_only)
+        load_full_into(module, optimizer, state)
         return True
 
     def save_checkpoint(self, source: Any, training_state: dict[str, Any]) -> str:

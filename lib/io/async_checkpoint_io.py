@@ -8,6 +8,7 @@ save, a load, a removal and :meth:`teardown` first wait for it, and a failed bac
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -17,6 +18,9 @@ import torch
 from lightning_utilities.core.apply_func import apply_to_collection
 
 from taskfit.io.checkpoint_io import CheckpointIO, FileEntry, TorchCheckpointIO
+
+
+_THREAD_PREFIX = "taskfit-checkpoint"
 
 
 class CheckpointSaveError(RuntimeError):
@@ -61,7 +65,7 @@ class AsyncCheckpointIO(CheckpointIO):
         self.wait()
         args = snapshot(args)
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskfit-checkpoint")
+            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=_THREAD_PREFIX)
 
         def run() -> None:
             t0 = time.perf_counter()
@@ -72,6 +76,8 @@ class AsyncCheckpointIO(CheckpointIO):
         self.last_blocking_seconds = time.perf_counter() - start
 
     def wait(self) -> None:
+        if threading.current_thread().name.startswith(_THREAD_PREFIX):
+            return  # called by the save running on the background thread itself: waiting would deadlock
         future, self._future = self._future, None
         if future is None:
             return

@@ -10,6 +10,7 @@ and safetensors); a file that needs full unpickling is refused with :class:`Unsa
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -27,7 +28,12 @@ import torch
 FileEntry = dict[str, Any]
 
 
-class UnsafeCheckpointError(pickle.UnpicklingError):
+class CheckpointError(ValueError):
+    """A checkpoint cannot be used: missing, incomplete, corrupted (checksum mismatch), unsafe or incompatible.
+    The message names the file."""
+
+
+class UnsafeCheckpointError(pickle.UnpicklingError, CheckpointError):
     """A checkpoint file holds pickled objects that ``torch.load(weights_only=True)`` refuses (they could run code
     when loaded). Load it with ``weights_only=False`` only if you trust where it came from."""
 
@@ -59,11 +65,16 @@ def write_bytes_atomic(path: str, data: bytes, storage_options: dict | None = No
     if is_local_fs(fs):
         os.makedirs(os.path.dirname(p) or ".", exist_ok=True)
         tmp = f"{p}.tmp-{uuid.uuid4().hex[:8]}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, p)
+        except OSError as exc:  # a full disk or a file-size limit: name the file, leave no partial temp file
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise OSError(exc.errno, f"Could not write {len(data)} bytes to {p!r}: {exc.strerror or exc}") from exc
         return
     parent = p.rsplit("/", 1)[0] if "/" in p else ""
     if parent:
@@ -122,8 +133,8 @@ def deserialize(name: str, data: bytes, map_location: Any = "cpu", weights_only:
     try:
         return torch.load(io.BytesIO(data), map_location=map_location, weights_only=weights_only)
     except pickle.UnpicklingError as exc:
-        if not weights_only:
-            raise
+        if not weights_only or "weights only" not in str(exc).lower():
+            raise  # not a refused global: garbage bytes (callers name the file)
         raise UnsafeCheckpointError(
             f"Refusing to load {name!r}: it contains pickled objects that torch.load(weights_only=True) does not "
             "allow, and unpickling them could run arbitrary code. If you trust this checkpoint, load it with "
@@ -243,7 +254,9 @@ class CheckpointIO(ABC):
         fs, s = self.fs(src)
         _, d = self.fs(dst)
         if is_local_fs(fs):
-            if os.path.exists(d):
+            if os.path.islink(d):  # replace the link itself, never what it points to
+                os.unlink(d)
+            elif os.path.exists(d):
                 import shutil
 
                 shutil.rmtree(d)
@@ -270,5 +283,7 @@ class TorchCheckpointIO(CheckpointIO):
     def remove_checkpoint(self, path: str) -> None:
         fs, p = self.fs(path)
         fs.invalidate_cache()
-        if fs.exists(p):
+        if is_local_fs(fs) and os.path.islink(p):  # remove the link, never what it points to
+            os.unlink(p)
+        elif fs.exists(p):
             fs.rm(p, recursive=True)

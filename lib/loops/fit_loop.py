@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import torch
 
 from taskfit.data.loaders import set_loader_epoch, skip_first_batches
+from taskfit.loops.finite import check_finite
 from taskfit.module import infer_batch_size
 from taskfit.seed import set_rng_states
 
@@ -266,6 +267,8 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "epoch":
                 control.should_save = True
+        if control.should_log or control.should_save:  # the only host sync it adds: on logging and save steps
+            check_finite(self.strategy, run.module, step, args.output_dir)
         if control.should_log and sums.steps_since_log:
             tr_loss = float(self._global_tr_loss())
             loss = tr_loss / sums.steps_since_log

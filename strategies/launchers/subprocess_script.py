@@ -8,6 +8,7 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from typing import Any
 
 log = logging.getLogger("taskfit")
@@ -35,18 +36,28 @@ class SubprocessScriptLauncher:
 
     Each worker gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
     ``TASKFIT_LAUNCHED=1`` and ``OMP_NUM_THREADS`` (default 1, as torchrun does: with one thread per process per
-    core, several processes do not oversubscribe the CPU). At exit this process waits for its workers.
+    core, several processes do not oversubscribe the CPU). At exit this process waits for its workers, bounded:
+    ``join_timeout`` seconds after a successful run, ``grace`` seconds after a failed one (an exception, or a
+    failed collective: the workers then fail on their own within ``ddp_timeout``); workers still running are then
+    terminated (SIGTERM), and after ``grace`` more seconds killed (SIGKILL, which also ends stopped processes), and
+    reaped, so no orphan or zombie remains.
 
     Args:
         num_processes (int): processes on this node.
         num_nodes (int): nodes.
         node_rank (int): this node's index.
         main_address (str), main_port (int): the rendezvous.
+        join_timeout (float): seconds to wait for the workers at the end of a successful run (``ddp_timeout`` plus
+            a few seconds).
+        grace (float): seconds before escalating after a failure, and from SIGTERM to SIGKILL.
     """
 
-    def __init__(self, num_processes: int, num_nodes: int, node_rank: int, main_address: str, main_port: int) -> None:
+    def __init__(self, num_processes: int, num_nodes: int, node_rank: int, main_address: str, main_port: int,
+                 join_timeout: float = 1805.0, grace: float = 5.0) -> None:
         self.num_processes, self.num_nodes, self.node_rank = num_processes, num_nodes, node_rank
         self.main_address, self.main_port = main_address, main_port
+        self.join_timeout, self.grace = float(join_timeout), float(grace)
+        self.failed = False  # set by the strategy when a collective failed
         self.procs: list[subprocess.Popen] = []
 
     @property
@@ -69,19 +80,35 @@ class SubprocessScriptLauncher:
                  " ".join(cmd[1:3]), world, self.main_address, self.main_port)
         atexit.register(self.join)
 
-    def join(self, timeout: float | None = 600.0) -> list[int]:
-        """Wait for the workers (killing those still running after ``timeout`` seconds); their exit codes."""
-        codes = []
-        for p in self.procs:
+    def join(self, timeout: float | None = None) -> list[int]:
+        """Wait for the workers (at most ``timeout`` seconds; default ``join_timeout``, or ``grace`` when this run
+        failed), then terminate and kill those still running; returns their exit codes (negative: the signal)."""
+        if timeout is None:
+            failed = self.failed or getattr(sys, "last_value", None) is not None  # an uncaught exception
+            timeout = self.grace if failed else self.join_timeout
+        deadline = time.monotonic() + timeout
+        codes: list[int | None] = [None] * len(self.procs)
+        for i, p in enumerate(self.procs):
             try:
-                codes.append(p.wait(timeout=timeout))
+                codes[i] = p.wait(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                p.kill()
-                codes.append(p.wait())
+                pass
+        late = [i for i, c in enumerate(codes) if c is None]
+        if late:
+            log.error("Worker process(es) (local ranks %s) did not exit within %.0f s; terminating them.",
+                      [i + 1 for i in late], timeout)
+            for i in late:
+                self.procs[i].terminate()
+            for i in late:
+                try:
+                    codes[i] = self.procs[i].wait(timeout=self.grace)
+                except subprocess.TimeoutExpired:
+                    self.procs[i].kill()  # also ends a stopped (SIGSTOP) process
+                    codes[i] = self.procs[i].wait()
         bad = [(i + 1, c) for i, c in enumerate(codes) if c]
         if bad:
             log.error("Worker process(es) exited with errors (local rank, exit code): %s", bad)
-        return codes
+        return [int(c) for c in codes if c is not None]
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "procs": []}
