@@ -105,4 +105,23 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
             raise TypeError("configure_optimizers must return an optimizer, (optimizer, scheduler), ([optimizers], "
                             "[schedulers]), {'optimizer': ..., 'lr_scheduler': ...} or a list of such dicts; got "
                             f"{type(cfg).__name__}.")
+    for o in opts:
+        check_parameters_in_model(o, module)
     return opts, [_one_scheduler(s, args) for s in scheds]
+
+
+def check_parameters_in_model(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+    """Refuse an optimizer that holds a parameter the model does not have (it would train nothing of the model,
+    or another model's weights).
+
+    Raises:
+        ValueError: names the parameter group, the index and the shape of the first foreign parameter.
+    """
+    own = {id(p) for p in model.parameters()}
+    for g, group in enumerate(optimizer.param_groups):
+        for i, p in enumerate(group["params"]):
+            if id(p) not in own:
+                raise ValueError(
+                    f"The optimizer ({type(optimizer).__name__}) holds a parameter that is not in the model "
+                    f"{type(model).__name__}: param_groups[{g}]['params'][{i}] of shape {tuple(p.shape)}. Build the "
+                    "optimizer over this model's parameters (model.parameters()).")
