@@ -23,14 +23,14 @@ from taskfit.connector import resolve_components
 from taskfit.fit_mixins import CallbackManagement, ProcessInfo
 from taskfit.io.checkpoint_io import join
 from taskfit.data.loaders import DataModule, build_dataloader, per_process_batch_size, floating_point_ops, forward_parameter_names, num_examples, num_tokens
-from taskfit.loggers import Logger, build_loggers
+from taskfit.loggers import Logger, build_loggers, resume_loggers, send_summary
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
 from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState
 from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_metrics_json, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
-from taskfit.summary import process_log_level
+from taskfit.console import LogPrinter, configure_console
 from taskfit.seed import enable_full_determinism, seed_everything
 from taskfit.summary import log_summary
 from taskfit.wrapping import ModelTaskModule, model_loss
@@ -111,8 +111,7 @@ class Fit(ProcessInfo, CallbackManagement):
         self.model_init = model_init
 
         self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
-        if not args.disable_tqdm:
-            self.callbacks.insert(0, ProgressBar())
+        self.callbacks.insert(0, LogPrinter() if args.disable_tqdm else ProgressBar())  # the console view
         efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
         self.loggers: list[Logger] = build_loggers(args, loggers)
         self.state = FitState(is_local_process_zero=self.strategy.local_rank == 0,
@@ -134,9 +133,7 @@ class Fit(ProcessInfo, CallbackManagement):
         self._resume_point: Any = None  # set by fit(resume_from_checkpoint=...), consumed by the fit loop
         self._publisher: Any = None
         self._setup_done_for: nn.Module | None = None
-        level = process_log_level(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
-        if level:
-            log.setLevel(level)
+        configure_console(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
     # ------------------------------------------------------------------------------------------- setup ---
@@ -277,6 +274,8 @@ class Fit(ProcessInfo, CallbackManagement):
         module._log_defaults = (True, False)
         ckpt = resolve_checkpoint(self, resume_from_checkpoint)
         self._resume_point = restore(self, ckpt, weights_only) if ckpt else None
+        if ckpt and self.is_global_zero:  # every logger continues the same run from the checkpoint's step
+            resume_loggers(self.loggers, st.global_step, st.log_history)
         self._publisher = make_publisher(self)  # push_to_hub: uploads on a background thread
         self._flos_per_sample = 6 * sum(p.numel() for p in module.parameters())
         self._start_step = st.global_step
@@ -309,7 +308,7 @@ class Fit(ProcessInfo, CallbackManagement):
         for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
             metrics.update(getattr(cb, "train_metrics", dict)())
         metrics.update(finish_checkpoints(self, metrics, self._publisher))  # best model, final push
-        self._log(dict(metrics))
+        self._log(dict(metrics), summary=True)
         hooks.call("on_train_end", self, module)
         hooks.call_hf("on_train_end", args, st, ctl, **self._hf_kwargs())
         hooks.call("on_fit_end", self, module)
@@ -326,15 +325,18 @@ class Fit(ProcessInfo, CallbackManagement):
             for lg in self.loggers:
                 lg.finalize(status)
 
-    def _log(self, logs: dict[str, Any]) -> None:
-        """Send ``logs`` to every logger and ``on_log`` callbacks; append to ``state.log_history``."""
+    def _log(self, logs: dict[str, Any], summary: bool = False) -> None:
+        """Send ``logs`` to every logger (``summary``: the end-of-run summary, kept apart from the per-step
+        names) and ``on_log`` callbacks; append to ``state.log_history``."""
         st = self.state
         logs.setdefault("epoch", round(st.epoch, 4))
         st.log_history.append({**logs, "step": st.global_step})
         self.logged_metrics.update(logs)
         self.callback_metrics.update(logs)
         if self.is_global_zero:
-            for lg in self.loggers:
+            if summary:
+                send_summary(self.loggers, logs, st.global_step)
+            for lg in self.loggers if not summary else ():
                 lg.log_metrics(logs, st.global_step)
         if self._hooks.hf["on_log"]:
             self._hooks.call_hf("on_log", self.args, st, self.control, logs=logs)

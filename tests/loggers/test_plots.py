@@ -7,7 +7,7 @@ import os
 import pytest
 from taskfit import Fit
 from taskfit.cli import main as cli_main
-from taskfit.plots import PNG_NAME, curve_names, plot_history, read_metrics_csv
+from taskfit.plots import PNG_NAME, curve_names, panels, plot_history, read_metrics_csv
 
 from logger_test_model import Regression, regression_data
 
@@ -24,15 +24,18 @@ def run_dir(tmp_path):
 
 
 def test_png_written_at_end_of_fit_F_OBS_3(run_dir):
-    """F-OBS-3: after fit, ``logs/training_curves.png`` holds one panel per curve (loss, learning_rate,
-    eval_loss, eval_mae: 4 panels -> 3 columns x 2 rows of 420x300 px); the drawn data are the CSV rows."""
+    """F-OBS-3: after fit, ``logs/training_curves.png`` holds one panel per logged quantity (loss with
+    eval_loss, learning_rate, grad_norm, mae: 4 panels -> 3 columns x 2 rows of 420x300 px); the drawn data are
+    the CSV rows."""
     from matplotlib.image import imread
 
     tmp_path, fit = run_dir
     png = tmp_path / "logs" / PNG_NAME
     assert fit.loggers[0].plot_path == str(png) and png.is_file()
     rows = read_metrics_csv(str(tmp_path / "logs" / "metrics.csv"))
-    assert curve_names(rows) == ["loss", "learning_rate", "eval_loss", "eval_mae"]
+    assert panels(rows) == [("loss", ["loss", "eval_loss"]), ("learning_rate", ["learning_rate"]),
+                            ("grad_norm", ["grad_norm"]), ("mae", ["eval_mae"])]
+    assert curve_names(rows) == ["loss", "eval_loss", "learning_rate", "grad_norm", "eval_mae"]
     assert [r["step"] for r in rows if "loss" in r] == [2, 4, 6, 8]
     assert [r["learning_rate"] for r in rows if "learning_rate" in r] == pytest.approx([0.0375, 0.025, 0.0125, 0.0])
     image = imread(str(png))
