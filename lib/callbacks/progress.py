@@ -41,7 +41,9 @@ class ProgressBar(Callback):
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         if not logs or not state.is_world_process_zero:
             return
-        evaluation = [k for k in logs if k.startswith(("eval_", "test_")) and not k.endswith(_SPEED)]
+        # an evaluation's dict carries its <prefix>_runtime (names such as val_acc keep no eval_ prefix)
+        evaluation = [k for k in logs if not k.endswith(_SPEED) and k != "epoch"] if any(
+            k.endswith("_runtime") and k != "train_runtime" for k in logs) else []
         if evaluation:  # every evaluation: one line above the bar (or on its own), its values in the postfix
             from tqdm.auto import tqdm
 

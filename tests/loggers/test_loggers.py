@@ -196,3 +196,34 @@ def test_missing_logger_package_names_the_extra_F_OBS_2(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(ValueError, match="mode='cloud' is not valid.*offline"):
         WandbLogger("x", mode="cloud")
+
+
+# --------------------------------------------------------------------------------- name collisions ---
+def test_user_train_loss_and_run_summary_keep_apart_F_OBS_6(tmp_path):
+    """F-OBS-6: a user's per-step ``self.log("train_loss")`` keeps its name and only its own values in every
+    logger; the end-of-run mean ``train_loss`` goes to ``summary.json`` (CSV) and ``summary/train_loss``
+    (TensorBoard), so the curve does not jump at the last step; TensorBoard tags are grouped."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch import nn
+
+    class UserLoss(Regression):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+            self.log("train_loss", loss * 100)  # deliberately far from the run's mean loss
+            return loss
+
+    fit = Fit(output_dir=str(tmp_path), disable_tqdm=True, report_to=["csv", "tensorboard"], save_strategy="no",
+              max_steps=6, logging_steps=2, per_device_train_batch_size=2, learning_rate=0.05)
+    out = fit.fit(UserLoss(), _data(12))
+    user = {h["step"]: h["train_loss"] for h in fit.state.log_history if "loss" in h}
+    assert sorted(user) == [2, 4, 6]
+    with open(tmp_path / "logs" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {int(r["step"]): float(r["train_loss"]) for r in rows if r["train_loss"]} == pytest.approx(user)
+    summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
+    assert summary["train_loss"] == pytest.approx(out.training_loss) and summary["step"] == 6
+    acc = EventAccumulator(str(tmp_path / "logs"))
+    acc.Reload()
+    assert {e.step: e.value for e in acc.Scalars("train/train_loss")} == pytest.approx(user, rel=1e-6)
+    assert [(e.step, e.value) for e in acc.Scalars("summary/train_loss")] == [(6, pytest.approx(out.training_loss))]
