@@ -216,6 +216,7 @@ class FitArguments(ArgumentSetters):
     generation_config: str | dict | None = _opt(None, "Generation config: path, model id, dict or JSON string.", "generation")
     # taskfit.
     eval_on_start: bool = _opt(False, "Run one evaluation before the first training step (sanity check).", "evaluation")
+    save_on_interrupt: bool | None = _opt(None, "On SIGTERM/Ctrl-C: finish the step, then checkpoint (True: on both; None: on SIGTERM and SLURM's SIGUSR1 only; False: never).", "checkpoint")
     accelerator: str = _opt("auto", "Device kind: auto | cpu | cuda | mps | xla.", "placement")
     strategy: str = _opt("auto", "Distribution strategy: auto | single_device | dp | ddp | fsdp | deepspeed | ...", "placement")
     devices: int | str | list[int] = _opt("auto", "Devices: a count, a list of indices, 'auto' or -1 (all).", "placement")

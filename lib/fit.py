@@ -32,6 +32,7 @@ from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
 from taskfit.console import LogPrinter, configure_console
 from taskfit.seed import enable_full_determinism, seed_everything
+from taskfit.signals import install_graceful_stop
 from taskfit.summary import log_summary
 from taskfit.wrapping import ModelTaskModule, model_loss
 from taskfit import efficiency
@@ -292,6 +293,7 @@ class Fit(ProcessInfo, CallbackManagement):
         hooks.call("on_train_start", self, module)
         module.train()
         loop = FitLoop(self)
+        loop.stop = install_graceful_stop(args.save_on_interrupt, self.world_size)  # SIGTERM / Ctrl-C / SLURM
         start = time.perf_counter()
         try:
             if args.eval_on_start and self._eval_loaders:
@@ -300,8 +302,10 @@ class Fit(ProcessInfo, CallbackManagement):
         except BaseException as exc:
             wait_for_saves_quietly(self)
             hooks.call("on_exception", self, module, exc)
-            self._finalize_loggers("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            self._finalize_loggers("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
             raise
+        finally:
+            loop.stop.uninstall()
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
                                 st.global_step - self._start_step)
         metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)

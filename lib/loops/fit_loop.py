@@ -90,6 +90,7 @@ class FitLoop:
         self.grad_norm: torch.Tensor | None = None
         self.loss_start_step = fit._start_step  # total_loss covers the steps from here on
         self.epoch_done = False
+        self.stop: Any = None  # taskfit.signals.GracefulStop: read once per optimizer step
 
     def state_dict(self) -> dict[str, Any]:
         """The running loss sums, saved in checkpoints so a resumed run logs exactly the same losses."""
@@ -246,6 +247,10 @@ class FitLoop:
         fit = self.fit
         state, control, args, hooks = fit.state, fit.control, fit.args, fit._hooks
         step = state.global_step
+        signum = self.stop.poll() if self.stop is not None and not epoch_end else 0
+        if signum:  # SIGTERM / Ctrl-C / SLURM requeue: this step is the last one
+            control.should_training_stop = True
+            control.should_save = control.should_save or self.stop.should_save(signum)
         if not epoch_end:
             if args.logging_strategy == "steps" and (step % state.logging_steps == 0
                                                      or (step == 1 and args.logging_first_step)):
@@ -283,6 +288,8 @@ class FitLoop:
             fit._evaluate_during_fit()
         if control.should_save:
             fit._save_checkpoint(self.state_dict())
+        if signum:
+            raise self.stop.stop(fit.strategy.checkpoint_io, args.output_dir, step, fit.is_global_zero)
         control._new_step()
 
     def _global_tr_loss(self) -> torch.Tensor:
