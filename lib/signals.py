@@ -49,7 +49,8 @@ def resume_command(checkpoint: str) -> str:
     for the ``taskfit`` CLI; for a script, the same command line (the script resumes when it calls
     ``fit.fit(..., resume_from_checkpoint=True)`` or names the checkpoint)."""
     argv = list(sys.argv)
-    if argv and (os.path.basename(argv[0]) == "taskfit" or argv[0].endswith(os.path.join("taskfit", "__main__.py"))):
+    cli_file = os.path.abspath(os.path.join(os.path.dirname(__file__), "cli.py"))
+    if argv and (os.path.basename(argv[0]) == "taskfit" or os.path.abspath(argv[0]) == cli_file):
         cmd = ["taskfit"] + argv[1:]
         if "--resume_from_checkpoint" in cmd:
             i = cmd.index("--resume_from_checkpoint")
