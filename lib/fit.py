@@ -27,6 +27,7 @@ from taskfit.loggers import Logger, build_loggers, resume_loggers, send_summary
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
 from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState
+from taskfit.metric_checks import check_before_training, missing_metric_error
 from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_metrics_json, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
@@ -258,6 +259,10 @@ class Fit(ProcessInfo, CallbackManagement):
         self.control = FitControl()
         self.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset")
         self._eval_loaders = self._eval_loader_dict(eval_data, data_collator)
+        if self._eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model:
+            check_before_training(args.metric_for_best_model, metric_key(args.metric_for_best_model, "eval"),
+                                  isinstance(module, ModelTaskModule), self.compute_metrics is not None,
+                                  list(self._eval_loaders) == [None])
 
         steps_per_epoch, max_steps, num_epochs = plan_steps(self.train_loader, args)
         st = self.state
@@ -374,8 +379,7 @@ class Fit(ProcessInfo, CallbackManagement):
             return
         key = metric_key(name, "eval")
         if key not in metrics:
-            raise KeyError(f"metric_for_best_model={name!r} ({key!r}) is not among the evaluation metrics "
-                           f"{sorted(metrics)}.")
+            raise missing_metric_error(name, key, metrics)
         value, best = metrics[key], self.state.best_metric
         greater = self.args.greater_is_better if self.args.greater_is_better is not None else not key.endswith("loss")
         if best is None or (value > best if greater else value < best):
