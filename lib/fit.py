@@ -113,7 +113,10 @@ class Fit(ProcessInfo, CallbackManagement):
         self.model_init = model_init
 
         self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
-        self.callbacks.insert(0, LogPrinter() if args.disable_tqdm else ProgressBar())  # the console view
+        if args.disable_tqdm:  # the console view: one line per log, or the bar
+            self.callbacks.append(LogPrinter())
+        else:
+            self.callbacks.insert(0, ProgressBar())
         efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
         self.loggers: list[Logger] = build_loggers(args, loggers)
         self.state = FitState(is_local_process_zero=self.strategy.local_rank == 0,
