@@ -13,8 +13,6 @@ import logging
 import sys
 from typing import Any
 
-from taskfit.callbacks.base import Callback
-
 log = logging.getLogger("taskfit")
 
 
@@ -56,9 +54,10 @@ def format_logs(logs: dict[str, Any]) -> str:
     return str(shown)
 
 
-class LogPrinter(Callback):
+class LogPrinter:
     """Print every logged dict as one line on global rank 0 (the console view when the progress bar is off;
-    mirrors HF's ``PrinterCallback``)."""
+    mirrors HF's ``PrinterCallback``). A plain HF-style callback object: it has no state, so checkpoints hold
+    nothing for it."""
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         if logs and state.is_world_process_zero:
