@@ -13,6 +13,7 @@ refuses them (``NotImplementedError`` naming the option and the issue where it l
 
 import contextlib
 import copy
+import functools
 import json
 import math
 import os
@@ -28,7 +29,7 @@ from taskfit.arguments_setters import (  # noqa: F401 - the option tables are re
     INTERVAL_STRATEGIES, LOG_LEVELS, LR_SCHEDULERS, OPTIMIZERS, PRECISIONS, REPORT_TO, SAVE_STRATEGIES,
     ArgumentSetters, field_kinds,
 )
-from taskfit.registry import invalid_choice
+from taskfit.registry import invalid_choice, unknown_option
 
 SECRET_FIELDS = ("hub_token", "push_to_hub_token")
 
@@ -217,6 +218,7 @@ class FitArguments(ArgumentSetters):
     generation_config: str | dict | None = _opt(None, "Generation config: path, model id, dict or JSON string.", "generation")
     # taskfit.
     eval_on_start: bool = _opt(False, "Run one evaluation before the first training step (sanity check).", "evaluation")
+    save_on_interrupt: bool | None = _opt(None, "On SIGTERM/Ctrl-C: finish the step, then checkpoint (True: on both; None: on SIGTERM and SLURM's SIGUSR1 only; False: never).", "checkpoint")
     accelerator: str = _opt("auto", "Device kind: auto | cpu | cuda | mps | xla.", "placement")
     strategy: str = _opt("auto", "Distribution strategy: auto | single_device | dp | ddp | fsdp | deepspeed | ...", "placement")
     devices: int | str | list[int] = _opt("auto", "Devices: a count, a list of indices, 'auto' or -1 (all).", "placement")
@@ -377,7 +379,8 @@ class FitArguments(ArgumentSetters):
         names = set(cls.field_names())
         for key in keys:
             if key not in names:
-                raise invalid_choice("FitArguments option", key, names)
+                raise unknown_option("FitArguments option", key, names, "help(FitArguments) or `taskfit fit --help`",
+                                     _OTHER_NAMES)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "FitArguments":
@@ -563,5 +566,25 @@ def read_config(path_or_text: str | os.PathLike, fmt: str | None = None) -> dict
         raise ValueError(f"A config ({where}) must be a mapping of option names, got {type(data).__name__}.")
     return data
 
+
+#: names users bring from Lightning / plain PyTorch habits -> the FitArguments option
+_OTHER_NAMES = {"lr": "learning_rate", "epochs": "num_train_epochs", "max_epochs": "num_train_epochs",
+                "num_epochs": "num_train_epochs", "batch_size": "per_device_train_batch_size",
+                "accumulate_grad_batches": "gradient_accumulation_steps", "gradient_clip_val": "max_grad_norm",
+                "log_every_n_steps": "logging_steps", "default_root_dir": "output_dir", "weight_decay_rate": "weight_decay"}
+
+
+def _init_with_suggestions(init: Any) -> Any:
+    """Wrap the dataclass ``__init__`` so an unknown keyword names the closest options (not a bare TypeError)."""
+
+    @functools.wraps(init)
+    def __init__(self: FitArguments, *args: Any, **kwargs: Any) -> None:
+        type(self)._check_keys(kwargs)
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+FitArguments.__init__ = _init_with_suggestions(FitArguments.__init__)  # type: ignore[method-assign]
 
 __all__ = ["BUILT_LOGGERS", "PENDING_OPTIONS", "FitArguments", "read_config"]

@@ -3,7 +3,7 @@
 ::
 
     taskfit fit --config run.yaml --strategy ddp --devices 2 --max_steps 100
-    taskfit validate|test|predict --config run.yaml
+    taskfit validate|test|predict --config run.yaml --ckpt_path last   (or best, or a checkpoint path)
     python -m taskfit.cli fit --config run.yaml
     taskfit bench overhead --quick --check    (benchmark suites, from a source checkout: benchmarks/README.md)
 
@@ -20,7 +20,8 @@ Every option is also a flag ``--name value`` (``--name-with-dashes`` is accepted
 booleans accept ``--flag`` or ``--flag true|false``; list options accept several values or JSON; dict options
 accept JSON; ``null`` sets an optional option to None. Precedence: dataclass defaults < config file < flags
 (``*_kwargs`` flags are merged key by key into the config's). Unknown flags or config keys exit with status 2
-and a "Did you mean". The run prints its metrics as one JSON line, the last line of stdout.
+and a "Did you mean". The run prints its metrics as one JSON line, the last line of stdout (global rank 0 only).
+Import paths resolve from the config file's folder and the working directory, as ``python -m`` would.
 
 The core (``taskfit.fit.Fit``) is imported only when a command runs, so ``taskfit --help`` stays fast.
 """
@@ -85,7 +86,8 @@ def build_parser() -> argparse.ArgumentParser:
         parser.commands[command] = p  # type: ignore[attr-defined]
     sub.add_parser("plot", help="Redraw a run's training curves (PNG) from its metrics.csv: taskfit plot RUN_DIR.")
     sub.add_parser("bench", help="Run a benchmark suite (source checkout): taskfit bench SUITE [--quick] [--check].")
-    sub.add_parser("convert", help="Convert a DeepSpeed checkpoint to full fp32 weights: taskfit convert CHECKPOINT OUT.")
+    sub.add_parser("convert", help="Convert a sharded FSDP or DeepSpeed checkpoint to full weights: "
+                   "taskfit convert CHECKPOINT OUT.")
     return parser
 
 
@@ -101,6 +103,8 @@ def _add_options(p: argparse.ArgumentParser) -> None:
     run.add_argument("--datamodule_kwargs", metavar="JSON", type=_json_dict, help="Keyword arguments for "
                      "--datamodule.")
     run.add_argument("--print_config", action="store_true", help="Print the resolved config as YAML and exit.")
+    run.add_argument("--ckpt_path", metavar="PATH|best|last", help="validate/test/predict: score the weights of "
+                     "this checkpoint ('last': newest in output_dir, 'best': the run's best) instead of a fresh model.")
     groups = {key: p.add_argument_group(title) for key, title in _GROUPS.items()}
     for f in FitArguments.__dataclass_fields__.values():
         kinds = FitArguments.field_kinds(f.name)
@@ -160,7 +164,14 @@ def build_arguments(argv: Sequence[str] | None = None) -> tuple[FitArguments, di
     for key in config:
         if key not in names and key not in CONFIG_KEYS:
             command_parser.error(f"unknown config key {key!r} in {ns.config}.{did_you_mean(key, [*names, *CONFIG_KEYS])}")
-    extra: dict[str, Any] = {"command": ns.command, "config": ns.config, "print_config": ns.print_config}
+    extra: dict[str, Any] = {"command": ns.command, "config": ns.config, "print_config": ns.print_config,
+                             "ckpt_path": ns.ckpt_path}
+    if ns.ckpt_path and ns.command not in ("validate", "test", "predict"):
+        command_parser.error(f"--ckpt_path is for validate/test/predict; '{ns.command}' would ignore it "
+                             "(to continue training use --resume_from_checkpoint PATH|last).")
+    if ns.command in ("validate", "test", "predict") and getattr(ns, "resume_from_checkpoint", None):
+        command_parser.error(f"--resume_from_checkpoint continues training; '{ns.command}' would ignore it. "
+                             "Use --ckpt_path PATH|best|last to score a checkpoint's weights.")
     for key in CONFIG_KEYS:
         value = config.pop(key, None)
         flag = getattr(ns, key, None)
@@ -190,12 +201,27 @@ def _flag_value(name: str, value: Any) -> Any:
     return value
 
 
+#: folders put on ``sys.path`` for the import paths of a run (the config file's folder, set by ``main``)
+_SEARCH_PATHS: list[str] = []
+
+
+def _importable_paths() -> None:
+    """Put the config file's folder and the working directory on ``sys.path`` (as ``python -m`` puts the working
+    directory), so ``module: mymodels:Net`` finds ``mymodels.py`` next to ``run.yaml`` without PYTHONPATH."""
+    import os
+
+    for folder in [*_SEARCH_PATHS, os.getcwd()]:
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+
+
 def import_object(path: str) -> Any:
     """Import ``"pkg.mod:attr.sub"`` or ``"pkg.mod.attr"`` and return the object.
 
     Raises:
         CLIError: the module or attribute cannot be found (the message names the path).
     """
+    _importable_paths()
     module_name, sep, attr = path.partition(":")
     if not sep:
         module_name, _, attr = path.rpartition(".")
@@ -358,8 +384,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     tokens = sys.argv[1:] if argv is None else list(argv)
     if tokens[:1] == ["bench"]:  # F-BENCH-4: `taskfit bench SUITE` runs benchmarks/ of a source checkout
         return bench_main(tokens[1:])
-    if tokens[:1] == ["convert"]:  # F-CKPT-5: `taskfit convert CHECKPOINT OUT` (DeepSpeed shards -> fp32 weights)
-        from taskfit.strategies.deepspeed_convert import main as convert_main
+    if tokens[:1] == ["convert"]:  # `taskfit convert CHECKPOINT OUT` (FSDP / DeepSpeed shards -> full weights)
+        from taskfit.cli_checkpoints import convert_main
 
         return convert_main(tokens[1:])
     if tokens[:1] == ["plot"]:  # F-OBS-3: `taskfit plot RUN_DIR` has its own small parser
@@ -368,6 +394,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return plot_main(tokens[1:])
     args, extra = build_arguments(argv)
     command = extra["command"]
+    if extra["config"]:
+        import os
+
+        _SEARCH_PATHS[:] = [os.path.dirname(os.path.abspath(extra["config"]))]
     if extra["print_config"]:
         import yaml
 
@@ -385,9 +415,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     from taskfit.fit import Fit  # imported only when a command runs: `taskfit --help` stays fast
 
     fit = Fit(args=args)
+    if extra.get("ckpt_path"):
+        from taskfit.cli_checkpoints import load_checkpoint_weights, resolve_ckpt_path
+
+        try:
+            path = resolve_ckpt_path(extra["ckpt_path"], args.output_dir, fit.strategy.checkpoint_io)
+        except ValueError as err:
+            print(f"taskfit {command}: error: {err}", file=sys.stderr)
+            return 2
+        load_checkpoint_weights(fit, module, path)
     result = run_command(fit, command, module, data, datamodule)
     sys.stdout.flush()
-    print(json.dumps(metrics_of(result), default=_to_json), flush=True)
+    if fit.is_global_zero:  # one result line, however many processes ran
+        print(json.dumps(metrics_of(result), default=_to_json), flush=True)
     return 0
 
 

@@ -23,16 +23,18 @@ from taskfit.connector import resolve_components
 from taskfit.fit_mixins import CallbackManagement, ProcessInfo, RunAttributes
 from taskfit.io.checkpoint_io import join
 from taskfit.data.loaders import DataModule, build_dataloader, per_process_batch_size, floating_point_ops, forward_parameter_names, num_examples, num_tokens
-from taskfit.loggers import Logger, build_loggers
+from taskfit.loggers import Logger, build_loggers, resume_loggers, send_summary
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
 from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState, TrainingState
+from taskfit.metric_checks import check_before_training, missing_metric_error
 from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_metrics_json, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.results import ResultCollection
 from taskfit.run import Run, RunLifecycle
-from taskfit.summary import process_log_level
+from taskfit.console import LogPrinter, configure_console
 from taskfit.seed import enable_full_determinism, seed_everything
+from taskfit.signals import install_graceful_stop
 from taskfit.summary import log_summary
 from taskfit.wrapping import ModelTaskModule, model_loss
 from taskfit import efficiency
@@ -112,7 +114,9 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self.model_init = model_init
 
         self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
-        if not args.disable_tqdm:
+        if args.disable_tqdm:  # the console view: one line per log, or the bar
+            self.callbacks.append(LogPrinter())
+        else:
             self.callbacks.insert(0, ProgressBar())
         efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
         self.loggers: list[Logger] = build_loggers(args, loggers)
@@ -125,9 +129,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self.logged_metrics: dict[str, Any] = {}
         self.num_eval_batches: int | None = None
         self._hooks = HookRunner(self.callbacks)
-        level = process_log_level(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
-        if level:
-            log.setLevel(level)
+        configure_console(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
     @property
@@ -234,6 +236,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         run = Run("fit", model, module, st, FitControl())
         run.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset", run=run)
         run.eval_loaders = self._eval_loader_dict(eval_data, data_collator, run=run)
+        if run.eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model:
+            check_before_training(args.metric_for_best_model, metric_key(args.metric_for_best_model, "eval"),
+                                  isinstance(module, ModelTaskModule), self.compute_metrics is not None,
+                                  list(run.eval_loaders) == [None])
 
         steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, args)
         st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
@@ -262,6 +268,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         if ckpt:
             saved = restore(run, ckpt, self.strategy, args, weights_only)
             self._hooks.call("on_load_checkpoint", self, module, saved)
+            if self.is_global_zero:  # every logger continues the same run from the checkpoint's step
+                resume_loggers(self.loggers, st.global_step, st.log_history)
         run.publisher = make_publisher(self)  # push_to_hub: uploads on a background thread
         start_samples, start_step = st.samples_seen, st.global_step
         log_summary(self, module, max_steps, steps_per_epoch)
@@ -277,6 +285,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         module.train()
         loop = FitLoop(run, self, args, self.strategy, hooks, self._log, self._evaluate_during_fit,
                        self._save_checkpoint)
+        loop.stop = install_graceful_stop(args.save_on_interrupt, self.world_size)  # SIGTERM / Ctrl-C / SLURM
         start = time.perf_counter()
         try:
             if args.eval_on_start and run.eval_loaders:
@@ -285,15 +294,17 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         except BaseException as exc:
             wait_for_saves_quietly(self.strategy.checkpoint_io)
             hooks.call("on_exception", self, module, exc)
-            self._finalize_loggers("interrupted" if isinstance(exc, KeyboardInterrupt) else "failed")
+            self._finalize_loggers("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
             raise
+        finally:
+            loop.stop.uninstall()
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
                                 st.global_step - start_step)
         metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)
         for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
             metrics.update(getattr(cb, "train_metrics", dict)())
         metrics.update(finish_checkpoints(self, metrics, run.publisher))  # best model, final push
-        self._log(dict(metrics))
+        self._log(dict(metrics), summary=True)
         hooks.call("on_train_end", self, module)
         hooks.call_hf("on_train_end", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_fit_end", self, module)
@@ -310,16 +321,19 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             for lg in self.loggers:
                 lg.finalize(status)
 
-    def log(self, logs: dict[str, Any]) -> None:
+    def log(self, logs: dict[str, Any], summary: bool = False) -> None:
         """Send ``logs`` to every logger and ``on_log`` callbacks; append to ``state.log_history`` with the
-        current ``step`` (and ``epoch`` unless given). Mirrors HF ``Trainer.log``."""
+        current ``step`` (and ``epoch`` unless given). Mirrors HF ``Trainer.log``. ``summary=True``: the
+        end-of-run summary, which loggers keep apart from the per-step names."""
         st = self.state
         logs.setdefault("epoch", round(st.epoch, 4))
         st.log_history.append({**logs, "step": st.global_step})
         self.logged_metrics.update(logs)
         self.callback_metrics.update(logs)
         if self.is_global_zero:
-            for lg in self.loggers:
+            if summary:
+                send_summary(self.loggers, logs, st.global_step)
+            for lg in self.loggers if not summary else ():
                 lg.log_metrics(logs, st.global_step)
         if self._hooks.hf["on_log"]:
             self._hooks.call_hf("on_log", self.args, st, self.control, logs=logs)
@@ -356,8 +370,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             return
         key = metric_key(name, "eval")
         if key not in metrics:
-            raise KeyError(f"metric_for_best_model={name!r} ({key!r}) is not among the evaluation metrics "
-                           f"{sorted(metrics)}.")
+            raise missing_metric_error(name, key, metrics)
         value, best = metrics[key], self.state.best_metric
         greater = self.args.greater_is_better if self.args.greater_is_better is not None else not key.endswith("loss")
         if best is None or (value > best if greater else value < best):

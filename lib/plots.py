@@ -1,5 +1,5 @@
-"""Training curves as PNG (F-OBS-3): training loss, learning rate and every evaluation metric against
-``global_step``, drawn from a run's ``metrics.csv`` (written by :class:`~taskfit.loggers.CSVLogger`).
+"""Training curves as PNG: every logged scalar against ``global_step``, training and evaluation values of the
+same quantity on one panel, drawn from a run's ``metrics.csv`` (written by :class:`~taskfit.loggers.CSVLogger`).
 
 Used at the end of ``Fit.fit`` (the CSV logger draws ``training_curves.png`` next to ``metrics.csv`` when
 matplotlib is installed) and by ``taskfit plot RUN_DIR``. matplotlib (extra ``plots``) is imported only here,
@@ -16,8 +16,7 @@ from typing import Any
 from taskfit.loggers.logger import require
 
 PNG_NAME = "training_curves.png"
-#: speed and bookkeeping columns that are not curves worth drawing
-_SKIP_SUFFIXES = ("_runtime", "_per_second", "epoch")
+_SKIP_SUFFIXES = ("_runtime", "_per_second", "epoch")  # speed and bookkeeping: not curves
 
 
 def find_metrics_csv(run_dir: str) -> str:
@@ -51,17 +50,61 @@ def read_metrics_csv(path: str) -> list[dict[str, float]]:
     return rows
 
 
+#: stage prefixes that name the same quantity in training and evaluation (``train_acc`` / ``val_acc``)
+_STAGES = ("train_", "eval_", "validation_", "valid_", "val_", "test_")
+
+
+def quantity(name: str) -> str:
+    """The quantity a logged name measures, without its stage prefix: ``eval_loss`` -> ``loss``, ``val_acc``
+    and ``train_acc`` -> ``acc``; other names are their own quantity (``learning_rate``)."""
+    for prefix in _STAGES:
+        if name.startswith(prefix) and len(name) > len(prefix):
+            return name[len(prefix):]
+    return name
+
+
+def _series(rows: list[dict[str, Any]], name: str) -> list[tuple[float, float]]:
+    points = []
+    for row in rows:
+        value = row.get(name)
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or (
+                name.startswith("test_") and row["step"] == 0):  # fit.test() before training: not a curve point
+            continue
+        points.append((row["step"], float(value)))
+    return sorted(points)
+
+
 def curve_names(rows: list[dict[str, Any]]) -> list[str]:
-    """The panels to draw, in order: ``loss``, ``learning_rate``, then every ``eval_*`` / ``test_*`` metric
-    (speed metrics such as ``eval_runtime`` and ``eval_samples_per_second`` left out), sorted."""
-    keys = {k for row in rows for k in row}
-    names = [k for k in ("loss", "learning_rate") if k in keys]
-    names += sorted(k for k in keys if k.startswith(("eval_", "test_")) and not k.endswith(_SKIP_SUFFIXES))
-    return names
+    """Every logged scalar worth a curve, panel by panel (see :func:`panels`)."""
+    return [name for _, names in panels(rows) for name in names]
+
+
+def panels(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
+    """The panels to draw: ``(quantity, names)`` pairs. Every logged scalar is drawn except bookkeeping
+    (``step``, ``epoch``, ``total_flos``, ``*_runtime``, ``*_per_second``) and constant series (two or more
+    points, all equal); names of one quantity share a panel (``loss`` with ``eval_loss``, ``train_acc`` with
+    ``val_acc``). Points a ``fit.test()`` logged before training (step 0) are left out. Order: ``loss``,
+    ``learning_rate``, then the other quantities sorted."""
+    keys = sorted({k for row in rows for k in row} - {"step", "total_flos"})
+    groups: dict[str, list[str]] = {}
+    for name in keys:
+        if name.endswith(_SKIP_SUFFIXES):
+            continue
+        points = _series(rows, name)
+        if not points or (len(points) > 1 and len({v for _, v in points}) == 1):
+            continue
+        groups.setdefault(quantity(name), []).append(name)
+    first = [q for q in ("loss", "learning_rate") if q in groups]
+    order = first + sorted(q for q in groups if q not in first)
+    # within a panel: the training series first, then evaluation, then test
+    rank = {"eval_": 1, "validation_": 1, "valid_": 1, "val_": 1, "test_": 2}
+    return [(q, sorted(groups[q], key=lambda n: (next((r for p, r in rank.items() if n.startswith(p)), 0), n)))
+            for q in order]
 
 
 def plot_history(rows: list[dict[str, Any]], out_path: str, title: str | None = None) -> str:
-    """Draw one panel per :func:`curve_names` entry (value against ``step``) into ``out_path`` (PNG).
+    """Draw one panel per :func:`panels` entry (values against ``step``, one line per name) into ``out_path``
+    (PNG).
 
     Args:
         rows (list[dict]): logged rows, each with ``step`` (global_step) and metric values (e.g.
@@ -74,28 +117,31 @@ def plot_history(rows: list[dict[str, Any]], out_path: str, title: str | None = 
 
     Raises:
         ModuleNotFoundError: matplotlib is missing (extra ``plots``).
-        ValueError: no row has a loss, learning rate or evaluation metric to draw.
+        ValueError: no row has a scalar that changes over the run.
     """
     require("matplotlib", "plots", "Plotting training curves")
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    names = curve_names(rows)
-    if not names:
-        raise ValueError("Nothing to plot: no row has 'loss', 'learning_rate' or an eval_/test_ metric.")
-    cols = min(3, len(names))
-    nrows = math.ceil(len(names) / cols)
+    drawn = panels(rows)
+    if not drawn:
+        raise ValueError("Nothing to plot: no logged scalar changes over the run.")
+    cols = min(3, len(drawn))
+    nrows = math.ceil(len(drawn) / cols)
     fig = Figure(figsize=(4.2 * cols, 3.0 * nrows), dpi=100)
     FigureCanvasAgg(fig)
-    for i, name in enumerate(names):
+    for i, (title_q, names) in enumerate(drawn):
         ax = fig.add_subplot(nrows, cols, i + 1)
-        points = sorted((row["step"], row[name]) for row in rows if isinstance(row.get(name), (int, float)))
-        xs, ys = [p[0] for p in points], [p[1] for p in points]
-        ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, linewidth=1.2)
-        ax.set_title(name, fontsize=10)
+        for name in names:
+            points = _series(rows, name)
+            xs, ys = [p[0] for p in points], [p[1] for p in points]
+            ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, markersize=3, linewidth=1.2, label=name)
+        ax.set_title(title_q, fontsize=10)
         ax.set_xlabel("global step", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
+        if len(names) > 1 or names[0] != title_q:
+            ax.legend(fontsize=7)
     if title:
         fig.suptitle(title, fontsize=11)
     fig.tight_layout()

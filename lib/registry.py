@@ -19,6 +19,29 @@ def did_you_mean(value: str, choices: Iterable[str]) -> str:
     return f' Did you mean "{close[0]}"?' if close else ""
 
 
+class UnknownOptionError(TypeError, ValueError):
+    """An option name that does not exist. A ``TypeError`` like any unexpected keyword argument, and a
+    ``ValueError`` like every other bad option."""
+
+
+def closest_names(value: str, choices: Iterable[str], n: int = 3) -> list[str]:
+    """Up to ``n`` of ``choices`` closest to ``value`` (difflib ratio >= 0.6, plus names containing it)."""
+    choices = [str(c) for c in choices]
+    close = difflib.get_close_matches(str(value), choices, n=n, cutoff=0.6)
+    close += [c for c in sorted(choices) if str(value) in c and c not in close and len(str(value)) >= 3]
+    return close[:n]
+
+
+def unknown_option(what: str, value: str, choices: Iterable[str], listing: str,
+                   aliases: dict[str, str] | None = None) -> UnknownOptionError:
+    """The error for an unknown option name: the closest names only (not the whole list; ``aliases`` maps names
+    other libraries use to ours) and where to see them all (``listing``)."""
+    close = [aliases[value]] if aliases and value in aliases else closest_names(value, choices)
+    hint = (f" Did you mean {' or '.join(repr(c).replace(chr(39), chr(34)) for c in close)}?" if close
+            else " No option has a similar name.")
+    return UnknownOptionError(f"Unknown {what} {value!r}.{hint} All options: {listing}.")
+
+
 def invalid_choice(what: str, value: Any, choices: Iterable[str]) -> ValueError:
     """Build the one error used everywhere for an unknown name: bad value, valid choices, closest match."""
     choices = sorted(str(c) for c in choices)

@@ -79,12 +79,3 @@ def log_summary(fit: Fit, module: Any, max_steps: int, steps_per_epoch: int | No
     and keep the dict as ``fit.summary``."""
     fit.summary = run_summary(fit, module, max_steps, steps_per_epoch)
     log.info(format_summary(fit.summary))
-
-
-def process_log_level(args: Any, strategy: Any) -> str | None:
-    """The ``taskfit`` logger level of this process (F-STRAT-8, mirrors HF ``get_process_log_level``):
-    ``log_level`` on the main process (global rank 0, or with ``log_on_each_node`` the first process of every
-    node), ``log_level_replica`` (default ``"warning"``) on the others; None for ``"passive"`` (leave it)."""
-    main = strategy.is_global_zero or (bool(args.log_on_each_node) and strategy.local_rank == 0)
-    level = args.log_level if main else args.log_level_replica
-    return None if level in (None, "passive") else level.upper()

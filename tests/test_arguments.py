@@ -100,7 +100,7 @@ def test_every_hf_option_is_a_field():
     names = set(FitArguments.field_names())
     assert set(HF) - names == set()
     assert names - set(HF) == {"eval_on_start", "accelerator", "strategy", "devices", "num_nodes", "precision",
-                               "checkpoint_io"}
+                               "checkpoint_io", "save_on_interrupt"}
 
 
 @pytest.mark.parametrize("name", sorted(set(HF) - {"output_dir"}))

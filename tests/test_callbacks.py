@@ -319,7 +319,10 @@ def test_add_pop_remove_callback_F_LOOP_6(tmp_path):
     """F-LOOP-6: ``add_callback`` (instance or class), ``pop_callback`` returns the removed instance,
     ``remove_callback`` removes by class or instance; the hook lists follow."""
     fit = _fit(tmp_path, max_steps=2, logging_steps=1)
-    assert fit.callbacks == []
+    from taskfit.console import LogPrinter
+
+    assert [type(c) for c in fit.callbacks] == [LogPrinter]  # the default console view (HF's PrinterCallback)
+    assert isinstance(fit.pop_callback(LogPrinter), LogPrinter) and fit.callbacks == []
     fit.add_callback(OnlyLog)
     assert isinstance(fit.callbacks[0], OnlyLog)
     second = OnlyLog()

@@ -43,12 +43,13 @@ def test_flags_parse_into_fit_arguments():
     assert (args.eval_strategy, args.eval_steps, args.resume_from_checkpoint, args.strategy) == (
         "steps", 0.5, True, "ddp")
     assert extra == {"command": "fit", "config": None, "print_config": False, "module": None, "module_kwargs": {},
-                     "data": None, "data_kwargs": {}, "datamodule": None, "datamodule_kwargs": {}}
+                     "data": None, "data_kwargs": {}, "datamodule": None, "datamodule_kwargs": {},
+                     "ckpt_path": None}
 
 
 def test_flag_spellings():
     """F-CORE-6: ``--flag=value``, dashed names, ``--devices auto``/``2`` and a checkpoint path."""
-    args, _ = build_arguments(["test", "--per-device-eval-batch-size=4", "--devices", "2", "--use_cpu", "true",
+    args, _ = build_arguments(["fit", "--per-device-eval-batch-size=4", "--devices", "2", "--use_cpu", "true",
                                "--resume_from_checkpoint", "out/checkpoint-10", "--fsdp", "full_shard auto_wrap"])
     assert (args.per_device_eval_batch_size, args.devices, args.use_cpu) == (4, 2, True)
     assert (args.resume_from_checkpoint, args.fsdp) == ("out/checkpoint-10", ["full_shard", "auto_wrap"])
@@ -175,6 +176,7 @@ class RecordingFit:
     """Stand-in for ``taskfit.fit.Fit`` recording how the CLI calls the core API."""
 
     calls: ClassVar[list] = []
+    is_global_zero = True
 
     def __init__(self, args=None):
         self.args = args

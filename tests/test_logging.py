@@ -278,7 +278,8 @@ def test_train_metrics_keys_and_values_F_EVAL_4(tmp_path):
 
 def test_csv_logger_rows_at_logging_steps_F_OBS_2(tmp_path):
     """F-OBS-2: ``report_to="csv"`` writes ``<output_dir>/logs/metrics.csv`` with one row per log at the right
-    step (``logging_first_step`` plus every 5 steps of 12, then the final train metrics) and ``hparams.yaml``."""
+    step (``logging_first_step`` plus every 5 steps of 12), the end-of-run summary in ``summary.json`` (not in
+    the CSV, whose columns stay the per-step names) and ``hparams.yaml``."""
     fit = _fit(tmp_path, report_to="csv", max_steps=12, logging_steps=5, logging_first_step=True)
     fit.fit(Regression(), _data(24))
     path = tmp_path / "logs" / "metrics.csv"
@@ -286,8 +287,10 @@ def test_csv_logger_rows_at_logging_steps_F_OBS_2(tmp_path):
     loss_rows = [r for r in rows if r["loss"]]
     assert [int(r["step"]) for r in loss_rows] == [1, 5, 10]
     assert [float(r["loss"]) for r in loss_rows] == [h["loss"] for h in _history(fit, "loss")]
-    assert int(rows[-1]["step"]) == 12 and rows[-1]["train_runtime"] and not rows[-1]["loss"]
-    assert len(rows) == 4
+    assert len(rows) == 3 and "train_runtime" not in rows[0]
+    summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
+    assert summary["step"] == 12 and summary["train_runtime"] > 0
+    assert summary["train_loss"] == pytest.approx(fit.state.log_history[-1]["train_loss"])
     hparams = (tmp_path / "logs" / "hparams.yaml").read_text()
     assert "logging_steps: 5" in hparams and "max_steps: 12" in hparams
 

@@ -45,4 +45,25 @@ def build_loggers(args: Any, loggers: list[Any] | None = None) -> list[Logger]:
     return out
 
 
-__all__ = ["LOGGERS", "CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger", "build_loggers"]
+def resume_loggers(loggers: list[Any], step: int, log_history: list[dict[str, Any]]) -> None:
+    """Tell every logger that the run continues from a checkpoint at optimizer step ``step`` (rank zero only;
+    see :meth:`Logger.resume`). Logger objects without a ``resume`` method are left as they are."""
+    for lg in loggers:
+        if callable(getattr(lg, "resume", None)):
+            lg.resume(step, log_history)
+
+
+def send_summary(loggers: list[Any], metrics: dict[str, Any], step: int) -> None:
+    """Hand the end-of-run summary to every logger's ``log_summary`` (objects without one get ``log_metrics``
+    with ``summary/``-prefixed names, so the summary never overwrites a per-step curve)."""
+    from taskfit.loggers.logger import SUMMARY_PREFIX
+
+    for lg in loggers:
+        if callable(getattr(lg, "log_summary", None)):
+            lg.log_summary(dict(metrics), step)
+        else:
+            lg.log_metrics({SUMMARY_PREFIX + k: v for k, v in metrics.items()}, step)
+
+
+__all__ = ["LOGGERS", "CSVLogger", "Logger", "MLFlowLogger", "TensorBoardLogger", "WandbLogger", "build_loggers", "resume_loggers",
+           "send_summary"]

@@ -1,8 +1,9 @@
-"""CSV logger: ``metrics.csv`` and ``hparams.yaml`` in the logging folder (``report_to="csv"``)."""
+"""CSV logger: ``metrics.csv``, ``summary.json`` and ``hparams.yaml`` in the logging folder (``report_to="csv"``)."""
 
 from __future__ import annotations
 
 import csv
+import json
 import logging
 import os
 from typing import Any
@@ -16,8 +17,13 @@ class CSVLogger(Logger):
     """Append one row per ``log_metrics`` call to ``<save_dir>/metrics.csv`` (columns grow as new names appear:
     the file is rewritten with the wider header, as Lightning's ``CSVLogger`` does).
 
-    At :meth:`finalize` (the end of ``fit``) it draws ``training_curves.png`` next to ``metrics.csv``: training
-    loss, learning rate and every evaluation metric against ``global_step`` (F-OBS-3), when matplotlib (extra
+    The end-of-run summary (``train_runtime``, ``train_loss`` averaged over the run, ...) goes to
+    ``summary.json``, not to ``metrics.csv``, so a column such as a user's own ``train_loss`` holds only that
+    user's values. On resume the rows the checkpoint had seen are kept and the ones the stopped run wrote after
+    it are dropped, so ``metrics.csv`` covers the whole run once.
+
+    At :meth:`finalize` (the end of ``fit``) it draws ``training_curves.png`` next to ``metrics.csv``: every
+    logged scalar against ``global_step`` (see :func:`taskfit.plots.plot_history`), when matplotlib (extra
     ``plots``) is installed and ``plot`` is True. A failed drawing is logged as a warning, never raised.
 
     Args:
@@ -49,6 +55,39 @@ class CSVLogger(Logger):
         self._pending.append({"step": step, **metrics})
         if len(self._pending) >= self.flush_every:
             self.save()
+
+    def log_summary(self, metrics: dict[str, float], step: int) -> None:
+        """Write ``summary.json`` (the summary values plus ``step``)."""
+        os.makedirs(self.save_dir, exist_ok=True)
+        values = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
+        with open(os.path.join(self.save_dir, "summary.json"), "w") as f:
+            json.dump({**values, "step": step}, f, indent=2, default=str)
+
+    def resume(self, step: int, log_history: list[dict[str, Any]]) -> None:
+        """Keep the rows of ``metrics.csv`` up to the checkpoint: every row before ``step`` and, at ``step``,
+        as many rows as the checkpoint's history has there (one row per logged dict)."""
+        self.save()
+        if not os.path.isfile(self.path):
+            return
+        with open(self.path, newline="") as f:
+            reader = csv.DictReader(f)
+            header, rows = list(reader.fieldnames or ["step"]), list(reader)
+        at_step = sum(1 for row in log_history if row.get("step") == step)
+        kept: list[dict[str, Any]] = []
+        for row in rows:
+            try:
+                row_step = int(float(row.get("step") or -1))
+            except ValueError:
+                continue
+            if row_step < step or (row_step == step and at_step > 0):
+                at_step -= row_step == step
+                kept.append({k: v for k, v in row.items() if v not in (None, "")})
+        self.columns = header if "step" in header else ["step", *header]
+        self.rows = kept
+        with open(self.path, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=self.columns)
+            writer.writeheader()
+            writer.writerows(kept)
 
     def save(self) -> None:
         """Write buffered rows (rewriting the file when new columns appeared)."""

@@ -22,8 +22,48 @@ class Logger:
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         """Record ``metrics`` (name -> float) at optimizer step ``step``."""
 
+    def log_summary(self, metrics: dict[str, float], step: int) -> None:
+        """Record the end-of-run summary (``train_runtime``, ``train_loss`` as the mean over the run, ...) apart
+        from the per-step metrics, so a user's own ``self.log("train_loss")`` curve keeps its name and values.
+        Default: the values go to :meth:`log_metrics` under ``summary/<name>`` at the final ``step``."""
+        self.log_metrics({f"{SUMMARY_PREFIX}{k}": v for k, v in metrics.items()}, step)
+
+    def resume(self, step: int, log_history: list[dict[str, Any]]) -> None:
+        """Continue the run that a checkpoint at optimizer step ``step`` belongs to (called on global rank 0
+        before anything is logged; ``log_history`` is the checkpoint's history, each entry with ``step``).
+        Points the stopped run logged after the checkpoint are dropped where the backend allows it."""
+
     def finalize(self, status: str) -> None:
         """Flush and close; ``status`` is ``"success"``, ``"failed"`` or ``"interrupted"``."""
+
+
+#: prefix of the end-of-run summary keys in loggers that keep one namespace for all values
+SUMMARY_PREFIX = "summary/"
+
+
+def entries_at(log_history: list[dict[str, Any]], step: int) -> list[dict[str, Any]]:
+    """The ``log_history`` entries logged at optimizer step ``step``, without their ``step`` key."""
+    return [{k: v for k, v in row.items() if k != "step"} for row in log_history if row.get("step") == step]
+
+
+def read_run_id(save_dir: str, name: str) -> str | None:
+    """The run id a tracker logger recorded in ``save_dir`` (see :func:`write_run_id`), or None."""
+    import os
+
+    path = os.path.join(save_dir, f".{name}_run_id")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return f.read().strip() or None
+    return None
+
+
+def write_run_id(save_dir: str, name: str, run_id: str) -> None:
+    """Record a tracker's run id in ``save_dir`` so a resumed run logs into the same run."""
+    import os
+
+    os.makedirs(save_dir, exist_ok=True)
+    with open(os.path.join(save_dir, f".{name}_run_id"), "w") as f:
+        f.write(run_id)
 
 
 def require(package: str, extra: str, what: str) -> None:

@@ -4,13 +4,33 @@ from __future__ import annotations
 
 from typing import Any
 
-from taskfit.loggers.logger import Logger, flat_params, require, scalar_metrics
+from taskfit.loggers.logger import Logger, entries_at, flat_params, require, scalar_metrics
+
+_GROUPS = (("eval_", "eval/"), ("test_", "test/"), ("predict_", "predict/"))
+
+
+def tensorboard_tag(name: str) -> str:
+    """The TensorBoard tag of a logged name, grouped as HF's ``TensorBoardCallback`` does: ``eval_loss`` ->
+    ``eval/loss``, ``test_acc`` -> ``test/acc``, anything else -> ``train/<name>`` (``loss`` ->
+    ``train/loss``, a user's ``train_loss`` -> ``train/train_loss``); names that already hold a ``/`` (e.g.
+    ``device/...``, ``summary/...``) are kept."""
+    if "/" in name:
+        return name
+    for prefix, group in _GROUPS:
+        if name.startswith(prefix):
+            return group + name[len(prefix):]
+    return "train/" + name
 
 
 class TensorBoardLogger(Logger):
-    """Write TensorBoard event files: one scalar per metric at its ``global_step`` and the hyperparameters
-    (HParams plugin plus a text summary). Mirrors Lightning's ``TensorBoardLogger`` and HF's
-    ``TensorBoardCallback`` (``logging_dir`` is the event folder).
+    """Write TensorBoard event files: one scalar per metric at its ``global_step`` under a grouped tag (see
+    :func:`tensorboard_tag`), the end-of-run summary under ``summary/...``, and the hyperparameters (HParams
+    plugin plus a text summary). Mirrors Lightning's ``TensorBoardLogger`` and HF's ``TensorBoardCallback``
+    (``logging_dir`` is the event folder).
+
+    On resume from a checkpoint at step ``T`` the writer starts with ``purge_step=T``, so TensorBoard drops the
+    points the stopped run wrote at ``T`` and after, and the points the checkpoint had seen at ``T`` are written
+    again from its history: every step holds one point.
 
     Args:
         save_dir (str): folder of the event files (created on the first write).
@@ -26,6 +46,8 @@ class TensorBoardLogger(Logger):
         require("tensorboard", "tensorboard", "TensorBoardLogger (report_to='tensorboard')")
         self.save_dir, self.flush_secs = save_dir, flush_secs
         self._writer: Any = None
+        self._purge_step: int | None = None
+        self._replay: list[dict[str, Any]] = []
 
     @property
     def experiment(self) -> Any:
@@ -33,11 +55,23 @@ class TensorBoardLogger(Logger):
         if self._writer is None:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._writer = SummaryWriter(log_dir=self.save_dir, flush_secs=self.flush_secs)
+            self._writer = SummaryWriter(log_dir=self.save_dir, flush_secs=self.flush_secs,
+                                         purge_step=self._purge_step)
+            replay, self._replay = self._replay, []
+            for logs in replay:
+                self.log_metrics(logs, self._purge_step or 0)
         return self._writer
+
+    def resume(self, step: int, log_history: list[dict[str, Any]]) -> None:
+        if step > 0 and self._writer is None:
+            self._purge_step, self._replay = step, entries_at(log_history, step)
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         from torch.utils.tensorboard.summary import hparams
+
+        if self._purge_step:  # a resumed run: the stopped run wrote them already (at step 0, kept by the purge)
+            self.experiment  # noqa: B018  opens the writer (purge and replay) now
+            return
 
         clean = flat_params(params)
         writer = self.experiment
@@ -48,7 +82,7 @@ class TensorBoardLogger(Logger):
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
         writer = self.experiment
         for k, v in scalar_metrics(metrics).items():
-            writer.add_scalar(k, v, global_step=step)
+            writer.add_scalar(tensorboard_tag(k), v, global_step=step)
 
     def finalize(self, status: str) -> None:
         if self._writer is not None:

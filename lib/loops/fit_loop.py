@@ -96,6 +96,7 @@ class FitLoop:
         self.run, self.owner, self.args, self.strategy, self.hooks = run, owner, args, strategy, hooks
         self._log, self._evaluate, self._save = log, evaluate, save
         self.sums = run.sums
+        self.stop: Any = None  # taskfit.signals.GracefulStop: read once per optimizer step
 
     def run_epochs(self, loader: Any, steps_per_epoch: int | None, num_epochs: int) -> None:
         """Train until ``state.max_steps`` or ``num_epochs`` or a stop flag; a restored run continues where its
@@ -247,6 +248,10 @@ class FitLoop:
         run, args, hooks, sums = self.run, self.args, self.hooks, self.sums
         state, control = run.state, run.control
         step = state.global_step
+        signum = self.stop.poll() if self.stop is not None and not epoch_end else 0
+        if signum:  # SIGTERM / Ctrl-C / SLURM requeue: this step is the last one
+            control.should_training_stop = True
+            control.should_save = control.should_save or self.stop.should_save(signum)
         if not epoch_end:
             if args.logging_strategy == "steps" and (step % state.logging_steps == 0
                                                      or (step == 1 and args.logging_first_step)):
@@ -287,6 +292,8 @@ class FitLoop:
             self._evaluate()
         if control.should_save:
             self._save(run.training_state.state_dict())
+        if signum:
+            raise self.stop.stop(self.strategy.checkpoint_io, args.output_dir, step, self.strategy.is_global_zero)
         control._new_step()
 
     def _global_tr_loss(self) -> torch.Tensor:

@@ -31,6 +31,10 @@ def script_command() -> list[str]:
     return [sys.executable, *sys.argv]
 
 
+#: exit codes of a worker that stopped gracefully on SIGINT / SIGTERM / SIGUSR1 (rank 0 reports the stop)
+_STOPPED_ON_SIGNAL = (130, 143, 138)
+
+
 class SubprocessScriptLauncher:
     """Start local ranks 1..n-1 of this node as copies of the running command; this process is local rank 0.
 
@@ -105,7 +109,7 @@ class SubprocessScriptLauncher:
                 except subprocess.TimeoutExpired:
                     self.procs[i].kill()  # also ends a stopped (SIGSTOP) process
                     codes[i] = self.procs[i].wait()
-        bad = [(i + 1, c) for i, c in enumerate(codes) if c]
+        bad = [(i + 1, c) for i, c in enumerate(codes) if c and c not in _STOPPED_ON_SIGNAL]  # those reported it
         if bad:
             log.error("Worker process(es) exited with errors (local rank, exit code): %s", bad)
         return [int(c) for c in codes if c is not None]

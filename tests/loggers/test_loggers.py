@@ -36,34 +36,40 @@ def _expected(fit, key):
 # ------------------------------------------------------------------------------------------ tensorboard ---
 def test_tensorboard_event_files_read_back_F_OBS_2(tmp_path):
     """F-OBS-2: ``report_to="tensorboard"`` writes event files under ``logging_dir``; EventAccumulator reads
-    ``loss`` at steps 2/4/6, ``eval_loss``/``eval_mae`` at steps 3/6 with the logged values, and the hparams."""
+    ``loss`` at steps 2/4/6, ``eval_loss``/``eval_mae`` at steps 3/6 with the logged values (grouped tags
+    ``train/loss``, ``eval/loss``, ``eval/mae``, the end-of-run summary under ``summary/``), and the hparams."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     fit = _run(tmp_path, "tensorboard")
     assert [type(lg) for lg in fit.loggers] == [TensorBoardLogger]
     acc = EventAccumulator(os.path.join(tmp_path, "logs"))
     acc.Reload()
+    tags = {"loss": "train/loss", "eval_loss": "eval/loss", "eval_mae": "eval/mae", "learning_rate": "train/learning_rate"}
     for key, steps in (("loss", [2, 4, 6]), ("eval_loss", [3, 6]), ("eval_mae", [3, 6]), ("learning_rate", [2, 4, 6])):
-        events = acc.Scalars(key)
+        events = acc.Scalars(tags[key])
         assert [e.step for e in events] == steps
         want = _expected(fit, key)
         assert [e.value for e in events] == pytest.approx([want[s] for s in steps], rel=1e-6)
+    assert [e.step for e in acc.Scalars("summary/train_loss")] == [6]
+    assert not {"loss", "eval_loss", "train/train_loss"} & set(acc.Tags()["scalars"])
     text = acc.Tensors("hparams/text_summary")[0].tensor_proto.string_val[0].decode()
     assert "learning_rate: 0.05" in text and "max_steps: 6" in text
 
 
 # ----------------------------------------------------------------------------------------------- mlflow ---
-def test_mlflow_file_store_read_back_with_client_F_OBS_2(tmp_path, monkeypatch):
-    """F-OBS-2: ``report_to="mlflow"`` logs to ``file:<logging_dir>/mlruns``; MlflowClient reads the run back:
-    its name, params (once), metric histories with the right steps and values, and status FINISHED."""
+def test_mlflow_sqlite_store_read_back_with_client_F_OBS_2(tmp_path, monkeypatch):
+    """F-OBS-2: ``report_to="mlflow"`` logs to ``sqlite:///<logging_dir>/mlflow.db`` (no
+    ``MLFLOW_ALLOW_FILE_STORE`` needed); MlflowClient reads the run back: its name, params (once), metric
+    histories with the right steps and values, and status FINISHED."""
     from mlflow.tracking import MlflowClient
 
-    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID"):
+    for var in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "MLFLOW_RUN_ID", "MLFLOW_ALLOW_FILE_STORE"):
         monkeypatch.delenv(var, raising=False)
     fit = _run(tmp_path, "mlflow")
     (logger,) = fit.loggers
-    assert isinstance(logger, MLFlowLogger) and logger.tracking_uri.startswith("file:")
-    assert os.path.isdir(os.path.join(tmp_path, "logs", "mlruns"))
+    assert isinstance(logger, MLFlowLogger) and logger.tracking_uri.startswith("sqlite:///")
+    assert os.path.isfile(os.path.join(tmp_path, "logs", "mlflow.db"))
+    assert "MLFLOW_ALLOW_FILE_STORE" not in os.environ
     client = MlflowClient(tracking_uri=logger.tracking_uri)
     run = client.get_run(logger.run_id)
     assert run.info.run_name == "demo-run" and run.info.status == "FINISHED"
@@ -168,8 +174,8 @@ def test_logger_objects_and_several_at_once_F_OBS_2(tmp_path):
     acc.Reload()
     with open(tmp_path / "logs" / "metrics.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["loss"]]
-    assert [int(r["step"]) for r in rows] == [e.step for e in acc.Scalars("loss")] == [2, 4, 6]
-    assert [float(r["loss"]) for r in rows] == pytest.approx([e.value for e in acc.Scalars("loss")], rel=1e-6)
+    assert [int(r["step"]) for r in rows] == [e.step for e in acc.Scalars("train/loss")] == [2, 4, 6]
+    assert [float(r["loss"]) for r in rows] == pytest.approx([e.value for e in acc.Scalars("train/loss")], rel=1e-6)
 
 
 def test_missing_logger_package_names_the_extra_F_OBS_2(monkeypatch):
@@ -190,3 +196,34 @@ def test_missing_logger_package_names_the_extra_F_OBS_2(monkeypatch):
     monkeypatch.undo()
     with pytest.raises(ValueError, match="mode='cloud' is not valid.*offline"):
         WandbLogger("x", mode="cloud")
+
+
+# --------------------------------------------------------------------------------- name collisions ---
+def test_user_train_loss_and_run_summary_keep_apart_F_OBS_6(tmp_path):
+    """F-OBS-6: a user's per-step ``self.log("train_loss")`` keeps its name and only its own values in every
+    logger; the end-of-run mean ``train_loss`` goes to ``summary.json`` (CSV) and ``summary/train_loss``
+    (TensorBoard), so the curve does not jump at the last step; TensorBoard tags are grouped."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from torch import nn
+
+    class UserLoss(Regression):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+            self.log("train_loss", loss * 100)  # deliberately far from the run's mean loss
+            return loss
+
+    fit = Fit(output_dir=str(tmp_path), disable_tqdm=True, report_to=["csv", "tensorboard"], save_strategy="no",
+              max_steps=6, logging_steps=2, per_device_train_batch_size=2, learning_rate=0.05)
+    out = fit.fit(UserLoss(), _data(12))
+    user = {h["step"]: h["train_loss"] for h in fit.state.log_history if "loss" in h}
+    assert sorted(user) == [2, 4, 6]
+    with open(tmp_path / "logs" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert {int(r["step"]): float(r["train_loss"]) for r in rows if r["train_loss"]} == pytest.approx(user)
+    summary = json.loads((tmp_path / "logs" / "summary.json").read_text())
+    assert summary["train_loss"] == pytest.approx(out.training_loss) and summary["step"] == 6
+    acc = EventAccumulator(str(tmp_path / "logs"))
+    acc.Reload()
+    assert {e.step: e.value for e in acc.Scalars("train/train_loss")} == pytest.approx(user, rel=1e-6)
+    assert [(e.step, e.value) for e in acc.Scalars("summary/train_loss")] == [(6, pytest.approx(out.training_loss))]

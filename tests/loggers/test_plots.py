@@ -7,7 +7,7 @@ import os
 import pytest
 from taskfit import Fit
 from taskfit.cli import main as cli_main
-from taskfit.plots import PNG_NAME, curve_names, plot_history, read_metrics_csv
+from taskfit.plots import PNG_NAME, curve_names, panels, plot_history, read_metrics_csv
 
 from logger_test_model import Regression, regression_data
 
@@ -24,15 +24,18 @@ def run_dir(tmp_path):
 
 
 def test_png_written_at_end_of_fit_F_OBS_3(run_dir):
-    """F-OBS-3: after fit, ``logs/training_curves.png`` holds one panel per curve (loss, learning_rate,
-    eval_loss, eval_mae: 4 panels -> 3 columns x 2 rows of 420x300 px); the drawn data are the CSV rows."""
+    """F-OBS-3: after fit, ``logs/training_curves.png`` holds one panel per logged quantity (loss with
+    eval_loss, learning_rate, grad_norm, mae: 4 panels -> 3 columns x 2 rows of 420x300 px); the drawn data are
+    the CSV rows."""
     from matplotlib.image import imread
 
     tmp_path, fit = run_dir
     png = tmp_path / "logs" / PNG_NAME
     assert fit.loggers[0].plot_path == str(png) and png.is_file()
     rows = read_metrics_csv(str(tmp_path / "logs" / "metrics.csv"))
-    assert curve_names(rows) == ["loss", "learning_rate", "eval_loss", "eval_mae"]
+    assert panels(rows) == [("loss", ["loss", "eval_loss"]), ("learning_rate", ["learning_rate"]),
+                            ("grad_norm", ["grad_norm"]), ("mae", ["eval_mae"])]
+    assert curve_names(rows) == ["loss", "eval_loss", "learning_rate", "grad_norm", "eval_mae"]
     assert [r["step"] for r in rows if "loss" in r] == [2, 4, 6, 8]
     assert [r["learning_rate"] for r in rows if "learning_rate" in r] == pytest.approx([0.0375, 0.025, 0.0125, 0.0])
     image = imread(str(png))
@@ -63,3 +66,21 @@ def test_plot_history_rejects_rows_without_curves_F_OBS_3(tmp_path):
     assert curve_names(rows) == []
     with pytest.raises(ValueError, match="Nothing to plot"):
         plot_history(rows, str(tmp_path / "x.png"))
+
+
+def test_panels_pair_train_and_validation_skip_constants_and_early_test_F_OBS_6(tmp_path):
+    """F-OBS-6: every logged scalar gets a curve; ``train_acc``/``val_acc`` and ``loss``/``eval_loss`` share a
+    panel; a constant series is skipped; ``test_*`` points a ``fit.test()`` logged before training (step 0) are
+    not mixed into the curves, a test after training is."""
+    rows = [{"step": 0, "test_loss": 9.0, "test_acc": 0.1},
+            {"step": 2, "loss": 1.0, "train_acc": 0.5, "learning_rate": 0.1, "my_metric": 3.0},
+            {"step": 2, "eval_loss": 1.2, "val_acc": 0.4, "eval_runtime": 0.1, "epoch": 1.0},
+            {"step": 4, "loss": 0.5, "train_acc": 0.7, "learning_rate": 0.1, "my_metric": 2.0},
+            {"step": 4, "eval_loss": 0.9, "val_acc": 0.6, "eval_runtime": 0.2, "epoch": 2.0},
+            {"step": 4, "test_loss": 0.8, "test_acc": 0.65}]
+    assert panels(rows) == [("loss", ["loss", "eval_loss", "test_loss"]), ("acc", ["train_acc", "val_acc", "test_acc"]),
+                            ("my_metric", ["my_metric"])]  # learning_rate is constant: skipped
+    png = plot_history(rows, str(tmp_path / "c.png"))
+    from matplotlib.image import imread
+
+    assert imread(png).shape[:2] == (300, 1260)
