@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import nn
-from torch.utils.data import TensorDataset
 
 from taskfit import Fit, TaskModule
 
