@@ -157,7 +157,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         if len(optimizers) > 1:
             raise ValueError(f"strategy={self.name!r} drives exactly one optimizer per engine; configure_optimizers "
                              f"returned {len(optimizers)}. Combine the parameter groups into one optimizer, or use "
-                             "strategy='ddp' or 'fsdp'.")
+                             "strategy='ddp'.")
         if (not optimizers and not self.builds_own_optimizer) or max_steps is None:
             if self.engine is not None and module is self._module:
                 return self.engine, optimizers, schedulers

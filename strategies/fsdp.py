@@ -80,6 +80,7 @@ class FSDPStrategy(ParallelStrategy):
     name = "fsdp"
     shards_parameters = True
     precision_plugin = FSDPPrecision
+    max_optimizers = 1  # the sharded checkpoint (DCP) holds one optimizer's state
 
     def __init__(self, *args: Any, sharding_strategy: str | None = None, cpu_offload: bool | None = None,
                  transformer_layer_cls_to_wrap: Any = None, min_num_params: int | None = None,

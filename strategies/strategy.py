@@ -128,7 +128,7 @@ class Strategy:
         if self.max_optimizers is not None and len(optimizers) > self.max_optimizers:
             raise ValueError(f"strategy={self.name!r} supports at most {self.max_optimizers} optimizer(s) per run; "
                              f"configure_optimizers returned {len(optimizers)}. Combine the parameter groups into one "
-                             "optimizer, or use strategy='ddp' or 'fsdp' (any number of optimizers).")
+                             "optimizer, or use strategy='ddp' (any number of optimizers).")
         if module is not self._module or self.model is None:
             self.model = self.setup_module(module)
             self._module = module
