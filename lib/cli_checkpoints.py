@@ -59,11 +59,10 @@ def load_checkpoint_weights(fit: Any, module: Any, path: str) -> None:
     from taskfit.checkpoint import WEIGHTS_NAME, WEIGHTS_NAME_PT, CheckpointError, read_manifest
     from taskfit.resume import load_model_weights
 
-    fit._attach(module)
     io = fit.strategy.checkpoint_io
     manifest = read_manifest(io, path)
     if WEIGHTS_NAME in manifest["files"] or WEIGHTS_NAME_PT in manifest["files"]:
-        load_model_weights(fit, path, manifest)
+        load_model_weights(fit.strategy, module, path, manifest)
         return
     state = full_weights(path)
     result = module.load_state_dict(state, strict=False)
@@ -79,12 +78,18 @@ def full_weights(checkpoint: str) -> dict[str, Any]:
     Raises:
         FileNotFoundError: ``checkpoint`` is not a folder. ValueError: it holds neither kind of shards.
     """
-    from taskfit.strategies.checkpoint_shards import METADATA_NAME, SHARDS_DIR, read_full_state_dict
+    from taskfit.io.checkpoint_format import CheckpointReader
+    from taskfit.io.checkpoint_io import TorchCheckpointIO
+    from taskfit.strategies.checkpoint_shards import (
+        METADATA_NAME, SHARDS_DIR, read_full_state_dict, verified_shard_bytes,
+    )
 
     if not os.path.isdir(checkpoint):
         raise FileNotFoundError(f"Checkpoint folder {checkpoint!r} does not exist.")
     if os.path.isfile(os.path.join(checkpoint, SHARDS_DIR, METADATA_NAME)):  # FSDP: a DCP shard set
-        return read_full_state_dict(checkpoint)["model"]
+        # every shard is checked against the manifest and unpickled safely
+        reader = CheckpointReader(TorchCheckpointIO(), checkpoint)
+        return read_full_state_dict(checkpoint, verified_shard_bytes(reader))["model"]
     from taskfit.strategies.deepspeed_convert import deepspeed_fp32_state_dict
 
     return deepspeed_fp32_state_dict(checkpoint)
