@@ -26,6 +26,7 @@ _EXPORTS = {
     "TensorBoardLogger": "taskfit.loggers.tensorboard", "MLFlowLogger": "taskfit.loggers.mlflow",
     "WandbLogger": "taskfit.loggers.wandb",
     "seed_everything": "taskfit.seed",
+    "Engine": "taskfit.engine",
     "estimate_memory": "taskfit.efficiency.estimate", "MemoryEstimate": "taskfit.efficiency.estimate",
 }
 
