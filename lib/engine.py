@@ -24,6 +24,7 @@ from taskfit.engine_wrappers import (
 )
 
 _COMPONENTS = ("accelerator", "strategy", "devices", "num_nodes")
+_REDUCE_OPS = ("mean", "sum", "max", "min")  # what Strategy.reduce accepts
 
 
 class Engine:
@@ -178,7 +179,8 @@ class Engine:
 
         Raises:
             TypeError: ``module`` is not an ``nn.Module`` or an optimizer is not a ``torch.optim.Optimizer``.
-            ValueError: ``module`` was already set up, or more optimizers than the strategy supports.
+            ValueError: ``module`` was already set up, a second module under a multi-process strategy, or more
+                optimizers than the strategy supports.
             RuntimeError: a multi-process strategy before :meth:`launch`.
         """
         if isinstance(module, EngineModule):
@@ -191,6 +193,11 @@ class Engine:
             if not isinstance(opt, torch.optim.Optimizer):
                 raise TypeError(f"engine.setup(module, *optimizers): optimizer {i} is a {type(opt).__name__}, not "
                                 "a torch.optim.Optimizer.")
+        if self.strategy.parallel and any(m.module is not module for m in self._models):
+            # the strategy's gradient-sync control (no_sync) acts on the one module it wrapped last
+            raise ValueError(f"strategy={self.strategy.name!r} wraps one module per Engine; this Engine already set up "
+                             f"{type(self._models[0].module).__name__}. Put the modules into one nn.Module (e.g. "
+                             "nn.ModuleDict) and set that up, with one optimizer per part if needed.")
         self._ensure_launched("setup")
         steps = max_steps if max_steps is not None else max(int(self.args.max_steps or 0), 1)
         wrapped, opts, scheds = self.strategy.setup(module, list(optimizers),
@@ -309,12 +316,10 @@ class Engine:
         Raises:
             ValueError: another ``reduce_op``.
         """
-        from taskfit.strategies.parallel import _REDUCE_OPS
-
         if reduce_op not in _REDUCE_OPS:
             from taskfit.registry import invalid_choice
 
-            raise invalid_choice("reduce_op", reduce_op, sorted(_REDUCE_OPS))
+            raise invalid_choice("reduce_op", reduce_op, _REDUCE_OPS)
         data = apply_to_collection(data, (int, float), lambda x: torch.tensor(x, device=self.device))
         return apply_to_collection(data, torch.Tensor, lambda t: self.strategy.reduce(t, reduce_op))
 

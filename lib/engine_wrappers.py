@@ -4,6 +4,7 @@ route the user's own loop through the strategy (mirrors Lightning Fabric's ``_Fa
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any, Callable
 
@@ -33,6 +34,10 @@ class EngineModule(nn.Module):
         # wrappers built around ``StepForward`` take the method name first
         self.__dict__["_routes"] = wrapped is not original
         self.__dict__["_casts"] = strategy.precision.param_dtype is not None
+        self.__dict__["_call"] = wrapped  # plain attribute: no nn.Module.__getattr__ on the hot path
+        # fp32 on one device: no context, no cast, no routing -- the forward is the module's own call
+        self.__dict__["_direct"] = not self._routes and not self._casts and \
+            type(strategy.forward_context()) is contextlib.nullcontext
 
     @property
     def module(self) -> nn.Module:
@@ -40,13 +45,15 @@ class EngineModule(nn.Module):
         return self._original_module
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._direct:
+            return self._call(*args, **kwargs)
         strategy = self._strategy
         if self._casts:
             args, kwargs = strategy.precision.convert_input((args, kwargs))
         with strategy.forward_context():
             if self._routes:
-                return self._forward_module("forward", *args, **kwargs)
-            return self._forward_module(*args, **kwargs)
+                return self._call("forward", *args, **kwargs)
+            return self._call(*args, **kwargs)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> Any:  # the original module's keys, without wrapper prefixes
         return self._original_module.state_dict(*args, **kwargs)
