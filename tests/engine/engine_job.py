@@ -105,3 +105,15 @@ def main(cfg: dict) -> None:
 if __name__ == "__main__":
     with open(sys.argv[1], encoding="utf-8") as fh:
         main(json.load(fh))
+
+
+def spawned_train(engine: Engine, steps: int) -> dict:
+    """``engine.launch(spawned_train, steps)`` body (``ddp_spawn``): DDP over 2 spawned workers, batch 2 each."""
+    model = make_model()
+    model, optimizer = engine.setup(model, make_optimizer(model))
+    loader = engine.setup_dataloaders(DataLoader(dataset(4 * steps), batch_size=2))
+    for x, y in loader:
+        engine.backward(nn.functional.mse_loss(model(x), y))
+        optimizer.step()
+        optimizer.zero_grad()
+    return {"weights": full_weights(model), "rank": engine.global_rank, "world_size": engine.world_size}

@@ -128,6 +128,17 @@ def test_F_ENGINE_1_bad_input_to_setup_and_calls_is_refused_with_clear_errors():
         Engine(accelerator="cpu", strategy="ddp", devices=2).setup(mlp())
 
 
+def test_F_ENGINE_1_launch_runs_fn_with_the_engine_and_refuses_a_second_launch():
+    engine = Engine(accelerator="cpu")
+    assert engine.launch(lambda eng, a, b: (eng is engine, a + b), 2, 3) == (True, 5)
+    with pytest.raises(RuntimeError, match="already called"):
+        engine.launch()
+    with pytest.raises(TypeError, match="callable"):
+        Engine(accelerator="cpu").launch(3)
+    with pytest.raises(RuntimeError, match="engine.launch\\(fn\\)"):
+        Engine(accelerator="cpu", strategy="ddp_spawn", devices=2).launch()
+
+
 def test_F_ENGINE_1_several_optimizers_and_value_clipping():
     """A GAN-style set-up: two optimizers over two parts of one module, each stepped on its own."""
     module = mlp()

@@ -134,3 +134,17 @@ def test_F_ENGINE_2_ddp_sigkill_then_engine_load_equals_the_uninterrupted_loop(t
     for k, v in whole["weights"].items():
         assert torch.equal(resumed["weights"][k], v), k
     assert resumed["losses"] == whole["losses"]
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_F_ENGINE_1_launch_fn_under_ddp_spawn_returns_rank_zeros_result_equal_to_one_process(monkeypatch):
+    for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKFIT_LAUNCHED"):
+        monkeypatch.delenv(k, raising=False)
+    from taskfit import Engine
+
+    out = Engine(accelerator="cpu", strategy="ddp_spawn", devices=2).launch(engine_job.spawned_train, 3)
+    assert out["rank"] == 0 and out["world_size"] == 2
+    want = reference(bs=4, accum=1, steps=3)
+    for k, v in want["weights"].items():
+        assert (out["weights"][k] - v).abs().max() <= TOL, k
