@@ -67,7 +67,7 @@ def main(cfg: dict) -> None:
         engine.load(ckpt, state)
         if cfg.get("reseed_after_load"):  # the counter-check: a resume that loses the RNG states
             torch.manual_seed(1234)
-    norms, probe = [], {}
+    norms, probe, start_step = [], {}, state["step"]
     while state["step"] < steps:
         step = state["step"]
         window = torch.zeros(())
@@ -95,7 +95,8 @@ def main(cfg: dict) -> None:
             if cfg.get("kill_at") == state["step"]:
                 os.kill(os.getpid(), signal.SIGKILL)
     weights = full_weights(model)
-    torch.save({"weights": weights, "losses": state["losses"], "norms": norms, "probe": probe, "world_size": engine.world_size,
+    torch.save({"weights": weights, "losses": state["losses"], "norms": norms, "probe": probe,
+                "start_step": start_step, "world_size": engine.world_size,
                 "rank": engine.global_rank, "device": str(engine.device),
                 "optimizer": type(optimizer.optimizer).__name__, "strategy": engine.strategy.name},
                f"{cfg['result']}.rank{engine.global_rank}.pt")
