@@ -6,7 +6,8 @@ Config keys: ``strategy``, ``devices``, ``bs`` (micro-batch per process), ``accu
 through ``engine.clip_gradients``), ``options`` (other ``Engine`` options), ``ckpt`` (save there after every
 step), ``kill_at`` (SIGKILL itself after the save of that step), ``resume`` (load ``ckpt`` first when complete),
 ``reseed_after_load`` (re-seed after loading: loses the saved RNG states), ``probe_sync`` (record whether
-the processes' gradients differ after the first micro-batch under ``no_backward_sync``), ``noise`` (draw input noise and dropout from the global RNG, so an exact resume needs the RNG states).
+the processes' gradients differ after the first micro-batch under ``no_backward_sync``), ``noise``
+(draw input noise and dropout from the global RNG, so an exact resume needs the RNG states).
 """
 
 from __future__ import annotations
