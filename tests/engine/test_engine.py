@@ -126,6 +126,8 @@ def test_F_ENGINE_1_bad_input_to_setup_and_calls_is_refused_with_clear_errors():
         engine.save("x", [model])
     with pytest.raises(RuntimeError, match="launch"):
         Engine(accelerator="cpu", strategy="ddp", devices=2).setup(mlp())
+    with pytest.raises(ValueError, match='Did you mean "fsdp_config"'):
+        Engine(accelerator="cpu", fsdp_confg={})
 
 
 def test_F_ENGINE_1_launch_runs_fn_with_the_engine_and_refuses_a_second_launch():
