@@ -43,7 +43,7 @@ def build_parser(prog: str = "python -m benchmarks") -> argparse.ArgumentParser:
         nargs="+",
         metavar="NAME",
         help="subset of rows: runners for overhead "
-        "(raw taskfit lightning hf), row names for the other suites",
+        "(raw taskfit engine lightning hf), row names for the other suites",
     )
     return p
 

@@ -146,7 +146,7 @@ def run_suite(
 
     names, skipped = available_runners()
     if runners is None:
-        runners = ["raw", "taskfit"] if quick else names
+        runners = ["raw", "taskfit", "engine"] if quick else names
     unknown = [r for r in runners if r not in RUNNERS]
     if unknown:
         raise ValueError(f"Unknown runner(s) {unknown}; valid: {', '.join(RUNNERS)}.")

@@ -18,6 +18,7 @@ from benchmarks.common import Skip, package_version
 RUNNERS: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
     "raw": ("hand-written loop", (), ()),
     "taskfit": ("taskfit", (), ("taskfit",)),
+    "engine": ("taskfit Engine", (), ("taskfit",)),
     "lightning": ("Lightning", ("lightning",), ("lightning.pytorch",)),
     "hf": ("HF Trainer", ("transformers", "accelerate"), ("transformers",)),
 }
@@ -46,6 +47,8 @@ def import_framework(name: str) -> float:
     start = time.perf_counter()
     if name == "taskfit":
         from taskfit import Fit, FitArguments, TaskModule  # noqa: F401  (the lazy exports load the core)
+    elif name == "engine":
+        from taskfit import Engine  # noqa: F401
     elif name == "lightning":
         import lightning.pytorch  # noqa: F401
     elif name == "hf":
@@ -102,6 +105,24 @@ def run_taskfit(job: Any, tmp: str) -> None:
         seed=0,
     )
     Fit(args, accelerator=_device_kind(job), precision="32-true").fit(_module(TaskModule, job), job.loader)
+
+
+def run_engine(job: Any, tmp: str) -> None:
+    """The hand-written loop on ``Engine``: ``engine.setup`` of the job's module and optimizer and
+    ``setup_dataloaders`` of its loader, ``engine.backward(loss)``, the wrapped ``optimizer.step()`` and
+    ``zero_grad(set_to_none=True)`` per batch, ``32-true``."""
+    from taskfit import Engine
+
+    engine = Engine(accelerator=_device_kind(job), precision="32-true")
+    net, opt = engine.setup(job.net, job.optimizer)
+    loader, loss_fn = engine.setup_dataloaders(job.loader), job.loss
+    net.train()
+    for batch in loader:
+        loss = loss_fn(net, batch)
+        engine.backward(loss)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    engine.teardown()
 
 
 def run_lightning(job: Any, tmp: str) -> None:
@@ -174,6 +195,7 @@ def _device_kind(job: Any) -> str:
 RUN: dict[str, Callable[[Any, str], None]] = {
     "raw": run_raw,
     "taskfit": run_taskfit,
+    "engine": run_engine,
     "lightning": run_lightning,
     "hf": run_hf,
 }

@@ -28,6 +28,7 @@ _EXPORTS = {
     "seed_everything": "taskfit.seed",
     "CheckpointError": "taskfit.io.checkpoint_io", "UnsafeCheckpointError": "taskfit.io.checkpoint_io",
     "NonFiniteError": "taskfit.loops.finite",
+    "Engine": "taskfit.engine",
     "estimate_memory": "taskfit.efficiency.estimate", "MemoryEstimate": "taskfit.efficiency.estimate",
 }
 
