@@ -267,8 +267,6 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "epoch":
                 control.should_save = True
-        if control.should_log or control.should_save:  # the only host sync it adds: on logging and save steps
-            check_finite(fit.strategy, fit.module, step, fit.args.output_dir)
         if control.should_log and self.steps_since_log:
             tr_loss = float(self._global_tr_loss())
             loss = tr_loss / self.steps_since_log
@@ -282,6 +280,8 @@ class FitLoop:
             logs.update(fit.strategy.precision.log_values())  # 16-mixed: loss_scale, skipped_steps
             logs.update(fit.module._results.step_values())
             fit._log(logs)
+        if control.should_log or control.should_save:  # the only host sync it adds: on logging and save steps
+            check_finite(fit.strategy, fit.module, step, fit.args.output_dir)  # after the log row, before a save
         if control.should_evaluate:
             fit._evaluate_during_fit()
         if control.should_save:
