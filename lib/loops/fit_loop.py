@@ -272,8 +272,6 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "epoch":
                 control.should_save = True
-        if control.should_log or control.should_save:  # the only host sync it adds: on logging and save steps
-            check_finite(self.strategy, run.module, step, args.output_dir)
         if control.should_log and sums.steps_since_log:
             tr_loss = float(self._global_tr_loss())
             loss = tr_loss / sums.steps_since_log
@@ -288,6 +286,8 @@ class FitLoop:
             logs.update(self.strategy.precision.log_values())  # 16-mixed: loss_scale, skipped_steps
             logs.update(run.module._results.step_values())
             self._log(logs)
+        if control.should_log or control.should_save:  # the only host sync it adds: on logging and save steps
+            check_finite(self.strategy, run.module, step, args.output_dir)  # after the log row, before a save
         if control.should_evaluate:
             self._evaluate()
         if control.should_save:

@@ -29,11 +29,16 @@ class NanAtStep(TokenModel):
 def test_f_loop_8_nan_inf_filter_keeps_logged_loss_finite(tmp_path):
     """F-LOOP-8: with logging_nan_inf_filter (default) a NaN step loss is replaced by the running mean in the
     logged loss; with the filter off the logged loss is NaN."""
+    import pytest
+
+    from taskfit.loops.finite import NonFiniteError
+
     logged = {}
     for flag in (True, False):
         fit = Fit(args(tmp_path, max_steps=4, logging_steps=4, logging_nan_inf_filter=flag, learning_rate=0.0))
-        fit.fit(NanAtStep(at=2), token_data())
-        logged[flag] = [h["loss"] for h in fit.state.log_history if "loss" in h][0]
+        with pytest.raises(NonFiniteError, match="global step 4"):  # the NaN gradients made the weights NaN
+            fit.fit(NanAtStep(at=2), token_data())
+        logged[flag] = [h["loss"] for h in fit.state.log_history if "loss" in h][0]  # logged before the stop
     assert math.isfinite(logged[True]) and 3.0 < logged[True] < 4.0  # ~ln(32) for the untrained model
     assert math.isnan(logged[False])
 
@@ -107,16 +112,19 @@ class OverflowsAtStep(TokenModel):
 
 def test_f_loop_8_debug_underflow_overflow_names_the_module(tmp_path):
     """F-LOOP-8: debug="underflow_overflow" stops at the first module whose weights turn inf and names it, with
-    the last frames' abs min/max; without it the run ends with non-finite weights and no hint where they came
-    from."""
+    the last frames' abs min/max; without it the run stops at the next logging step naming only the parameter
+    (F-REL-5)."""
     import pytest
 
     with pytest.raises(ValueError, match=r"inf/NaN detected in the weights of blocks\.0\.ff \(Linear\)") as err:
         Fit(args(tmp_path, max_steps=4, debug="underflow_overflow")).fit(OverflowsAtStep(at=2), token_data())
     report = str(err.value).splitlines()
     assert report[1].startswith("emb (Embedding): weights [") and report[-1].startswith("blocks.0.ff (Linear)")
+    from taskfit.loops.finite import NonFiniteError
+
     module = OverflowsAtStep(at=2)
     fit = Fit(args(tmp_path, max_steps=4))
-    fit.fit(module, token_data())
-    assert fit.state.global_step == 4 and math.isfinite(module.losses[2]) and not math.isfinite(module.losses[3])
+    with pytest.raises(NonFiniteError, match=r"global step 3: parameter '[\w.]+' holds NaN or inf"):
+        fit.fit(module, token_data())
+    assert fit.state.global_step == 3 and math.isfinite(module.losses[2])
     assert not torch.isfinite(module.blocks[0].ff.weight).all()
