@@ -244,6 +244,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
 
         self.strategy.setup_environment()
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
+        self._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
         run.optimizers, run.schedulers = configure_optimizers(
             module, model, args, max_steps, self._optimizers,
             strategy_builds_optimizer=self.strategy.builds_own_optimizer)

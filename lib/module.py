@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from taskfit.module_members import LightningMembers
+
 if TYPE_CHECKING:
     from taskfit.fit import Fit
     from taskfit.results import ResultCollection
@@ -55,7 +57,7 @@ def infer_batch_size(batch: Any) -> int:
     raise ValueError(f"Cannot infer the batch size of a {type(batch).__name__}: it holds no tensor.")
 
 
-class TaskModule(nn.Module):
+class TaskModule(LightningMembers, nn.Module):
     """A ``torch.nn.Module`` that says how to train, evaluate and predict (F-CORE-1).
 
     Override :meth:`training_step` (required) and any of :meth:`validation_step`, :meth:`test_step`,
