@@ -104,8 +104,9 @@ class FitLoop:
         train_fx = strategy.step_function(module, "training_step")  # through the wrapper's forward
         optimizers = run.optimizers
         optimizer, other_optimizers = optimizers[0], optimizers[1:]
-        step_schedulers = [c.scheduler for c in run.schedulers if c.interval == "step"]
-        epoch_schedulers = [c.scheduler for c in run.schedulers if c.interval == "epoch"]
+        step_schedulers = [c for c in run.schedulers if c.interval == "step"]
+        epoch_schedulers = [c for c in run.schedulers if c.interval == "epoch" and not c.reduce_on_plateau]
+        plateau_epoch = [c for c in run.schedulers if c.interval == "epoch" and c.reduce_on_plateau]
         L, H = hooks.lightning, hooks.hf
         accum = args.gradient_accumulation_steps
         max_norm = args.max_grad_norm
@@ -204,9 +205,10 @@ class FitLoop:
                     for opt in other_optimizers:
                         strategy.optimizer_step(opt)
                     H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)
-                    if stepped:
-                        for sched in step_schedulers:
-                            sched.step()
+                    if stepped:  # Lightning: every `frequency` batches of the epoch
+                        for cfg in step_schedulers:
+                            if (batch_idx + 1) % cfg.frequency == 0:
+                                self._step_scheduler(cfg)
                     for opt in optimizers:
                         L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, opt)
                         opt.zero_grad(set_to_none=True)
@@ -225,8 +227,9 @@ class FitLoop:
                     break
             if not (control.should_training_stop or control.should_epoch_stop):
                 state.epoch = float(epoch + 1)  # the epoch ran to its end
-            for sched in epoch_schedulers:
-                sched.step()
+            for cfg in epoch_schedulers:
+                if (epoch + 1) % cfg.frequency == 0:
+                    cfg.scheduler.step()
             hooks.call("on_train_epoch_end", fit, module)
             H["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
             epoch_logs = module._results.epoch_values(logger_only=True)
@@ -234,11 +237,49 @@ class FitLoop:
                 self._log(epoch_logs)
             sums.epoch_done = True  # a checkpoint from here on resumes at the start of the next epoch
             self._after_step(epoch_end=True)
+            for cfg in plateau_epoch:  # after validation, on the epoch's metrics (Lightning)
+                if (epoch + 1) % cfg.frequency == 0:
+                    self._step_scheduler(cfg)
             sums.epoch_done = False
             if control.should_training_stop:
                 break
         if sums.steps_since_log:
             sums.total_loss += float(self._global_tr_loss())
+
+    def _monitor_values(self) -> dict[str, Any]:
+        """What a ``ReduceLROnPlateau`` may monitor (Lightning's ``callback_metrics``): logged rows, the latest
+        ``self.log`` step values and the running epoch aggregates."""
+        out = dict(self.owner.callback_metrics)
+        results = self.run.module._results
+        for e in results.values.values():
+            if e.on_step and e.last is not None:
+                out[f"{e.name}_step" if e.on_epoch else e.name] = e.last
+        epoch = results.epoch_values()
+        out.update(epoch)
+        for key, value in epoch.items():
+            if key.endswith("_epoch"):
+                out[key[:-len("_epoch")]] = value
+        return out
+
+    def _step_scheduler(self, cfg: Any) -> None:
+        """Step one scheduler; a ``ReduceLROnPlateau`` with its monitored value (missing: raise when ``strict``,
+        else warn and skip, as Lightning)."""
+        if not cfg.reduce_on_plateau:
+            cfg.scheduler.step()
+            return
+        values = self._monitor_values()
+        if cfg.monitor not in values:
+            if cfg.strict:
+                raise KeyError(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available. "
+                               f"Available metrics are: {sorted(values)}. Set it with the 'monitor' key of the "
+                               "lr_scheduler config.")
+            import warnings
+
+            warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available but "
+                          "strict is set to False. Skipping learning rate update.", RuntimeWarning, stacklevel=2)
+            return
+        value = values[cfg.monitor]
+        cfg.scheduler.step(float(value))
 
     def _after_step(self, epoch_end: bool) -> None:
         """Set and act on the log / evaluate / save / stop flags (mirrors HF ``DefaultFlowCallback`` +

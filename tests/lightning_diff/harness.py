@@ -32,7 +32,8 @@ def build(make: Callable[[type], type], base: type, *args: Any, seed: int = 0, *
 
 
 def run_lightning(make: Callable[[type], type], train: Any, val: Any = None, *, init: dict | None = None,
-                  callbacks: list | None = None, fit_kwargs: dict | None = None, **options: Any) -> tuple[Any, Any]:
+                  callbacks: list | None = None, fit_kwargs: dict | None = None, quiet: bool = True,
+                  **options: Any) -> tuple[Any, Any]:
     import lightning as L
 
     module = build(make, L.LightningModule, **(init or {}))
@@ -42,7 +43,8 @@ def run_lightning(make: Callable[[type], type], train: Any, val: Any = None, *, 
                         enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
                         callbacks=callbacks or [], **opts)
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+        if quiet:
+            warnings.simplefilter("ignore")
         trainer.fit(module, train, val, **(fit_kwargs or {}))
     return module, trainer
 
