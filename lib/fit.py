@@ -228,6 +228,14 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
                              "eval_strategy='no'.")
         if eval_data is not None and not self._can_validate(module):
             raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
+        if not module.automatic_optimization:  # Lightning refuses these too
+            if args.gradient_accumulation_steps > 1:
+                raise ValueError(f"gradient_accumulation_steps={args.gradient_accumulation_steps} is not supported "
+                                 "with manual optimization (automatic_optimization = False): accumulate in "
+                                 "training_step by stepping the optimizers every N batches.")
+            if self.strategy.engine_owns_step:
+                raise ValueError(f"manual optimization (automatic_optimization = False) is not supported by "
+                                 f"{type(self.strategy).__name__}, whose engine runs backward and the step.")
         st = FitState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_global_zero)
         run = Run("fit", model, module, st, FitControl())
         run.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset", run=run)

@@ -308,12 +308,25 @@ class LightningMembers:
         object.__setattr__(self, "_automatic_optimization", bool(value))
 
     def optimizers(self, use_pl_optimizer: bool = True) -> Any:
-        """The run's optimizer, or the list of them when there are several (as Lightning's).
+        """The run's optimizer, or the list of them when there are several (as Lightning's). With
+        ``use_pl_optimizer`` (default) each comes in a handle whose ``step`` goes through the precision plugin
+        and calls ``on_before_optimizer_step``.
 
         Raises:
             RuntimeError: the module is not attached to a run.
         """
+        from taskfit.optim.manual import LightningOptimizer
+
         opts = self.trainer.optimizers
+        if use_pl_optimizer:
+            cache = self.__dict__.setdefault("_lightning_optimizers", {})
+            handles = []
+            for o in opts:
+                handle = cache.get(id(o))
+                if handle is None or handle.optimizer is not o:
+                    handle = cache[id(o)] = LightningOptimizer(o, self)
+                handles.append(handle)
+            opts = handles
         return opts[0] if len(opts) == 1 else opts
 
     def lr_schedulers(self) -> Any:

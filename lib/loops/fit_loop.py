@@ -33,6 +33,15 @@ def _extract_training_loss(out: Any) -> torch.Tensor:
     return loss
 
 
+def _manual_loss(out: Any, device: torch.device) -> torch.Tensor:
+    """The loss a manual-optimization ``training_step`` returned (a tensor, a dict with ``"loss"``, or None:
+    then 0), only for the logged running loss."""
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss.detach().reshape(())
+    return torch.zeros((), device=device)
+
+
 def resolve_interval(value: float | None, max_steps: int) -> int:
     """HF rule for ``logging_steps``/``eval_steps``/``save_steps``: a value < 1 is a ratio of ``max_steps``."""
     if value is None:
@@ -116,7 +125,8 @@ class FitLoop:
         world = strategy.world_size
         fwd_ctx = strategy.forward_context
         precision = strategy.precision
-        counts_needed = accum > 1 or world > 1
+        manual = not module.automatic_optimization
+        counts_needed = not manual and (accum > 1 or world > 1)
         flos_per_sample = run.flos_per_sample
 
         try:
@@ -177,15 +187,20 @@ class FitLoop:
                     L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
                     if i == 0 and H["on_step_begin"]:
                         hooks.call_hf("on_step_begin", args, state, control, **run.hf_kwargs())
-                    with strategy.no_sync(i == last):
+                    if manual:  # training_step runs backward and steps the optimizers itself
                         with fwd_ctx():
                             out = train_fx(batch, batch_idx)
-                        loss = _extract_training_loss(out)
-                        if weights is not None:
-                            loss = loss * weights[i]
-                        L["on_before_backward"] and hooks.call("on_before_backward", fit, module, loss)
-                        strategy.backward(loss)
-                        L["on_after_backward"] and hooks.call("on_after_backward", fit, module)
+                        loss = _manual_loss(out, strategy.root_device)
+                    else:
+                        with strategy.no_sync(i == last):
+                            with fwd_ctx():
+                                out = train_fx(batch, batch_idx)
+                            loss = _extract_training_loss(out)
+                            if weights is not None:
+                                loss = loss * weights[i]
+                            L["on_before_backward"] and hooks.call("on_before_backward", fit, module, loss)
+                            strategy.backward(loss)
+                            L["on_after_backward"] and hooks.call("on_after_backward", fit, module)
                     detached = loss.detach()
                     step_loss = detached if step_loss is None else step_loss + detached
                     window_samples += infer_batch_size(batch)
@@ -195,21 +210,21 @@ class FitLoop:
                         L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
                         continue
                     # ---- optimizer step: once per window, every optimizer ----
-                    for opt in optimizers:
+                    for opt in () if manual else optimizers:
                         precision.unscale_gradients(opt)  # before the hook and clipping (Lightning)
                         L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, opt)
-                    if max_norm and max_norm > 0:
+                    if max_norm and max_norm > 0 and not manual:
                         sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
                     H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
-                    stepped = strategy.optimizer_step(optimizer)
-                    for opt in other_optimizers:
+                    stepped = not manual and strategy.optimizer_step(optimizer)
+                    for opt in () if manual else other_optimizers:
                         strategy.optimizer_step(opt)
                     H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)
                     if stepped:  # Lightning: every `frequency` batches of the epoch
                         for cfg in step_schedulers:
                             if (batch_idx + 1) % cfg.frequency == 0:
                                 self._step_scheduler(cfg)
-                    for opt in optimizers:
+                    for opt in () if manual else optimizers:
                         L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, opt)
                         opt.zero_grad(set_to_none=True)
                     if nan_filter:
@@ -227,7 +242,7 @@ class FitLoop:
                     break
             if not (control.should_training_stop or control.should_epoch_stop):
                 state.epoch = float(epoch + 1)  # the epoch ran to its end
-            for cfg in epoch_schedulers:
+            for cfg in () if manual else epoch_schedulers:  # manual optimization: the module steps them
                 if (epoch + 1) % cfg.frequency == 0:
                     cfg.scheduler.step()
             hooks.call("on_train_epoch_end", fit, module)
@@ -237,7 +252,7 @@ class FitLoop:
                 self._log(epoch_logs)
             sums.epoch_done = True  # a checkpoint from here on resumes at the start of the next epoch
             self._after_step(epoch_end=True)
-            for cfg in plateau_epoch:  # after validation, on the epoch's metrics (Lightning)
+            for cfg in () if manual else plateau_epoch:  # after validation, on the epoch's metrics (Lightning)
                 if (epoch + 1) % cfg.frequency == 0:
                     self._step_scheduler(cfg)
             sums.epoch_done = False
