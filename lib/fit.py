@@ -29,6 +29,7 @@ from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_metrics_json, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
+from taskfit.module_hooks import end_stage, start_stage
 from taskfit.results import ResultCollection
 from taskfit.run import Run, RunLifecycle
 from taskfit.summary import process_log_level
@@ -216,9 +217,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         # seed first: model_init and the module's own initialisation must see the run's seed (HF order)
         (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         model, module = self._resolve_model(model, "fit")
+        start_stage(self, module, datamodule, "fit")  # configure_callbacks, prepare_data, setup, configure_model
         if datamodule is not None:
-            datamodule.prepare_data()
-            datamodule.setup("fit")
             train_data = train_data if train_data is not None else datamodule.train_dataloader()
             eval_data = eval_data if eval_data is not None else datamodule.val_dataloader()
         if train_data is None:
@@ -275,7 +275,6 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         if self.is_global_zero:
             for lg in self.loggers:
                 lg.log_hyperparams(args.to_sanitized_dict())
-        hooks.call("setup", self, module, "fit")
         hooks.call("on_fit_start", self, module)
         hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_train_start", self, module)
@@ -302,7 +301,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         hooks.call("on_train_end", self, module)
         hooks.call_hf("on_train_end", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_fit_end", self, module)
-        hooks.call("teardown", self, module, "fit")
+        end_stage(self, module, datamodule, "fit")
         self._finalize_loggers("success")
         return TrainOutput(st.global_step, loop.training_loss, metrics)
 

@@ -342,9 +342,15 @@ class LightningMembers:
         Raises:
             RuntimeError: the module is not attached to a run.
         """
+        from taskfit.module_hooks import overrides
+
         fit = self.trainer.fit
         self._call_hook("on_before_backward", loss)
-        fit.strategy.backward(loss, *args, **kwargs)
+        if overrides(self, "backward"):
+            scaler = getattr(fit.strategy.precision, "scaler", None)
+            self.backward(scaler.scale(loss) if scaler is not None else loss, *args, **kwargs)
+        else:
+            fit.strategy.backward(loss, *args, **kwargs)
         self._call_hook("on_after_backward")
 
     def _call_hook(self, name: str, *args: Any) -> None:

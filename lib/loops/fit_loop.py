@@ -13,6 +13,8 @@ import torch
 
 from taskfit.data.loaders import set_loader_epoch, skip_first_batches
 from taskfit.module import infer_batch_size
+from taskfit.module_hooks import batch_mover, overrides
+from taskfit.optim.manual import LightningOptimizer
 from taskfit.seed import set_rng_states
 
 if TYPE_CHECKING:
@@ -40,6 +42,19 @@ def _manual_loss(out: Any, device: torch.device) -> torch.Tensor:
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
         return loss.detach().reshape(())
     return torch.zeros((), device=device)
+
+
+def batch_outputs(out: Any, loss: torch.Tensor) -> dict[str, Any]:
+    """What ``on_train_batch_end`` receives as ``outputs`` (Lightning): ``{"loss": <detached, accumulation-scaled
+    loss>}`` plus the other items of a dict ``training_step`` result."""
+    extra = {k: v for k, v in out.items() if k != "loss"} if isinstance(out, Mapping) else {}
+    return {"loss": loss, **extra}
+
+
+def precision_scaled(precision: Any, loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` times the precision plugin's loss scale (what a module's own ``backward`` receives)."""
+    scaler = getattr(precision, "scaler", None)
+    return scaler.scale(loss) if scaler is not None else loss
 
 
 def resolve_interval(value: float | None, max_steps: int) -> int:
@@ -126,6 +141,12 @@ class FitLoop:
         fwd_ctx = strategy.forward_context
         precision = strategy.precision
         manual = not module.automatic_optimization
+        move = batch_mover(module, strategy)
+        engine = strategy.engine_owns_step
+        own_zero_grad = overrides(module, "optimizer_zero_grad")
+        own_backward = overrides(module, "backward") and not engine
+        own_clipping = overrides(module, "configure_gradient_clipping") and not engine
+        own_step = overrides(module, "optimizer_step") and not engine
         counts_needed = not manual and (accum > 1 or world > 1)
         flos_per_sample = run.flos_per_sample
 
@@ -181,12 +202,19 @@ class FitLoop:
                     weights = None
                 step_loss, window_samples = None, 0
                 for i, batch in enumerate(window):
-                    batch = strategy.batch_to_device(batch)
+                    batch = move(batch)
                     module._results.set_batch(batch)
                     batch_idx = state.batch_in_epoch
                     L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
                     if i == 0 and H["on_step_begin"]:
                         hooks.call_hf("on_step_begin", args, state, control, **run.hf_kwargs())
+                    if i == 0 and not manual:  # Lightning: gradients are cleared before a window's first batch
+                        for opt in optimizers:
+                            L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, opt)
+                            if own_zero_grad:
+                                module.optimizer_zero_grad(epoch, batch_idx, opt)
+                            else:
+                                opt.zero_grad(set_to_none=True)
                     if manual:  # training_step runs backward and steps the optimizers itself
                         with fwd_ctx():
                             out = train_fx(batch, batch_idx)
@@ -199,34 +227,52 @@ class FitLoop:
                             if weights is not None:
                                 loss = loss * weights[i]
                             L["on_before_backward"] and hooks.call("on_before_backward", fit, module, loss)
-                            strategy.backward(loss)
+                            if own_backward:
+                                module.backward(precision_scaled(precision, loss))
+                            else:
+                                strategy.backward(loss)
                             L["on_after_backward"] and hooks.call("on_after_backward", fit, module)
                     detached = loss.detach()
                     step_loss = detached if step_loss is None else step_loss + detached
                     window_samples += infer_batch_size(batch)
                     state.batch_in_epoch += 1
+                    outputs = batch_outputs(out, detached)
                     if i != last:
                         H["on_substep_end"] and hooks.call_hf("on_substep_end", args, state, control)
-                        L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
+                        L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, outputs, batch,
+                                                                batch_idx)
                         continue
                     # ---- optimizer step: once per window, every optimizer ----
-                    for opt in () if manual else optimizers:
-                        precision.unscale_gradients(opt)  # before the hook and clipping (Lightning)
+                    def after_closure(opt: Any) -> None:  # Lightning: hook, then clipping, then the step
+                        precision.unscale_gradients(opt)
                         L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, opt)
-                    if max_norm and max_norm > 0 and not manual:
-                        sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
-                    H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
-                    stepped = not manual and strategy.optimizer_step(optimizer)
-                    for opt in () if manual else other_optimizers:
-                        strategy.optimizer_step(opt)
+                        if own_clipping:
+                            module.configure_gradient_clipping(opt, max_norm if max_norm and max_norm > 0 else None,
+                                                               "norm" if max_norm and max_norm > 0 else None)
+                        elif max_norm and max_norm > 0 and opt is optimizer:
+                            sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
+
+                    if manual:
+                        stepped = False
+                    elif own_step:
+                        H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
+                        stepped = False
+                        for opt in optimizers:
+                            handle = LightningOptimizer(opt, module, after_closure)
+                            module.optimizer_step(epoch, batch_idx, handle, lambda: step_loss)
+                            stepped = stepped or handle.stepped
+                    else:
+                        for opt in optimizers:
+                            after_closure(opt)
+                        H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
+                        stepped = strategy.optimizer_step(optimizer)
+                        for opt in other_optimizers:
+                            strategy.optimizer_step(opt)
                     H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)
                     if stepped:  # Lightning: every `frequency` batches of the epoch
                         for cfg in step_schedulers:
                             if (batch_idx + 1) % cfg.frequency == 0:
                                 self._step_scheduler(cfg)
-                    for opt in () if manual else optimizers:
-                        L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, opt)
-                        opt.zero_grad(set_to_none=True)
                     if nan_filter:
                         step_loss = torch.where(torch.isfinite(step_loss), step_loss,
                                                 sums.tr_loss / max(1, sums.steps_since_log))
@@ -236,7 +282,7 @@ class FitLoop:
                     state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
                     state.samples_seen += window_samples * world  # every rank takes as many samples
                     state.total_flos += flos_per_sample * window_samples * world
-                    L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
+                    L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, outputs, batch, batch_idx)
                     self._after_step(epoch_end=False)
                 if control.should_training_stop or control.should_epoch_stop:
                     break
@@ -244,14 +290,17 @@ class FitLoop:
                 state.epoch = float(epoch + 1)  # the epoch ran to its end
             for cfg in () if manual else epoch_schedulers:  # manual optimization: the module steps them
                 if (epoch + 1) % cfg.frequency == 0:
-                    cfg.scheduler.step()
-            hooks.call("on_train_epoch_end", fit, module)
+                    self._step_scheduler(cfg)
             H["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
+            self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
+            hooks.call("on_train_epoch_end", fit, module)  # on_train_epoch_end, which may log epoch values)
             epoch_logs = module._results.epoch_values(logger_only=True)
             if epoch_logs:
                 self._log(epoch_logs)
             sums.epoch_done = True  # a checkpoint from here on resumes at the start of the next epoch
-            self._after_step(epoch_end=True)
+            if control.should_save:
+                self._save(run.training_state.state_dict())
+            control._new_step()
             for cfg in () if manual else plateau_epoch:  # after validation, on the epoch's metrics (Lightning)
                 if (epoch + 1) % cfg.frequency == 0:
                     self._step_scheduler(cfg)
@@ -279,8 +328,10 @@ class FitLoop:
     def _step_scheduler(self, cfg: Any) -> None:
         """Step one scheduler; a ``ReduceLROnPlateau`` with its monitored value (missing: raise when ``strict``,
         else warn and skip, as Lightning)."""
+        module = self.run.module
+        own = overrides(module, "lr_scheduler_step")
         if not cfg.reduce_on_plateau:
-            cfg.scheduler.step()
+            module.lr_scheduler_step(cfg.scheduler, None) if own else cfg.scheduler.step()
             return
         values = self._monitor_values()
         if cfg.monitor not in values:
@@ -293,12 +344,12 @@ class FitLoop:
             warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available but "
                           "strict is set to False. Skipping learning rate update.", RuntimeWarning, stacklevel=2)
             return
-        value = values[cfg.monitor]
-        cfg.scheduler.step(float(value))
+        value = float(values[cfg.monitor])
+        module.lr_scheduler_step(cfg.scheduler, value) if own else cfg.scheduler.step(value)
 
-    def _after_step(self, epoch_end: bool) -> None:
+    def _after_step(self, epoch_end: bool, save: bool = True) -> None:
         """Set and act on the log / evaluate / save / stop flags (mirrors HF ``DefaultFlowCallback`` +
-        ``_maybe_log_save_evaluate``)."""
+        ``_maybe_log_save_evaluate``); with ``save=False`` the save flag is left for the caller."""
         run, args, hooks, sums = self.run, self.args, self.hooks, self.sums
         state, control = run.state, run.control
         step = state.global_step
@@ -337,6 +388,8 @@ class FitLoop:
             self._log(logs)
         if control.should_evaluate:
             self._evaluate()
+        if not save:
+            return
         if control.should_save:
             self._save(run.training_state.state_dict())
         control._new_step()

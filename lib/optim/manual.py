@@ -13,11 +13,15 @@ class LightningOptimizer:
     Args:
         optimizer (torch.optim.Optimizer): the run's optimizer (as the strategy returned it).
         module (TaskModule): the module whose run steps it.
+        after_closure (Callable[[Optimizer], None] | None): what runs between the closure and the step (the
+            fit loop's ``on_before_optimizer_step`` hooks and clipping); default: the module's hooks only.
     """
 
-    def __init__(self, optimizer: Any, module: Any) -> None:
+    def __init__(self, optimizer: Any, module: Any, after_closure: Callable[[Any], None] | None = None) -> None:
         self.__dict__["_optimizer"] = optimizer
         self.__dict__["_module"] = module
+        self.__dict__["_after_closure"] = after_closure
+        self.__dict__["stepped"] = False
 
     @property
     def optimizer(self) -> Any:
@@ -39,8 +43,11 @@ class LightningOptimizer:
         """
         result = closure() if closure is not None else None
         module = self._module
-        module._call_hook("on_before_optimizer_step", self._optimizer)
-        module.trainer.fit.strategy.optimizer_step(self._optimizer)
+        if self._after_closure is not None:  # automatic optimization: the hook and clipping, as the loop does
+            self._after_closure(self._optimizer)
+        else:
+            module._call_hook("on_before_optimizer_step", self._optimizer)
+        self.__dict__["stepped"] = module.trainer.fit.strategy.optimizer_step(self._optimizer)
         module.__dict__["_manual_steps"] = module.__dict__.get("_manual_steps", 0) + 1
         return result
 
