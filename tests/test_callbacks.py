@@ -130,8 +130,8 @@ def _H(name, step):
 def _window(first_idx: int, step: int) -> list:
     """Two micro-batches (accumulation 2) of the optimizer step that takes global_step from ``step`` to ``step+1``."""
     seq = []
-    seq += _L("on_train_batch_start", step) + _H("on_step_begin", step) + _L("on_before_zero_grad", step)
-    seq += [("mod.training_step", first_idx)]
+    seq += _L("on_train_batch_start", step) + _H("on_step_begin", step) + [("mod.training_step", first_idx)]
+    seq += _L("on_before_zero_grad", step)  # Lightning: after the window's first training_step, before backward
     seq += _L("on_before_backward", step) + _L("on_after_backward", step)
     seq += _H("on_substep_end", step) + _L("on_train_batch_end", step)
     seq += _L("on_train_batch_start", step) + [("mod.training_step", first_idx + 1)]

@@ -18,6 +18,7 @@ import torch
 from taskfit.loops.gather import gather_in_dataset_order, loader_indices
 from taskfit.metrics import EvalPrediction, MemoryTracker, nested_concat, speed_metrics, to_numpy
 from taskfit.module import infer_batch_size
+from taskfit.module_hooks import batch_mover
 from taskfit.results import ResultCollection
 
 if TYPE_CHECKING:
@@ -176,9 +177,10 @@ class EvaluationLoop:
             start = time.perf_counter()
             hooks.call(f"on_{hook_stage}_start", fit, module)
             hooks.call(f"on_{hook_stage}_epoch_start", fit, module)
+            move = batch_mover(module, strategy)
             with torch.no_grad():
                 for batch_idx, batch in enumerate(loader):
-                    batch = strategy.batch_to_device(batch)
+                    batch = move(batch)
                     results.set_batch(batch)
                     bs = infer_batch_size(batch)
                     weight = bs

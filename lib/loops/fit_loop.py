@@ -150,6 +150,16 @@ class FitLoop:
         counts_needed = not manual and (accum > 1 or world > 1)
         flos_per_sample = run.flos_per_sample
 
+        def after_closure(opt: Any) -> None:
+            """Between backward and the optimizer step (Lightning): unscale, hooks, then clipping."""
+            precision.unscale_gradients(opt)
+            L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, opt)
+            if own_clipping:
+                clip = max_norm if max_norm and max_norm > 0 else None
+                module.configure_gradient_clipping(opt, clip, "norm" if clip else None)
+            elif max_norm and max_norm > 0 and opt is optimizer:
+                sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
+
         try:
             batches_per_epoch = len(loader)
         except TypeError:
@@ -208,30 +218,53 @@ class FitLoop:
                     L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
                     if i == 0 and H["on_step_begin"]:
                         hooks.call_hf("on_step_begin", args, state, control, **run.hf_kwargs())
-                    if i == 0 and not manual:  # Lightning: gradients are cleared before a window's first batch
-                        for opt in optimizers:
-                            L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, opt)
-                            if own_zero_grad:
-                                module.optimizer_zero_grad(epoch, batch_idx, opt)
-                            else:
-                                opt.zero_grad(set_to_none=True)
+                    box: dict[str, Any] = {}
                     if manual:  # training_step runs backward and steps the optimizers itself
                         with fwd_ctx():
                             out = train_fx(batch, batch_idx)
                         loss = _manual_loss(out, strategy.root_device)
                     else:
-                        with strategy.no_sync(i == last):
-                            with fwd_ctx():
-                                out = train_fx(batch, batch_idx)
-                            loss = _extract_training_loss(out)
-                            if weights is not None:
-                                loss = loss * weights[i]
-                            L["on_before_backward"] and hooks.call("on_before_backward", fit, module, loss)
-                            if own_backward:
-                                module.backward(precision_scaled(precision, loss))
-                            else:
-                                strategy.backward(loss)
-                            L["on_after_backward"] and hooks.call("on_after_backward", fit, module)
+                        def closure(i: int = i, batch: Any = batch, batch_idx: int = batch_idx,
+                                    box: dict = box) -> torch.Tensor:
+                            """Lightning's training closure: training_step, zero_grad (first micro-batch of a
+                            window), backward."""
+                            with strategy.no_sync(i == last):
+                                with fwd_ctx():
+                                    out = train_fx(batch, batch_idx)
+                                loss = _extract_training_loss(out)
+                                if weights is not None:
+                                    loss = loss * weights[i]
+                                if i == 0:
+                                    for opt in optimizers:
+                                        L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module,
+                                                                                opt)
+                                        if own_zero_grad:
+                                            module.optimizer_zero_grad(epoch, batch_idx, opt)
+                                        else:
+                                            opt.zero_grad(set_to_none=True)
+                                L["on_before_backward"] and hooks.call("on_before_backward", fit, module, loss)
+                                if own_backward:
+                                    module.backward(precision_scaled(precision, loss))
+                                else:
+                                    strategy.backward(loss)
+                                L["on_after_backward"] and hooks.call("on_after_backward", fit, module)
+                            box["out"], box["loss"] = out, loss
+                            return loss.detach()
+
+                        if own_step and i == last:  # the module's optimizer_step runs the closure (Lightning)
+                            H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state,
+                                                                         control)
+                            handles = [LightningOptimizer(opt, module, after_closure) for opt in optimizers]
+                            for j, handle in enumerate(handles):
+                                module.optimizer_step(epoch, batch_idx, handle,
+                                                      closure if j == 0 else (lambda: box["loss"].detach()))
+                            if "out" not in box:
+                                raise RuntimeError("optimizer_step did not call optimizer_closure: call "
+                                                   "optimizer.step(closure=optimizer_closure) or the closure itself.")
+                            own_stepped = any(h.stepped for h in handles)
+                        else:
+                            closure()
+                        out, loss = box["out"], box["loss"]
                     detached = loss.detach()
                     step_loss = detached if step_loss is None else step_loss + detached
                     window_samples += infer_batch_size(batch)
@@ -243,24 +276,10 @@ class FitLoop:
                                                                 batch_idx)
                         continue
                     # ---- optimizer step: once per window, every optimizer ----
-                    def after_closure(opt: Any) -> None:  # Lightning: hook, then clipping, then the step
-                        precision.unscale_gradients(opt)
-                        L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, opt)
-                        if own_clipping:
-                            module.configure_gradient_clipping(opt, max_norm if max_norm and max_norm > 0 else None,
-                                                               "norm" if max_norm and max_norm > 0 else None)
-                        elif max_norm and max_norm > 0 and opt is optimizer:
-                            sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
-
                     if manual:
                         stepped = False
                     elif own_step:
-                        H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
-                        stepped = False
-                        for opt in optimizers:
-                            handle = LightningOptimizer(opt, module, after_closure)
-                            module.optimizer_step(epoch, batch_idx, handle, lambda: step_loss)
-                            stepped = stepped or handle.stepped
+                        stepped = own_stepped
                     else:
                         for opt in optimizers:
                             after_closure(opt)
@@ -269,9 +288,13 @@ class FitLoop:
                         for opt in other_optimizers:
                             strategy.optimizer_step(opt)
                     H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)
-                    if stepped:  # Lightning: every `frequency` batches of the epoch
+                    if stepped:  # Lightning: every `frequency` batches of the epoch (HF: every step)
                         for cfg in step_schedulers:
                             if (batch_idx + 1) % cfg.frequency == 0:
+                                self._step_scheduler(cfg)
+                    if not manual and state.batch_in_epoch == batches_per_epoch:  # Lightning: the epoch's last
+                        for cfg in epoch_schedulers:  # batch steps them (not an epoch cut short by max_steps)
+                            if (epoch + 1) % cfg.frequency == 0:
                                 self._step_scheduler(cfg)
                     if nan_filter:
                         step_loss = torch.where(torch.isfinite(step_loss), step_loss,
@@ -288,9 +311,10 @@ class FitLoop:
                     break
             if not (control.should_training_stop or control.should_epoch_stop):
                 state.epoch = float(epoch + 1)  # the epoch ran to its end
-            for cfg in () if manual else epoch_schedulers:  # manual optimization: the module steps them
-                if (epoch + 1) % cfg.frequency == 0:
-                    self._step_scheduler(cfg)
+            if not manual and batches_per_epoch is None:  # a loader without length: at the end of the epoch
+                for cfg in epoch_schedulers:
+                    if (epoch + 1) % cfg.frequency == 0:
+                        self._step_scheduler(cfg)
             H["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
             self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
             hooks.call("on_train_epoch_end", fit, module)  # on_train_epoch_end, which may log epoch values)
