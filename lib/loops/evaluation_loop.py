@@ -228,6 +228,7 @@ class EvaluationLoop:
                 all_preds, all_labels, all_inputs = (self._gather(x, indices, batch_bounds, concat)
                                                      for x in (all_preds, all_labels, all_inputs))
 
+            hooks.call(f"on_{hook_stage}_epoch_end", fit, module)  # may still log epoch values (Lightning)
             metrics = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
             self.hidden = {metric_key(k, prefix) for k in results.hidden_names()}  # logger=False: not sent to loggers
             results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
@@ -251,7 +252,6 @@ class EvaluationLoop:
             if memory is not None:
                 metrics.update(memory.stop(prefix))
             fit.callback_metrics.update(metrics)
-            hooks.call(f"on_{hook_stage}_epoch_end", fit, module)
             hooks.call(f"on_{hook_stage}_end", fit, module)
         finally:  # an exception inside a step must not leave the module in eval mode or with eval results
             module._results, module._log_defaults = prev_results, prev_defaults

@@ -317,10 +317,19 @@ class FitLoop:
                         self._step_scheduler(cfg)
             H["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
             self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
-            hooks.call("on_train_epoch_end", fit, module)  # on_train_epoch_end, which may log epoch values)
-            epoch_logs = module._results.epoch_values(logger_only=True)
+            defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's epoch-end defaults
+            try:
+                hooks.call("on_train_epoch_end", fit, module)  # on_train_epoch_end, which may log epoch values)
+            finally:
+                module._log_defaults = defaults
+            epoch_values = module._results.epoch_values()
+            hidden = module._results.hidden_names()
+            epoch_logs = {k: v for k, v in epoch_values.items() if k not in hidden}
             if epoch_logs:
                 self._log(epoch_logs)
+            # callback_metrics (Lightning): logger=False values too, and `name` for `name_epoch`
+            fit.callback_metrics.update(epoch_values)
+            fit.callback_metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items() if k.endswith("_epoch")})
             sums.epoch_done = True  # a checkpoint from here on resumes at the start of the next epoch
             if control.should_save:
                 self._save(run.training_state.state_dict())
