@@ -117,6 +117,8 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
         if datamodule is not None:
             datamodule.prepare_data()
         module.prepare_data()
+    if fit.strategy.world_size > 1:
+        fit.strategy.barrier("prepare_data")  # the other processes wait for the data local rank 0 prepared
     if datamodule is not None:
         datamodule.setup(stage)
     fit._hooks.call("setup", fit, module, stage)

@@ -329,7 +329,8 @@ class FitLoop:
                 self._log(epoch_logs)
             # callback_metrics (Lightning): logger=False values too, and `name` for `name_epoch`
             fit.callback_metrics.update(epoch_values)
-            fit.callback_metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items() if k.endswith("_epoch")})
+            fit.callback_metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items()
+                                         if k.endswith("_epoch")})
             sums.epoch_done = True  # a checkpoint from here on resumes at the start of the next epoch
             if control.should_save:
                 self._save(run.training_state.state_dict())

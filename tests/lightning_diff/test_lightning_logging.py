@@ -62,5 +62,6 @@ def test_F_OBS_6_callback_metrics_match_lightning(where, tmp_path):
     # documented prefix rule: a name logged during evaluation without a stage prefix (val_, eval_, test_) gets
     # eval_ during fit/validate (test_ during test)
     rename = {"metric": "eval_metric"} if where == "validation_epoch_end" else {}
-    got = {k: float(fit.callback_metrics[rename.get(k, k)]) for k in expected if rename.get(k, k) in fit.callback_metrics}
+    got = {k: float(fit.callback_metrics[rename.get(k, k)]) for k in expected
+           if rename.get(k, k) in fit.callback_metrics}
     assert got == pytest.approx(expected, rel=1e-6)
