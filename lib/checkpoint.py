@@ -56,6 +56,9 @@ def model_files(fit: Fit, weights: dict[str, torch.Tensor] | None = None) -> dic
         files["config.json"] = {"class": f"{type(model).__module__}.{type(model).__qualname__}",
                                 "num_parameters": sum(p.numel() for p in model.parameters()),
                                 "taskfit_version": __version__}
+        hparams = getattr(model, "hparams_for_checkpoint", None)
+        if hparams is not None:  # what load_from_checkpoint rebuilds the module from
+            files["config.json"]["hyper_parameters"] = hparams()
     return files
 
 

@@ -30,6 +30,7 @@ from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metric_checks import check_before_training, missing_metric_error
 from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_metrics_json, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
+from taskfit.module_hooks import end_stage, start_stage
 from taskfit.results import ResultCollection
 from taskfit.run import Run, RunLifecycle
 from taskfit.console import LogPrinter, configure_console
@@ -220,9 +221,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         # seed first: model_init and the module's own initialisation must see the run's seed (HF order)
         (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         model, module = self._resolve_model(model, "fit")
+        start_stage(self, module, datamodule, "fit")  # configure_callbacks, prepare_data, setup, configure_model
         if datamodule is not None:
-            datamodule.prepare_data()
-            datamodule.setup("fit")
             train_data = train_data if train_data is not None else datamodule.train_dataloader()
             eval_data = eval_data if eval_data is not None else datamodule.val_dataloader()
         if train_data is None:
@@ -232,6 +232,14 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
                              "eval_strategy='no'.")
         if eval_data is not None and not self._can_validate(module):
             raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
+        if not module.automatic_optimization:  # Lightning refuses these too
+            if args.gradient_accumulation_steps > 1:
+                raise ValueError(f"gradient_accumulation_steps={args.gradient_accumulation_steps} is not supported "
+                                 "with manual optimization (automatic_optimization = False): accumulate in "
+                                 "training_step by stepping the optimizers every N batches.")
+            if self.strategy.engine_owns_step:
+                raise ValueError(f"manual optimization (automatic_optimization = False) is not supported by "
+                                 f"{type(self.strategy).__name__}, whose engine runs backward and the step.")
         st = FitState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_global_zero)
         run = Run("fit", model, module, st, FitControl())
         run.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset", run=run)
@@ -252,6 +260,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
 
         self.strategy.setup_environment()
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
+        self._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
         run.optimizers, run.schedulers = configure_optimizers(
             module, model, args, max_steps, self._optimizers,
             strategy_builds_optimizer=self.strategy.builds_own_optimizer)
@@ -278,7 +287,6 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         if self.is_global_zero:
             for lg in self.loggers:
                 lg.log_hyperparams(args.to_sanitized_dict())
-        hooks.call("setup", self, module, "fit")
         hooks.call("on_fit_start", self, module)
         hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_train_start", self, module)
@@ -308,7 +316,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         hooks.call("on_train_end", self, module)
         hooks.call_hf("on_train_end", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_fit_end", self, module)
-        hooks.call("teardown", self, module, "fit")
+        end_stage(self, module, datamodule, "fit")
         self._finalize_loggers("success")
         return TrainOutput(st.global_step, loop.training_loss, metrics)
 

@@ -8,6 +8,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from taskfit.module_hooks import LightningHooks
+from taskfit.module_members import LightningMembers
+
 if TYPE_CHECKING:
     from taskfit.fit import Fit
     from taskfit.results import ResultCollection
@@ -21,7 +24,7 @@ MODULE_HOOKS = (
     "on_test_batch_start", "on_test_batch_end", "on_predict_start", "on_predict_end",
     "on_predict_epoch_start", "on_predict_epoch_end", "on_predict_batch_start", "on_predict_batch_end",
     "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
-    "on_save_checkpoint", "on_load_checkpoint",
+    "on_save_checkpoint", "on_load_checkpoint", "setup", "teardown",
 )
 
 IGNORE_INDEX = -100
@@ -59,7 +62,7 @@ def infer_batch_size(batch: Any) -> int:
     raise ValueError(f"Cannot infer the batch size of a {type(batch).__name__}: it holds no tensor.")
 
 
-class TaskModule(nn.Module):
+class TaskModule(LightningMembers, LightningHooks, nn.Module):
     """A ``torch.nn.Module`` that says how to train, evaluate and predict (F-CORE-1).
 
     Override :meth:`training_step` (required) and any of :meth:`validation_step`, :meth:`test_step`,

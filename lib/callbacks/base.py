@@ -170,7 +170,8 @@ class HookRunner:
                     self.lightning[name].append((fn, True))
         if isinstance(module, TaskModule):
             for name in MODULE_HOOKS:
-                if getattr(type(module), name, None) is not None and name in self.lightning:
+                own = getattr(type(module), name, None)
+                if own is not None and own is not getattr(TaskModule, name, None) and name in self.lightning:
                     self.lightning[name].append((getattr(module, name), False))
 
     def call(self, name: str, fit: Any, module: Any, *args: Any) -> None:

@@ -18,6 +18,7 @@ import torch
 from taskfit.loops.gather import gather_in_dataset_order, loader_indices
 from taskfit.metrics import EvalPrediction, MemoryTracker, nested_concat, speed_metrics, to_numpy
 from taskfit.module import infer_batch_size
+from taskfit.module_hooks import batch_mover
 from taskfit.results import ResultCollection
 
 if TYPE_CHECKING:
@@ -176,9 +177,10 @@ class EvaluationLoop:
             start = time.perf_counter()
             hooks.call(f"on_{hook_stage}_start", fit, module)
             hooks.call(f"on_{hook_stage}_epoch_start", fit, module)
+            move = batch_mover(module, strategy)
             with torch.no_grad():
                 for batch_idx, batch in enumerate(loader):
-                    batch = strategy.batch_to_device(batch)
+                    batch = move(batch)
                     results.set_batch(batch)
                     bs = infer_batch_size(batch)
                     weight = bs
@@ -226,6 +228,7 @@ class EvaluationLoop:
                 all_preds, all_labels, all_inputs = (self._gather(x, indices, batch_bounds, concat)
                                                      for x in (all_preds, all_labels, all_inputs))
 
+            hooks.call(f"on_{hook_stage}_epoch_end", fit, module)  # may still log epoch values (Lightning)
             metrics = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
             self.hidden = {metric_key(k, prefix) for k in results.hidden_names()}  # logger=False: not sent to loggers
             results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
@@ -249,7 +252,6 @@ class EvaluationLoop:
             if memory is not None:
                 metrics.update(memory.stop(prefix))
             fit.callback_metrics.update(metrics)
-            hooks.call(f"on_{hook_stage}_epoch_end", fit, module)
             hooks.call(f"on_{hook_stage}_end", fit, module)
         finally:  # an exception inside a step must not leave the module in eval mode or with eval results
             module._results, module._log_defaults = prev_results, prev_defaults

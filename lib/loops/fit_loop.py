@@ -14,6 +14,8 @@ import torch
 from taskfit.data.loaders import set_loader_epoch, skip_first_batches
 from taskfit.loops.finite import check_finite
 from taskfit.module import infer_batch_size
+from taskfit.module_hooks import batch_mover, overrides
+from taskfit.optim.manual import LightningOptimizer
 from taskfit.seed import set_rng_states
 
 if TYPE_CHECKING:
@@ -32,6 +34,28 @@ def _extract_training_loss(out: Any) -> torch.Tensor:
         raise ValueError("training_step returned a loss that does not require grad (computed under no_grad, "
                          "detached, or the module has no trainable parameters).")
     return loss
+
+
+def _manual_loss(out: Any, device: torch.device) -> torch.Tensor:
+    """The loss a manual-optimization ``training_step`` returned (a tensor, a dict with ``"loss"``, or None:
+    then 0), only for the logged running loss."""
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss.detach().reshape(())
+    return torch.zeros((), device=device)
+
+
+def batch_outputs(out: Any, loss: torch.Tensor) -> dict[str, Any]:
+    """What ``on_train_batch_end`` receives as ``outputs`` (Lightning): ``{"loss": <detached, accumulation-scaled
+    loss>}`` plus the other items of a dict ``training_step`` result."""
+    extra = {k: v for k, v in out.items() if k != "loss"} if isinstance(out, Mapping) else {}
+    return {"loss": loss, **extra}
+
+
+def precision_scaled(precision: Any, loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` times the precision plugin's loss scale (what a module's own ``backward`` receives)."""
+    scaler = getattr(precision, "scaler", None)
+    return scaler.scale(loss) if scaler is not None else loss
 
 
 def resolve_interval(value: float | None, max_steps: int) -> int:
@@ -106,8 +130,9 @@ class FitLoop:
         train_fx = strategy.step_function(module, "training_step")  # through the wrapper's forward
         optimizers = run.optimizers
         optimizer, other_optimizers = optimizers[0], optimizers[1:]
-        step_schedulers = [c.scheduler for c in run.schedulers if c.interval == "step"]
-        epoch_schedulers = [c.scheduler for c in run.schedulers if c.interval == "epoch"]
+        step_schedulers = [c for c in run.schedulers if c.interval == "step"]
+        epoch_schedulers = [c for c in run.schedulers if c.interval == "epoch" and not c.reduce_on_plateau]
+        plateau_epoch = [c for c in run.schedulers if c.interval == "epoch" and c.reduce_on_plateau]
         L, H = hooks.lightning, hooks.hf
         accum = args.gradient_accumulation_steps
         max_norm = args.max_grad_norm
@@ -118,8 +143,25 @@ class FitLoop:
         world = strategy.world_size
         fwd_ctx = strategy.forward_context
         precision = strategy.precision
-        counts_needed = accum > 1 or world > 1
+        manual = not module.automatic_optimization
+        move = batch_mover(module, strategy)
+        engine = strategy.engine_owns_step
+        own_zero_grad = overrides(module, "optimizer_zero_grad")
+        own_backward = overrides(module, "backward") and not engine
+        own_clipping = overrides(module, "configure_gradient_clipping") and not engine
+        own_step = overrides(module, "optimizer_step") and not engine
+        counts_needed = not manual and (accum > 1 or world > 1)
         flos_per_sample = run.flos_per_sample
+
+        def after_closure(opt: Any) -> None:
+            """Between backward and the optimizer step (Lightning): unscale, hooks, then clipping."""
+            precision.unscale_gradients(opt)
+            L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, opt)
+            if own_clipping:
+                clip = max_norm if max_norm and max_norm > 0 else None
+                module.configure_gradient_clipping(opt, clip, "norm" if clip else None)
+            elif max_norm and max_norm > 0 and opt is optimizer:
+                sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
 
         try:
             batches_per_epoch = len(loader)
@@ -173,46 +215,90 @@ class FitLoop:
                     weights = None
                 step_loss, window_samples = None, 0
                 for i, batch in enumerate(window):
-                    batch = strategy.batch_to_device(batch)
+                    batch = move(batch)
                     module._results.set_batch(batch)
                     batch_idx = state.batch_in_epoch
                     L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
                     if i == 0 and H["on_step_begin"]:
                         hooks.call_hf("on_step_begin", args, state, control, **run.hf_kwargs())
-                    with strategy.no_sync(i == last):
+                    box: dict[str, Any] = {}
+                    if manual:  # training_step runs backward and steps the optimizers itself
                         with fwd_ctx():
                             out = train_fx(batch, batch_idx)
-                        loss = _extract_training_loss(out)
-                        if weights is not None:
-                            loss = loss * weights[i]
-                        L["on_before_backward"] and hooks.call("on_before_backward", fit, module, loss)
-                        strategy.backward(loss)
-                        L["on_after_backward"] and hooks.call("on_after_backward", fit, module)
+                        loss = _manual_loss(out, strategy.root_device)
+                    else:
+                        def closure(i: int = i, batch: Any = batch, batch_idx: int = batch_idx,
+                                    box: dict = box) -> torch.Tensor:
+                            """Lightning's training closure: training_step, zero_grad (first micro-batch of a
+                            window), backward."""
+                            with strategy.no_sync(i == last):
+                                with fwd_ctx():
+                                    out = train_fx(batch, batch_idx)
+                                loss = _extract_training_loss(out)
+                                if weights is not None:
+                                    loss = loss * weights[i]
+                                if i == 0:
+                                    for opt in optimizers:
+                                        L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module,
+                                                                                opt)
+                                        if own_zero_grad:
+                                            module.optimizer_zero_grad(epoch, batch_idx, opt)
+                                        else:
+                                            opt.zero_grad(set_to_none=True)
+                                L["on_before_backward"] and hooks.call("on_before_backward", fit, module, loss)
+                                if own_backward:
+                                    module.backward(precision_scaled(precision, loss))
+                                else:
+                                    strategy.backward(loss)
+                                L["on_after_backward"] and hooks.call("on_after_backward", fit, module)
+                            box["out"], box["loss"] = out, loss
+                            return loss.detach()
+
+                        if own_step and i == last:  # the module's optimizer_step runs the closure (Lightning)
+                            H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state,
+                                                                         control)
+                            handles = [LightningOptimizer(opt, module, after_closure) for opt in optimizers]
+                            for j, handle in enumerate(handles):
+                                module.optimizer_step(epoch, batch_idx, handle,
+                                                      closure if j == 0 else (lambda: box["loss"].detach()))
+                            if "out" not in box:
+                                raise RuntimeError("optimizer_step did not call optimizer_closure: call "
+                                                   "optimizer.step(closure=optimizer_closure) or the closure itself.")
+                            own_stepped = any(h.stepped for h in handles)
+                        else:
+                            closure()
+                        out, loss = box["out"], box["loss"]
                     detached = loss.detach()
                     step_loss = detached if step_loss is None else step_loss + detached
                     window_samples += infer_batch_size(batch)
                     state.batch_in_epoch += 1
+                    outputs = batch_outputs(out, detached)
                     if i != last:
                         H["on_substep_end"] and hooks.call_hf("on_substep_end", args, state, control)
-                        L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
+                        L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, outputs, batch,
+                                                                batch_idx)
                         continue
                     # ---- optimizer step: once per window, every optimizer ----
-                    for opt in optimizers:
-                        precision.unscale_gradients(opt)  # before the hook and clipping (Lightning)
-                        L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, opt)
-                    if max_norm and max_norm > 0:
-                        sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
-                    H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
-                    stepped = strategy.optimizer_step(optimizer)
-                    for opt in other_optimizers:
-                        strategy.optimizer_step(opt)
+                    if manual:
+                        stepped = False
+                    elif own_step:
+                        stepped = own_stepped
+                    else:
+                        for opt in optimizers:
+                            after_closure(opt)
+                        H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
+                        stepped = strategy.optimizer_step(optimizer)
+                        for opt in other_optimizers:
+                            strategy.optimizer_step(opt)
                     H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)
-                    if stepped:
-                        for sched in step_schedulers:
-                            sched.step()
-                    for opt in optimizers:
-                        L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, opt)
-                        opt.zero_grad(set_to_none=True)
+                    if stepped:  # Lightning: every `frequency` batches of the epoch (HF: every step)
+                        for cfg in step_schedulers:
+                            if (batch_idx + 1) % cfg.frequency == 0:
+                                self._step_scheduler(cfg)
+                    if not manual and state.batch_in_epoch == batches_per_epoch:  # Lightning: the epoch's last
+                        for cfg in epoch_schedulers:  # batch steps them (not an epoch cut short by max_steps)
+                            if (epoch + 1) % cfg.frequency == 0:
+                                self._step_scheduler(cfg)
                     sums.tr_loss += step_loss
                     if record_loss is not None:
                         record_loss(step_loss)
@@ -221,30 +307,85 @@ class FitLoop:
                     state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
                     state.samples_seen += window_samples * world  # every rank takes as many samples
                     state.total_flos += flos_per_sample * window_samples * world
-                    L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, out, batch, batch_idx)
+                    L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, outputs, batch, batch_idx)
                     self._after_step(epoch_end=False)
                 if control.should_training_stop or control.should_epoch_stop:
                     break
             if not (control.should_training_stop or control.should_epoch_stop):
                 state.epoch = float(epoch + 1)  # the epoch ran to its end
-            for sched in epoch_schedulers:
-                sched.step()
-            hooks.call("on_train_epoch_end", fit, module)
+            if not manual and batches_per_epoch is None:  # a loader without length: at the end of the epoch
+                for cfg in epoch_schedulers:
+                    if (epoch + 1) % cfg.frequency == 0:
+                        self._step_scheduler(cfg)
             H["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
-            epoch_logs = module._results.epoch_values(logger_only=True)
+            self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
+            defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's epoch-end defaults
+            try:
+                hooks.call("on_train_epoch_end", fit, module)  # on_train_epoch_end, which may log epoch values)
+            finally:
+                module._log_defaults = defaults
+            epoch_values = module._results.epoch_values()
+            hidden = module._results.hidden_names()
+            epoch_logs = {k: v for k, v in epoch_values.items() if k not in hidden}
             if epoch_logs:
                 self._log(epoch_logs)
+            # callback_metrics (Lightning): logger=False values too, and `name` for `name_epoch`
+            fit.callback_metrics.update(epoch_values)
+            fit.callback_metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items()
+                                         if k.endswith("_epoch")})
             sums.epoch_done = True  # a checkpoint from here on resumes at the start of the next epoch
-            self._after_step(epoch_end=True)
+            if control.should_save:
+                self._save(run.training_state.state_dict())
+            control._new_step()
+            for cfg in () if manual else plateau_epoch:  # after validation, on the epoch's metrics (Lightning)
+                if (epoch + 1) % cfg.frequency == 0:
+                    self._step_scheduler(cfg)
             sums.epoch_done = False
             if control.should_training_stop:
                 break
         if sums.steps_since_log:
             sums.total_loss += float(self._global_tr_loss())
 
-    def _after_step(self, epoch_end: bool) -> None:
+    def _monitor_values(self) -> dict[str, Any]:
+        """What a ``ReduceLROnPlateau`` may monitor (Lightning's ``callback_metrics``): logged rows, the latest
+        ``self.log`` step values and the running epoch aggregates."""
+        out = dict(self.owner.callback_metrics)
+        results = self.run.module._results
+        for e in results.values.values():
+            if e.on_step and e.last is not None:
+                out[f"{e.name}_step" if e.on_epoch else e.name] = e.last
+        epoch = results.epoch_values()
+        out.update(epoch)
+        for key, value in epoch.items():
+            if key.endswith("_epoch"):
+                out[key[:-len("_epoch")]] = value
+        return out
+
+    def _step_scheduler(self, cfg: Any) -> None:
+        """Step one scheduler; a ``ReduceLROnPlateau`` with its monitored value (missing: raise when ``strict``,
+        else warn and skip, as Lightning)."""
+        module = self.run.module
+        own = overrides(module, "lr_scheduler_step")
+        if not cfg.reduce_on_plateau:
+            module.lr_scheduler_step(cfg.scheduler, None) if own else cfg.scheduler.step()
+            return
+        values = self._monitor_values()
+        if cfg.monitor not in values:
+            if cfg.strict:
+                raise KeyError(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available. "
+                               f"Available metrics are: {sorted(values)}. Set it with the 'monitor' key of the "
+                               "lr_scheduler config.")
+            import warnings
+
+            warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available but "
+                          "strict is set to False. Skipping learning rate update.", RuntimeWarning, stacklevel=2)
+            return
+        value = float(values[cfg.monitor])
+        module.lr_scheduler_step(cfg.scheduler, value) if own else cfg.scheduler.step(value)
+
+    def _after_step(self, epoch_end: bool, save: bool = True) -> None:
         """Set and act on the log / evaluate / save / stop flags (mirrors HF ``DefaultFlowCallback`` +
-        ``_maybe_log_save_evaluate``)."""
+        ``_maybe_log_save_evaluate``); with ``save=False`` the save flag is left for the caller."""
         run, args, hooks, sums = self.run, self.args, self.hooks, self.sums
         state, control = run.state, run.control
         step = state.global_step
@@ -290,6 +431,8 @@ class FitLoop:
             check_finite(self.strategy, run.module, step, args.output_dir)  # after the log row, before a save
         if control.should_evaluate:
             self._evaluate()
+        if not save:
+            return
         if control.should_save:
             self._save(run.training_state.state_dict())
         if signum:

@@ -24,27 +24,59 @@ class SchedulerConfig:
 
     Attributes:
         scheduler (LRScheduler | ReduceLROnPlateau): the schedule.
-        interval (str): ``"step"`` (after every applied optimizer step), ``"epoch"``, or ``"eval"`` (metric
-            schedulers, after every evaluation during ``fit``).
-        monitor (str | None): the metric an ``"eval"`` scheduler watches (``eval_loss``...).
+        interval (str): ``"step"`` (after optimizer steps), ``"epoch"`` (at the end of training epochs), or
+            ``"eval"`` (metric schedulers built from ``FitArguments``/HF ``optimizers=``, after every evaluation).
+        monitor (str | None): the metric a ``ReduceLROnPlateau`` watches.
+        frequency (int): step every ``frequency`` batches (``"step"``) or epochs (``"epoch"``), as Lightning.
+        strict (bool): a monitored metric that is missing raises (True) or warns and skips the step (False).
+        name (str | None): a name for LR monitors.
     """
 
     scheduler: Any
     interval: str = "step"
     monitor: str | None = None
+    frequency: int = 1
+    strict: bool = True
+    name: str | None = None
+
+    @property
+    def reduce_on_plateau(self) -> bool:
+        """True for metric schedulers (``ReduceLROnPlateau``), which step with a monitored value."""
+        return is_metric_scheduler(self.scheduler)
 
 
-def _one_scheduler(sched: Any, args: Any) -> SchedulerConfig:
-    interval, monitor = "step", None
+_SCHEDULER_KEYS = ("scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau")
+
+
+def _one_scheduler(sched: Any, args: Any, from_module: bool = False, monitor: str | None = None) -> SchedulerConfig:
+    """A scheduler config. A module's scheduler without a config steps every epoch (Lightning's default), one
+    from ``FitArguments`` or HF ``optimizers=`` every optimizer step (HF's)."""
+    interval = "epoch" if from_module else "step"
+    frequency, strict, name = 1, True, None
     if isinstance(sched, Mapping):
-        interval, monitor = sched.get("interval", "step"), sched.get("monitor")
+        unknown = sorted(set(sched) - set(_SCHEDULER_KEYS))
+        if unknown:
+            raise ValueError(f"lr_scheduler config has unknown keys {unknown}; valid keys: {list(_SCHEDULER_KEYS)}.")
+        if "scheduler" not in sched:
+            raise ValueError("an lr_scheduler config dict needs the key 'scheduler'.")
+        interval = sched.get("interval", interval)
+        monitor = sched.get("monitor", monitor)
+        frequency, strict, name = sched.get("frequency", 1), sched.get("strict", True), sched.get("name")
         sched = sched["scheduler"]
         if interval not in ("step", "epoch"):
             raise ValueError(f"lr_scheduler interval={interval!r} is not valid; choose 'step' or 'epoch'.")
+        if not isinstance(frequency, int) or frequency < 1:
+            raise ValueError(f"lr_scheduler frequency={frequency!r} is not valid; it must be an integer >= 1.")
     if is_metric_scheduler(sched):
-        interval = "eval"
-        monitor = monitor or metric_key(args.metric_for_best_model or "loss", "eval")
-    return SchedulerConfig(sched, interval, monitor)
+        if from_module:
+            if monitor is None:
+                raise ValueError("configure_optimizers must include a monitor when a ReduceLROnPlateau scheduler "
+                                 "is used, e.g. {'optimizer': opt, 'lr_scheduler': {'scheduler': sched, "
+                                 "'monitor': 'val_loss'}}.")
+        else:
+            interval = "eval"
+            monitor = monitor or metric_key(args.metric_for_best_model or "loss", "eval")
+    return SchedulerConfig(sched, interval, monitor, frequency, strict, name)
 
 
 def _as_list(x: Any) -> list[Any]:
@@ -86,13 +118,19 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
         opts = [opt]
         scheds = _as_list(sched if sched is not None else create_scheduler(opt, args, max_steps))  # HF default
     else:
+        monitors: list[str | None] = []
         if isinstance(cfg, torch.optim.Optimizer):
             opts, scheds = [cfg], []
         elif isinstance(cfg, Mapping):
             opts, scheds = [cfg.get("optimizer")], _as_list(cfg.get("lr_scheduler"))
+            monitors = [cfg.get("monitor")] * len(scheds)
         elif isinstance(cfg, (list, tuple)) and cfg and all(isinstance(c, Mapping) for c in cfg):
             opts = [c.get("optimizer") for c in cfg]
-            scheds = [s for c in cfg for s in _as_list(c.get("lr_scheduler"))]
+            scheds, monitors = [], []
+            for c in cfg:
+                for s in _as_list(c.get("lr_scheduler")):
+                    scheds.append(s)
+                    monitors.append(c.get("monitor"))
         elif isinstance(cfg, (list, tuple)) and len(cfg) == 2 and not isinstance(cfg[0], torch.optim.Optimizer):
             opts, scheds = _as_list(cfg[0]), _as_list(cfg[1])
         elif isinstance(cfg, (list, tuple)) and len(cfg) == 2 and not isinstance(cfg[1], torch.optim.Optimizer):
@@ -105,6 +143,10 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
             raise TypeError("configure_optimizers must return an optimizer, (optimizer, scheduler), ([optimizers], "
                             "[schedulers]), {'optimizer': ..., 'lr_scheduler': ...} or a list of such dicts; got "
                             f"{type(cfg).__name__}.")
+        for o in opts:
+            check_parameters_in_model(o, module)
+        monitors = monitors or [None] * len(scheds)
+        return opts, [_one_scheduler(s, args, True, m) for s, m in zip(scheds, monitors)]
     for o in opts:
         check_parameters_in_model(o, module)
     return opts, [_one_scheduler(s, args) for s in scheds]

@@ -1,0 +1,56 @@
+"""The optimizer handle ``TaskModule.optimizers()`` returns (mirrors Lightning's ``LightningOptimizer``): ``step``
+goes through the strategy (precision plugin: loss-scaler step and skipped steps) and calls the
+``on_before_optimizer_step`` hooks; everything else reads the wrapped optimizer."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+
+class LightningOptimizer:
+    """A thin handle on ``optimizer`` for manual optimization.
+
+    Args:
+        optimizer (torch.optim.Optimizer): the run's optimizer (as the strategy returned it).
+        module (TaskModule): the module whose run steps it.
+        after_closure (Callable[[Optimizer], None] | None): what runs between the closure and the step (the
+            fit loop's ``on_before_optimizer_step`` hooks and clipping); default: the module's hooks only.
+    """
+
+    def __init__(self, optimizer: Any, module: Any, after_closure: Callable[[Any], None] | None = None) -> None:
+        self.__dict__["_optimizer"] = optimizer
+        self.__dict__["_module"] = module
+        self.__dict__["_after_closure"] = after_closure
+        self.__dict__["stepped"] = False
+
+    @property
+    def optimizer(self) -> Any:
+        """The wrapped ``torch.optim.Optimizer``."""
+        return self._optimizer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._optimizer, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._optimizer, name, value)
+
+    def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
+        """Run ``closure`` (if any: it computes the loss and calls ``manual_backward``), the
+        ``on_before_optimizer_step`` hooks, then the optimizer step through the precision plugin.
+
+        Returns:
+            the closure's result (None without one).
+        """
+        result = closure() if closure is not None else None
+        module = self._module
+        if self._after_closure is not None:  # automatic optimization: the hook and clipping, as the loop does
+            self._after_closure(self._optimizer)
+        else:
+            module._call_hook("on_before_optimizer_step", self._optimizer)
+        self.__dict__["stepped"] = module.trainer.fit.strategy.optimizer_step(self._optimizer)
+        module.__dict__["_manual_steps"] = module.__dict__.get("_manual_steps", 0) + 1
+        return result
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Zero (default: drop) the gradients of the optimizer's parameters."""
+        self._optimizer.zero_grad(set_to_none=set_to_none)

@@ -1,0 +1,71 @@
+"""Run one Lightning-style module body under ``lightning.Trainer`` and under ``taskfit.Fit``.
+
+A scenario is a function ``make(base)`` returning a subclass of ``base`` (``lightning.LightningModule`` or
+``taskfit.TaskModule``); only the base class changes. Trainer options are given in Lightning's names and mapped to
+``FitArguments`` by :data:`OPTION_MAP` (the documented mapping in docs/lightning.md).
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+OPTION_MAP = {"max_epochs": "num_train_epochs", "max_steps": "max_steps",
+              "accumulate_grad_batches": "gradient_accumulation_steps", "gradient_clip_val": "max_grad_norm",
+              "log_every_n_steps": "logging_steps"}
+
+
+def data(n: int = 16, dim: int = 4, batch_size: int = 4, seed: int = 0) -> DataLoader:
+    """A fixed, unshuffled regression loader (the same batches in both frameworks)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, dim, generator=g)
+    y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g)
+    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
+
+
+def build(make: Callable[[type], type], base: type, *args: Any, seed: int = 0, **kwargs: Any) -> Any:
+    torch.manual_seed(seed)
+    return make(base)(*args, **kwargs)
+
+
+def run_lightning(make: Callable[[type], type], train: Any, val: Any = None, *, init: dict | None = None,
+                  callbacks: list | None = None, fit_kwargs: dict | None = None, quiet: bool = True,
+                  **options: Any) -> tuple[Any, Any]:
+    import lightning as L
+
+    module = build(make, L.LightningModule, **(init or {}))
+    opts = dict(max_epochs=1, max_steps=-1, accumulate_grad_batches=1, gradient_clip_val=None)
+    opts.update(options)
+    trainer = L.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
+                        enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        callbacks=callbacks or [], **opts)
+    with warnings.catch_warnings():
+        if quiet:
+            warnings.simplefilter("ignore")
+        trainer.fit(module, train, val, **(fit_kwargs or {}))
+    return module, trainer
+
+
+def run_taskfit(make: Callable[[type], type], train: Any, val: Any = None, *, tmp_path: Any, init: dict | None = None,
+                callbacks: list | None = None, fit_options: dict | None = None, **options: Any) -> tuple[Any, Any]:
+    from taskfit import Fit, TaskModule
+
+    module = build(make, TaskModule, **(init or {}))
+    fa: dict[str, Any] = dict(output_dir=str(tmp_path), report_to="none", disable_tqdm=True, save_strategy="no",
+                              max_grad_norm=0.0, num_train_epochs=1, logging_steps=1,
+                              eval_strategy="epoch" if val is not None else "no")
+    for k, v in options.items():
+        if v is not None:
+            fa[OPTION_MAP[k]] = v
+    fa.update(fit_options or {})
+    fit = Fit(callbacks=callbacks or [], **fa)
+    fit.fit(module, train, val)
+    return module, fit
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
