@@ -99,7 +99,7 @@ def checkpoint_files(fit: Fit, training_state: dict[str, Any],
     if not a.save_only_model:
         if not sharded:
             for i, opt in enumerate(fit.optimizers):
-                files["optimizer.pt" if i == 0 else f"optimizer_{i}.pt"] = _on_cpu(fit, opt.state_dict())
+                files["optimizer.pt" if i == 0 else f"optimizer_{i}.pt"] = states_on_cpu(fit.strategy, opt.state_dict())
         for i, cfg in enumerate(fit.lr_scheduler_configs):
             files["scheduler.pt" if i == 0 else f"scheduler_{i}.pt"] = cfg.scheduler.state_dict()
         files["training_state.pt"] = {**{k: v for k, v in training_state.items() if k != "rng"},
@@ -109,9 +109,10 @@ def checkpoint_files(fit: Fit, training_state: dict[str, Any],
     return files
 
 
-def _on_cpu(fit: Fit, state: Any) -> Any:
-    """``state`` with device tensors (CUDA, XLA, MPS) moved to the CPU, so the file loads anywhere."""
-    if fit.strategy.root_device.type == "cpu":
+def states_on_cpu(strategy: Any, state: Any) -> Any:
+    """``state`` with device tensors (CUDA, XLA, MPS) moved to the CPU, so the file loads anywhere (``Fit``
+    checkpoints and ``Engine.save``)."""
+    if strategy.root_device.type == "cpu":
         return state
     from lightning_utilities.core.apply_func import apply_to_collection
 

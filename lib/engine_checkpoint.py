@@ -54,14 +54,6 @@ def _value_state(value: Any) -> Any:
     return value.state_dict() if hasattr(value, "state_dict") and callable(value.state_dict) else value
 
 
-def _on_cpu(strategy: Any, obj: Any) -> Any:
-    if strategy.root_device.type == "cpu":
-        return obj
-    from lightning_utilities.core.apply_func import apply_to_collection
-
-    return apply_to_collection(obj, torch.Tensor, lambda t: t.detach().cpu())
-
-
 def save(strategy: Any, args: Any, path: str, state: dict[str, Any]) -> str:
     """Write ``state`` to the checkpoint folder ``path`` (replacing a complete one there). Every process calls it.
 
@@ -73,7 +65,7 @@ def save(strategy: Any, args: Any, path: str, state: dict[str, Any]) -> str:
             that writes its optimizer state as shards.
     """
     from taskfit.__about__ import __version__
-    from taskfit.checkpoint import exportable_model
+    from taskfit.checkpoint import exportable_model, states_on_cpu
     from taskfit.io.checkpoint_format import (
         FORMAT, FORMAT_VERSION, MANIFEST_NAME, WEIGHTS_NAME, WEIGHTS_NAME_PT, ManifestWriter,
         hash_files_in_background, part_writer,
@@ -113,7 +105,7 @@ def save(strategy: Any, args: Any, path: str, state: dict[str, Any]) -> str:
                 "num_parameters": sum(p.numel() for p in exported.parameters()), "taskfit_version": __version__}
         if shards is None:
             for i, opt in enumerate(opts):
-                files["optimizer.pt" if i == 0 else f"optimizer_{i}.pt"] = _on_cpu(strategy, opt.state_dict())
+                files["optimizer.pt" if i == 0 else f"optimizer_{i}.pt"] = states_on_cpu(strategy, opt.state_dict())
         for i, key in enumerate(schedulers):
             files["scheduler.pt" if i == 0 else f"scheduler_{i}.pt"] = state[key].state_dict()
         fit_state = FitState(global_step=step)
@@ -121,7 +113,7 @@ def save(strategy: Any, args: Any, path: str, state: dict[str, Any]) -> str:
             "version": 2, "state": fit_state.state_dict(), "control": FitControl().state_dict(),
             "precision": strategy.precision.state_dict(), "callbacks": {}, "results": {},
             "engine": {"modules": modules, "optimizers": optimizers, "schedulers": schedulers,
-                       "values": _on_cpu(strategy, {k: _value_state(state[k]) for k in values})},
+                       "values": states_on_cpu(strategy, {k: _value_state(state[k]) for k in values})},
             "taskfit_version": __version__}
         files["trainer_state.json"] = fit_state.state_dict()
         files["fit_args.json"] = args.to_json_string(redact=True)

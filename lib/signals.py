@@ -117,6 +117,7 @@ class GracefulStop:
         if self._pending is not None:  # started one step ago: long finished, so wait() does not stall
             work, tensor = self._pending
             work.wait()
+            # a CPU tensor of the gloo group, reduced one step ago: reading it never waits for a device
             self.agreed = int(tensor.item())
         tensor = torch.tensor([self.signum], dtype=torch.int64)
         self._pending = (self._reduce_max(tensor), tensor)

@@ -4,8 +4,9 @@ DDP loops, a step that neither logs, evaluates nor saves converts no tensor to a
 ``sync_job.py`` (12 steps, logging / evaluation / saving every 5) count the conversions per step and phase.
 
 Left out of the count: conversions inside ``torch/optim/`` (the optimizers read their step counter, a CPU tensor
-unless ``capturable``, with ``.item()``: no device is waited for) and the first step (the epoch's sampler order is
-drawn when the epoch starts).
+unless ``capturable``, with ``.item()``: no device is waited for), the graceful-stop flag under DDP
+(``taskfit/signals.py``: a CPU tensor of a gloo group, all-reduced one step earlier, so reading it waits for no
+device) and the first step (the epoch's sampler order is drawn when the epoch starts).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _run(tmp_path: Path, cfg: dict) -> list[dict]:
 
 
 def _ours(calls: list[str]) -> list[str]:
-    return [c for c in calls if "torch/optim/" not in c]
+    return [c for c in calls if "torch/optim/" not in c and "/signals.py:" not in c]
 
 
 @pytest.mark.parametrize("mode", [pytest.param(m, marks=[pytest.mark.distributed] if "ddp" in m else [])
