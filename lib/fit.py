@@ -361,19 +361,21 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             self.state.best_metric, self.state.best_global_step = value, self.state.global_step
             self.control.should_save = self.control.should_save or self.args.save_strategy == "best"
 
-    def _save_checkpoint(self, training_state: dict[str, Any]) -> str:
+    def _save_checkpoint(self, training_state: dict[str, Any], path: str | None = None) -> str:
+        """Write a checkpoint of the current run: ``output_dir/checkpoint-{step}`` or, with ``path``, that folder
+        (``ModelCheckpoint``; not pushed, not the HF best-model record). Returns the folder's path."""
         run = self._run
-        if self.state.best_global_step == self.state.global_step:  # recorded before the state is written
+        if path is None and self.state.best_global_step == self.state.global_step:  # recorded before writing
             self.state.best_model_checkpoint = checkpoint_path(self)
             training_state["state"]["best_model_checkpoint"] = self.state.best_model_checkpoint
         self._hooks.call("on_save_checkpoint", self, run.module, training_state)
-        path = self.strategy.save_checkpoint(self, training_state)
-        if run.publisher is not None:
+        written = self.strategy.save_checkpoint(self, training_state, path)
+        if path is None and run.publisher is not None:
             from taskfit.publish import push_checkpoint
 
-            push_checkpoint(self, run.publisher, path)
+            push_checkpoint(self, run.publisher, written)
         self._hooks.call_hf("on_save", self.args, self.state, self.control)
-        return path
+        return written
 
     _log = log
 
