@@ -96,6 +96,8 @@ class EarlyStopping(Callback):
 
     def _check(self, args: Any, state: Any, control: Any, metrics: dict[str, Any]) -> Any:
         monitor, mode = self._resolve(args)
+        if monitor not in metrics and f"eval_{monitor}" in metrics:  # a self.log name of validation_step
+            monitor = f"eval_{monitor}"
         if monitor not in metrics:
             if not self.strict:
                 return control

@@ -23,7 +23,7 @@ class ModelCheckpoint(Callback):
             10-val_loss=0.52`` (with ``auto_insert_metric_name``); fields: ``epoch`` (0-based), ``step`` (optimizer
             steps done) and any logged metric. None: ``"{epoch}-{step}"``.
         monitor (str | None): metric to rank by (a key of ``fit.callback_metrics``, e.g. ``"eval_loss"`` or a
-            ``self.log`` name); None keeps the latest ``save_top_k``.
+            ``self.log`` name of ``validation_step``, found as ``eval_{name}``); None keeps the latest ``save_top_k``.
         mode (str): ``"min"`` or ``"max"``.
         save_top_k (int): how many to keep; -1 all, 0 none (only ``save_last``).
         save_last (bool): also write ``last`` (a full checkpoint folder) at every save.
@@ -134,7 +134,9 @@ class ModelCheckpoint(Callback):
 
     # ------------------------------------------------------------------------------------------ saving ---
     def _metrics(self, fit: Any) -> dict[str, Any]:
-        m = {k: v for k, v in fit.callback_metrics.items()}
+        m = dict(fit.callback_metrics)
+        # a name logged with self.log in validation_step reaches the evaluation metrics as eval_{name}
+        m.update({k[5:]: v for k, v in fit.callback_metrics.items() if k.startswith("eval_") and k[5:] not in m})
         m.update(epoch=fit.state.current_epoch, step=fit.state.global_step)
         return m
 

@@ -1,0 +1,179 @@
+"""F-LIT-6: ModelCheckpoint, LearningRateMonitor and EarlyStopping with Lightning's arguments, checked by values;
+Lightning itself is the oracle for the learning-rate series and the stopping epoch."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import pytest
+import torch
+from taskfit import Fit, TaskModule
+from taskfit.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+# a validation metric that does not depend on training: both frameworks see the same sequence per epoch
+VAL_SEQUENCE = [5.0, 3.0, 4.0, 2.0, 2.5, 2.6, 2.7, 1.0, 0.5, 0.4]
+
+
+def _data(n: int = 32) -> TensorDataset:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(n, 3, generator=g)
+    return TensorDataset(x, x.sum(-1, keepdim=True))
+
+
+class Scripted(TaskModule):
+    """Linear regression whose validation logs ``score`` = VAL_SEQUENCE[epoch]; optional StepLR schedule."""
+
+    def __init__(self, schedule: bool = False) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(3, 1)
+        self.schedule = schedule
+
+    def training_step(self, batch, batch_idx):
+        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.log("score", torch.tensor(VAL_SEQUENCE[self.fit.state.current_epoch]))
+        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        opt = torch.optim.SGD([{"params": [self.layer.weight]}, {"params": [self.layer.bias], "lr": 0.05}],
+                              lr=0.1, momentum=0.9)
+        if not self.schedule:
+            return opt
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.5)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def _fit(tmp_path, callbacks, **kwargs) -> Fit:
+    opts = {"output_dir": str(tmp_path), "disable_tqdm": True, "report_to": "none", "save_strategy": "no",
+            "per_device_train_batch_size": 8, "per_device_eval_batch_size": 8, "eval_strategy": "epoch",
+            "logging_steps": 1}
+    opts.update(kwargs)
+    return Fit(callbacks=callbacks, **opts)
+
+
+def _lightning_module(schedule: bool):
+    import lightning.pytorch as pl
+
+    class LitScripted(pl.LightningModule):
+        def __init__(self) -> None:
+            super().__init__()
+            torch.manual_seed(0)
+            self.layer = nn.Linear(3, 1)
+
+        def training_step(self, batch, batch_idx):
+            return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def validation_step(self, batch, batch_idx):
+            self.log("score", torch.tensor(VAL_SEQUENCE[self.current_epoch]))
+
+        configure_optimizers = Scripted.configure_optimizers
+
+    m = LitScripted()
+    m.schedule = schedule
+    return m
+
+
+def _lightning_trainer(tmp_path, callbacks, epochs: int):
+    import lightning.pytorch as pl
+
+    from lightning.pytorch.loggers import CSVLogger
+
+    return pl.Trainer(max_epochs=epochs, callbacks=callbacks, logger=CSVLogger(str(tmp_path)), enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                      log_every_n_steps=1, default_root_dir=str(tmp_path), accelerator="cpu", devices=1)
+
+
+# ------------------------------------------------------------------------------------------ ModelCheckpoint ---
+def test_model_checkpoint_keeps_exactly_the_two_best_folders_F_LIT_6(tmp_path):
+    ck = ModelCheckpoint(monitor="score", mode="min", save_top_k=2, save_last=True, filename="{epoch}-{score:.1f}")
+    fit = _fit(tmp_path, [ck], num_train_epochs=6)
+    fit.fit(Scripted(), _data(), _data())
+    # scores by epoch: 5, 3, 4, 2, 2.5, 2.6 -> the two lowest are epoch 3 (2.0) and epoch 4 (2.5)
+    assert sorted(os.listdir(ck.dirpath)) == ["epoch=3-score=2.0", "epoch=4-score=2.5", "last"]
+    assert ck.best_model_path == os.path.join(ck.dirpath, "epoch=3-score=2.0")
+    assert ck.best_model_score == pytest.approx(2.0)
+    assert ck.last_model_path == os.path.join(ck.dirpath, "last")
+    assert sorted(ck.best_k_models.values()) == [2.0, 2.5]
+    state = ck.state_dict()
+    assert state["best_model_path"] == ck.best_model_path and state["best_model_score"] == 2.0
+    for name in ("epoch=3-score=2.0", "last"):  # normal checkpoint folders: manifest and weights
+        assert os.path.exists(os.path.join(ck.dirpath, name, "manifest.json"))
+
+
+def test_model_checkpoint_folder_resumes_exactly_F_LIT_6(tmp_path):
+    """A ModelCheckpoint folder taken every 3 steps resumes to the same final weights as an uninterrupted run."""
+    ck = ModelCheckpoint(dirpath=str(tmp_path / "ck"), every_n_train_steps=3, save_top_k=-1)
+    full = _fit(tmp_path / "a", [ck], num_train_epochs=3, eval_strategy="no")
+    m_full = Scripted(schedule=True)
+    full.fit(m_full, _data())
+    names = sorted(os.listdir(ck.dirpath))
+    assert names == sorted(["epoch=0-step=3", "epoch=1-step=6", "epoch=2-step=9", "epoch=2-step=12"])
+    resumed = _fit(tmp_path / "b", [], num_train_epochs=3, eval_strategy="no")
+    m_res = Scripted(schedule=True)
+    resumed.fit(m_res, _data(), resume_from_checkpoint=os.path.join(ck.dirpath, "epoch=1-step=6"))
+    assert resumed.state.global_step == 12
+    for a, b in zip(m_full.parameters(), m_res.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_model_checkpoint_bad_arguments_F_LIT_6():
+    with pytest.raises(ValueError, match="mode='best'"):
+        ModelCheckpoint(mode="best")
+    with pytest.raises(ValueError, match="needs a monitor"):
+        ModelCheckpoint(save_top_k=3)
+    with pytest.raises(ValueError, match="mutually exclusive"):
+        ModelCheckpoint(every_n_train_steps=2, every_n_epochs=1)
+
+
+# -------------------------------------------------------------------------------------- LearningRateMonitor ---
+def test_lr_monitor_series_equal_lightnings_F_LIT_6(tmp_path):
+    from lightning.pytorch.callbacks import LearningRateMonitor as LitLRMonitor
+
+    ours = LearningRateMonitor(logging_interval="step", log_momentum=True)
+    fit = _fit(tmp_path / "t", [ours], num_train_epochs=3, eval_strategy="no")
+    fit.fit(Scripted(schedule=True), _data())
+    theirs = LitLRMonitor(logging_interval="step", log_momentum=True)
+    trainer = _lightning_trainer(tmp_path / "l", [theirs], epochs=3)
+    trainer.fit(_lightning_module(True), DataLoader(_data(), batch_size=8))
+    assert set(ours.lrs) == set(theirs.lrs) == {"lr-SGD/pg1", "lr-SGD/pg2"}
+    for name in theirs.lrs:
+        assert len(ours.lrs[name]) == 12
+        assert ours.lrs[name] == pytest.approx(theirs.lrs[name])
+    assert ours.lrs["lr-SGD/pg1"][:4] == pytest.approx([0.1, 0.1, 0.1, 0.05])
+    assert ours.last_momentum_values == pytest.approx(theirs.last_momentum_values)
+
+
+# ------------------------------------------------------------------------------------------- EarlyStopping ---
+@pytest.mark.parametrize("kwargs", [
+    {"patience": 2},
+    {"patience": 3, "min_delta": 0.6},
+    {"patience": 5, "stopping_threshold": 2.2},
+    {"patience": 5, "divergence_threshold": 4.5},
+])
+def test_early_stopping_stops_at_lightnings_epoch_F_LIT_6(tmp_path, kwargs):
+    from lightning.pytorch.callbacks import EarlyStopping as LitEarlyStopping
+
+    ours = EarlyStopping(monitor="score", mode="min", **kwargs)
+    fit = _fit(tmp_path / "t", [ours], num_train_epochs=len(VAL_SEQUENCE))
+    fit.fit(Scripted(), _data(), _data())
+    theirs = LitEarlyStopping(monitor="score", mode="min", **kwargs)
+    trainer = _lightning_trainer(tmp_path / "l", [theirs], epochs=len(VAL_SEQUENCE))
+    trainer.fit(_lightning_module(False), DataLoader(_data(), batch_size=8), DataLoader(_data(), batch_size=8))
+    # Lightning's stopped_epoch is the 0-based epoch it stopped in; ours is the fractional epoch count then
+    assert trainer.current_epoch < len(VAL_SEQUENCE)  # Lightning did stop early
+    assert math.ceil(ours.stopped_epoch) - 1 == theirs.stopped_epoch
+    assert fit.state.current_epoch == trainer.current_epoch - 1
+
+
+def test_early_stopping_not_strict_skips_a_missing_metric_F_LIT_6(tmp_path):
+    es = EarlyStopping(monitor="absent", strict=False, patience=1)
+    fit = _fit(tmp_path, [es], num_train_epochs=3)
+    fit.fit(Scripted(), _data(), _data())
+    assert fit.state.global_step == 12 and es.stopped_epoch is None
+    with pytest.raises(KeyError, match="absent"):
+        _fit(tmp_path / "s", [EarlyStopping(monitor="absent")], num_train_epochs=1).fit(Scripted(), _data(), _data())
