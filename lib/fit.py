@@ -5,8 +5,10 @@ accelerator, precision and checkpoint IO), callbacks, loggers and arguments; eve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -17,6 +19,7 @@ from torch import nn
 
 from taskfit.arguments import FitArguments
 from taskfit.callbacks.base import HookRunner
+from taskfit.debugging import batch_limit, fast_dev_run_batches, limit_batches
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint import checkpoint_path, exportable_model, save_model_folder
@@ -123,6 +126,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self._run: Run | None = None       # the run of the latest stage call (see taskfit.run)
         self._last_fit: Run | None = None  # the run of the latest fit()
         self.callback_metrics: dict[str, Any] = {}
+        self.sanity_checking = False  # True while num_sanity_val_steps runs (Lightning's trainer.sanity_checking)
         self.logged_metrics: dict[str, Any] = {}
         self.num_eval_batches: int | None = None
         self._hooks = HookRunner(self.callbacks)
@@ -154,9 +158,15 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             if names is not None:
                 keep = names | set(run.module.label_names) | {"label", "label_ids"}
         bs = per_process_batch_size(self.args, self.world_size, train)  # split_batches: global size / world
-        return self.strategy.process_dataloader(
-            build_dataloader(data, self.args, train=train, batch_size=bs, collate_fn=self._collator(collator),
-                             keep_columns=keep, what=what))
+        a = self.args
+        stage = run.stage if run is not None else "fit"
+        loader = self.strategy.process_dataloader(
+            build_dataloader(data, a, train=train and not (a.overfit_batches and stage == "fit"), batch_size=bs,
+                             collate_fn=self._collator(collator), keep_columns=keep, what=what))
+        limit = batch_limit(a, stage, train)
+        if limit is not None:  # Lightning's fast_dev_run / overfit_batches / limit_*_batches
+            loader = limit_batches(loader, limit, "limit_train_batches" if train else f"limit for {what}")
+        return loader
 
     def _eval_loader_dict(self, data: Any, collator: Callable | None, run: Run | None = None) -> dict[str | None, Any]:
         if data is None:
@@ -210,6 +220,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         from taskfit.publish import make_publisher
         from taskfit.resume import finish_checkpoints, resolve_checkpoint, restore, wait_for_saves_quietly
 
+        n_dev = fast_dev_run_batches(args)
+        if n_dev:  # one short epoch of N batches, evaluated once at its end, no checkpoints (Lightning)
+            args = dataclasses.replace(args, max_steps=math.ceil(n_dev / args.gradient_accumulation_steps),
+                                       num_train_epochs=1, save_strategy="no", load_best_model_at_end=False,
+                                       eval_strategy="epoch" if args.eval_strategy != "no" else "no")
         self.args = args  # a retry or a trial brings new arguments: the strategy re-derives its settings too
         self.strategy.configure(args)
         if resume_from_checkpoint is None:
@@ -264,7 +279,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         log_summary(self, module, max_steps, steps_per_epoch)
         hooks, ctl = self._hooks, run.control
         ctl._new_training()
-        if self.is_global_zero:
+        if self.is_global_zero and not n_dev:
             for lg in self.loggers:
                 lg.log_hyperparams(args.to_sanitized_dict())
         hooks.call("setup", self, module, "fit")
@@ -276,9 +291,15 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
                        self._save_checkpoint)
         start = time.perf_counter()
         try:
+            if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
+                self._sanity_check(run)
             if args.eval_on_start and run.eval_loaders:
                 self._evaluate_during_fit()
-            loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
+            if args.detect_anomaly:
+                with torch.autograd.detect_anomaly():
+                    loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
+            else:
+                loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
         except BaseException as exc:
             wait_for_saves_quietly(self.strategy.checkpoint_io)
             hooks.call("on_exception", self, module, exc)
@@ -298,6 +319,19 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self._finalize_loggers("success")
         return TrainOutput(st.global_step, loop.training_loss, metrics)
 
+    def _sanity_check(self, run: Run) -> None:
+        """Lightning's ``num_sanity_val_steps``: the first N batches of every eval loader before training, with
+        the validation hooks, neither logged nor counted (``fit.sanity_checking`` is True meanwhile)."""
+        n = self.args.num_sanity_val_steps
+        loaders = {k: (v if n == -1 else limit_batches(v, n)) for k, v in run.eval_loaders.items()}
+        self.sanity_checking = True
+        try:
+            self._run_eval(loaders, "validate", "eval")
+        finally:
+            self.sanity_checking = False
+            run.module._results.reset_epoch()
+            run.module.train()
+
     @staticmethod
     def _can_validate(module: TaskModule) -> bool:
         return type(module).validation_step is not TaskModule.validation_step
@@ -315,7 +349,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         st.log_history.append({**logs, "step": st.global_step})
         self.logged_metrics.update(logs)
         self.callback_metrics.update(logs)
-        if self.is_global_zero:
+        if self.is_global_zero and not self.args.fast_dev_run:  # fast_dev_run: no loggers (Lightning)
             for lg in self.loggers:
                 lg.log_metrics(logs, st.global_step)
         if self._hooks.hf["on_log"]:

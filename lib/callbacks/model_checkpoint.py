@@ -157,6 +157,8 @@ class ModelCheckpoint(Callback):
     def _save_all(self, fit: Any) -> None:
         from taskfit.io.checkpoint_io import join
 
+        if fit.args.fast_dev_run:
+            return  # a debugging pass writes no checkpoints (Lightning)
         metrics = self._metrics(fit)
         self._last_global_step_saved = fit.state.global_step
         if self.save_top_k:

@@ -109,6 +109,7 @@ class FitLoop:
         L, H = hooks.lightning, hooks.hf
         accum = args.gradient_accumulation_steps
         max_norm = args.max_grad_norm
+        clip_by_value = args.gradient_clip_algorithm == "value"
         params = [p for p in module.parameters() if p.requires_grad]
         nan_filter = args.logging_nan_inf_filter
         sums.tr_loss = sums.tr_loss.to(strategy.root_device)
@@ -198,7 +199,10 @@ class FitLoop:
                         precision.unscale_gradients(opt)  # before the hook and clipping (Lightning)
                         L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, opt)
                     if max_norm and max_norm > 0:
-                        sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
+                        if clip_by_value:  # gradients already unscaled above; elementwise, so exact on shards
+                            torch.nn.utils.clip_grad_value_(params, max_norm)
+                        else:
+                            sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
                     H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
                     stepped = strategy.optimizer_step(optimizer)
                     for opt in other_optimizers:
