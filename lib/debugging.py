@@ -101,3 +101,17 @@ def limit_batches(loader: Any, limit: int | float | None, name: str = "limit_tra
     else:
         count = int(limit) if length is None else min(int(limit), length)
     return loader if count == length else LimitedLoader(loader, count)
+
+
+def sanity_check(fit: Any, run: Any) -> None:
+    """Lightning's ``num_sanity_val_steps``: the first N batches of every eval loader of ``run`` before training,
+    with the validation hooks, neither logged nor counted (``fit.sanity_checking`` is True meanwhile)."""
+    n = fit.args.num_sanity_val_steps
+    loaders = {k: (v if n == -1 else limit_batches(v, n)) for k, v in run.eval_loaders.items()}
+    fit.sanity_checking = True
+    try:
+        fit._run_eval(loaders, "validate", "eval")
+    finally:
+        fit.sanity_checking = False
+        run.module._results.reset_epoch()
+        run.module.train()

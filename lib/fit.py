@@ -19,7 +19,7 @@ from torch import nn
 
 from taskfit.arguments import FitArguments
 from taskfit.callbacks.base import HookRunner
-from taskfit.debugging import batch_limit, fast_dev_run_batches, limit_batches
+from taskfit.debugging import batch_limit, fast_dev_run_batches, limit_batches, sanity_check
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint import checkpoint_path, exportable_model, save_model_folder
@@ -292,7 +292,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         start = time.perf_counter()
         try:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
-                self._sanity_check(run)
+                sanity_check(self, run)
             if args.eval_on_start and run.eval_loaders:
                 self._evaluate_during_fit()
             if args.detect_anomaly:
@@ -318,19 +318,6 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         hooks.call("teardown", self, module, "fit")
         self._finalize_loggers("success")
         return TrainOutput(st.global_step, loop.training_loss, metrics)
-
-    def _sanity_check(self, run: Run) -> None:
-        """Lightning's ``num_sanity_val_steps``: the first N batches of every eval loader before training, with
-        the validation hooks, neither logged nor counted (``fit.sanity_checking`` is True meanwhile)."""
-        n = self.args.num_sanity_val_steps
-        loaders = {k: (v if n == -1 else limit_batches(v, n)) for k, v in run.eval_loaders.items()}
-        self.sanity_checking = True
-        try:
-            self._run_eval(loaders, "validate", "eval")
-        finally:
-            self.sanity_checking = False
-            run.module._results.reset_epoch()
-            run.module.train()
 
     @staticmethod
     def _can_validate(module: TaskModule) -> bool:
@@ -414,7 +401,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
     _log = log
 
     # ----------------------------------------------------------------------------- evaluate / predict ---
-    def _eval_entry(self, model: Any, data: Any, stage: str) -> tuple[TaskModule, Any]:
+    def _eval_entry(self, model: Any, data: Any, stage: str, ckpt_path: str | None = None) -> tuple[TaskModule, Any]:
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model  # HF-style fit.evaluate(eval_dataset)
         self.strategy.configure(self.args)
@@ -425,6 +412,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         run = Run(stage, model, module, state, control)
         self._setup_run(run)
         self._run = run
+        if ckpt_path is not None:  # Lightning's ckpt_path: score those weights
+            from taskfit.ckpt_path import load_ckpt_path
+
+            load_ckpt_path(self, run, ckpt_path)
         efficiency.prepare_full_eval(self, module)  # fp16_full_eval / bf16_full_eval
         if module._results is None:
             module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
@@ -442,22 +433,25 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         return getattr(datamodule, method)()
 
     def validate(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-                 datamodule: DataModule | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+                 datamodule: DataModule | None = None, metric_key_prefix: str = "eval",
+                 ckpt_path: str | None = None) -> dict[str, float]:
         """Evaluate on ``data`` (default: the eval data given to ``fit``); returns metrics such as
         ``eval_loss``, logged names (``val_acc``), ``compute_metrics`` results, ``eval_runtime`` (s),
-        ``eval_samples_per_second``. A dict of datasets gives ``{prefix}_{name}_{metric}`` keys.
+        ``eval_samples_per_second``. A dict of datasets gives ``{prefix}_{name}_{metric}`` keys. ``ckpt_path``
+        (``"best"``, ``"last"`` or a checkpoint folder; Lightning's argument) loads those weights first.
 
         Raises:
-            ValueError: no data, empty data, or a module without ``validation_step``.
+            ValueError: no data, empty data, a module without ``validation_step``, or no checkpoint for
+                ``ckpt_path``.
         """
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model  # HF-style fit.evaluate(eval_dataset)
         return self._launch("validate", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                    metric_key_prefix=metric_key_prefix))
+                                                    metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
 
     def _validate_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                        metric_key_prefix: str) -> dict[str, float]:
-        module, data = self._eval_entry(model, data, "validate")
+                        metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
+        module, data = self._eval_entry(model, data, "validate", ckpt_path)
         data = data if data is not None else self._from_datamodule(datamodule, "validate", "val_dataloader")
         fit_loaders = self._last_fit.eval_loaders if self._last_fit is not None else {}
         loaders = self._eval_loader_dict(data, data_collator) if data is not None else fit_loaders
@@ -476,8 +470,9 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         return self.validate(model, data if data is not None else eval_dataset, **kwargs)
 
     def test(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-             datamodule: DataModule | None = None, metric_key_prefix: str = "test") -> dict[str, float]:
-        """Like :meth:`validate` with ``test_step`` and ``test_`` keys.
+             datamodule: DataModule | None = None, metric_key_prefix: str = "test",
+             ckpt_path: str | None = None) -> dict[str, float]:
+        """Like :meth:`validate` with ``test_step`` and ``test_`` keys (``ckpt_path`` as there).
 
         Raises:
             ValueError: no or empty data.
@@ -485,11 +480,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model
         return self._launch("test", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                metric_key_prefix=metric_key_prefix))
+                                                metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
 
     def _test_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                    metric_key_prefix: str) -> dict[str, float]:
-        module, data = self._eval_entry(model, data, "test")
+                    metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
+        module, data = self._eval_entry(model, data, "test", ckpt_path)
         data = data if data is not None else self._from_datamodule(datamodule, "test", "test_dataloader")
         if data is None:
             raise ValueError("test() needs data: pass data or a datamodule with test_dataloader().")
@@ -499,9 +494,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
 
     def predict(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
                 datamodule: DataModule | None = None, metric_key_prefix: str = "test",
-                test_dataset: Any = None) -> PredictionOutput:
+                test_dataset: Any = None, ckpt_path: str | None = None) -> PredictionOutput:
         """Run ``predict_step`` over ``data``; returns ``PredictionOutput(predictions, label_ids, metrics)``
-        with numpy arrays concatenated over batches (mirrors HF ``Trainer.predict``).
+        with numpy arrays concatenated over batches (mirrors HF ``Trainer.predict``; ``ckpt_path`` as in
+        :meth:`validate`).
 
         Raises:
             ValueError: no or empty data.
@@ -510,11 +506,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model
         return self._launch("predict", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                   metric_key_prefix=metric_key_prefix))
+                                                   metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
 
     def _predict_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                       metric_key_prefix: str) -> PredictionOutput:
-        module, data = self._eval_entry(model, data, "predict")
+                       metric_key_prefix: str, ckpt_path: str | None = None) -> PredictionOutput:
+        module, data = self._eval_entry(model, data, "predict", ckpt_path)
         data = data if data is not None else self._from_datamodule(datamodule, "predict", "predict_dataloader")
         if data is None:
             raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")

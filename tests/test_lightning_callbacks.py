@@ -39,6 +39,9 @@ class Scripted(TaskModule):
         self.log("score", torch.tensor(VAL_SEQUENCE[self.fit.state.current_epoch]))
         return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
 
+    def predict_step(self, batch, batch_idx):
+        return self.layer(batch[0])
+
     def configure_optimizers(self):
         opt = torch.optim.SGD([{"params": [self.layer.weight]}, {"params": [self.layer.bias], "lr": 0.05}],
                               lr=0.1, momentum=0.9)
@@ -177,3 +180,33 @@ def test_early_stopping_not_strict_skips_a_missing_metric_F_LIT_6(tmp_path):
     assert fit.state.global_step == 12 and es.stopped_epoch is None
     with pytest.raises(KeyError, match="absent"):
         _fit(tmp_path / "s", [EarlyStopping(monitor="absent")], num_train_epochs=1).fit(Scripted(), _data(), _data())
+
+
+# ----------------------------------------------------------------------------- ckpt_path="best"|"last"|path ---
+def test_validate_test_predict_score_the_checkpoint_named_by_ckpt_path_F_LIT_6(tmp_path):
+    ck = ModelCheckpoint(monitor="score", mode="min", save_top_k=1, save_last=True)
+    fit = _fit(tmp_path, [ck], num_train_epochs=5)
+    module = Scripted()
+    fit.fit(module, _data(), _data())
+    assert os.path.basename(ck.best_model_path) == "epoch=3-step=16"  # scores 5, 3, 4, 2, 2.5 -> epoch 3
+
+    def weights_of(path):
+        fresh = Scripted()
+        fit.strategy.load_checkpoint(path, fresh, full=False)
+        return [p.detach().clone() for p in fresh.parameters()]
+
+    best_w, last_w = weights_of(ck.best_model_path), weights_of(ck.last_model_path)
+    assert not torch.equal(best_w[0], last_w[0])
+    for name, expected in (("best", best_w), ("last", last_w), (ck.best_model_path, best_w)):
+        m = Scripted()
+        out = fit.test(m, _data(), ckpt_path=name)
+        for a, b in zip(m.parameters(), expected):
+            assert torch.equal(a.detach(), b)
+        x, y = _data()[:]
+        expected_loss = nn.functional.mse_loss(x @ expected[0].T + expected[1], y).item()
+        assert out["test_loss"] == pytest.approx(expected_loss, rel=1e-5)
+    preds = fit.predict(Scripted(), _data(), ckpt_path="best")
+    x = _data()[:][0]
+    torch.testing.assert_close(torch.as_tensor(preds.predictions), (x @ best_w[0].T + best_w[1]).detach())
+    with pytest.raises(ValueError, match="not a complete checkpoint"):
+        fit.validate(Scripted(), _data(), ckpt_path=str(tmp_path / "nowhere"))
