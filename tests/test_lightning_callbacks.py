@@ -210,3 +210,68 @@ def test_validate_test_predict_score_the_checkpoint_named_by_ckpt_path_F_LIT_6(t
     torch.testing.assert_close(torch.as_tensor(preds.predictions), (x @ best_w[0].T + best_w[1]).detach())
     with pytest.raises(ValueError, match="not a complete checkpoint"):
         fit.validate(Scripted(), _data(), ckpt_path=str(tmp_path / "nowhere"))
+
+
+# -------------------------------------------------------------------------------------- Timer, ModelSummary ---
+def test_timer_stops_after_the_budget_with_a_checkpoint_F_LIT_6(tmp_path):
+    from taskfit.callbacks import Timer
+    from taskfit.callbacks.timer import parse_duration
+
+    assert parse_duration("00:12:00:00") == 12 * 3600 and parse_duration({"minutes": 2}) == 120
+    with pytest.raises(ValueError, match="DD:HH:MM:SS"):
+        Timer(duration="12h")
+    timer = Timer(duration=0)
+    fit = _fit(tmp_path, [timer], num_train_epochs=3, eval_strategy="no")
+    fit.fit(Scripted(), _data())
+    assert fit.state.global_step == 1 and timer.stopped_step == 1
+    assert os.path.exists(tmp_path / "checkpoint-1" / "manifest.json")
+    assert timer.time_elapsed() > 0 and timer.time_remaining() < 0
+    restored = Timer(duration=100)
+    restored.load_state_dict(timer.state_dict())
+    assert restored.time_elapsed() == pytest.approx(timer.time_elapsed())
+    long = Timer(duration="00:01:00:00")
+    fit2 = _fit(tmp_path / "long", [long], num_train_epochs=3, eval_strategy="no")
+    fit2.fit(Scripted(), _data())
+    assert fit2.state.global_step == 12 and long.stopped_step is None
+
+
+def test_model_summary_rows_equal_lightnings_F_LIT_6(tmp_path, capsys):
+    import lightning.pytorch as pl
+    from lightning.pytorch.utilities.model_summary import ModelSummary as LitSummary
+    from taskfit.callbacks import ModelSummary
+
+    class Net(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4))
+            self.head = nn.Linear(4, 1)
+            self.head.bias.requires_grad_(False)
+            self.example_input_array = torch.zeros(5, 3)
+
+        def forward(self, x):
+            return self.head(self.encoder(x))
+
+        def training_step(self, batch, batch_idx):
+            return nn.functional.mse_loss(self(batch[0]), batch[1])
+
+    class LitNet(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.encoder = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4))
+            self.head = nn.Linear(4, 1)
+            self.head.bias.requires_grad_(False)
+            self.example_input_array = torch.zeros(5, 3)
+
+        forward = Net.forward
+
+    for depth in (1, 2):
+        cb = ModelSummary(max_depth=depth)
+        _fit(tmp_path / str(depth), [cb], max_steps=1, eval_strategy="no").fit(Net(), _data())
+        lit = LitSummary(LitNet(), max_depth=depth)
+        assert [r["name"] for r in cb.rows] == lit.layer_names
+        assert [r["type"] for r in cb.rows] == lit.layer_types
+        assert [r["params"] for r in cb.rows] == lit.param_nums
+        assert [r["in_shape"] for r in cb.rows] == lit.in_sizes
+        assert [r["out_shape"] for r in cb.rows] == lit.out_sizes
+        assert (cb.total_params, cb.trainable_params) == (lit.total_parameters, lit.trainable_parameters)
+    assert "Trainable params" in capsys.readouterr().out
