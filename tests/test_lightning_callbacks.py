@@ -275,3 +275,39 @@ def test_model_summary_rows_equal_lightnings_F_LIT_6(tmp_path, capsys):
         assert [r["out_shape"] for r in cb.rows] == lit.out_sizes
         assert (cb.total_params, cb.trainable_params) == (lit.total_parameters, lit.trainable_parameters)
     assert "Trainable params" in capsys.readouterr().out
+
+
+# ------------------------------------------------------------------------------------------ weight averaging ---
+def test_ema_weights_equal_lightnings_and_are_what_save_model_writes_F_LIT_6(tmp_path):
+    from lightning.pytorch.callbacks import EMAWeightAveraging as LitEMA
+    from safetensors.torch import load_file
+    from taskfit.callbacks import EMAWeightAveraging
+
+    ours = EMAWeightAveraging(decay=0.8)
+    fit = _fit(tmp_path / "t", [ours], num_train_epochs=4, eval_strategy="no", per_device_train_batch_size=32,
+               max_grad_norm=0)
+    m = Scripted(schedule=True)
+    fit.fit(m, _data())
+    lit = _lightning_module(True)
+    _lightning_trainer(tmp_path / "l", [LitEMA(decay=0.8)], epochs=4).fit(lit, DataLoader(_data(), batch_size=32))
+    for a, b in zip(m.parameters(), lit.parameters()):  # one batch per step: the order of samples cannot matter
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+    fit.save_model(str(tmp_path / "export"))
+    saved = load_file(str(tmp_path / "export" / "model.safetensors"))
+    torch.testing.assert_close(saved["layer.weight"], m.layer.weight.detach())
+
+
+def test_ema_resume_continues_the_average_exactly_F_LIT_6(tmp_path):
+    from taskfit.callbacks import EMAWeightAveraging
+
+    full = Scripted(schedule=True)
+    _fit(tmp_path / "a", [EMAWeightAveraging(decay=0.7)], num_train_epochs=3, eval_strategy="no",
+         save_strategy="steps", save_steps=5).fit(full, _data())
+    resumed = Scripted(schedule=True)
+    _fit(tmp_path / "b", [EMAWeightAveraging(decay=0.7)], num_train_epochs=3, eval_strategy="no").fit(
+        resumed, _data(), resume_from_checkpoint=str(tmp_path / "a" / "checkpoint-5"))
+    for a, b in zip(full.parameters(), resumed.parameters()):
+        assert torch.equal(a, b)
+    plain = Scripted(schedule=True)
+    _fit(tmp_path / "c", [], num_train_epochs=3, eval_strategy="no").fit(plain, _data())
+    assert not torch.equal(plain.layer.weight, full.layer.weight)  # the average is not the last weights

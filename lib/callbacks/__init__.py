@@ -1,5 +1,5 @@
-"""Callbacks: base class, early stopping, checkpointing, learning-rate monitor, timer, model summary, progress
-bar, throughput and device-stats monitors."""
+"""Callbacks: base class, early stopping, checkpointing, learning-rate monitor, timer, model summary, weight
+averaging (EMA), progress bar, throughput and device-stats monitors."""
 
 from taskfit.callbacks.base import Callback, HookRunner
 from taskfit.callbacks.device_stats import DeviceStatsMonitor
@@ -10,6 +10,8 @@ from taskfit.callbacks.model_summary import ModelSummary
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import ThroughputMonitor
 from taskfit.callbacks.timer import Timer
+from taskfit.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
-__all__ = ["Callback", "DeviceStatsMonitor", "EarlyStopping", "EarlyStoppingCallback", "HookRunner",
-           "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar", "ThroughputMonitor", "Timer"]
+__all__ = ["Callback", "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "EarlyStoppingCallback",
+           "HookRunner", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar", "ThroughputMonitor", "Timer",
+           "WeightAveraging"]
