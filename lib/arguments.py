@@ -231,6 +231,7 @@ class FitArguments(ArgumentSetters):
     overfit_batches: int | float = _opt(0, "Train and validate on the same first N (or fraction of) training batches, unshuffled; 0 = off.", "training")
     num_sanity_val_steps: int = _opt(0, "Validation batches run before training as a check, not logged; -1 = all.", "training")
     detect_anomaly: bool = _opt(False, "Run training under torch.autograd.detect_anomaly (slow; names the op making NaN).", "training")
+    profiler: str | None = _opt(None, "Profile the run: simple (time per action) | advanced (cProfile per action) | pytorch (torch.profiler Chrome trace under output_dir); None = off.", "logging")
     gradient_clip_algorithm: str = _opt("norm", "How max_grad_norm clips: norm (global L2 norm) | value (each element to [-v, v]).", "training")
 
     def __post_init__(self) -> None:

@@ -16,7 +16,8 @@ def validate_debug_options(a: Any) -> None:
     """Check the switches of ``FitArguments`` ``a``.
 
     Raises:
-        ValueError: a negative count, a fraction outside [0, 1], or a bad ``gradient_clip_algorithm``.
+        ValueError: a negative count, a fraction outside [0, 1], a bad ``gradient_clip_algorithm`` or
+            ``profiler``.
     """
     for name in LIMIT_FIELDS + ("overfit_batches",):
         v = getattr(a, name)
@@ -31,6 +32,8 @@ def validate_debug_options(a: Any) -> None:
     if not isinstance(a.num_sanity_val_steps, int) or a.num_sanity_val_steps < -1:
         raise ValueError(f"num_sanity_val_steps={a.num_sanity_val_steps!r} is not valid: give an int >= 0, or -1 "
                          "for every validation batch.")
+    if a.profiler not in (None, "simple", "advanced", "pytorch"):
+        raise ValueError(f"profiler={a.profiler!r} is not valid; choose 'simple', 'advanced', 'pytorch' or None.")
     if a.gradient_clip_algorithm not in ("norm", "value"):
         raise ValueError(f"gradient_clip_algorithm={a.gradient_clip_algorithm!r} is not valid; choose 'norm' "
                          "(max_grad_norm clips the L2 norm) or 'value' (clips each gradient element).")

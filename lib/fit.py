@@ -116,6 +116,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self.model_init = model_init
 
         self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
+        if args.profiler:  # a callback: a run without a profiler pays nothing for it
+            from taskfit.profilers import profiler_from_args
+
+            self.callbacks.append(profiler_from_args(args))
         if not args.disable_tqdm:
             self.callbacks.insert(0, ProgressBar())
         efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
