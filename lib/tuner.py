@@ -1,6 +1,7 @@
-"""Learning-rate range test (mirrors Lightning's ``Tuner.lr_find``): train a few steps with a rate growing from
-``min_lr`` to ``max_lr``, record the smoothed loss, suggest the rate where it falls fastest. The module's weights
-are the same before and after."""
+"""Tuning runs (mirror Lightning's ``Tuner``): the learning-rate range test (``lr_find``: train a few steps with a
+rate growing from ``min_lr`` to ``max_lr``, suggest the rate where the smoothed loss falls fastest) and the
+batch-size finder (``scale_batch_size``: the largest batch that trains without running out of memory). The
+module's weights are the same before and after both."""
 
 from __future__ import annotations
 
@@ -185,3 +186,81 @@ def lr_find(fit: Any, module: Any, train_data: Any, min_lr: float = 1e-8, max_lr
         else:
             fit.args.learning_rate = lr
     return finder
+
+
+def scale_batch_size(fit: Any, module: Any, train_data: Any, mode: str = "power", steps_per_trial: int = 3,
+                     init_val: int = 2, max_trials: int = 25) -> int:
+    """The largest ``per_device_train_batch_size`` that trains ``steps_per_trial`` steps without an out-of-memory
+    error (mirrors Lightning's ``Tuner.scale_batch_size``). ``"power"`` doubles from ``init_val`` until a trial
+    fails or the batch holds the whole dataset; ``"binsearch"`` then bisects between the last success and the
+    failure. Each trial is a fresh run with ``fit``'s arguments (no evaluation, checkpoints or loggers); the
+    module's weights and buffers are restored exactly after every trial, and ``fit.args.per_device_train_batch_size``
+    is set to the result.
+
+    Returns:
+        int: the batch size found.
+
+    Raises:
+        ValueError: bad ``mode``, ``steps_per_trial``, ``init_val`` or ``max_trials``.
+        torch.OutOfMemoryError: already at ``init_val`` (nothing fits), or any other error of a trial.
+    """
+    from taskfit.efficiency.batch_size import is_out_of_memory, release_memory
+    from taskfit.fit import Fit
+
+    if mode not in ("power", "binsearch"):
+        raise ValueError(f"scale_batch_size mode={mode!r} is not valid; choose 'power' or 'binsearch'.")
+    for name, v in (("steps_per_trial", steps_per_trial), ("init_val", init_val), ("max_trials", max_trials)):
+        if not isinstance(v, int) or v < 1:
+            raise ValueError(f"scale_batch_size {name}={v!r} must be an int >= 1.")
+    try:
+        limit: int | None = len(train_data.dataset if hasattr(train_data, "dataset") else train_data)
+    except TypeError:
+        limit = None
+    saved = copy.deepcopy(module.state_dict())
+
+    def fits(size: int) -> bool:
+        args = dataclasses.replace(fit.args, per_device_train_batch_size=size, max_steps=steps_per_trial,
+                                   eval_strategy="no", save_strategy="no", load_best_model_at_end=False,
+                                   report_to="none", push_to_hub=False, resume_from_checkpoint=None,
+                                   disable_tqdm=True, eval_on_start=False, num_sanity_val_steps=0,
+                                   auto_find_batch_size=False, profiler=None)
+        try:
+            Fit(args).fit(module, train_data)
+            return True
+        except (RuntimeError, torch.OutOfMemoryError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            release_memory()
+            return False
+        finally:
+            module.load_state_dict(saved)
+
+    size, good, bad = init_val, None, None
+    for _ in range(max_trials):
+        if fits(size):
+            good = size
+            if limit is not None and size >= limit:
+                break  # the whole dataset in one batch: larger sizes change nothing
+            if bad is None:
+                size *= 2
+            elif mode == "power" or bad - good <= 1:
+                break
+            else:
+                size = (good + bad) // 2
+        else:
+            bad = size
+            if good is None:
+                if size == 1:
+                    raise torch.OutOfMemoryError("scale_batch_size: out of memory already at batch size 1.")
+                size = max(1, size // 2)
+                continue
+            if mode == "power" or bad - good <= 1:
+                break
+            size = (good + bad) // 2
+    if good is None:
+        raise torch.OutOfMemoryError(f"scale_batch_size: no batch size from {init_val} down fit in memory within "
+                                     f"{max_trials} trials.")
+    if limit is not None:
+        good = min(good, limit)
+    fit.args.per_device_train_batch_size = good
+    return good

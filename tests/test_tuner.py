@@ -75,3 +75,38 @@ def test_lr_find_bad_arguments_F_LIT_7(tmp_path):
         lr_find(fit, Reg(), _data(), min_lr=1.0, max_lr=0.1)
     with pytest.raises(ValueError, match="mode='cosine'"):
         lr_find(fit, Reg(), _data(), mode="cosine")
+
+
+class MemoryBound(Reg):
+    """Runs out of memory above ``capacity`` samples per batch (as an allocator would) and records the sizes."""
+
+    def __init__(self, capacity: int):
+        super().__init__()
+        self.capacity, self.tried = capacity, []
+
+    def training_step(self, batch, batch_idx):
+        n = len(batch[0])
+        if batch_idx == 0:
+            self.tried.append(n)
+        if n > self.capacity:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return super().training_step(batch, batch_idx)
+
+
+@pytest.mark.parametrize("mode, capacity, expected, tried", [
+    ("power", 20, 16, [2, 4, 8, 16, 32]),
+    ("binsearch", 20, 20, [2, 4, 8, 16, 32, 24, 20, 22, 21]),
+    ("power", 100, 64, [2, 4, 8, 16, 32, 64]),  # 64 holds the whole dataset: stop there
+])
+def test_scale_batch_size_finds_the_largest_that_fits_and_restores_F_LIT_7(tmp_path, mode, capacity, expected,
+                                                                           tried):
+    from taskfit.tuner import scale_batch_size
+
+    module = MemoryBound(capacity)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    fit = Fit(output_dir=str(tmp_path), report_to="none", disable_tqdm=True, dataloader_drop_last=True)
+    assert scale_batch_size(fit, module, _data(64), mode=mode, steps_per_trial=1) == expected
+    assert module.tried == tried
+    assert fit.args.per_device_train_batch_size == expected
+    for k, v in module.state_dict().items():
+        assert torch.equal(v, before[k])
