@@ -405,6 +405,9 @@ def _validate(a: Any) -> None:
     if a.dataloader_num_workers == 0 and a.dataloader_persistent_workers:
         raise ValueError("dataloader_persistent_workers=True needs dataloader_num_workers > 0.")
     _validate_conflicts(a)
+    from taskfit.debugging import validate_debug_options  # Lightning's debugging switches
+
+    validate_debug_options(a)
 
 
 def _validate_conflicts(a: Any) -> None:

@@ -125,19 +125,20 @@ def is_writer(fit: Fit) -> bool:
     return fit.local_rank == 0 if fit.args.save_on_each_node else fit.is_global_zero
 
 
-def save_checkpoint(fit: Fit, training_state: dict[str, Any]) -> str:
+def save_checkpoint(fit: Fit, training_state: dict[str, Any], path: str | None = None) -> str:
     """Write ``output_dir/checkpoint-{global_step}/`` (through the strategy's checkpoint IO, so in the background
     with ``AsyncCheckpointIO``); rotate old checkpoints per ``save_total_limit`` once it is complete.
 
     Args:
         fit (Fit): the running fit (its current run's model, optimizers, schedulers and state).
         training_state (dict): the run's ``TrainingState.state_dict()`` (saved whole).
+        path (str | None): another folder to write (``ModelCheckpoint``); the same format, no rotation.
 
     Returns:
         str: the checkpoint's final path (complete once its manifest exists).
     """
     io, a = fit.strategy.checkpoint_io, fit.args
-    final = checkpoint_path(fit)
+    final = path or checkpoint_path(fit)
     local = io.is_local(final)
     target = final + ".tmp" if local else final
     writer = is_writer(fit)
@@ -161,7 +162,7 @@ def save_checkpoint(fit: Fit, training_state: dict[str, Any]) -> str:
     if writer:
         keep = {fit.state.best_model_checkpoint} if (a.load_best_model_at_end or a.metric_for_best_model) else set()
         finalize: Any = ManifestWriter(io, target, final, manifest, ranks, fit.global_rank, a.output_dir,
-                                       a.save_total_limit, keep, timeout, hashes)
+                                       None if path else a.save_total_limit, keep, timeout, hashes)
     else:
         finalize = part_writer(io, target, fit.global_rank, hashes, timeout)
     io.save_files(checkpoint_files(fit, training_state, weights), target, finalize)

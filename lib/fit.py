@@ -5,8 +5,10 @@ accelerator, precision and checkpoint IO), callbacks, loggers and arguments; eve
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import math
 import time
 from collections.abc import Mapping
 from typing import Any, Callable
@@ -16,6 +18,7 @@ from torch import nn
 
 from taskfit.arguments import FitArguments
 from taskfit.callbacks.base import HookRunner
+from taskfit.debugging import batch_limit, fast_dev_run_batches, limit_batches, sanity_check
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint import checkpoint_path, exportable_model, save_model_folder
@@ -115,6 +118,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self.model_init = model_init
 
         self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
+        if args.profiler:  # a callback: a run without a profiler pays nothing for it
+            from taskfit.profilers import profiler_from_args
+
+            self.callbacks.append(profiler_from_args(args))
         if args.disable_tqdm:  # the console view: one line per log, or the bar
             self.callbacks.append(LogPrinter())
         else:
@@ -127,6 +134,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self._run: Run | None = None       # the run of the latest stage call (see taskfit.run)
         self._last_fit: Run | None = None  # the run of the latest fit()
         self.callback_metrics: dict[str, Any] = {}
+        self.sanity_checking = False  # True while num_sanity_val_steps runs (Lightning's trainer.sanity_checking)
         self.logged_metrics: dict[str, Any] = {}
         self.num_eval_batches: int | None = None
         self._hooks = HookRunner(self.callbacks)
@@ -156,10 +164,16 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             if names is not None:
                 keep = names | set(run.module.label_names) | {"label", "label_ids"}
         bs = per_process_batch_size(self.args, self.world_size, train)  # split_batches: global size / world
-        return self.strategy.process_dataloader(
-            build_dataloader(data, self.args, train=train, batch_size=bs, collate_fn=self._collator(collator),
-                             keep_columns=keep, what=what,
+        a = self.args
+        stage = run.stage if run is not None else "fit"
+        loader = self.strategy.process_dataloader(
+            build_dataloader(data, a, train=train and not (a.overfit_batches and stage == "fit"), batch_size=bs,
+                             collate_fn=self._collator(collator), keep_columns=keep, what=what,
                              pin_memory_supported=self.strategy.accelerator.supports_pin_memory()))
+        limit = batch_limit(a, stage, train)
+        if limit is not None:  # Lightning's fast_dev_run / overfit_batches / limit_*_batches
+            loader = limit_batches(loader, limit, "limit_train_batches" if train else f"limit for {what}")
+        return loader
 
     def _eval_loader_dict(self, data: Any, collator: Callable | None, run: Run | None = None) -> dict[str | None, Any]:
         if data is None:
@@ -214,6 +228,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         from taskfit.publish import make_publisher
         from taskfit.resume import finish_checkpoints, resolve_checkpoint, restore, wait_for_saves_quietly
 
+        n_dev = fast_dev_run_batches(args)
+        if n_dev:  # one short epoch of N batches, evaluated once at its end, no checkpoints (Lightning)
+            args = dataclasses.replace(args, max_steps=math.ceil(n_dev / args.gradient_accumulation_steps),
+                                       num_train_epochs=1, save_strategy="no", load_best_model_at_end=False,
+                                       eval_strategy="epoch" if args.eval_strategy != "no" else "no")
         self.args = args  # a retry or a trial brings new arguments: the strategy re-derives its settings too
         self.strategy.configure(args)
         if resume_from_checkpoint is None:
@@ -284,7 +303,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         log_summary(self, module, max_steps, steps_per_epoch)
         hooks, ctl = self._hooks, run.control
         ctl._new_training()
-        if self.is_global_zero:
+        if self.is_global_zero and not n_dev:
             for lg in self.loggers:
                 lg.log_hyperparams(args.to_sanitized_dict())
         hooks.call("on_fit_start", self, module)
@@ -296,9 +315,15 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         loop.stop = install_graceful_stop(args.save_on_interrupt, self.world_size)  # SIGTERM / Ctrl-C / SLURM
         start = time.perf_counter()
         try:
+            if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
+                sanity_check(self, run)
             if args.eval_on_start and run.eval_loaders:
                 self._evaluate_during_fit()
-            loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
+            if args.detect_anomaly:
+                with torch.autograd.detect_anomaly():
+                    loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
+            else:
+                loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
         except BaseException as exc:
             wait_for_saves_quietly(self.strategy.checkpoint_io)
             hooks.call("on_exception", self, module, exc)
@@ -338,7 +363,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         st.log_history.append({**logs, "step": st.global_step})
         self.logged_metrics.update(logs)
         self.callback_metrics.update(logs)
-        if self.is_global_zero:
+        if self.is_global_zero and not self.args.fast_dev_run:  # fast_dev_run: no loggers (Lightning)
             if summary:
                 send_summary(self.loggers, logs, st.global_step)
             for lg in self.loggers if not summary else ():
@@ -385,24 +410,26 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             self.state.best_metric, self.state.best_global_step = value, self.state.global_step
             self.control.should_save = self.control.should_save or self.args.save_strategy == "best"
 
-    def _save_checkpoint(self, training_state: dict[str, Any]) -> str:
+    def _save_checkpoint(self, training_state: dict[str, Any], path: str | None = None) -> str:
+        """Write a checkpoint of the current run: ``output_dir/checkpoint-{step}`` or, with ``path``, that folder
+        (``ModelCheckpoint``; not pushed, not the HF best-model record). Returns the folder's path."""
         run = self._run
-        if self.state.best_global_step == self.state.global_step:  # recorded before the state is written
+        if path is None and self.state.best_global_step == self.state.global_step:  # recorded before writing
             self.state.best_model_checkpoint = checkpoint_path(self)
             training_state["state"]["best_model_checkpoint"] = self.state.best_model_checkpoint
         self._hooks.call("on_save_checkpoint", self, run.module, training_state)
-        path = self.strategy.save_checkpoint(self, training_state)
-        if run.publisher is not None:
+        written = self.strategy.save_checkpoint(self, training_state, path)
+        if path is None and run.publisher is not None:
             from taskfit.publish import push_checkpoint
 
-            push_checkpoint(self, run.publisher, path)
+            push_checkpoint(self, run.publisher, written)
         self._hooks.call_hf("on_save", self.args, self.state, self.control)
-        return path
+        return written
 
     _log = log
 
     # ----------------------------------------------------------------------------- evaluate / predict ---
-    def _eval_entry(self, model: Any, data: Any, stage: str) -> tuple[TaskModule, Any]:
+    def _eval_entry(self, model: Any, data: Any, stage: str, ckpt_path: str | None = None) -> tuple[TaskModule, Any]:
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model  # HF-style fit.evaluate(eval_dataset)
         self.strategy.configure(self.args)
@@ -413,6 +440,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         run = Run(stage, model, module, state, control)
         self._setup_run(run)
         self._run = run
+        if ckpt_path is not None:  # Lightning's ckpt_path: score those weights
+            from taskfit.ckpt_path import load_ckpt_path
+
+            load_ckpt_path(self, run, ckpt_path)
         efficiency.prepare_full_eval(self, module)  # fp16_full_eval / bf16_full_eval
         if module._results is None:
             module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
@@ -430,22 +461,25 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         return getattr(datamodule, method)()
 
     def validate(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-                 datamodule: DataModule | None = None, metric_key_prefix: str = "eval") -> dict[str, float]:
+                 datamodule: DataModule | None = None, metric_key_prefix: str = "eval",
+                 ckpt_path: str | None = None) -> dict[str, float]:
         """Evaluate on ``data`` (default: the eval data given to ``fit``); returns metrics such as
         ``eval_loss``, logged names (``val_acc``), ``compute_metrics`` results, ``eval_runtime`` (s),
-        ``eval_samples_per_second``. A dict of datasets gives ``{prefix}_{name}_{metric}`` keys.
+        ``eval_samples_per_second``. A dict of datasets gives ``{prefix}_{name}_{metric}`` keys. ``ckpt_path``
+        (``"best"``, ``"last"`` or a checkpoint folder; Lightning's argument) loads those weights first.
 
         Raises:
-            ValueError: no data, empty data, or a module without ``validation_step``.
+            ValueError: no data, empty data, a module without ``validation_step``, or no checkpoint for
+                ``ckpt_path``.
         """
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model  # HF-style fit.evaluate(eval_dataset)
         return self._launch("validate", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                    metric_key_prefix=metric_key_prefix))
+                                                    metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
 
     def _validate_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                        metric_key_prefix: str) -> dict[str, float]:
-        module, data = self._eval_entry(model, data, "validate")
+                        metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
+        module, data = self._eval_entry(model, data, "validate", ckpt_path)
         data = data if data is not None else self._from_datamodule(datamodule, "validate", "val_dataloader")
         fit_loaders = self._last_fit.eval_loaders if self._last_fit is not None else {}
         loaders = self._eval_loader_dict(data, data_collator) if data is not None else fit_loaders
@@ -464,8 +498,9 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         return self.validate(model, data if data is not None else eval_dataset, **kwargs)
 
     def test(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-             datamodule: DataModule | None = None, metric_key_prefix: str = "test") -> dict[str, float]:
-        """Like :meth:`validate` with ``test_step`` and ``test_`` keys.
+             datamodule: DataModule | None = None, metric_key_prefix: str = "test",
+             ckpt_path: str | None = None) -> dict[str, float]:
+        """Like :meth:`validate` with ``test_step`` and ``test_`` keys (``ckpt_path`` as there).
 
         Raises:
             ValueError: no or empty data.
@@ -473,11 +508,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model
         return self._launch("test", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                metric_key_prefix=metric_key_prefix))
+                                                metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
 
     def _test_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                    metric_key_prefix: str) -> dict[str, float]:
-        module, data = self._eval_entry(model, data, "test")
+                    metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
+        module, data = self._eval_entry(model, data, "test", ckpt_path)
         data = data if data is not None else self._from_datamodule(datamodule, "test", "test_dataloader")
         if data is None:
             raise ValueError("test() needs data: pass data or a datamodule with test_dataloader().")
@@ -487,9 +522,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
 
     def predict(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
                 datamodule: DataModule | None = None, metric_key_prefix: str = "test",
-                test_dataset: Any = None) -> PredictionOutput:
+                test_dataset: Any = None, ckpt_path: str | None = None) -> PredictionOutput:
         """Run ``predict_step`` over ``data``; returns ``PredictionOutput(predictions, label_ids, metrics)``
-        with numpy arrays concatenated over batches (mirrors HF ``Trainer.predict``).
+        with numpy arrays concatenated over batches (mirrors HF ``Trainer.predict``; ``ckpt_path`` as in
+        :meth:`validate`).
 
         Raises:
             ValueError: no or empty data.
@@ -498,11 +534,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model
         return self._launch("predict", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                   metric_key_prefix=metric_key_prefix))
+                                                   metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
 
     def _predict_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                       metric_key_prefix: str) -> PredictionOutput:
-        module, data = self._eval_entry(model, data, "predict")
+                       metric_key_prefix: str, ckpt_path: str | None = None) -> PredictionOutput:
+        module, data = self._eval_entry(model, data, "predict", ckpt_path)
         data = data if data is not None else self._from_datamodule(datamodule, "predict", "predict_dataloader")
         if data is None:
             raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")

@@ -276,15 +276,16 @@ class Strategy:
         load_full_into(module, optimizer, state)
         return True
 
-    def save_checkpoint(self, source: Any, training_state: dict[str, Any]) -> str:
+    def save_checkpoint(self, source: Any, training_state: dict[str, Any], path: str | None = None) -> str:
         """Write ``output_dir/checkpoint-{global_step}/`` of the run ``source`` describes (a ``Fit``: its
         arguments and its current run's model, optimizers, schedulers and state) with ``training_state`` (the run's
         ``TrainingState.state_dict()``), in the checkpoint format (:mod:`taskfit.checkpoint`): every rank writes
         its files (this strategy's shards through :meth:`save_checkpoint_shards`), the writing rank the manifest
-        last. The only way from the loops to checkpoint files. Every process must call it. Returns the path."""
+        last. The only way from the loops to checkpoint files. Every process must call it. Returns the path.
+        ``path`` names another folder (``ModelCheckpoint``): same format, no ``save_total_limit`` rotation."""
         from taskfit.checkpoint import save_checkpoint
 
-        return save_checkpoint(source, training_state)
+        return save_checkpoint(source, training_state, path)
 
     def load_checkpoint(self, path: str, model: torch.nn.Module, optimizers: Sequence[Any] = (),
                         schedulers: Sequence[Any] = (), *, weights_only: bool = True,

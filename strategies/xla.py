@@ -189,10 +189,10 @@ class XLAStrategy(Strategy):
         _sync()
         return to_cpu(module.state_dict())
 
-    def save_checkpoint(self, source: Any, training_state: dict[str, Any]) -> str:
+    def save_checkpoint(self, source: Any, training_state: dict[str, Any], path: str | None = None) -> str:
         """Run pending XLA work, then write as every strategy does (device tensors reach the files on the CPU)."""
         _sync()
-        return super().save_checkpoint(source, to_cpu(training_state))
+        return super().save_checkpoint(source, to_cpu(training_state), path)
 
     def teardown(self) -> None:
         """Run pending XLA work, then release IO and the device."""

@@ -100,7 +100,9 @@ def test_every_hf_option_is_a_field():
     names = set(FitArguments.field_names())
     assert set(HF) - names == set()
     assert names - set(HF) == {"eval_on_start", "accelerator", "strategy", "devices", "num_nodes", "precision",
-                               "checkpoint_io", "save_on_interrupt"}
+                               "checkpoint_io", "save_on_interrupt", "fast_dev_run", "limit_train_batches",
+                               "limit_val_batches", "limit_test_batches", "limit_predict_batches", "overfit_batches",
+                               "num_sanity_val_steps", "detect_anomaly", "gradient_clip_algorithm", "profiler"}
 
 
 @pytest.mark.parametrize("name", sorted(set(HF) - {"output_dir"}))

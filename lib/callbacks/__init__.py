@@ -1,9 +1,17 @@
-"""Callbacks: base class, early stopping, progress bar, throughput and device-stats monitors."""
+"""Callbacks: base class, early stopping, checkpointing, learning-rate monitor, timer, model summary, weight
+averaging (EMA), progress bar, throughput and device-stats monitors."""
 
 from taskfit.callbacks.base import Callback, HookRunner
 from taskfit.callbacks.device_stats import DeviceStatsMonitor
 from taskfit.callbacks.early_stopping import EarlyStopping, EarlyStoppingCallback
+from taskfit.callbacks.lr_monitor import LearningRateMonitor
+from taskfit.callbacks.model_checkpoint import ModelCheckpoint
+from taskfit.callbacks.model_summary import ModelSummary
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import ThroughputMonitor
+from taskfit.callbacks.timer import Timer
+from taskfit.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
-__all__ = ["Callback", "DeviceStatsMonitor", "EarlyStopping", "EarlyStoppingCallback", "HookRunner", "ProgressBar", "ThroughputMonitor"]
+__all__ = ["Callback", "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "EarlyStoppingCallback",
+           "HookRunner", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar", "ThroughputMonitor", "Timer",
+           "WeightAveraging"]

@@ -11,8 +11,9 @@ from taskfit.callbacks.base import Callback
 class EarlyStopping(Callback):
     """Stop training when ``monitor`` has not improved for ``patience`` evaluations.
 
-    Mirrors Lightning's ``EarlyStopping`` and HF's ``EarlyStoppingCallback`` (whose argument names
-    ``early_stopping_patience``/``early_stopping_threshold`` are accepted too).
+    Mirrors Lightning's ``EarlyStopping`` (its arguments and the order of its checks: non-finite, stopping
+    threshold, divergence threshold, improvement, patience) and HF's ``EarlyStoppingCallback`` (whose argument
+    names ``early_stopping_patience``/``early_stopping_threshold`` are accepted too).
 
     Args:
         monitor (str | None): metric name as returned by evaluation (``"eval_loss"``); None takes
@@ -22,6 +23,13 @@ class EarlyStopping(Callback):
         mode (str | None): ``"min"`` or ``"max"``; None takes ``greater_is_better`` (default ``"min"`` for
             names ending in ``loss``, else ``"max"``).
         check_finite (bool): stop at once when the metric becomes NaN or infinite.
+        min_delta (float | None): Lightning's name for ``threshold`` (its absolute value is used).
+        verbose (bool): log why training stopped.
+        strict (bool): a missing monitored metric raises; False skips the check (as Lightning).
+        stopping_threshold (float | None): stop as soon as the metric is better than this value.
+        divergence_threshold (float | None): stop as soon as the metric is worse than this value.
+        check_on_train_epoch_end (bool | None): check at the end of each training epoch on the logged values
+            (``fit.callback_metrics``) instead of after each evaluation; None: after evaluation.
 
     Raises:
         ValueError: bad ``patience``, ``threshold`` or ``mode``.
@@ -29,7 +37,10 @@ class EarlyStopping(Callback):
 
     def __init__(self, monitor: str | None = None, patience: int = 3, threshold: float = 0.0,
                  mode: str | None = None, check_finite: bool = True, *, early_stopping_patience: int | None = None,
-                 early_stopping_threshold: float | None = None) -> None:
+                 early_stopping_threshold: float | None = None, min_delta: float | None = None,
+                 verbose: bool = False, strict: bool = True, stopping_threshold: float | None = None,
+                 divergence_threshold: float | None = None, check_on_train_epoch_end: bool | None = None) -> None:
+        threshold = abs(min_delta) if min_delta is not None else threshold
         patience = early_stopping_patience if early_stopping_patience is not None else patience
         threshold = early_stopping_threshold if early_stopping_threshold is not None else threshold
         if not isinstance(patience, int) or patience < 1:
@@ -39,7 +50,10 @@ class EarlyStopping(Callback):
         if mode not in (None, "min", "max"):
             raise ValueError(f"EarlyStopping mode={mode!r} is not valid; choose 'min' or 'max'.")
         self.monitor, self.patience, self.threshold, self.mode = monitor, patience, threshold, mode
-        self.check_finite = check_finite
+        self.check_finite, self.verbose, self.strict = check_finite, verbose, strict
+        self.stopping_threshold, self.divergence_threshold = stopping_threshold, divergence_threshold
+        self.check_on_train_epoch_end = bool(check_on_train_epoch_end)
+        self.stopping_reason = ""
         self.best: float | None = None
         self.wait = 0
         self.stopped_epoch: float | None = None
@@ -69,28 +83,50 @@ class EarlyStopping(Callback):
         """Compare the new value with the best; set ``control.should_training_stop`` when patience runs out.
 
         Raises:
-            KeyError: the monitored metric is not among the evaluation metrics (names the ones present).
+            KeyError: the monitored metric is not among the evaluation metrics (names the ones present), with
+                ``strict``.
         """
-        if not self._training:  # a standalone validate() neither counts against patience nor needs the metric
-            return control
+        if not self._training or self.check_on_train_epoch_end:
+            return control  # a standalone validate() neither counts against patience nor needs the metric
+        return self._check(args, state, control, metrics or {})
+
+    def on_train_epoch_end(self, fit: Any, module: Any) -> None:
+        if self.check_on_train_epoch_end:
+            self._check(fit.args, fit.state, fit.control, dict(fit.callback_metrics))
+
+    def _check(self, args: Any, state: Any, control: Any, metrics: dict[str, Any]) -> Any:
         monitor, mode = self._resolve(args)
-        metrics = metrics or {}
+        if monitor not in metrics and f"eval_{monitor}" in metrics:  # a self.log name of validation_step
+            monitor = f"eval_{monitor}"
         if monitor not in metrics:
+            if not self.strict:
+                return control
             raise KeyError(f"EarlyStopping monitors {monitor!r}, which evaluation did not return; "
                            f"available: {sorted(metrics)}.")
         value = float(metrics[monitor])
-        stop = False
+        better = (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
+        stop, reason = False, ""
         if self.check_finite and not math.isfinite(value):
-            stop = True
+            stop, reason = True, f"{monitor} = {value} is not finite"
+        elif self.stopping_threshold is not None and better(value, self.stopping_threshold):
+            stop, reason = True, f"{monitor} = {value} reached the stopping threshold {self.stopping_threshold}"
+        elif self.divergence_threshold is not None and better(-value, -self.divergence_threshold):
+            stop, reason = True, f"{monitor} = {value} passed the divergence threshold {self.divergence_threshold}"
         elif self.best is None or (value < self.best - self.threshold if mode == "min"
                                    else value > self.best + self.threshold):
             self.best, self.wait = value, 0
         else:
             self.wait += 1
-            stop = self.wait >= self.patience
+            if self.wait >= self.patience:
+                stop, reason = True, f"{monitor} did not improve in the last {self.wait} checks (best {self.best})"
         if stop:  # record only stops this callback causes (not max_steps, not other callbacks)
             control.should_training_stop = True
             self.stopped_epoch, self.stopped_step = state.epoch, state.global_step
+            self.stopping_reason = reason
+            if self.verbose:
+                import logging
+
+                logging.getLogger("taskfit").info("EarlyStopping: %s; stopping.", reason)
         return control
 
     def state_dict(self) -> dict[str, Any]:

@@ -136,6 +136,7 @@ class FitLoop:
         L, H = hooks.lightning, hooks.hf
         accum = args.gradient_accumulation_steps
         max_norm = args.max_grad_norm
+        clip_by_value = args.gradient_clip_algorithm == "value"
         params = [p for p in module.parameters() if p.requires_grad]
         record_loss = sums.nan_filter.add if args.logging_nan_inf_filter else None  # filtered where the sum is read
         sums.tr_loss = sums.tr_loss.to(strategy.root_device)
@@ -159,9 +160,12 @@ class FitLoop:
             L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, opt)
             if own_clipping:
                 clip = max_norm if max_norm and max_norm > 0 else None
-                module.configure_gradient_clipping(opt, clip, "norm" if clip else None)
+                module.configure_gradient_clipping(opt, clip, ("value" if clip_by_value else "norm") if clip else None)
             elif max_norm and max_norm > 0 and opt is optimizer:
-                sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
+                if clip_by_value:  # gradients already unscaled above; elementwise, so exact on shards
+                    torch.nn.utils.clip_grad_value_(params, max_norm)
+                else:
+                    sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
 
         try:
             batches_per_epoch = len(loader)
