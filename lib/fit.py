@@ -66,6 +66,15 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         processing_class (Any | None): tokenizer/processor saved with the model (``tokenizer`` is an alias);
             with a tokenizer and no collator, batches are padded with ``DataCollatorWithPadding``.
         model_init (Callable[[], nn.Module] | None): builds a fresh model when ``fit`` gets none.
+        model (nn.Module | None): the model ``fit``/``train`` uses when none is passed (HF ``Trainer(model=...)``).
+        train_dataset, eval_dataset (Any): the data ``fit``/``train`` and ``evaluate`` use when none is passed
+            (HF ``Trainer(train_dataset=..., eval_dataset=...)``).
+        optimizer_cls_and_kwargs (tuple[type, dict] | None): an optimizer class and its keyword arguments, built
+            over the decay / no-decay parameter groups (``weight_decay`` from ``args``), as HF's argument of that
+            name; ``optimizers=`` wins when both are given.
+
+    With these keywords ``Fit(model=m, args=a, train_dataset=d).train()`` is the HF ``Trainer`` call shape;
+    ``taskfit.hf.Trainer`` only adds HF's positional order.
 
     Raises:
         ValueError: unknown option names or values (with "did you mean"), incompatible components.
@@ -79,7 +88,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
                  preprocess_logits_for_metrics: Callable | None = None, compute_loss_func: Callable | None = None,
                  optimizers: tuple[Any, Any] = (None, None), data_collator: Callable | None = None,
                  processing_class: Any = None, tokenizer: Any = None, model_init: Callable | None = None,
-                 **kwargs: Any) -> None:
+                 model: nn.Module | None = None, train_dataset: Any = None, eval_dataset: Any = None,
+                 optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None, **kwargs: Any) -> None:
         if args is None:
             args = FitArguments()
         elif isinstance(args, Mapping):
@@ -111,6 +121,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self.data_collator = data_collator
         self.processing_class = processing_class if processing_class is not None else tokenizer
         self.model_init = model_init
+        self._given_model = model
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
 
         self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
         if not args.disable_tqdm:
@@ -192,10 +206,46 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             UnsafeCheckpointError: a checkpoint file needs full unpickling and ``weights_only`` is True.
             CheckpointSaveError: a background (async) checkpoint save failed.
         """
+        if datamodule is None:
+            train_data = train_data if train_data is not None else self.train_dataset
+            eval_data = eval_data if eval_data is not None else self.eval_dataset
         return self._launch("fit", model, dict(train_data=train_data, eval_data=eval_data,
                                                data_collator=data_collator, datamodule=datamodule,
                                                resume_from_checkpoint=resume_from_checkpoint,
                                                weights_only=weights_only))
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
+              ignore_keys_for_eval: list[str] | None = None, **kwargs: Any) -> TrainOutput:
+        """HF ``Trainer.train``: :meth:`fit` on the constructor's ``model`` (or a fresh ``model_init()``),
+        ``train_dataset`` and ``eval_dataset``.
+
+        Args:
+            resume_from_checkpoint (str | bool | None): as in :meth:`fit`.
+            trial (optuna.Trial | dict | None): hyperparameters of a search trial; a dict's entries (or an optuna
+                trial's ``params``) are set on ``args`` for this training, as HF does.
+            ignore_keys_for_eval (list[str] | None): accepted for HF compatibility; output keys are chosen by the
+                model's output type.
+
+        Raises:
+            TypeError: an unknown keyword (HF raises the same for leftovers).
+        """
+        if kwargs:
+            raise TypeError(f"train() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
+        if trial is not None:
+            params = trial if isinstance(trial, Mapping) else getattr(trial, "params", {})
+            if params:
+                self.args = self.args.replace(**dict(params))
+        return self.fit(resume_from_checkpoint=resume_from_checkpoint)
+
+    def _hf_optimizers(self, model: nn.Module) -> tuple[Any, Any]:
+        """``optimizers=`` as given; else an optimizer from ``optimizer_cls_and_kwargs`` (HF's param groups)."""
+        opt, sched = self._optimizers
+        if opt is None and self.optimizer_cls_and_kwargs is not None:
+            from taskfit.optim.optimizers import _split_params
+
+            cls, kwargs = self.optimizer_cls_and_kwargs
+            opt = cls(_split_params(model, float(self.args.weight_decay)), **dict(kwargs))
+        return opt, sched
 
     def _fit_stage(self, model: nn.Module | None, **kwargs: Any) -> TrainOutput:
         if not self.args.auto_find_batch_size:
@@ -246,7 +296,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self.strategy.setup_environment()
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
         run.optimizers, run.schedulers = configure_optimizers(
-            module, model, args, max_steps, self._optimizers,
+            module, model, args, max_steps, self._hf_optimizers(model),
             strategy_builds_optimizer=self.strategy.builds_own_optimizer)
         self._setup_run(run, max_steps)
         self._run = self._last_fit = run
@@ -425,6 +475,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         data = data if data is not None else self._from_datamodule(datamodule, "validate", "val_dataloader")
         fit_loaders = self._last_fit.eval_loaders if self._last_fit is not None else {}
         loaders = self._eval_loader_dict(data, data_collator) if data is not None else fit_loaders
+        if not loaders and self.eval_dataset is not None:  # HF Trainer(eval_dataset=...) before any training
+            loaders = self._eval_loader_dict(self.eval_dataset, data_collator)
         if not loaders:
             raise ValueError("validate() needs eval data: pass data, a datamodule, or eval_data to fit().")
         metrics, hidden = self._run_eval(loaders, "validate", metric_key_prefix)
