@@ -121,6 +121,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self.data_collator = data_collator
         self.processing_class = processing_class if processing_class is not None else tokenizer
         self.model_init = model_init
+        self._model_preparation_time: float | None = None
         self._given_model = model
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
@@ -377,7 +378,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         hidden: set[str] = set()
         for name, loader in loaders.items():
             loop = EvaluationLoop(self, stage, self._hooks)
-            metrics.update(loop.run(loader, prefix if name is None else f"{prefix}_{name}")[0])
+            key = prefix if name is None else f"{prefix}_{name}"
+            metrics.update(loop.run(loader, key)[0])
+            if self._model_preparation_time is not None:
+                metrics[f"{key}_model_preparation_time"] = self._model_preparation_time
             hidden |= loop.hidden
         return metrics, hidden
 
@@ -437,7 +441,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         last = self._run
         state, control = (last.state, last.control) if last is not None else (self._idle_state, self._idle_control)
         run = Run(stage, model, module, state, control)
+        start = time.perf_counter()
         self._setup_run(run)
+        if self._last_fit is None and self._model_preparation_time is None:
+            # HF: the model was first prepared for evaluation; every later eval/predict reports the time
+            self._model_preparation_time = round(time.perf_counter() - start, 4)
         self._run = run
         efficiency.prepare_full_eval(self, module)  # fp16_full_eval / bf16_full_eval
         if module._results is None:
@@ -480,8 +488,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         if not loaders:
             raise ValueError("validate() needs eval data: pass data, a datamodule, or eval_data to fit().")
         metrics, hidden = self._run_eval(loaders, "validate", metric_key_prefix)
-        if self.state.global_step:
-            metrics["epoch"] = self.state.epoch
+        metrics["epoch"] = self.state.epoch  # HF's log() adds it to the returned dict too
         self._log({k: v for k, v in metrics.items() if k not in hidden})
         self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
         return metrics
@@ -536,6 +543,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")
         loader = self._loader(data, train=False, collator=data_collator, what="predict dataset")
         metrics, preds, labels = EvaluationLoop(self, "predict", self._hooks).run(loader, metric_key_prefix)
+        if self._model_preparation_time is not None:
+            metrics[f"{metric_key_prefix}_model_preparation_time"] = self._model_preparation_time
         self._hooks.call_hf("on_predict", self.args, self.state, self.control, metrics=metrics)
         return PredictionOutput(preds, labels, metrics)
 

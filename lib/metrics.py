@@ -10,8 +10,9 @@ from typing import Any, NamedTuple
 import numpy as np
 
 
-class EvalPrediction(NamedTuple):
-    """What ``compute_metrics`` receives (mirrors ``transformers.EvalPrediction``).
+class EvalPrediction:
+    """What ``compute_metrics`` receives (mirrors ``transformers.EvalPrediction``, including its tuple behaviour:
+    ``logits, labels = eval_pred`` unpacks two items, three with inputs).
 
     Attributes:
         predictions (np.ndarray | tuple): model outputs, concatenated over batches (shape ``(N, ...)``).
@@ -19,9 +20,23 @@ class EvalPrediction(NamedTuple):
         inputs (np.ndarray | None): the inputs, with ``include_inputs_for_metrics``.
     """
 
-    predictions: Any
-    label_ids: Any
-    inputs: Any = None
+    def __init__(self, predictions: Any, label_ids: Any, inputs: Any = None) -> None:
+        self.predictions, self.label_ids, self.inputs = predictions, label_ids, inputs
+        self._elements = (predictions, label_ids) + ((inputs,) if inputs is not None else ())
+
+    def __iter__(self) -> Any:
+        return iter(self._elements)
+
+    def __getitem__(self, idx: int) -> Any:
+        if not -len(self._elements) <= idx < len(self._elements):
+            raise IndexError("tuple index out of range")
+        return self._elements[idx]
+
+    def __len__(self) -> int:
+        return len(self._elements)
+
+    def __repr__(self) -> str:
+        return f"EvalPrediction(predictions={self.predictions!r}, label_ids={self.label_ids!r}, inputs={self.inputs!r})"
 
 
 class TrainOutput(dict):

@@ -204,6 +204,7 @@ class FitLoop:
                     for opt in other_optimizers:
                         strategy.optimizer_step(opt)
                     H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)
+                    self.step_lr = optimizer.param_groups[0]["lr"]  # the rate this step used (HF 5 logs it)
                     if stepped:
                         for sched in step_schedulers:
                             sched.step()
@@ -257,6 +258,8 @@ class FitLoop:
             if step >= state.max_steps:
                 control.should_training_stop = True
                 control.should_save = control.should_save or args.save_strategy == "steps"  # HF: save at the end
+                if args.eval_strategy == "steps" and step % state.eval_steps and (args.eval_delay or 0) <= step:
+                    control.should_evaluate = True  # HF 5: a last evaluation when max_steps is off the grid
             if hooks.hf["on_step_end"]:
                 hooks.call_hf("on_step_end", args, state, control, **run.hf_kwargs())
         else:
@@ -272,10 +275,11 @@ class FitLoop:
             sums.total_loss += tr_loss
             sums.tr_loss.zero_()
             sums.steps_since_log = 0
-            logs = {"loss": round(loss, 6)}
+            logs = {"loss": loss}  # unrounded, as HF 5
             if sums.grad_norm is not None:
                 logs["grad_norm"] = float(sums.grad_norm)
-            logs["learning_rate"] = run.optimizer.param_groups[0]["lr"]
+            step_lr = getattr(self, "step_lr", None)
+            logs["learning_rate"] = step_lr if step_lr is not None else run.optimizer.param_groups[0]["lr"]
             logs.update(self.strategy.precision.log_values())  # 16-mixed: loss_scale, skipped_steps
             logs.update(run.module._results.step_values())
             self._log(logs)

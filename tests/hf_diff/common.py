@@ -66,3 +66,51 @@ def both(scenario: Callable[[Any, str], Any], tmp_path: Any) -> tuple[Any, Any]:
         d = os.path.join(str(tmp_path), which)
         out.append(scenario(hf_names(which), d))
     return out[0], out[1]
+
+
+VOLATILE = ("_runtime", "_per_second", "total_flos", "_model_preparation_time")
+
+
+def stable(row: dict[str, Any]) -> dict[str, Any]:
+    """A log row or metrics dict without the wall-clock keys (and ``total_flos``, a documented difference)."""
+    return {k: v for k, v in row.items() if not k.endswith(VOLATILE)}
+
+
+def args_for(m: Any, output_dir: str, **kw: Any) -> Any:
+    """TrainingArguments with the suite's defaults: CPU, no reports, no progress bars, no saves unless asked."""
+    base = dict(output_dir=output_dir, per_device_train_batch_size=8, per_device_eval_batch_size=8,
+                learning_rate=0.1, num_train_epochs=2, logging_steps=4, report_to="none", use_cpu=True,
+                save_strategy="no", disable_tqdm=True, seed=42)
+    base.update(kw)
+    return m.TrainingArguments(**base)
+
+
+def summary(trainer: Any, result: Any = None) -> dict[str, Any]:
+    """What a scenario compares: weights, log history, the TrainOutput (without wall-clock keys)."""
+    out: dict[str, Any] = {"weights": weights(trainer.model),
+                           "log_history": [stable(r) for r in trainer.state.log_history],
+                           "global_step": trainer.state.global_step}
+    if result is not None:
+        out["train_output"] = (result.global_step, result.training_loss, stable(result.metrics))
+        # HF's printer/progress callback pops total_flos from the very dict TrainOutput returns; taskfit keeps it
+        # there (documented difference) and both have it in log_history
+        out["train_metric_keys"] = sorted(set(result.metrics) - {"total_flos"})
+    return out
+
+
+def assert_same(a: Any, b: Any, path: str = "") -> None:
+    """Exact equality of nested dicts / lists / tensors / arrays / floats, with the path of the first mismatch."""
+    if isinstance(a, dict):
+        assert isinstance(b, dict) and sorted(a) == sorted(b), f"{path}: keys {sorted(a)} != {sorted(b)}"
+        for k in a:
+            assert_same(a[k], b[k], f"{path}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), f"{path}: {a!r} != {b!r}"
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{path}[{i}]")
+    elif isinstance(a, torch.Tensor):
+        assert torch.equal(a, b), f"{path}: {a} != {b}"
+    elif isinstance(a, np.ndarray):
+        np.testing.assert_array_equal(a, b, err_msg=path)
+    else:
+        assert a == b or (a != a and b != b), f"{path}: {a!r} != {b!r}"
