@@ -362,7 +362,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         """Send ``logs`` to every logger and ``on_log`` callbacks; append to ``state.log_history`` with the
         current ``step`` (and ``epoch`` unless given). Mirrors HF ``Trainer.log``."""
         st = self.state
-        logs.setdefault("epoch", round(st.epoch, 4))
+        logs.setdefault("epoch", st.epoch)  # unrounded, as HF 5
         st.log_history.append({**logs, "step": st.global_step})
         self.logged_metrics.update(logs)
         self.callback_metrics.update(logs)
@@ -602,7 +602,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
     @rank_zero_only
     def save_state(self) -> None:
         """Write ``trainer_state.json`` (the loop state, HF ``save_state``) under ``output_dir`` (path or URL)."""
-        data = json.dumps(self.state.state_dict(), indent=2, default=str).encode()
+        data = json.dumps(self.state.hf_dict(), indent=2, default=str).encode()
         self.strategy.checkpoint_io.write_bytes(join(self.args.output_dir, "trainer_state.json"), data)
 
     def create_model_card(self, model_name: str | None = None, dataset: str | list[str] | None = None,

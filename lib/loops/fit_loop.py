@@ -168,7 +168,7 @@ class FitLoop:
                         weights = [c / total for c in counts]
                 else:
                     weights = None
-                step_loss, window_samples = None, 0
+                window_samples = 0
                 for i, batch in enumerate(window):
                     batch = strategy.batch_to_device(batch)
                     module._results.set_batch(batch)
@@ -186,7 +186,10 @@ class FitLoop:
                         strategy.backward(loss)
                         L["on_after_backward"] and hooks.call("on_after_backward", fit, module)
                     detached = loss.detach()
-                    step_loss = detached if step_loss is None else step_loss + detached
+                    if nan_filter:  # HF: a non-finite micro-batch loss counts as the mean so far
+                        detached = torch.where(torch.isfinite(detached), detached,
+                                               sums.tr_loss / (1 + sums.steps_since_log))
+                    sums.tr_loss += detached  # per micro-batch, in HF's summation order
                     window_samples += infer_batch_size(batch)
                     state.batch_in_epoch += 1
                     if i != last:
@@ -199,6 +202,8 @@ class FitLoop:
                         L["on_before_optimizer_step"] and hooks.call("on_before_optimizer_step", fit, module, opt)
                     if max_norm and max_norm > 0:
                         sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
+                    elif not strategy.engine_owns_step:  # HF 5 logs the norm without clipping too (max inf)
+                        sums.grad_norm = strategy.clip_gradients(params, math.inf, optimizer)
                     H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
                     stepped = strategy.optimizer_step(optimizer)
                     for opt in other_optimizers:
@@ -211,10 +216,6 @@ class FitLoop:
                     for opt in optimizers:
                         L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", fit, module, opt)
                         opt.zero_grad(set_to_none=True)
-                    if nan_filter:
-                        step_loss = torch.where(torch.isfinite(step_loss), step_loss,
-                                                sums.tr_loss / max(1, sums.steps_since_log))
-                    sums.tr_loss += step_loss
                     sums.steps_since_log += 1
                     state.global_step += 1
                     state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)

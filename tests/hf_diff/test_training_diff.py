@@ -57,7 +57,9 @@ SCENARIOS: dict[str, dict[str, Any]] = {
 def test_train_same_as_transformers_F_HF_1(name, tmp_path):
     """F-HF-1: weights, log_history, TrainOutput and its keys equal transformers.Trainer's."""
     hf, tf = both(lambda m, out: _train(m, out, **SCENARIOS[name]), tmp_path)
-    assert_same(hf, tf)
+    # eval_loss: taskfit sums loss x batch size then divides; HF takes the float32 mean of repeated losses, so
+    # with unequal eval batches the last digits may differ (documented difference)
+    assert_same(hf, tf, close=("eval_loss",))
 
 
 def test_double_output_model_F_HF_1(tmp_path):
