@@ -337,11 +337,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             raise
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
                                 st.global_step - start_step)
-        metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)
+        metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss)  # log() adds epoch
         for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
             metrics.update(getattr(cb, "train_metrics", dict)())
         metrics.update(finish_checkpoints(self, metrics, run.publisher))  # best model, final push
-        self._log(dict(metrics))
+        self._log(metrics)  # the same dict, as HF: a log() override that edits it edits the TrainOutput
         hooks.call("on_train_end", self, module)
         hooks.call_hf("on_train_end", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_fit_end", self, module)
@@ -429,7 +429,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self._hooks.call_hf("on_save", self.args, self.state, self.control)
         return path
 
-    _log = log
+    def _log(self, logs: dict[str, Any]) -> None:
+        self.log(logs)  # through self: a subclass's log() override sees every row, as in HF
 
     # ----------------------------------------------------------------------------- evaluate / predict ---
     def _eval_entry(self, model: Any, data: Any, stage: str) -> tuple[TaskModule, Any]:
