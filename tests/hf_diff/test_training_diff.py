@@ -177,3 +177,36 @@ def test_label_column_renamed_F_HF_1(tmp_path):
     hf, tf = both(run, tmp_path)
     assert_same(hf, tf)
     assert tf["train_output"][1] > 0
+
+
+def test_datasets_dataset_remove_unused_columns_F_HF_1(tmp_path):
+    """F-HF-1: a ``datasets.Dataset`` with a column the model does not take trains as under transformers
+    (``remove_unused_columns`` drops it)."""
+    datasets = pytest.importorskip("datasets")
+    data = datasets.Dataset.from_dict({"input_x": TRAIN.x.tolist(), "labels": TRAIN.y.tolist(),
+                                       "note": ["x"] * len(TRAIN)})
+
+    def run(m, out):
+        m.set_seed(42)
+        t = m.Trainer(model=RegressionModel(), args=args_for(m, out), train_dataset=data)
+        return summary(t, t.train())
+    hf, tf = both(run, tmp_path)
+    assert_same(hf, tf)
+
+
+def test_preprocess_logits_for_metrics_F_HF_1(tmp_path):
+    """F-HF-1: ``preprocess_logits_for_metrics`` feeds compute_metrics during evaluation as under transformers."""
+    def pre(logits, labels):
+        return logits * 2
+
+    def metrics(p):
+        preds, labels = p
+        return {"mean_pred": float(np.mean(preds))}
+
+    def run(m, out):
+        m.set_seed(42)
+        t = m.Trainer(model=RegressionModel(a=1.0, b=1.0), args=args_for(m, out), eval_dataset=EVAL,
+                      compute_metrics=metrics, preprocess_logits_for_metrics=pre)
+        return stable(t.evaluate())
+    hf, tf = both(run, tmp_path)
+    assert_same(hf, tf)
