@@ -108,7 +108,7 @@ class FitArguments(ArgumentSetters):
     lr_scheduler_type: str = _opt("linear", "Learning-rate schedule name (linear, cosine, constant, ...).", "schedule")
     lr_scheduler_kwargs: dict | str = _opt(None, "Extra keyword arguments for the schedule (dict or JSON string).", "schedule", dict)
     warmup_ratio: float = _opt(0.0, "Fraction of total steps in [0, 1] used for linear warmup from 0.", "schedule")
-    warmup_steps: float = _opt(0, "Linear warmup from 0: optimizer steps when >= 1, a fraction of the run's steps "
+    warmup_steps: int | float = _opt(0, "Linear warmup from 0: optimizer steps when >= 1, a fraction of the run's steps "
                                "when in (0, 1) (HF 5); overrides warmup_ratio when > 0.", "schedule")
     log_level: str | None = _opt("passive", "Python log level on the main process: debug|info|warning|error|critical|passive.", "logging")
     log_level_replica: str | None = _opt("warning", "Python log level on replica processes (same choices as log_level).", "logging")
