@@ -110,7 +110,8 @@ class FitArguments(ArgumentSetters):
     lr_scheduler_type: str = _opt("linear", "Learning-rate schedule name (linear, cosine, constant, ...).", "schedule")
     lr_scheduler_kwargs: dict | str = _opt(None, "Extra keyword arguments for the schedule (dict or JSON string).", "schedule", dict)
     warmup_ratio: float = _opt(0.0, "Fraction of total steps in [0, 1] used for linear warmup from 0.", "schedule")
-    warmup_steps: int = _opt(0, "Optimizer steps of linear warmup from 0; overrides warmup_ratio when > 0.", "schedule")
+    warmup_steps: int | float = _opt(0, "Linear warmup from 0: optimizer steps when >= 1, a fraction of the run's steps "
+                               "when in (0, 1) (HF 5); overrides warmup_ratio when > 0.", "schedule")
     log_level: str | None = _opt("passive", "Python log level on the main process: debug|info|warning|error|critical|passive.", "logging")
     log_level_replica: str | None = _opt("warning", "Python log level on replica processes (same choices as log_level).", "logging")
     log_on_each_node: bool = _opt(True, "Log with log_level on the main process of every node, not only node 0.", "logging")
@@ -319,9 +320,13 @@ class FitArguments(ArgumentSetters):
         return self.run_name or self.output_dir
 
     def get_warmup_steps(self, num_training_steps: int) -> int:
-        """Warmup length in optimizer steps: ``warmup_steps`` if > 0 else ``ceil(num_training_steps *
-        warmup_ratio)`` (mirrors ``TrainingArguments.get_warmup_steps``)."""
-        return self.warmup_steps if self.warmup_steps > 0 else math.ceil(num_training_steps * self.warmup_ratio)
+        """Warmup length in optimizer steps: ``int(warmup_steps)`` if >= 1, ``ceil(num_training_steps *
+        warmup_steps)`` if in (0, 1), else ``ceil(num_training_steps * warmup_ratio)`` (mirrors HF 5
+        ``TrainingArguments.get_warmup_steps``; ``warmup_ratio`` is the 4.x spelling)."""
+        if self.warmup_steps >= 1:
+            return int(self.warmup_steps)
+        ratio = self.warmup_steps if self.warmup_steps > 0 else self.warmup_ratio
+        return math.ceil(num_training_steps * ratio)
 
     def interval_steps(self, kind: str, num_training_steps: int) -> int:
         """Absolute step interval for ``kind`` in ``logging|eval|save``: the ``*_steps`` value, or for a ratio

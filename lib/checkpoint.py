@@ -104,7 +104,7 @@ def checkpoint_files(fit: Fit, training_state: dict[str, Any],
             files["scheduler.pt" if i == 0 else f"scheduler_{i}.pt"] = cfg.scheduler.state_dict()
         files["training_state.pt"] = {**{k: v for k, v in training_state.items() if k != "rng"},
                                       "taskfit_version": __version__}
-    files["trainer_state.json"] = fit.state.state_dict()
+    files["trainer_state.json"] = fit.state.hf_dict()  # HF TrainerState's fields only: HF reads it
     files["fit_args.json"] = a.to_json_string(redact=True)  # never write credentials
     return files
 

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from typing import Any, Callable
 
 from lightning_utilities.core.rank_zero import rank_zero_only
+import torch
 from torch import nn
 
 from taskfit.arguments import FitArguments
@@ -71,6 +72,15 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         processing_class (Any | None): tokenizer/processor saved with the model (``tokenizer`` is an alias);
             with a tokenizer and no collator, batches are padded with ``DataCollatorWithPadding``.
         model_init (Callable[[], nn.Module] | None): builds a fresh model when ``fit`` gets none.
+        model (nn.Module | None): the model ``fit``/``train`` uses when none is passed (HF ``Trainer(model=...)``).
+        train_dataset, eval_dataset (Any): the data ``fit``/``train`` and ``evaluate`` use when none is passed
+            (HF ``Trainer(train_dataset=..., eval_dataset=...)``).
+        optimizer_cls_and_kwargs (tuple[type, dict] | None): an optimizer class and its keyword arguments, built
+            over the decay / no-decay parameter groups (``weight_decay`` from ``args``), as HF's argument of that
+            name; ``optimizers=`` wins when both are given.
+
+    With these keywords ``Fit(model=m, args=a, train_dataset=d).train()`` is the HF ``Trainer`` call shape;
+    ``taskfit.hf.Trainer`` only adds HF's positional order.
 
     Raises:
         ValueError: unknown option names or values (with "did you mean"), incompatible components.
@@ -84,7 +94,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
                  preprocess_logits_for_metrics: Callable | None = None, compute_loss_func: Callable | None = None,
                  optimizers: tuple[Any, Any] = (None, None), data_collator: Callable | None = None,
                  processing_class: Any = None, tokenizer: Any = None, model_init: Callable | None = None,
-                 **kwargs: Any) -> None:
+                 model: nn.Module | None = None, train_dataset: Any = None, eval_dataset: Any = None,
+                 optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None, **kwargs: Any) -> None:
         if args is None:
             args = FitArguments()
         elif isinstance(args, Mapping):
@@ -116,6 +127,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self.data_collator = data_collator
         self.processing_class = processing_class if processing_class is not None else tokenizer
         self.model_init = model_init
+        self._model_preparation_time: float | None = None
+        self._given_model = model
+        self.train_dataset = train_dataset
+        self.eval_dataset = eval_dataset
+        self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
 
         self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
         if args.profiler:  # a callback: a run without a profiler pays nothing for it
@@ -209,10 +225,46 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             UnsafeCheckpointError: a checkpoint file needs full unpickling and ``weights_only`` is True.
             CheckpointSaveError: a background (async) checkpoint save failed.
         """
+        if datamodule is None:
+            train_data = train_data if train_data is not None else self.train_dataset
+            eval_data = eval_data if eval_data is not None else self.eval_dataset
         return self._launch("fit", model, dict(train_data=train_data, eval_data=eval_data,
                                                data_collator=data_collator, datamodule=datamodule,
                                                resume_from_checkpoint=resume_from_checkpoint,
                                                weights_only=weights_only))
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
+              ignore_keys_for_eval: list[str] | None = None, **kwargs: Any) -> TrainOutput:
+        """HF ``Trainer.train``: :meth:`fit` on the constructor's ``model`` (or a fresh ``model_init()``),
+        ``train_dataset`` and ``eval_dataset``.
+
+        Args:
+            resume_from_checkpoint (str | bool | None): as in :meth:`fit`.
+            trial (optuna.Trial | dict | None): hyperparameters of a search trial; a dict's entries (or an optuna
+                trial's ``params``) are set on ``args`` for this training, as HF does.
+            ignore_keys_for_eval (list[str] | None): accepted for HF compatibility; output keys are chosen by the
+                model's output type.
+
+        Raises:
+            TypeError: an unknown keyword (HF raises the same for leftovers).
+        """
+        if kwargs:
+            raise TypeError(f"train() got unexpected keyword arguments: {', '.join(sorted(kwargs))}.")
+        if trial is not None:
+            params = trial if isinstance(trial, Mapping) else getattr(trial, "params", {})
+            if params:
+                self.args = self.args.replace(**dict(params))
+        return self.fit(resume_from_checkpoint=resume_from_checkpoint)
+
+    def _hf_optimizers(self, model: nn.Module) -> tuple[Any, Any]:
+        """``optimizers=`` as given; else an optimizer from ``optimizer_cls_and_kwargs`` (HF's param groups)."""
+        opt, sched = self._optimizers
+        if opt is None and self.optimizer_cls_and_kwargs is not None:
+            from taskfit.optim.optimizers import _split_params
+
+            cls, kwargs = self.optimizer_cls_and_kwargs
+            opt = cls(_split_params(model, float(self.args.weight_decay)), **dict(kwargs))
+        return opt, sched
 
     def _fit_stage(self, model: nn.Module | None, **kwargs: Any) -> TrainOutput:
         if not self.args.auto_find_batch_size:
@@ -281,7 +333,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
         self._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
         run.optimizers, run.schedulers = configure_optimizers(
-            module, model, args, max_steps, self._optimizers,
+            module, model, args, max_steps, self._hf_optimizers(model),
             strategy_builds_optimizer=self.strategy.builds_own_optimizer)
         self._setup_run(run, max_steps)
         self._run = self._last_fit = run
@@ -333,11 +385,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             loop.stop.uninstall()
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
                                 st.global_step - start_step)
-        metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss, epoch=st.epoch)
+        metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss)  # log() adds epoch
         for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
             metrics.update(getattr(cb, "train_metrics", dict)())
         metrics.update(finish_checkpoints(self, metrics, run.publisher))  # best model, final push
-        self._log(dict(metrics), summary=True)
+        self._log(metrics, summary=True)  # the same dict, as HF: a log() override that edits it edits the TrainOutput
         hooks.call("on_train_end", self, module)
         hooks.call_hf("on_train_end", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_fit_end", self, module)
@@ -359,7 +411,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         current ``step`` (and ``epoch`` unless given). Mirrors HF ``Trainer.log``. ``summary=True``: the
         end-of-run summary, which loggers keep apart from the per-step names."""
         st = self.state
-        logs.setdefault("epoch", round(st.epoch, 4))
+        logs.setdefault("epoch", st.epoch)  # unrounded, as HF 5
         st.log_history.append({**logs, "step": st.global_step})
         self.logged_metrics.update(logs)
         self.callback_metrics.update(logs)
@@ -377,7 +429,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         hidden: set[str] = set()
         for name, loader in loaders.items():
             loop = EvaluationLoop(self, stage, self._hooks)
-            metrics.update(loop.run(loader, prefix if name is None else f"{prefix}_{name}")[0])
+            key = prefix if name is None else f"{prefix}_{name}"
+            metrics.update(loop.run(loader, key)[0])
+            if self._model_preparation_time is not None:
+                metrics[f"{key}_model_preparation_time"] = self._model_preparation_time
             hidden |= loop.hidden
         return metrics, hidden
 
@@ -426,7 +481,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         self._hooks.call_hf("on_save", self.args, self.state, self.control)
         return written
 
-    _log = log
+    def _log(self, logs: dict[str, Any]) -> None:
+        self.log(logs)  # through self: a subclass's log() override sees every row, as in HF
 
     # ----------------------------------------------------------------------------- evaluate / predict ---
     def _eval_entry(self, model: Any, data: Any, stage: str, ckpt_path: str | None = None) -> tuple[TaskModule, Any]:
@@ -438,7 +494,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         last = self._run
         state, control = (last.state, last.control) if last is not None else (self._idle_state, self._idle_control)
         run = Run(stage, model, module, state, control)
+        start = time.perf_counter()
         self._setup_run(run)
+        if self._last_fit is None and self._model_preparation_time is None:
+            # HF: the model was first prepared for evaluation; every later eval/predict reports the time
+            self._model_preparation_time = round(time.perf_counter() - start, 4)
         self._run = run
         if ckpt_path is not None:  # Lightning's ckpt_path: score those weights
             from taskfit.ckpt_path import load_ckpt_path
@@ -483,11 +543,12 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         data = data if data is not None else self._from_datamodule(datamodule, "validate", "val_dataloader")
         fit_loaders = self._last_fit.eval_loaders if self._last_fit is not None else {}
         loaders = self._eval_loader_dict(data, data_collator) if data is not None else fit_loaders
+        if not loaders and self.eval_dataset is not None:  # HF Trainer(eval_dataset=...) before any training
+            loaders = self._eval_loader_dict(self.eval_dataset, data_collator)
         if not loaders:
             raise ValueError("validate() needs eval data: pass data, a datamodule, or eval_data to fit().")
         metrics, hidden = self._run_eval(loaders, "validate", metric_key_prefix)
-        if self.state.global_step:
-            metrics["epoch"] = self.state.epoch
+        metrics["epoch"] = self.state.epoch  # HF's log() adds it to the returned dict too
         self._log({k: v for k, v in metrics.items() if k not in hidden})
         self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
         return metrics
@@ -544,6 +605,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")
         loader = self._loader(data, train=False, collator=data_collator, what="predict dataset")
         metrics, preds, labels = EvaluationLoop(self, "predict", self._hooks).run(loader, metric_key_prefix)
+        if self._model_preparation_time is not None:
+            metrics[f"{metric_key_prefix}_model_preparation_time"] = self._model_preparation_time
         self._hooks.call_hf("on_predict", self.args, self.state, self.control, metrics=metrics)
         return PredictionOutput(preds, labels, metrics)
 
@@ -601,7 +664,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
     @rank_zero_only
     def save_state(self) -> None:
         """Write ``trainer_state.json`` (the loop state, HF ``save_state``) under ``output_dir`` (path or URL)."""
-        data = json.dumps(self.state.state_dict(), indent=2, default=str).encode()
+        data = json.dumps(self.state.hf_dict(), indent=2, default=str).encode()
         self.strategy.checkpoint_io.write_bytes(join(self.args.output_dir, "trainer_state.json"), data)
 
     def create_model_card(self, model_name: str | None = None, dataset: str | list[str] | None = None,

@@ -67,8 +67,8 @@ class RunAttributes:
 
     @property
     def model(self) -> Any:
-        """The model of the current or last run (None before any)."""
-        return self._run.model if self._run is not None else None
+        """The model of the current or last run; before any, the constructor's ``model`` (None without one)."""
+        return self._run.model if self._run is not None else getattr(self, "_given_model", None)
 
     @property
     def module(self) -> Any:

@@ -157,6 +157,8 @@ class RunLifecycle:
                 model = self.model_init()
             elif last is not None:
                 model = last.model
+            elif getattr(self, "_given_model", None) is not None:  # HF Trainer(model=...)
+                model = self._given_model
             elif self.model_init is not None:
                 model = self.model_init()
             else:

@@ -63,6 +63,22 @@ class ColumnFilter:
         return self.collate_fn(samples)
 
 
+def default_collate_with_labels(samples: list[Any]) -> Any:
+    """``default_collate`` after renaming a dict sample's ``label`` / ``label_ids`` key to ``labels``, with Python
+    float values batched as float32 (mirrors HF ``default_data_collator``, the HF ``Trainer``'s collator without
+    a tokenizer)."""
+    first = samples[0] if samples else None
+    if isinstance(first, Mapping) and "labels" not in first and ("label" in first or "label_ids" in first):
+        old = "label" if "label" in first else "label_ids"
+        samples = [{("labels" if k == old else k): v for k, v in s.items()} for s in samples]
+        first = samples[0]
+    if isinstance(first, Mapping) and any(type(v) is float for v in first.values()):
+        # Python floats become float32 (torch's default dtype) as in HF's collator, not float64
+        return {k: torch.tensor([s[k] for s in samples]) if type(v) is float
+                else default_collate([s[k] for s in samples]) for k, v in first.items()}
+    return default_collate(samples)
+
+
 def forward_parameter_names(model: torch.nn.Module) -> set[str] | None:
     """Named parameters of ``model.forward`` (``*args``/``**kwargs`` ignored, as HF's Trainer does), or None
     when it has no named parameter at all (then nothing is removed)."""
@@ -100,7 +116,7 @@ def build_dataloader(data: Any, args: Any, *, train: bool, batch_size: int, coll
     _check_data(data, what)
     if isinstance(data, DataLoader):
         return data
-    collate = collate_fn or default_collate
+    collate = collate_fn or default_collate_with_labels
     if keep_columns is not None:
         collate = ColumnFilter(collate, set(keep_columns))
     kwargs: dict[str, Any] = {

@@ -166,6 +166,8 @@ class FitLoop:
                     torch.nn.utils.clip_grad_value_(params, max_norm)
                 else:
                     sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
+            elif opt is optimizer and not strategy.engine_owns_step:  # HF 5 logs the norm without clipping too
+                sums.grad_norm = strategy.clip_gradients(params, math.inf, optimizer)
 
         try:
             batches_per_epoch = len(loader)
@@ -217,7 +219,7 @@ class FitLoop:
                         weights = [c / total for c in counts]
                 else:
                     weights = None
-                step_loss, window_samples = None, 0
+                window_samples = 0
                 for i, batch in enumerate(window):
                     batch = move(batch)
                     module._results.set_batch(batch)
@@ -273,7 +275,9 @@ class FitLoop:
                             closure()
                         out, loss = box["out"], box["loss"]
                     detached = loss.detach()
-                    step_loss = detached if step_loss is None else step_loss + detached
+                    sums.tr_loss += detached  # per micro-batch, in HF's summation order
+                    if record_loss is not None:  # HF's logging_nan_inf_filter, applied where the sum is read
+                        record_loss(detached, sums.steps_since_log)
                     window_samples += infer_batch_size(batch)
                     state.batch_in_epoch += 1
                     outputs = batch_outputs(out, detached)
@@ -295,6 +299,7 @@ class FitLoop:
                         for opt in other_optimizers:
                             strategy.optimizer_step(opt)
                     H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)
+                    self.step_lr = optimizer.param_groups[0]["lr"]  # the rate this step used (HF 5 logs it)
                     if stepped:  # Lightning: every `frequency` batches of the epoch (HF: every step)
                         for cfg in step_schedulers:
                             if (batch_idx + 1) % cfg.frequency == 0:
@@ -303,9 +308,6 @@ class FitLoop:
                         for cfg in epoch_schedulers:  # batch steps them (not an epoch cut short by max_steps)
                             if (epoch + 1) % cfg.frequency == 0:
                                 self._step_scheduler(cfg)
-                    sums.tr_loss += step_loss
-                    if record_loss is not None:
-                        record_loss(step_loss)
                     sums.steps_since_log += 1
                     state.global_step += 1
                     state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
@@ -408,6 +410,8 @@ class FitLoop:
             if step >= state.max_steps:
                 control.should_training_stop = True
                 control.should_save = control.should_save or args.save_strategy == "steps"  # HF: save at the end
+                if args.eval_strategy == "steps" and step % state.eval_steps and (args.eval_delay or 0) <= step:
+                    control.should_evaluate = True  # HF 5: a last evaluation when max_steps is off the grid
             if hooks.hf["on_step_end"]:
                 hooks.call_hf("on_step_end", args, state, control, **run.hf_kwargs())
         else:
@@ -424,10 +428,11 @@ class FitLoop:
             sums.tr_loss.zero_()
             sums.steps_since_log = 0
             sums.nan_filter.reset()
-            logs = {"loss": round(loss, 6)}
+            logs = {"loss": loss}  # unrounded, as HF 5
             if sums.grad_norm is not None:
                 logs["grad_norm"] = float(sums.grad_norm)
-            logs["learning_rate"] = run.optimizer.param_groups[0]["lr"]
+            step_lr = getattr(self, "step_lr", None)
+            logs["learning_rate"] = step_lr if step_lr is not None else run.optimizer.param_groups[0]["lr"]
             logs.update(self.strategy.precision.log_values())  # 16-mixed: loss_scale, skipped_steps
             logs.update(run.module._results.step_values())
             self._log(logs)

@@ -11,6 +11,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+HF_TRAINER_STATE_FIELDS = (
+    "epoch", "global_step", "max_steps", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
+    "num_train_epochs", "num_input_tokens_seen", "total_flos", "log_history", "best_metric", "best_global_step",
+    "best_model_checkpoint", "is_local_process_zero", "is_world_process_zero", "is_hyper_param_search", "trial_name",
+    "trial_params", "stateful_callbacks")
+
+
 @dataclass
 class FitState:
     """Everything that decides what the loop does next.
@@ -61,6 +68,14 @@ class FitState:
     def state_dict(self) -> dict[str, Any]:
         """A deep-copyable dict of every field."""
         return dataclasses.asdict(self)
+
+    def hf_dict(self) -> dict[str, Any]:
+        """The fields of HF ``transformers.TrainerState`` only, so that ``TrainerState.load_from_json`` reads a
+        ``trainer_state.json`` written from it (the resume position lives in ``training_state.pt``)."""
+        state = self.state_dict()
+        out = {k: state.get(k) for k in HF_TRAINER_STATE_FIELDS}
+        out["trial_params"] = None
+        return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore fields from :meth:`state_dict` output (unknown keys are ignored for forward compatibility)."""

@@ -1,5 +1,6 @@
-"""The lazily applied ``logging_nan_inf_filter`` gives the same float32 sums as filtering every step eagerly
-(F-LOOP-8), including a read in the middle of an interval and more steps than one stacked chunk."""
+"""The lazily applied ``logging_nan_inf_filter`` gives the same float32 sums as HF's eager per-micro-batch filter
+(F-LOOP-8: ``tr_loss / (1 + steps since the last log)`` in place of a non-finite loss), including a read in the
+middle of an interval and more losses than one stacked chunk."""
 
 import math
 
@@ -9,27 +10,29 @@ import torch
 from taskfit.loops.loss_filter import NonFiniteLossFilter
 
 
-def _eager(losses, base=0.0, base_steps=0, reads=()):
-    total, n = torch.tensor(base), base_steps
-    for i, x in enumerate(losses):
-        total = total + torch.where(torch.isfinite(x), x, total / max(1, n))
-        n += 1
+def _eager(losses, steps, base=0.0):
+    """HF ``Trainer``: each micro-batch loss, or the running mean when it is not finite."""
+    total = torch.tensor(base)
+    for x, k in zip(losses, steps):
+        total = total + torch.where(torch.isfinite(x), x, total / (1 + k))
     return total
 
 
-@pytest.mark.parametrize("n_steps, bad", [(7, ()), (7, (0,)), (7, (3, 4)), (2500, (5, 1500, 2499)), (3, (0, 1, 2))])
-def test_f_loop_8_lazy_filter_equals_eager_filter(n_steps, bad):
+@pytest.mark.parametrize("n, accum, bad", [(7, 1, ()), (7, 1, (0,)), (8, 2, (3, 4)), (2500, 3, (5, 1500, 2499)),
+                                           (3, 1, (0, 1, 2))])
+def test_f_loop_8_lazy_filter_equals_eager_filter(n, accum, bad):
     g = torch.Generator().manual_seed(0)
-    losses = [torch.rand((), generator=g) * 3 for _ in range(n_steps)]
+    losses = [torch.rand((), generator=g) * 3 for _ in range(n)]
     for i in bad:
         losses[i] = torch.tensor(math.nan if i % 2 else math.inf)
+    steps = [i // accum for i in range(n)]  # optimizer steps done when each micro-batch ran
     f, running = NonFiniteLossFilter(), torch.zeros(())
-    for x in losses:
+    for x, k in zip(losses, steps):
         running += x
-        f.add(x)
-    out = f.apply(running, n_steps)
+        f.add(x, k)
+    out = f.apply(running, n // accum)
     assert out is running  # filtered in place
-    assert torch.equal(out, _eager(losses)), (float(out), float(_eager(losses)))
+    assert torch.equal(out, _eager(losses, steps)), (float(out), float(_eager(losses, steps)))
     assert math.isfinite(float(out))
 
 
@@ -38,24 +41,24 @@ def test_f_loop_8_lazy_filter_read_mid_interval_and_resumed_base():
     a filter reset to a restored base (resume) replays from that base."""
     xs = [torch.tensor(v) for v in (1.0, math.nan, 2.0, math.inf, 0.5)]
     f, running = NonFiniteLossFilter(), torch.zeros(())
-    for x in xs[:2]:
+    for k, x in enumerate(xs[:2]):
         running += x
-        f.add(x)
+        f.add(x, k)
     f.apply(running, 2)
-    assert float(running) == 2.0  # 1 + mean(1)
-    for x in xs[2:]:
+    assert float(running) == 1.5  # 1 + 1 / (1 + 1)
+    for k, x in enumerate(xs[2:], start=2):
         running += x
-        f.add(x)
+        f.add(x, k)
     f.apply(running, 5)
-    assert torch.equal(running, _eager(xs))
+    assert torch.equal(running, _eager(xs, range(5)))
     g, restored = NonFiniteLossFilter(), torch.tensor(4.0)
     g.reset(restored, 2)  # resumed: 2 steps summing to 4 before this process
     running = restored.clone()
-    for x in (torch.tensor(math.nan), torch.tensor(1.0)):
+    for k, x in ((2, torch.tensor(math.nan)), (3, torch.tensor(1.0))):
         running += x
-        g.add(x)
+        g.add(x, k)
     g.apply(running, 4)
-    assert float(running) == 4.0 + 2.0 + 1.0
+    assert float(running) == 4.0 + 4.0 / 3 + 1.0
 
 
 def test_lazy_filter_without_records_does_not_touch_the_sum():

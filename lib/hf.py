@@ -1,0 +1,81 @@
+"""The Hugging Face ``Trainer`` names, for scripts written against ``transformers`` 5.x: change
+``from transformers import Trainer, TrainingArguments`` into ``from taskfit.hf import Trainer, TrainingArguments``.
+
+``Trainer`` is :class:`taskfit.Fit` with HF's positional argument order (``Trainer(model, args, data_collator,
+train_dataset, eval_dataset, ...)``); every keyword, method and attribute is ``Fit``'s. ``TrainingArguments`` and
+``Seq2SeqTrainingArguments`` are :class:`taskfit.FitArguments` (which holds every HF option under its HF name).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch import nn
+
+from taskfit.arguments import FitArguments
+from taskfit.callbacks.base import Callback
+from taskfit.callbacks.early_stopping import EarlyStopping
+from taskfit.fit import Fit
+from taskfit.loops.state import FitControl, FitState
+from taskfit.metrics import EvalPrediction, PredictionOutput, TrainOutput
+from taskfit.seed import enable_full_determinism, seed_everything
+
+__all__ = ["Trainer", "Seq2SeqTrainer", "TrainingArguments", "Seq2SeqTrainingArguments", "TrainerCallback",
+           "EarlyStoppingCallback", "TrainerState", "TrainerControl", "EvalPrediction", "PredictionOutput",
+           "TrainOutput", "set_seed", "enable_full_determinism"]
+
+TrainingArguments = FitArguments
+Seq2SeqTrainingArguments = FitArguments
+TrainerState = FitState
+TrainerControl = FitControl
+EarlyStoppingCallback = EarlyStopping
+
+
+class TrainerCallback(Callback):
+    """Base class of HF-style callbacks (mirrors ``transformers.TrainerCallback``): override any of ``on_init_end``,
+    ``on_train_begin``, ``on_train_end``, ``on_epoch_begin``, ``on_epoch_end``, ``on_step_begin``,
+    ``on_substep_end``, ``on_pre_optimizer_step``, ``on_optimizer_step``, ``on_step_end``, ``on_evaluate``,
+    ``on_predict``, ``on_save``, ``on_log``, ``on_prediction_step``; each gets ``(args, state, control,
+    **kwargs)`` and may return a control object. Only overridden hooks are called."""
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:  # HF-style signature
+        return None
+
+
+def set_seed(seed: int, deterministic: bool = False) -> None:
+    """Seed Python, NumPy and torch (HF ``transformers.set_seed``); ``deterministic=True`` also asks for
+    deterministic algorithms (``enable_full_determinism``)."""
+    if deterministic:
+        enable_full_determinism(seed)
+    else:
+        seed_everything(seed)
+
+
+class Trainer(Fit):
+    """:class:`taskfit.Fit` with HF ``transformers.Trainer``'s positional argument order.
+
+    Args:
+        model (nn.Module | None): the model to train (``{"loss", "logits"}``-style HF model or any module).
+        args (FitArguments | None): the options (``TrainingArguments`` is the same class).
+        data_collator, train_dataset, eval_dataset, processing_class, model_init, compute_loss_func,
+        compute_metrics, callbacks, optimizers, optimizer_cls_and_kwargs, preprocess_logits_for_metrics:
+            as HF's ``Trainer`` (see :class:`taskfit.Fit`).
+        **kwargs: any other ``Fit`` keyword (``strategy=``, ``loggers=``, ...).
+    """
+
+    def __init__(self, model: nn.Module | None = None, args: FitArguments | None = None,
+                 data_collator: Callable | None = None, train_dataset: Any = None, eval_dataset: Any = None,
+                 processing_class: Any = None, model_init: Callable | None = None,
+                 compute_loss_func: Callable | None = None, compute_metrics: Callable | None = None,
+                 callbacks: list[Any] | None = None, optimizers: tuple[Any, Any] = (None, None),
+                 optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None,
+                 preprocess_logits_for_metrics: Callable | None = None, **kwargs: Any) -> None:
+        callbacks = [cb() if isinstance(cb, type) else cb for cb in (callbacks or [])]  # HF instantiates classes
+        super().__init__(args, model=model, data_collator=data_collator, train_dataset=train_dataset,
+                         eval_dataset=eval_dataset, processing_class=processing_class, model_init=model_init,
+                         compute_loss_func=compute_loss_func, compute_metrics=compute_metrics, callbacks=callbacks,
+                         optimizers=optimizers, optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
+                         preprocess_logits_for_metrics=preprocess_logits_for_metrics, **kwargs)
+
+
+Seq2SeqTrainer = Trainer
