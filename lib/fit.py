@@ -389,7 +389,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
         for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
             metrics.update(getattr(cb, "train_metrics", dict)())
         metrics.update(finish_checkpoints(self, metrics, run.publisher))  # best model, final push
-        self._log(metrics, summary=True)  # the same dict, as HF: a log() override that edits it edits the TrainOutput
+        self._log(metrics)  # the same dict, as HF: a log() override that edits it edits the TrainOutput
         hooks.call("on_train_end", self, module)
         hooks.call_hf("on_train_end", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_fit_end", self, module)
@@ -406,10 +406,12 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             for lg in self.loggers:
                 lg.finalize(status)
 
-    def log(self, logs: dict[str, Any], summary: bool = False) -> None:
+    def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
         """Send ``logs`` to every logger and ``on_log`` callbacks; append to ``state.log_history`` with the
-        current ``step`` (and ``epoch`` unless given). Mirrors HF ``Trainer.log``. ``summary=True``: the
-        end-of-run summary, which loggers keep apart from the per-step names."""
+        current ``step`` (and ``epoch`` unless given). Mirrors HF ``Trainer.log`` (``start_time`` is accepted for
+        its signature). The end-of-run summary (the row with ``train_runtime``, as HF's printer tells it apart)
+        goes to the loggers' summary, apart from the per-step names."""
+        summary = "train_runtime" in logs
         st = self.state
         logs.setdefault("epoch", st.epoch)  # unrounded, as HF 5
         st.log_history.append({**logs, "step": st.global_step})
