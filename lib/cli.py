@@ -416,7 +416,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     fit = Fit(args=args)
     if extra.get("ckpt_path"):
-        from taskfit.cli_checkpoints import load_checkpoint_weights, resolve_ckpt_path
+        from taskfit.ckpt_path import resolve_ckpt_path
+        from taskfit.cli_checkpoints import load_checkpoint_weights
 
         try:
             path = resolve_ckpt_path(extra["ckpt_path"], args.output_dir, fit.strategy.checkpoint_io)

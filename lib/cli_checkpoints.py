@@ -1,52 +1,15 @@
 """Checkpoints on the command line: ``taskfit validate|test|predict --ckpt_path PATH|best|last`` (which checkpoint
-to score, mirrors Lightning's ``ckpt_path``) and ``taskfit convert CHECKPOINT OUT`` (full weights out of a
+to score, mirrors Lightning's ``ckpt_path``; resolved by :func:`taskfit.ckpt_path.resolve_ckpt_path`, as
+``Fit.validate(ckpt_path=...)`` does) and ``taskfit convert CHECKPOINT OUT`` (full weights out of a
 sharded FSDP or DeepSpeed checkpoint)."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from collections.abc import Sequence
 from typing import Any
-
-
-def resolve_ckpt_path(value: str, output_dir: str, io: Any) -> str:
-    """The checkpoint folder ``--ckpt_path value`` names.
-
-    Args:
-        value (str): ``"last"`` (newest complete checkpoint in ``output_dir``), ``"best"`` (the run's
-            ``best_model_checkpoint``, read from the newest checkpoint's ``trainer_state.json``) or a path/URL.
-        output_dir (str): the run's ``output_dir``.
-        io (CheckpointIO): the storage the checkpoints live on.
-
-    Raises:
-        ValueError: no complete checkpoint, no best checkpoint recorded, or a path that is not a complete
-            checkpoint (names what was looked at).
-    """
-    from taskfit.checkpoint import CheckpointError, list_checkpoints, read_manifest
-
-    if value in ("last", "best"):
-        done = list_checkpoints(io, output_dir) if io.exists(output_dir) else []
-        if not done:
-            raise ValueError(f"--ckpt_path {value}: no complete checkpoint in output_dir {output_dir!r}.")
-        path = done[-1][1]
-        if value == "best":
-            from taskfit.io.checkpoint_io import join
-
-            state = json.loads(io.read_bytes(join(path, "trainer_state.json")))
-            best = state.get("best_model_checkpoint")
-            if not best:
-                raise ValueError(f"--ckpt_path best: {path} records no best checkpoint (set metric_for_best_model "
-                               "when training); use --ckpt_path last or a path.")
-            path = best
-        return path
-    try:
-        read_manifest(io, value)
-    except (CheckpointError, FileNotFoundError, OSError) as err:
-        raise ValueError(f"--ckpt_path: {err}") from err
-    return value
 
 
 def load_checkpoint_weights(fit: Any, module: Any, path: str) -> None:

@@ -6,7 +6,6 @@ accelerator, precision and checkpoint IO), callbacks, loggers and arguments; eve
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import time
@@ -22,17 +21,17 @@ from taskfit.callbacks.base import HookRunner
 from taskfit.debugging import batch_limit, fast_dev_run_batches, limit_batches, sanity_check
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
-from taskfit.checkpoint import checkpoint_path, exportable_model, save_model_folder
+from taskfit.checkpoint import checkpoint_path
 from taskfit.connector import resolve_components
 from taskfit.fit_mixins import CallbackManagement, ProcessInfo, RunAttributes
-from taskfit.io.checkpoint_io import join
+from taskfit.fit_outputs import ModelOutputs
 from taskfit.data.loaders import DataModule, build_dataloader, per_process_batch_size, floating_point_ops, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import Logger, build_loggers, resume_loggers, send_summary
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
 from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metric_checks import check_before_training, missing_metric_error
-from taskfit.metrics import PredictionOutput, TrainOutput, metrics_table, save_metrics_json, speed_metrics
+from taskfit.metrics import PredictionOutput, TrainOutput, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.module_hooks import end_stage, start_stage
 from taskfit.results import ResultCollection
@@ -48,7 +47,7 @@ log = logging.getLogger("taskfit")
 _COMPONENT_KEYS = ("accelerator", "strategy", "devices", "num_nodes", "precision")
 
 
-class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
+class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOutputs):
     """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
 
     Args:
@@ -635,64 +634,6 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle):
             ValueError: the model returned no loss or a non-scalar one (no labels in the batch?).
         """
         return model_loss(self, model, inputs, return_outputs, num_items_in_batch)
-
-    def save_model(self, output_dir: str | None = None) -> str:
-        """Write the trained model (safetensors weights + config, and the processing class) to ``output_dir``
-        (default ``args.output_dir``) on rank zero; returns the folder (F-CORE-7, HF ``save_model``).
-
-        Raises:
-            ValueError: no model attached yet.
-        """
-        if self.model is None:
-            raise ValueError("save_model() before any model was given to fit/validate/predict.")
-        folder = output_dir or self.args.output_dir
-        weights = self.strategy.model_state_dict(exportable_model(self.model))  # every rank: may be a gather
-        if self.is_global_zero:
-            save_model_folder(self, folder, weights)
-            self.strategy.checkpoint_io.write_bytes(join(folder, "fit_args.json"), self.args.to_json_string(redact=True).encode())
-        self.strategy.barrier("save_model")
-        return folder
-
-    @rank_zero_only
-    def log_metrics(self, split: str, metrics: dict[str, Any]) -> None:
-        """Print ``metrics`` as an aligned table (HF ``log_metrics`` with ``metrics_format``)."""
-        print(metrics_table(split, metrics))
-
-    @rank_zero_only
-    def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
-        """Write ``{split}_results.json`` (and merge into ``all_results.json``) under ``output_dir``."""
-        save_metrics_json(self.args.output_dir, split, metrics, combined)
-
-    @rank_zero_only
-    def save_state(self) -> None:
-        """Write ``trainer_state.json`` (the loop state, HF ``save_state``) under ``output_dir`` (path or URL)."""
-        data = json.dumps(self.state.hf_dict(), indent=2, default=str).encode()
-        self.strategy.checkpoint_io.write_bytes(join(self.args.output_dir, "trainer_state.json"), data)
-
-    def create_model_card(self, model_name: str | None = None, dataset: str | list[str] | None = None,
-                          finetuned_from: str | None = None, tags: list[str] | None = None) -> str:
-        """Write ``README.md`` (the model card, see :func:`taskfit.publish.create_model_card`) under ``output_dir``
-        on rank zero and return its text (HF ``create_model_card``)."""
-        from taskfit.publish import create_model_card
-
-        card = create_model_card(self, model_name, dataset, finetuned_from, tags)
-        if self.is_global_zero:
-            self.strategy.checkpoint_io.write_bytes(join(self.args.output_dir, "README.md"), card.encode())
-        return card
-
-    def push_to_hub(self, dataset: str | list[str] | None = None) -> list[str]:
-        """Publish the model, card and metrics now to ``hub_model_id`` (HF ``push_to_hub``; see
-        :mod:`taskfit.publish`) and wait for it; returns the failed pushes (empty when it worked)."""
-        from taskfit.publish import Publisher, hub_storage_options, hub_target, push_final
-
-        weights = self.strategy.model_state_dict(exportable_model(self.model))  # every rank: may be a gather
-        if not self.is_global_zero:
-            return []
-        target = hub_target(self.args)
-        publisher = Publisher(target, hub_storage_options(self.args, target), always_push=True)
-        metrics = {k: v for k, v in self.logged_metrics.items() if k.startswith("train_")}
-        push_final(self, publisher, metrics, dataset, weights)
-        return publisher.finish()
 
     # ------------------------------------------------------------------------------------ data helpers ---
     num_examples = staticmethod(num_examples)
