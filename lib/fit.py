@@ -363,7 +363,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         module.train()
         loop = FitLoop(run, self, args, self.strategy, hooks, self._log, self._evaluate_during_fit,
                        self._save_checkpoint)
-        loop.stop = install_graceful_stop(args.save_on_interrupt, self.world_size)  # SIGTERM / Ctrl-C / SLURM
+        loop.stop = install_graceful_stop(  # SIGTERM / Ctrl-C / SLURM
+            args.save_on_interrupt, self.world_size, getattr(self.strategy, "check_collective", None))
         start = time.perf_counter()
         try:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:

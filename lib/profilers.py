@@ -190,7 +190,7 @@ class PyTorchProfiler(Profiler):
             import torch
 
             acts = [torch.profiler.ProfilerActivity.CPU]
-            if torch.cuda.is_available():
+            if fit.strategy.accelerator.name == "cuda":  # the run's accelerator, not what the machine has
                 acts.append(torch.profiler.ProfilerActivity.CUDA)
             self._prof = torch.profiler.profile(activities=acts, record_shapes=self.record_shapes,
                                                 profile_memory=self.profile_memory)

@@ -25,7 +25,7 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Any
+from typing import Any, Callable
 
 log = logging.getLogger("taskfit")
 
@@ -77,6 +77,7 @@ class GracefulStop:
         self.agreed = 0            # the signal every rank acts on (0: keep going)
         self.world_size, self._reduce_max = world_size, reduce_max
         self._pending: Any = None  # (work, tensor) of the all-reduce started at the previous step
+        self.check: Any = None  # runs a collective, failures -> DistributedError (see install_graceful_stop)
         self._previous: dict[int, Any] = {}
         self._sigint_count = 0
 
@@ -116,13 +117,21 @@ class GracefulStop:
 
         if self._pending is not None:  # started one step ago: long finished, so wait() does not stall
             work, tensor = self._pending
-            work.wait()
+            self._wait(work)
             # a CPU tensor of the gloo group, reduced one step ago: reading it never waits for a device
             self.agreed = int(tensor.item())
         tensor = torch.tensor([self.signum], dtype=torch.int64)
         self._pending = (self._reduce_max(tensor), tensor)
         return self.agreed
 
+
+    def _wait(self, work: Any) -> None:
+        """Wait for the flag's all-reduce; a peer that stopped or vanished becomes the strategy's
+        ``DistributedError`` (the same failure path as every other collective: bounded exit, no closing barrier)."""
+        if self.check is not None:
+            self.check("graceful-stop flag all-reduce", work.wait)
+        else:
+            work.wait()
 
     def should_save(self, signum: int) -> bool:
         """Whether a stop on ``signum`` writes a checkpoint (see ``save_on_interrupt``)."""
@@ -190,7 +199,11 @@ def reduce_max_over_ranks() -> Any:
     return lambda tensor: dist.all_reduce(tensor, op=dist.ReduceOp.MAX, group=group, async_op=True)
 
 
-def install_graceful_stop(save_on_interrupt: bool | None, world_size: int) -> GracefulStop:
-    """A :class:`GracefulStop` for one ``fit`` call, handlers installed."""
+def install_graceful_stop(save_on_interrupt: bool | None, world_size: int,
+                          check: Callable[[str, Callable[[], Any]], Any] | None = None) -> GracefulStop:
+    """A :class:`GracefulStop` for one ``fit`` call, handlers installed. ``check(what, fn)`` runs a collective
+    and turns a communication failure into ``DistributedError`` (``Strategy.check_collective``)."""
     reduce_max = reduce_max_over_ranks() if world_size > 1 else None
-    return GracefulStop(save_on_interrupt, world_size if reduce_max is not None else 1, reduce_max).install()
+    stop = GracefulStop(save_on_interrupt, world_size if reduce_max is not None else 1, reduce_max)
+    stop.check = check
+    return stop.install()

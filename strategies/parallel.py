@@ -180,13 +180,23 @@ class ParallelStrategy(Strategy):
         return lambda *args: model(name, *args)
 
     # -- collectives ------------------------------------------------------------------------------------
+    def check_collective(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run the collective ``fn``; a communication failure (a peer stopped, vanished or timed out) becomes
+        :class:`DistributedError` naming ``what`` and this rank, and marks the job failed (bounded exit).
+
+        Raises:
+            DistributedError: see above; other errors pass through unchanged.
+        """
+        return self._check(what, fn)
+
     def _check(self, what: str, fn: Callable[[], Any]) -> Any:
         try:
             return fn()
         except RuntimeError as exc:
             text = str(exc)
             if not (isinstance(exc, getattr(dist, "DistError", ())) or any(
-                    k in text for k in ("gloo", "Gloo", "NCCL", "Connection", "connection", "timed out", "Timed out"))):
+                    k in text for k in ("gloo", "Gloo", "NCCL", "Connection", "connection", "timed out", "Timed out",
+                                        "timeout", "pair closure"))):
                 raise  # an ordinary error (e.g. in the user's backward), not a communication failure
             global _collective_failed
             _collective_failed = True

@@ -15,7 +15,7 @@ import pathlib
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = {"lib": "taskfit", "strategies": "taskfit.strategies", "accelerators": "taskfit.accelerators"}
 #: modules allowed to import taskfit.fit at run time: Fit itself and what sits above it
-ABOVE_FIT = {"taskfit", "taskfit.fit", "taskfit.fit_mixins", "taskfit.cli"}
+ABOVE_FIT = {"taskfit", "taskfit.fit", "taskfit.fit_mixins", "taskfit.cli", "taskfit.hf", "taskfit.tuner"}
 
 
 def module_files(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
