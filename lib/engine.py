@@ -19,6 +19,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from lightning_utilities.core.rank_zero import rank_zero_only
 from torch import nn
 
+from taskfit.fit_mixins import Topology
 from taskfit.engine_wrappers import (
     EngineDataLoader, EngineModule, EngineOptimizer, unwrap_module, unwrap_optimizer,
 )
@@ -27,7 +28,7 @@ _COMPONENTS = ("accelerator", "strategy", "devices", "num_nodes")
 _REDUCE_OPS = ("mean", "sum", "max", "min")  # what Strategy.reduce accepts
 
 
-class Engine:
+class Engine(Topology):
     """Run your own training loop on taskfit's strategies (mirrors Lightning's ``Fabric``).
 
     Args:
@@ -83,36 +84,11 @@ class Engine:
         self._models: list[EngineModule] = []
         self._inside_no_sync = False
 
-    # -- topology ---------------------------------------------------------------------------------------
+    # -- topology (global_rank, local_rank, node_rank, world_size, is_global_zero: ``Topology``) ----------
     @property
     def device(self) -> torch.device:
         """This process's device."""
         return self.strategy.root_device
-
-    @property
-    def global_rank(self) -> int:
-        """Index of this process among all processes (0-based)."""
-        return self.strategy.global_rank
-
-    @property
-    def local_rank(self) -> int:
-        """Index of this process on its machine (0-based)."""
-        return self.strategy.local_rank
-
-    @property
-    def node_rank(self) -> int:
-        """Index of this machine (0-based)."""
-        return self.strategy.node_rank
-
-    @property
-    def world_size(self) -> int:
-        """Number of processes taking part."""
-        return self.strategy.world_size
-
-    @property
-    def is_global_zero(self) -> bool:
-        """True on the process with global rank 0."""
-        return self.strategy.is_global_zero
 
     # -- launching --------------------------------------------------------------------------------------
     def launch(self, fn: Callable[..., Any] | None = None, *args: Any) -> Any:

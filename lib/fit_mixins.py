@@ -10,11 +10,16 @@ from typing import Any
 from taskfit.callbacks.base import HookRunner
 
 
-class ProcessInfo:
-    """Topology of the run, read from ``self.strategy``; ``should_stop`` over ``self.control``."""
+class Topology:
+    """Where this process sits, read from ``self.strategy`` (shared by ``Fit`` and ``Engine``; Lightning's
+    ``is_global_zero``/``global_rank``/``local_rank``/``node_rank``/``world_size``)."""
 
     strategy: Any
-    control: Any
+
+    @property
+    def node_rank(self) -> int:
+        """Index of this machine (0-based)."""
+        return self.strategy.node_rank
 
     @property
     def is_global_zero(self) -> bool:
@@ -35,6 +40,13 @@ class ProcessInfo:
     def world_size(self) -> int:
         """Number of processes taking part."""
         return self.strategy.world_size
+
+
+
+class ProcessInfo(Topology):
+    """``Fit``'s topology plus the HF aliases; ``should_stop`` over ``self.control``."""
+
+    control: Any
 
     def is_world_process_zero(self) -> bool:
         """HF alias of :attr:`is_global_zero`."""
