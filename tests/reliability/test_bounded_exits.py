@@ -23,8 +23,10 @@ SLACK = 20  # beyond ddp_timeout: 5 s grace, 5 s from SIGTERM to SIGKILL, interp
 DDP = {"save_steps": 3, "args": {"max_steps": 8, "strategy": "ddp", "devices": 2, "ddp_timeout": TIMEOUT}}
 
 
-@pytest.mark.parametrize("step,where", [(1, "the next step's gradient all-reduce"), (3, "the checkpoint save"),
-                                        (5, "the evaluation")])
+@pytest.mark.parametrize("step,where", [  # the default run keeps one case; the save and evaluation ones are slow
+    (1, "the next step's gradient all-reduce"),
+    pytest.param(3, "the checkpoint save", marks=pytest.mark.slow),
+    pytest.param(5, "the evaluation", marks=pytest.mark.slow)])
 def test_F_REL_2_stopped_rank_ends_the_job_within_ddp_timeout(step, where, tmp_path):
     stamp = tmp_path / "stopped_at"
     proc, _ = start(RJOB, {**DDP, "output_dir": str(tmp_path / "out"), "resume": None, "stop_after_step": step,
