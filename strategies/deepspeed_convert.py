@@ -7,12 +7,8 @@ any other run with ``model.load_state_dict``.
 
 from __future__ import annotations
 
-import argparse
 import os
-import pickle
 import shutil
-import sys
-from typing import Any, Sequence
 
 import torch
 
@@ -82,23 +78,3 @@ def convert_checkpoint(checkpoint: str, output_dir: str) -> str:
     if os.path.exists(os.path.join(checkpoint, "config.json")):
         shutil.copyfile(os.path.join(checkpoint, "config.json"), os.path.join(output_dir, "config.json"))
     return path
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``taskfit convert CHECKPOINT OUT``: prints the written weights file; status 2 (with the reason on stderr)
-    when ``CHECKPOINT`` is not a complete DeepSpeed checkpoint."""
-    parser = argparse.ArgumentParser(prog="taskfit convert", description="Convert a DeepSpeed checkpoint "
-                                     "(checkpoint-N with shards/) into full fp32 weights: OUT/model.safetensors.")
-    parser.add_argument("checkpoint", help="the checkpoint-N folder")
-    parser.add_argument("output_dir", help="folder for model.safetensors (and config.json)")
-    ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
-    try:
-        path = convert_checkpoint(ns.checkpoint, ns.output_dir)
-    except (FileNotFoundError, ValueError, ModuleNotFoundError, pickle.UnpicklingError) as err:
-        print(f"taskfit convert: error: {err}", file=sys.stderr)
-        return 2
-    print(path)
-    return 0
-
-
-__all__: list[Any] = ["convert_checkpoint", "deepspeed_fp32_state_dict", "main"]
