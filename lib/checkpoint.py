@@ -93,6 +93,10 @@ def checkpoint_files(fit: Fit, training_state: dict[str, Any],
     a, rank = fit.args, fit.global_rank
     sharded = weights is None
     files: dict[str, Any] = {f"rng_state_{rank}.pt": training_state["rng"]}
+    if fit.world_size == 1 and not a.save_only_model:  # transformers.Trainer resumes from this folder too
+        from taskfit.io.hf_checkpoint import HF_RNG_NAME, hf_rng_file
+
+        files[HF_RNG_NAME] = hf_rng_file(training_state["rng"])
     if not is_writer(fit):
         return files
     files.update({k: v for k, v in model_files(fit, weights or {}).items() if not sharded or k == "config.json"})
@@ -102,11 +106,31 @@ def checkpoint_files(fit: Fit, training_state: dict[str, Any],
                 files["optimizer.pt" if i == 0 else f"optimizer_{i}.pt"] = states_on_cpu(fit.strategy, opt.state_dict())
         for i, cfg in enumerate(fit.lr_scheduler_configs):
             files["scheduler.pt" if i == 0 else f"scheduler_{i}.pt"] = cfg.scheduler.state_dict()
+        if fit.world_size == 1 and "optimizer.pt" in files:
+            _hf_groups(fit, files)
         files["training_state.pt"] = {**{k: v for k, v in training_state.items() if k != "rng"},
                                       "taskfit_version": __version__}
-    files["trainer_state.json"] = fit.state.hf_dict()  # HF TrainerState's fields only: HF reads it
+    from taskfit.io.hf_checkpoint import hf_trainer_state
+
+    # HF TrainerState's fields only, with HF's stateful_callbacks: transformers.Trainer resumes from it
+    files["trainer_state.json"] = hf_trainer_state(fit.state.hf_dict(), fit.control, fit.callbacks)
     files["fit_args.json"] = a.to_json_string(redact=True)  # never write credentials
     return files
+
+
+def _hf_groups(fit: Fit, files: dict[str, Any]) -> None:
+    """Write the optimizer and schedule in HF's two-group layout when ``transformers.Trainer`` would have built
+    them from the same arguments (it keeps an empty decay / no-decay group, taskfit drops it), so HF resumes from the
+    folder; taskfit's reader drops the empty group again (:mod:`taskfit.io.hf_checkpoint`)."""
+    from taskfit.io.hf_checkpoint import hf_missing_groups, pad_groups
+
+    if getattr(fit, "_optimizers", (None, None))[0] is not None or len(fit.optimizers) != 1:
+        return  # the user's own optimizer: HF resumes it with the same groups
+    missing = hf_missing_groups(fit.optimizers[0], fit.model, float(fit.args.weight_decay))
+    if missing:
+        files["optimizer.pt"], sched = pad_groups(files["optimizer.pt"], files.get("scheduler.pt"), missing)
+        if sched is not None:
+            files["scheduler.pt"] = sched
 
 
 def states_on_cpu(strategy: Any, state: Any) -> Any:

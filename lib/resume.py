@@ -19,6 +19,10 @@ from taskfit.io.checkpoint_format import (
     read_manifest, require_entries, shard_names,
 )
 from taskfit.io.checkpoint_io import join
+from taskfit.io.hf_checkpoint import (
+    HF_FORMAT, HFCheckpointReader, adopt_message, drop_empty_groups, is_hf_checkpoint, place_hf_position,
+    select_scheduler_groups,
+)
 
 if TYPE_CHECKING:
     from taskfit.fit import Fit
@@ -31,7 +35,8 @@ def resolve_checkpoint(io: Any, output_dir: str, value: str | bool | None) -> st
     """The checkpoint folder ``resume_from_checkpoint=value`` names, or None to start fresh.
 
     ``True`` and ``"last"`` pick the newest complete checkpoint in ``output_dir`` (incomplete ones are skipped
-    with a warning); when there is none, training starts from scratch with a warning (Lightning's ``ckpt_path=
+    with a warning; a folder ``transformers.Trainer`` wrote counts as complete, see
+    :mod:`taskfit.io.hf_checkpoint`); when there is none, training starts from scratch with a warning (Lightning's ``ckpt_path=
     "last"`` rule), so a restart loop after a crash needs no special first run.
 
     Raises:
@@ -42,15 +47,31 @@ def resolve_checkpoint(io: Any, output_dir: str, value: str | bool | None) -> st
     out = output_dir
     if value is True or value == "last":
         done = list_checkpoints(io, out)
-        partial = sorted(set(p for _, p in list_checkpoints(io, out, complete_only=False)) - set(p for _, p in done))
+        others = [(s, p) for s, p in list_checkpoints(io, out, complete_only=False) if (s, p) not in done]
+        done = sorted(done + [(s, p) for s, p in others if is_hf_checkpoint(io, p)])
+        partial = sorted(set(p for _, p in others) - set(p for _, p in done))
         if partial:
             log.warning("Ignoring incomplete checkpoints (no %s): %s", MANIFEST_NAME, ", ".join(partial))
         if not done:
             log.warning("resume_from_checkpoint=%r: no complete checkpoint in %s; training from scratch.", value, out)
             return None
         return done[-1][1]
-    read_manifest(io, str(value))  # raises for a folder (or file) that is not a complete checkpoint
+    if not is_hf_checkpoint(io, str(value)):
+        read_manifest(io, str(value))  # raises for a folder (or file) that is not a complete checkpoint
     return str(value)
+
+
+def open_checkpoint(io: Any, path: str, weights_only: bool = True) -> CheckpointReader:
+    """The reader of checkpoint ``path``: a taskfit checkpoint (verified against its manifest), or one written by
+    ``transformers.Trainer`` (:class:`~taskfit.io.hf_checkpoint.HFCheckpointReader`, which makes the entries a
+    resume reads from HF's files).
+
+    Raises:
+        CheckpointError: neither a complete taskfit checkpoint nor a transformers one.
+    """
+    if is_hf_checkpoint(io, path):
+        return HFCheckpointReader(io, path, weights_only=weights_only)
+    return CheckpointReader(io, path, weights_only=weights_only)
 
 
 def restore(run: Run, path: str, strategy: Any, args: Any, weights_only: bool = True) -> dict[str, Any]:
@@ -69,6 +90,9 @@ def restore(run: Run, path: str, strategy: Any, args: Any, weights_only: bool = 
     ts = loaded["training_state"]
     _check_compatible(args, strategy.world_size, run.train_loader, loaded["args"], ts, loaded["manifest"])
     run.training_state.load_state_dict(ts)
+    if loaded["manifest"].get("format") == HF_FORMAT:  # HF records no position: derive it as HF does
+        place_hf_position(run.state, _batches_per_epoch(run.train_loader), args.gradient_accumulation_steps)
+        log.info(adopt_message(path, ts["state"]))
     if run.training_state.rng is None:
         log.warning("%s has no RNG state for rank %d (saved with world_size=%s); RNG streams restart from the seed.",
                     path, strategy.global_rank, loaded["manifest"].get("world_size"))
@@ -92,7 +116,7 @@ def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), 
         CheckpointError: a missing/corrupted file, a manifest lacking an entry the run needs, or (``full``) a
             ``save_only_model`` checkpoint.
     """
-    reader = CheckpointReader(strategy.checkpoint_io, path, weights_only=weights_only)
+    reader = open_checkpoint(strategy.checkpoint_io, path, weights_only=weights_only)
     manifest = reader.manifest
     if full and manifest.get("save_only_model"):
         raise CheckpointError(f"{path!r} was saved with save_only_model=True: it holds the weights but no optimizer, "
@@ -115,14 +139,19 @@ def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), 
     out: dict[str, Any] = {"manifest": manifest}
     if not full:
         return out
+    kept: dict[int, tuple[list[int] | None, int]] = {}
     for i, opt in enumerate(optimizers):
         name = "optimizer.pt" if i == 0 else f"optimizer_{i}.pt"
         if name in manifest["files"] and not (restored and i == 0):
-            opt.load_state_dict(read(name))
+            saved = read(name)
+            n_saved = len(saved.get("param_groups", ())) if isinstance(saved, dict) else 0
+            saved, keep = drop_empty_groups(saved, len(opt.param_groups))  # HF keeps an empty group; taskfit not
+            kept[i] = (keep, n_saved)
+            opt.load_state_dict(saved)
     for i, sched in enumerate(schedulers):
         name = "scheduler.pt" if i == 0 else f"scheduler_{i}.pt"
         if name in manifest["files"]:
-            sched.load_state_dict(read(name))
+            sched.load_state_dict(select_scheduler_groups(read(name), *kept.get(i, (None, 0))))
     out["args"] = read("fit_args.json")
     ts = read("training_state.pt")
     if not isinstance(ts, dict) or not {"state", "control", "precision"} <= set(ts):

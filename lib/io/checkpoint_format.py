@@ -9,6 +9,8 @@ Layout of ``output_dir/checkpoint-{global_step}/`` (``output_dir`` may be a loca
     training_state.pt       precision plugin (grad scaler), loop state, control flags, callback states and the
                             loop's running loss sums            (not with save_only_model)
     rng_state_{rank}.pt     python / numpy / torch / accelerator RNG states, one file per rank
+    rng_state.pth           one process only: the same RNG states in transformers' format, so that
+                            ``transformers.Trainer`` resumes from the folder (see :mod:`taskfit.io.hf_checkpoint`)
     trainer_state.json      the loop state as readable JSON (HF's trainer_state.json)
     fit_args.json           the FitArguments of the run (credentials redacted)
     shards/...              sharded strategies only: torch.distributed.checkpoint files (FSDP) or the DeepSpeed
