@@ -43,9 +43,24 @@ PENDING_OPTIONS: dict[str, str] = {}
 _PENDING_WHEN: dict[str, Callable[[Any], bool]] = {}
 
 
+class _FieldMetadata(dict):
+    """A field's metadata that lists only what ``argparse`` takes (``help``): ``transformers.HfArgumentParser``
+    passes ``dict(field.metadata)`` to ``add_argument`` as keyword arguments, and ``group`` is not one of them;
+    ``metadata["group"]`` still reads it."""
+
+    def keys(self) -> Any:
+        return [k for k in dict.keys(self) if k != "group"]
+
+    def __iter__(self) -> Any:
+        return iter(self.keys())
+
+    def copy(self) -> dict[str, Any]:
+        return {k: self[k] for k in self.keys()}
+
+
 def _opt(default: Any, help: str, group: str, factory: Callable[[], Any] | None = None) -> Any:
     """A dataclass field with ``metadata={"help": ..., "group": ...}`` (the group orders the CLI help)."""
-    metadata = {"help": help, "group": group}
+    metadata = _FieldMetadata(help=help, group=group)
     if factory is not None:
         return field(default_factory=factory, metadata=metadata)
     return field(default=default, metadata=metadata)

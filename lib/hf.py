@@ -79,3 +79,12 @@ class Trainer(Fit):
 
 
 Seq2SeqTrainer = Trainer
+
+
+def __getattr__(name: str) -> Any:
+    """``HfArgumentParser`` on first use (it imports transformers, optional for taskfit)."""
+    if name == "HfArgumentParser":
+        from taskfit.hf_argparser import HfArgumentParser
+
+        return HfArgumentParser
+    raise AttributeError(f"module 'taskfit.hf' has no attribute {name!r}")
