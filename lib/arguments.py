@@ -267,6 +267,27 @@ class FitArguments(ArgumentSetters):
         self.__post_init__()
         return self
 
+    def get_process_log_level(self) -> int:
+        """The ``logging`` level this process should use: ``log_level`` on the main process (every node's first
+        process with ``log_on_each_node``), ``log_level_replica`` on the others; ``"passive"`` leaves the level of
+        the ``taskfit`` logger as it is (``logging.WARNING`` when unset). Mirrors HF
+        ``TrainingArguments.get_process_log_level``.
+
+        Raises:
+            ValueError: an unknown level name.
+        """
+        import logging
+
+        levels = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
+                  "error": logging.ERROR, "critical": logging.CRITICAL, "passive": -1}
+        rank_var = "LOCAL_RANK" if self.log_on_each_node else "RANK"
+        main = int(os.environ.get(rank_var, os.environ.get("RANK", "0")) or 0) == 0
+        name = (self.log_level if main else self.log_level_replica) or "passive"
+        if name not in levels:
+            raise ValueError(f"log level {name!r} is not one of {', '.join(levels)}.")
+        level = levels[name]
+        return level if level != -1 else (logging.getLogger("taskfit").level or logging.WARNING)
+
     @contextlib.contextmanager
     def main_process_first(self, local: bool = True, desc: str = "work") -> Any:
         """Context manager: the main process (``local``: the first of each node, else global rank 0) runs the
