@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import re
+import threading
 from typing import Any, Iterator
 
 import torch
@@ -102,8 +103,6 @@ class HFCheckpointReader(CheckpointReader):
         self.manifest = {"format": HF_FORMAT, "version": 0, "global_step": self.hf_state["global_step"],
                          "world_size": max(len(rng), 1), "save_only_model": "optimizer.pt" not in names,
                          "files": dict(sorted(files.items()))}
-        import threading
-
         self._lock = threading.Lock()
 
     def _trainer_state(self) -> dict[str, Any]:

@@ -44,7 +44,8 @@ def test_F_CKPT_1_layout_and_manifest_checksums(tmp_path):
     on_disk = {p.name for p in ck.iterdir()} - {"manifest.json"}
     assert set(manifest["files"]) == on_disk == {
         "model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "training_state.pt", "rng_state_0.pt",
-        "trainer_state.json", "fit_args.json"}
+        "trainer_state.json", "fit_args.json",
+        "rng_state.pth"}  # one process: HF's RNG file too, so transformers.Trainer resumes from the folder
     for name, entry in manifest["files"].items():
         data = (ck / name).read_bytes()
         assert entry == {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
