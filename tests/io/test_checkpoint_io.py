@@ -68,7 +68,8 @@ def test_F_CORE_7_checkpoint_folders_and_save_model(tmp_path):
     assert sorted(p for p in os.listdir(tmp_path) if p.startswith("checkpoint-")) == ["checkpoint-4", "checkpoint-6"]
     ck = tmp_path / "checkpoint-6"
     assert {"model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "training_state.pt",
-            "rng_state_0.pt", "trainer_state.json", "fit_args.json", "manifest.json"} == set(os.listdir(ck))
+            "rng_state_0.pt", "trainer_state.json", "fit_args.json", "manifest.json",
+            "rng_state.pth"} == set(os.listdir(ck))  # one process: HF's RNG file too
     weights = load_file(str(ck / "model.safetensors"))
     assert torch.equal(weights["lin.weight"], module.lin.weight.detach())
     ts = torch.load(ck / "training_state.pt", weights_only=True)
