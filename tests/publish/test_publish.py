@@ -26,7 +26,8 @@ from job import assert_same_run  # noqa: E402
 
 TOKEN = "SECRET-TOKEN-1234"
 CHECKPOINT_FILES = {"model.safetensors", "config.json", "optimizer.pt", "scheduler.pt", "training_state.pt",
-                    "rng_state_0.pt", "trainer_state.json", "fit_args.json", "manifest.json"}
+                    "rng_state_0.pt", "trainer_state.json", "fit_args.json", "manifest.json",
+                    "rng_state.pth"}  # one process: HF's RNG file too
 FINAL_FILES = {"model.safetensors", "config.json", "README.md", "train_results.json", "all_results.json",
                "fit_args.json", "manifest.json"}
 
