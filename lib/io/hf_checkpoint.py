@@ -45,6 +45,7 @@ HF_RNG_NAME = "rng_state.pth"
 _HF_RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 #: files only a taskfit checkpoint has: a folder with one of them is a (maybe incomplete) taskfit checkpoint
 _TASKFIT_ONLY = (MANIFEST_NAME, "fit_args.json", "training_state.pt")
+_TASKFIT_RNG_RE = re.compile(r"^rng_state_\d+\.pt$")  # taskfit writes these first; HF's end in .pth
 #: the files of a transformers checkpoint taskfit reads as they are
 _HF_FILES = (WEIGHTS_NAME, WEIGHTS_NAME_PT, "optimizer.pt", "scheduler.pt", HF_STATE_NAME, "config.json")
 
@@ -62,7 +63,7 @@ def is_hf_checkpoint(io: CheckpointIO, folder: str) -> bool:
     interrupted taskfit save lacks only its manifest, and stays refused as incomplete)."""
     names = set(_listing(io, folder))
     return (HF_STATE_NAME in names and bool(names & {WEIGHTS_NAME, WEIGHTS_NAME_PT})
-            and not names & set(_TASKFIT_ONLY))
+            and not names & set(_TASKFIT_ONLY) and not any(_TASKFIT_RNG_RE.match(n) for n in names))
 
 
 @contextlib.contextmanager

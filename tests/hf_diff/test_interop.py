@@ -93,6 +93,15 @@ def test_taskfit_folder_has_hf_files_F_HF_8(tmp_path):
     assert len(sched["base_lrs"]) == len(sched["lr_lambdas"]) == 2
     state = transformers.TrainerState.load_from_json(str(folder / "trainer_state.json"))
     assert state.global_step == 3 and "TrainerControl" in state.stateful_callbacks
+    # an interrupted taskfit save (no manifest yet) is never taken for a transformers checkpoint
+    from taskfit.io import CheckpointError, TorchCheckpointIO
+    from taskfit.io.hf_checkpoint import is_hf_checkpoint
+    from taskfit.resume import resolve_checkpoint
+
+    (folder / "manifest.json").unlink()
+    assert not is_hf_checkpoint(TorchCheckpointIO(), str(folder))
+    with pytest.raises(CheckpointError, match="manifest.json"):
+        resolve_checkpoint(TorchCheckpointIO(), str(tmp_path), str(folder))
 
 
 class _Marker:
