@@ -1,6 +1,7 @@
 """Callbacks: base class, early stopping, checkpointing, learning-rate monitor, timer, model summary, weight
-averaging (EMA), progress bar, throughput and device-stats monitors."""
+averaging (EMA, SWA), gradient-accumulation schedule, progress bars, throughput and device-stats monitors."""
 
+from taskfit.callbacks.accumulation import GradientAccumulationScheduler
 from taskfit.callbacks.base import Callback, HookRunner
 from taskfit.callbacks.device_stats import DeviceStatsMonitor
 from taskfit.callbacks.early_stopping import EarlyStopping, EarlyStoppingCallback
@@ -9,9 +10,11 @@ from taskfit.callbacks.model_checkpoint import ModelCheckpoint
 from taskfit.callbacks.model_summary import ModelSummary
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import ThroughputMonitor
+from taskfit.callbacks.swa import StochasticWeightAveraging
 from taskfit.callbacks.timer import Timer
 from taskfit.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["Callback", "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "EarlyStoppingCallback",
-           "HookRunner", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar", "ThroughputMonitor", "Timer",
+           "GradientAccumulationScheduler", "HookRunner", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar",
+           "StochasticWeightAveraging", "ThroughputMonitor", "Timer",
            "WeightAveraging"]
