@@ -137,7 +137,9 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
             from taskfit.profilers import profiler_from_args
 
             self.callbacks.append(profiler_from_args(args))
-        if args.disable_tqdm:  # the console view: one line per log, or the bar
+        if any(isinstance(cb, ProgressBar) for cb in self.callbacks):
+            pass  # the user's bar (tqdm or rich) replaces the default console view, as in Lightning
+        elif args.disable_tqdm:  # the console view: one line per log, or the bar
             self.callbacks.append(LogPrinter())
         else:
             self.callbacks.insert(0, ProgressBar())

@@ -10,11 +10,12 @@ from taskfit.callbacks.model_checkpoint import ModelCheckpoint
 from taskfit.callbacks.model_summary import ModelSummary
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import ThroughputMonitor
+from taskfit.callbacks.rich_progress import RichProgressBar
 from taskfit.callbacks.swa import StochasticWeightAveraging
 from taskfit.callbacks.timer import Timer
 from taskfit.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
 __all__ = ["Callback", "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "EarlyStoppingCallback",
            "GradientAccumulationScheduler", "HookRunner", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar",
-           "StochasticWeightAveraging", "ThroughputMonitor", "Timer",
+           "RichProgressBar", "StochasticWeightAveraging", "ThroughputMonitor", "Timer",
            "WeightAveraging"]
