@@ -98,10 +98,10 @@ class StochasticWeightAveraging(WeightAveraging):
         return False  # updates happen at epoch starts, below
 
     def setup(self, fit: Any, module: Any, stage: str) -> None:
-        if stage == "fit" and fit.strategy.shards_parameters:
-            raise ValueError(f"StochasticWeightAveraging does not support sharded models "
-                             f"({type(fit.strategy).__name__}); use DDP or a single device.")
-        super().setup(fit, module, stage)
+        if stage == "fit" and fit.strategy.engine_owns_step:
+            raise ValueError(f"StochasticWeightAveraging replaces the LR schedule, which "
+                             f"{type(fit.strategy).__name__}'s engine owns; use DDP or a single device.")
+        super().setup(fit, module, stage)  # refuses sharded parameters (FSDP, ZeRO-3), as Lightning
         self._initialized = False
 
     def on_fit_start(self, fit: Any, module: Any) -> None:
