@@ -128,6 +128,14 @@ def single(tmp_path_factory):
     return r, _exported(tmp, "single")
 
 
+@pytest.fixture(scope="module")
+def single_without_ema(tmp_path_factory):
+    """The reference for sharded runs, which refuse weight averaging (validation then sees the raw weights)."""
+    tmp = tmp_path_factory.mktemp("single_without_ema")
+    (r,) = _run(tmp, "single", {"ema": False})
+    return r
+
+
 def _same_as_single(runs: list[dict], single: dict) -> None:
     r0, r1 = runs
     assert r0["kept"] == single["kept"] and len(single["kept"]) == 2  # the same top-2 folders
@@ -155,8 +163,8 @@ def test_callbacks_under_ddp_equal_one_process_F_LIT_6(tmp_path, single):
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_callbacks_under_fsdp_equal_one_process_F_LIT_6(tmp_path, single):
-    ref, _ = single
+def test_callbacks_under_fsdp_equal_one_process_F_LIT_6(tmp_path, single_without_ema):
+    ref = single_without_ema
     refused = _run(tmp_path, "fsdp_ema", {"strategy": "fsdp", "devices": 2})
     assert all("does not support sharded parameters (FSDPStrategy)" in r["error"] for r in refused)
     runs = _run(tmp_path, "fsdp", {"strategy": "fsdp", "devices": 2, "ema": False})
