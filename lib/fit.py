@@ -28,7 +28,7 @@ from taskfit.fit_outputs import ModelOutputs
 from taskfit.data.loaders import DataModule, build_dataloader, per_process_batch_size, floating_point_ops, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import Logger, build_loggers, resume_loggers, send_summary
 from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
-from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
+from taskfit.loops.fit_loop import FitLoop, accumulation_schedule, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metric_checks import check_before_training, missing_metric_error
 from taskfit.metrics import PredictionOutput, TrainOutput, speed_metrics
@@ -137,7 +137,9 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
             from taskfit.profilers import profiler_from_args
 
             self.callbacks.append(profiler_from_args(args))
-        if args.disable_tqdm:  # the console view: one line per log, or the bar
+        if any(isinstance(cb, ProgressBar) for cb in self.callbacks):
+            pass  # the user's bar (tqdm or rich) replaces the default console view, as in Lightning
+        elif args.disable_tqdm:  # the console view: one line per log, or the bar
             self.callbacks.append(LogPrinter())
         else:
             self.callbacks.insert(0, ProgressBar())
@@ -319,7 +321,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
                                   isinstance(module, ModelTaskModule), self.compute_metrics is not None,
                                   list(run.eval_loaders) == [None])
 
-        steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, args)
+        steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, args, accumulation_schedule(self.callbacks))
         st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
         st.logging_steps = resolve_interval(args.logging_steps, max_steps)
         st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,

@@ -1,17 +1,22 @@
 """Callbacks: base class, early stopping, checkpointing, learning-rate monitor, timer, model summary, weight
-averaging (EMA), progress bar, throughput and device-stats monitors."""
+averaging (EMA, SWA), gradient-accumulation schedule, learning-rate and batch-size finders, progress bars, throughput and device-stats monitors."""
 
+from taskfit.callbacks.accumulation import GradientAccumulationScheduler
 from taskfit.callbacks.base import Callback, HookRunner
 from taskfit.callbacks.device_stats import DeviceStatsMonitor
 from taskfit.callbacks.early_stopping import EarlyStopping, EarlyStoppingCallback
+from taskfit.callbacks.finders import BatchSizeFinder, LearningRateFinder
 from taskfit.callbacks.lr_monitor import LearningRateMonitor
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint
 from taskfit.callbacks.model_summary import ModelSummary
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import ThroughputMonitor
+from taskfit.callbacks.rich_progress import RichProgressBar
+from taskfit.callbacks.swa import StochasticWeightAveraging
 from taskfit.callbacks.timer import Timer
 from taskfit.callbacks.weight_averaging import EMAWeightAveraging, WeightAveraging
 
-__all__ = ["Callback", "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "EarlyStoppingCallback",
-           "HookRunner", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar", "ThroughputMonitor", "Timer",
+__all__ = ["BatchSizeFinder", "Callback", "DeviceStatsMonitor", "EMAWeightAveraging", "EarlyStopping", "EarlyStoppingCallback",
+           "GradientAccumulationScheduler", "HookRunner", "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar",
+           "RichProgressBar", "StochasticWeightAveraging", "ThroughputMonitor", "Timer",
            "WeightAveraging"]

@@ -1,4 +1,6 @@
-"""Progress bar (F-OBS-1) over ``tqdm``: loss, learning rate, speed and ETA; off with ``disable_tqdm``."""
+"""Progress bar (F-OBS-1) over ``tqdm``: epoch, step, loss, learning rate, ``prog_bar=True`` values and the
+latest evaluation's values; off with ``disable_tqdm``. :class:`ProgressBar` also holds what every bar shows
+(``metrics``); :class:`taskfit.callbacks.rich_progress.RichProgressBar` draws the same values with ``rich``."""
 
 from __future__ import annotations
 
@@ -9,34 +11,90 @@ from taskfit.callbacks.base import Callback
 _SPEED = ("_runtime", "_per_second")
 
 
-class ProgressBar(Callback):
-    """A ``tqdm`` bar over optimizer steps during ``fit`` and over batches during evaluation/prediction.
+def _fmt(value: Any) -> Any:
+    return f"{value:.4g}" if isinstance(value, float) else value
 
-    The bar advances once per optimizer step; its postfix (loss, learning rate and values logged with
-    ``prog_bar=True``) is refreshed on logging steps only, so it adds no host sync to other steps. Every
-    evaluation's metrics join the postfix and are written as one line above the bar.
-    Only rank zero draws. Mirrors HF's ``ProgressCallback`` / Lightning's ``TQDMProgressBar``.
+
+class ProgressBar(Callback):
+    """A ``tqdm`` bar over optimizer steps during ``fit`` (described ``Epoch N``) and over batches during
+    evaluation/prediction.
+
+    The bar advances once per optimizer step; its postfix (``step``, ``loss``, ``learning_rate``, values logged
+    with ``prog_bar=True`` and every evaluation's values) is refreshed on logging steps only, so it adds no host
+    sync to other steps. Every evaluation's metrics are also written as one line above the bar. Only rank zero
+    draws. Mirrors HF's ``ProgressCallback`` / Lightning's ``TQDMProgressBar``; :attr:`metrics` is what the bar
+    shows (Lightning's ``get_metrics``). Giving a progress bar in ``callbacks`` replaces the default one.
     """
 
     def __init__(self) -> None:
         self._results = None
-        self.train_bar = None
-        self.eval_bar = None
+        self.train_bar: Any = None
+        self.eval_bar: Any = None
         self._postfix: dict[str, Any] = {}
+        self._epoch = 0
 
+    @property
+    def metrics(self) -> dict[str, Any]:
+        """What the bar shows after its description: ``step``, then loss, learning rate, ``prog_bar`` values and
+        the latest evaluation values (formatted to 4 significant digits)."""
+        return dict(self._postfix)
+
+    # drawing (RichProgressBar overrides these) ------------------------------------------------------------------
+    def _open_train(self, total: int, initial: int) -> None:
+        from tqdm.auto import tqdm
+
+        self.train_bar = tqdm(total=total, initial=initial, desc=f"Epoch {self._epoch}", dynamic_ncols=True,
+                              unit="step")
+
+    def _describe_epoch(self) -> None:
+        self.train_bar.set_description(f"Epoch {self._epoch}", refresh=False)
+
+    def _advance_train(self) -> None:
+        self.train_bar.set_postfix(self._postfix, refresh=False)
+        self.train_bar.update(1)
+
+    def _show(self) -> None:
+        self.train_bar.set_postfix(self._postfix, refresh=False)
+
+    def _close_train(self) -> None:
+        self.train_bar.set_postfix(self._postfix, refresh=False)
+        self.train_bar.close()
+
+    def _write(self, line: str) -> None:
+        from tqdm.auto import tqdm
+
+        tqdm.write(line)
+
+    def _open_eval(self, total: int, desc: str) -> None:
+        from tqdm.auto import tqdm
+
+        self.eval_bar = tqdm(total=total, desc=desc, leave=self.train_bar is None, dynamic_ncols=True,
+                             unit="batch")
+
+    def _advance_eval(self) -> None:
+        self.eval_bar.update(1)
+
+    def _close_eval(self) -> None:
+        self.eval_bar.close()
+
+    # hooks ----------------------------------------------------------------------------------------------------
     def on_train_start(self, fit: Any, module: Any) -> None:
         self.on_train_end(fit, module)  # a bar left from an earlier run
         if fit.is_global_zero:
-            from tqdm.auto import tqdm
-
             self._results = module._results
-            self._postfix = {}
-            self.train_bar = tqdm(total=fit.state.max_steps, initial=fit.state.global_step, desc="fit",
-                                  dynamic_ncols=True, unit="step")
+            self._postfix = {"step": fit.state.global_step}
+            self._epoch = fit.state.current_epoch
+            self._open_train(fit.state.max_steps, fit.state.global_step)
+
+    def on_train_epoch_start(self, fit: Any, module: Any) -> None:
+        if self.train_bar is not None and fit.state.current_epoch != self._epoch:
+            self._epoch = fit.state.current_epoch
+            self._describe_epoch()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         if self.train_bar is not None:
-            self.train_bar.update(1)
+            self._postfix["step"] = state.global_step  # a host int: no sync
+            self._advance_train()
 
     def on_log(self, args: Any, state: Any, control: Any, logs: dict | None = None, **kwargs: Any) -> None:
         if not logs or not state.is_world_process_zero:
@@ -45,23 +103,21 @@ class ProgressBar(Callback):
         evaluation = [k for k in logs if not k.endswith(_SPEED) and k != "epoch"] if any(
             k.endswith("_runtime") and k != "train_runtime" for k in logs) else []
         if evaluation:  # every evaluation: one line above the bar (or on its own), its values in the postfix
-            from tqdm.auto import tqdm
-
             from taskfit.console import format_logs
 
-            tqdm.write(format_logs(logs))
+            self._write(format_logs(logs))
             if self.train_bar is not None:
-                self._postfix.update({k: f"{logs[k]:.4g}" for k in evaluation if isinstance(logs[k], float)})
-                self.train_bar.set_postfix(self._postfix, refresh=False)
+                self._postfix.update({k: _fmt(logs[k]) for k in evaluation if isinstance(logs[k], float)})
+                self._show()
         elif self.train_bar is not None and "loss" in logs:
             names = {"loss", "learning_rate"} | (self._results.prog_bar_names() if self._results else set())
-            self._postfix.update({k: (f"{v:.4g}" if isinstance(v, float) else v) for k, v in logs.items()
+            self._postfix.update({k: _fmt(v) for k, v in logs.items()
                                   if k in names or k.rsplit("_", 1)[0] in names})
-            self.train_bar.set_postfix(self._postfix, refresh=False)
+            self._show()
 
     def on_train_end(self, fit: Any, module: Any) -> None:
         if self.train_bar is not None:
-            self.train_bar.close()
+            self._close_train()
             self.train_bar = None
 
     def on_exception(self, fit: Any, module: Any, exception: BaseException) -> None:
@@ -71,28 +127,25 @@ class ProgressBar(Callback):
 
     def _eval_start(self, fit: Any, module: Any, total: Any, desc: str) -> None:
         if fit.is_global_zero and total:
-            from tqdm.auto import tqdm
-
-            self.eval_bar = tqdm(total=total, desc=desc, leave=self.train_bar is None, dynamic_ncols=True,
-                                 unit="batch")
+            self._open_eval(total, desc)
 
     def _eval_step(self, *args: Any) -> None:
         if self.eval_bar is not None:
-            self.eval_bar.update(1)
+            self._advance_eval()
 
     def _eval_end(self, *args: Any) -> None:
         if self.eval_bar is not None:
-            self.eval_bar.close()
+            self._close_eval()
             self.eval_bar = None
 
     def on_validation_epoch_start(self, fit: Any, module: Any) -> None:
-        self._eval_start(fit, module, fit.num_eval_batches, "validate")
+        self._eval_start(fit, module, fit.num_eval_batches, "Validation")
 
     def on_test_epoch_start(self, fit: Any, module: Any) -> None:
-        self._eval_start(fit, module, fit.num_eval_batches, "test")
+        self._eval_start(fit, module, fit.num_eval_batches, "Testing")
 
     def on_predict_epoch_start(self, fit: Any, module: Any) -> None:
-        self._eval_start(fit, module, fit.num_eval_batches, "predict")
+        self._eval_start(fit, module, fit.num_eval_batches, "Predicting")
 
     on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _eval_step  # type: ignore[assignment]
     on_validation_epoch_end = on_test_epoch_end = on_predict_epoch_end = _eval_end  # type: ignore[assignment]

@@ -43,6 +43,10 @@ class WeightAveraging(Callback):
     def setup(self, fit: Any, module: Any, stage: str) -> None:
         if stage != "fit":
             return
+        if fit.strategy.shards_parameters:  # Lightning: "sharded models do not work" with its weight averaging
+            raise ValueError(f"{type(self).__name__} keeps a full copy of the weights and averages whole tensors; "
+                             f"it does not support sharded parameters ({type(fit.strategy).__name__}): use DDP, "
+                             "a single device, or DeepSpeed ZeRO stage 1/2.")
         from torch.optim.swa_utils import AveragedModel
 
         device = self._device or next(module.parameters()).device
@@ -116,7 +120,7 @@ class EMAWeightAveraging(WeightAveraging):
         device, use_buffers, **kwargs: as :class:`WeightAveraging`.
 
     Raises:
-        ValueError: ``decay`` outside [0, 1].
+        ValueError: ``decay`` outside [0, 1]; at fit start, a strategy that shards parameters.
     """
 
     def __init__(self, device: Any = None, use_buffers: bool = True, decay: float = 0.999,

@@ -65,9 +65,23 @@ def resolve_interval(value: float | None, max_steps: int) -> int:
     return max(1, math.ceil(value * max_steps)) if value < 1 else int(value)
 
 
-def plan_steps(loader: Any, args: Any) -> tuple[int | None, int, int]:
+def accumulation_schedule(callbacks: Any) -> Callable[[int], int] | None:
+    """The accumulation per epoch (0-based) a callback sets (Lightning's ``GradientAccumulationScheduler``:
+    its ``get_accumulate_grad_batches(epoch)``); None when no callback schedules it."""
+    for cb in callbacks or ():
+        per_epoch = getattr(cb, "get_accumulate_grad_batches", None)
+        if callable(per_epoch):
+            return per_epoch
+    return None
+
+
+def plan_steps(loader: Any, args: Any, accumulation: Callable[[int], int] | None = None
+               ) -> tuple[int | None, int, int]:
     """``(steps_per_epoch, max_steps, num_epochs)`` for a training loader (HF ``max_steps`` rules: ``max_steps``
     > 0 wins, else ``ceil(num_train_epochs * steps_per_epoch)``; the last window of an epoch may be short).
+    With an ``accumulation`` schedule (epoch -> micro-batches per step) that changes between epochs, the plan
+    counts each epoch's windows: ``steps_per_epoch`` is the first epoch's, ``max_steps`` the sum over the
+    ``ceil(num_train_epochs)`` epochs (a fractional last epoch is not cut: Lightning counts whole epochs).
 
     Raises:
         ValueError: a loader without batches, or without a length while ``max_steps`` is not set.
@@ -79,14 +93,25 @@ def plan_steps(loader: Any, args: Any) -> tuple[int | None, int, int]:
     if n_batches == 0:
         raise ValueError("The train DataLoader yields no batches (dataset smaller than one batch with "
                          "dataloader_drop_last=True?).")
-    steps_per_epoch = math.ceil(n_batches / args.gradient_accumulation_steps) if n_batches else None
+    accum_at = accumulation or (lambda epoch: args.gradient_accumulation_steps)
+    steps_per_epoch = math.ceil(n_batches / accum_at(0)) if n_batches else None
+    epochs = math.ceil(args.num_train_epochs)
+    per_epoch = [math.ceil(n_batches / accum_at(e)) for e in range(epochs)] if n_batches and accumulation else []
     if args.max_steps and args.max_steps > 0:
         max_steps = args.max_steps
     elif steps_per_epoch is None:
         raise ValueError("The train data has no length (IterableDataset); set max_steps > 0.")
+    elif len(set(per_epoch)) > 1:
+        max_steps = sum(per_epoch)
     else:
         max_steps = max(1, math.ceil(args.num_train_epochs * steps_per_epoch))
-    num_epochs = math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else sys.maxsize
+    if len(set(per_epoch)) > 1:  # the epoch in which the max_steps-th step falls
+        total, num_epochs = 0, 0
+        while total < max_steps:
+            total += math.ceil(n_batches / accum_at(num_epochs))
+            num_epochs += 1
+    else:
+        num_epochs = math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else sys.maxsize
     return steps_per_epoch, max_steps, num_epochs
 
 
@@ -130,11 +155,9 @@ class FitLoop:
         train_fx = strategy.step_function(module, "training_step")  # through the wrapper's forward
         optimizers = run.optimizers
         optimizer, other_optimizers = optimizers[0], optimizers[1:]
-        step_schedulers = [c for c in run.schedulers if c.interval == "step"]
-        epoch_schedulers = [c for c in run.schedulers if c.interval == "epoch" and not c.reduce_on_plateau]
-        plateau_epoch = [c for c in run.schedulers if c.interval == "epoch" and c.reduce_on_plateau]
         L, H = hooks.lightning, hooks.hf
-        accum = args.gradient_accumulation_steps
+        accum_at = accumulation_schedule(getattr(fit, "callbacks", ())) or (
+            lambda epoch, accum=args.gradient_accumulation_steps: accum)
         max_norm = args.max_grad_norm
         clip_by_value = args.gradient_clip_algorithm == "value"
         params = [p for p in module.parameters() if p.requires_grad]
@@ -151,7 +174,6 @@ class FitLoop:
         own_backward = overrides(module, "backward") and not engine
         own_clipping = overrides(module, "configure_gradient_clipping") and not engine
         own_step = overrides(module, "optimizer_step") and not engine
-        counts_needed = not manual and (accum > 1 or world > 1)
         flos_per_sample = run.flos_per_sample
 
         def after_closure(opt: Any) -> None:
@@ -187,6 +209,13 @@ class FitLoop:
                 module._results.reset_epoch()
             hooks.call("on_train_epoch_start", fit, module)
             H["on_epoch_begin"] and hooks.call_hf("on_epoch_begin", args, state, control, **run.hf_kwargs())
+            # read per epoch: a callback may change them at the epoch's start (Lightning's
+            # GradientAccumulationScheduler, StochasticWeightAveraging's SWALR)
+            accum = accum_at(epoch)
+            counts_needed = not manual and (accum > 1 or world > 1)
+            step_schedulers = [c for c in run.schedulers if c.interval == "step"]
+            epoch_schedulers = [c for c in run.schedulers if c.interval == "epoch" and not c.reduce_on_plateau]
+            plateau_epoch = [c for c in run.schedulers if c.interval == "epoch" and c.reduce_on_plateau]
             if finished:
                 control.should_training_stop = True
                 iterator = iter(())
