@@ -27,7 +27,7 @@ from taskfit.fit_mixins import CallbackManagement, ProcessInfo, RunAttributes
 from taskfit.fit_outputs import ModelOutputs
 from taskfit.data.loaders import DataModule, build_dataloader, per_process_batch_size, floating_point_ops, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import Logger, build_loggers, resume_loggers, send_summary
-from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
+from taskfit.loops.evaluation_loop import EvaluationLoop, is_loader_list, metric_key
 from taskfit.loops.fit_loop import FitLoop, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metric_checks import check_before_training, missing_metric_error
@@ -196,6 +196,12 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         if isinstance(data, Mapping):
             return {name: self._loader(d, train=False, collator=collator, what=f"eval dataset {name!r}", run=run)
                     for name, d in data.items()}
+        if is_loader_list(data):  # Lightning's list of loaders: keyed by dataloader_idx
+            if len(data) == 1:
+                data = data[0]
+            else:
+                return {i: self._loader(d, train=False, collator=collator, what=f"eval dataset {i}", run=run)
+                        for i, d in enumerate(data)}
         return {None: self._loader(data, train=False, collator=collator, what="eval dataset", run=run)}
 
     # ----------------------------------------------------------------------------------------- fitting ---
@@ -429,9 +435,12 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         """Evaluate every named loader; returns the metrics and the keys logged with ``logger=False``."""
         metrics: dict[str, float] = {}
         hidden: set[str] = set()
-        for name, loader in loaders.items():
-            loop = EvaluationLoop(self, stage, self._hooks)
-            key = prefix if name is None else f"{prefix}_{name}"
+        indexed = len(loaders) > 1 and all(isinstance(n, int) for n in loaders)  # a list: one evaluation epoch
+        shared = ResultCollection(infer_batch_size, self.strategy.reduce, sync_by_default=True) if indexed else None
+        for i, (name, loader) in enumerate(loaders.items()):
+            loop = EvaluationLoop(self, stage, self._hooks, **(dict(
+                dataloader_idx=name, results=shared, first=i == 0, last=i == len(loaders) - 1) if indexed else {}))
+            key = prefix if name is None or indexed else f"{prefix}_{name}"
             metrics.update(loop.run(loader, key)[0])
             if self._model_preparation_time is not None:
                 metrics[f"{key}_model_preparation_time"] = self._model_preparation_time
