@@ -125,10 +125,16 @@ class ResultCollection:
             pick = torch.maximum if reduce_fx == "max" else torch.minimum
             entry.agg = pick(torch.as_tensor(entry.agg), torch.as_tensor(value))
 
+    def _device(self, value: Any) -> Any:
+        """Where a collective's tensor lives: the value's device, else the strategy's (NCCL needs the GPU)."""
+        if isinstance(value, torch.Tensor):
+            return value.device
+        return getattr(getattr(self.reduce_fn, "__self__", None), "root_device", None)
+
     def _sync(self, entry: LoggedValue, value: Any) -> Any:
         if entry.sync_dist and self.reduce_fn is not None:
             op = entry.reduce_fx
-            value = self.reduce_fn(torch.as_tensor(value, dtype=torch.float64), op)
+            value = self.reduce_fn(torch.as_tensor(value, dtype=torch.float64, device=self._device(value)), op)
         return value
 
     def _epoch_mean(self, entry: LoggedValue) -> float:
@@ -137,7 +143,7 @@ class ResultCollection:
         agg = entry.agg
         if not (entry.sync_dist and self.reduce_fn is not None):
             return _to_float(agg) / float(entry.weight)
-        device = agg.device if isinstance(agg, torch.Tensor) else None
+        device = self._device(agg)
         pair = torch.stack([torch.as_tensor(agg, dtype=torch.float64, device=device).reshape(()),
                             torch.tensor(float(entry.weight), dtype=torch.float64, device=device)])
         total = self.reduce_fn(pair, "sum")
