@@ -59,8 +59,14 @@ class SeenByCallbacks(Callback):
     def __init__(self) -> None:
         self.seen: list[float] = []
 
+        self.reference: list[float] = []
+
     def on_validation_end(self, fit, module):
         self.seen.append(float(fit.callback_metrics["val_mae"]))
+        if not fit.strategy.shards_parameters:  # the same weights on the whole set, in this process alone
+            x, y = fit.eval_reference.tensors
+            with torch.no_grad():
+                self.reference.append(float((module.layer(x) - y).abs().mean()))
 
 
 class TwoNets(TaskModule):
@@ -101,7 +107,7 @@ class TwoNets(TaskModule):
         if self.schedulers and self.trainer.num_training_batches == batch_idx + 1:  # epoch end
             for s in self.lr_schedulers():
                 s.step()
-        self.log_dict({"d_loss": d_loss, "g_loss": g_loss})
+        self.log_dict({"d_loss": d_loss, "g_loss": g_loss}, sync_dist=True)  # training: synced when asked
 
     def configure_optimizers(self):
         opt_g = torch.optim.Adam(self.g.parameters(), lr=1e-2)
@@ -139,8 +145,9 @@ def run(cfg: dict) -> dict:
                   per_device_eval_batch_size=cfg.get("eval_bs", 4), metric_for_best_model="val_mae",
                   greater_is_better=False, **common)
         module = Regressor()
-        fit.fit(module, regression(32, 0), regression(cfg.get("n_eval", 18), 1))
-        return {"history": _history(fit), "seen": seen.seen, "best_metric": fit.state.best_metric,
+        fit.eval_reference = regression(cfg.get("n_eval", 18), 1)
+        fit.fit(module, regression(32, 0), fit.eval_reference)
+        return {"history": _history(fit), "seen": seen.seen, "reference": seen.reference, "best_metric": fit.state.best_metric,
                 "early_stopping_best": float(stop.best), "weights": module.state_dict(), "rank": fit.global_rank,
                 "eval": fit.validate(module, regression(cfg.get("n_eval", 18), 1))}
     callbacks = [KillAfterStep(cfg["kill_after_step"])] if cfg.get("kill_after_step") else []

@@ -57,9 +57,15 @@ def test_F_OBS_6_evaluation_epoch_values_are_full_set_values_across_ranks(strate
     if strategy.startswith("deepspeed"):
         pytest.importorskip("deepspeed")
     ranks = run(tmp_path, strategy, scenario="eval", bs=4, devices=2, strategy=strategy)
-    want = _evals(single_eval, "val_mae")
+    if strategy.startswith("deepspeed"):  # its engine trains differently: compare with the same weights' value
+        want = ranks[0]["reference"][:3]
+        single_eval = {"eval": {"val_mae": ranks[0]["reference"][3]}}
+    else:
+        want = _evals(single_eval, "val_mae")
     assert len(want) == 3
     for r in ranks:
+        if r["reference"]:  # the full-set value of this rank's weights, computed in one process
+            assert r["reference"] == pytest.approx(want + [single_eval["eval"]["val_mae"]], rel=TOL, abs=TOL)
         got = _evals(r, "val_mae")
         assert got == pytest.approx(want, rel=TOL, abs=TOL)
         # callbacks read the full-set value (the fourth evaluation is the validate() after fit)
@@ -93,7 +99,8 @@ def test_F_CORE_1_manual_optimization_under_ddp_equals_one_process_on_the_double
     local, synced = zip(*(r["grads"][:2] for r in ranks))  # the first window of the run
     assert not torch.allclose(local[0], local[1])
     assert torch.equal(synced[0], synced[1])
-    assert _evals(ranks[0], "d_loss") == pytest.approx(_evals(single, "d_loss"), rel=1e-2)
+    for key in ("d_loss", "g_loss"):  # logged with sync_dist=True: the mean over both ranks' batches
+        assert _evals(ranks[0], key) == pytest.approx(_evals(single, key), rel=1e-5)
 
 
 def test_F_CKPT_2_ddp_two_optimizers_two_schedulers_sigkill_resume_is_exact(tmp_path):
