@@ -24,7 +24,7 @@ TOL = 1e-6
 def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
                                                           "MASTER_PORT", "TASKFIT_LAUNCHED")}
-    return {**env, "OMP_NUM_THREADS": "1"}
+    return {**env, "OMP_NUM_THREADS": "1", "TASKFIT_DEEPSPEED_SHM_COMM": "0"}  # as tests/strategies/test_deepspeed
 
 
 def run(tmp_path: Path, name: str, expect_kill: bool = False, **cfg) -> list[dict] | None:
@@ -49,7 +49,7 @@ def single_eval(tmp_path_factory):
     return run(tmp_path_factory.mktemp("single"), "single", scenario="eval", bs=8)[0]
 
 
-@pytest.mark.parametrize("strategy", ["ddp", "fsdp", "deepspeed_stage_2"])
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp", pytest.param("deepspeed_stage_2", marks=pytest.mark.deepspeed)])
 def test_F_OBS_6_evaluation_epoch_values_are_full_set_values_across_ranks(strategy, single_eval, tmp_path):
     """18 evaluation samples, 4 per batch: each rank sees 9 (batches of 4, 4, 1), so the batch-size weighting
     matters. Both ranks log the value one process logs on the whole set; sync_dist=False keeps the rank's own;
