@@ -33,7 +33,7 @@ from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metric_checks import check_before_training, missing_metric_error
 from taskfit.metrics import PredictionOutput, TrainOutput, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
-from taskfit.module_hooks import end_stage, start_stage
+from taskfit.module_hooks import end_stage, module_loader, start_stage
 from taskfit.results import ResultCollection
 from taskfit.run import Run, RunLifecycle
 from taskfit.console import LogPrinter, configure_console
@@ -301,6 +301,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         if datamodule is not None:
             train_data = train_data if train_data is not None else datamodule.train_dataloader()
             eval_data = eval_data if eval_data is not None else datamodule.val_dataloader()
+        else:  # a LightningModule-style module may define its own loaders
+            train_data = train_data if train_data is not None else module_loader(module, "train_dataloader")
+            if eval_data is None and self._can_validate(module):
+                eval_data = module_loader(module, "val_dataloader")
         if train_data is None:
             raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")
         if args.eval_strategy != "no" and eval_data is None:
@@ -551,7 +555,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
     def _validate_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
                         metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
         module, data = self._eval_entry(model, data, "validate", ckpt_path)
-        data = data if data is not None else self._from_datamodule(datamodule, "validate", "val_dataloader")
+        data = data if data is not None else (self._from_datamodule(datamodule, "validate", "val_dataloader")
+                                              if datamodule is not None else module_loader(module, "val_dataloader"))
         fit_loaders = self._last_fit.eval_loaders if self._last_fit is not None else {}
         loaders = self._eval_loader_dict(data, data_collator) if data is not None else fit_loaders
         if not loaders and self.eval_dataset is not None:  # HF Trainer(eval_dataset=...) before any training
@@ -585,7 +590,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
     def _test_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
                     metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
         module, data = self._eval_entry(model, data, "test", ckpt_path)
-        data = data if data is not None else self._from_datamodule(datamodule, "test", "test_dataloader")
+        data = data if data is not None else (self._from_datamodule(datamodule, "test", "test_dataloader")
+                                              if datamodule is not None else module_loader(module, "test_dataloader"))
         if data is None:
             raise ValueError("test() needs data: pass data or a datamodule with test_dataloader().")
         metrics, hidden = self._run_eval(self._eval_loader_dict(data, data_collator), "test", metric_key_prefix)
@@ -611,7 +617,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
     def _predict_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
                        metric_key_prefix: str, ckpt_path: str | None = None) -> PredictionOutput:
         module, data = self._eval_entry(model, data, "predict", ckpt_path)
-        data = data if data is not None else self._from_datamodule(datamodule, "predict", "predict_dataloader")
+        data = data if data is not None else (self._from_datamodule(datamodule, "predict", "predict_dataloader")
+                                              if datamodule is not None else module_loader(module, "predict_dataloader"))
         if data is None:
             raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")
         loader = self._loader(data, train=False, collator=data_collator, what="predict dataset")

@@ -101,6 +101,13 @@ def batch_mover(module: Any, strategy: Any) -> Callable[..., Any]:
     return move
 
 
+def module_loader(module: Any, name: str) -> Any:
+    """What the module's own ``name`` hook (``train_dataloader``, ``val_dataloader``, ``test_dataloader``,
+    ``predict_dataloader``, as on a ``LightningModule``) returns; None when the module defines no such method."""
+    fn = getattr(module, name, None)
+    return fn() if callable(fn) else None
+
+
 def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
     """Lightning's order at the start of a stage: ``configure_callbacks`` (fit), ``prepare_data`` (datamodule,
     then module, on local rank 0), ``setup`` (datamodule, callbacks, module), ``configure_model``."""

@@ -177,3 +177,46 @@ def test_F_LOOP_4_two_optimizers_under_automatic_optimization_are_refused_as_in_
         run_lightning(make, data())
     with pytest.raises(RuntimeError, match=pattern):
         run_taskfit(make, data(), tmp_path=tmp_path)
+
+
+def test_F_OBS_6_loaders_from_the_module_and_a_datamodule_match_lightning(tmp_path):
+    """``val_dataloader()`` returning a list, defined on the module (Lightning's module hooks) or on a
+    DataModule: the same callback metrics as Lightning."""
+    import lightning as L
+
+    from taskfit import DataModule, Fit
+
+    def with_loaders(base):
+        class OwnLoaders(eval_module()(base)):
+            def train_dataloader(self):
+                return data(n=12)
+
+            def val_dataloader(self):
+                return _val_loaders()
+        return OwnLoaders
+
+    _, tl = run_lightning(with_loaders, None, max_epochs=1)
+    expected = _floats(tl.callback_metrics)
+    assert {"val_loss/dataloader_idx_0", "val_loss/dataloader_idx_1"} <= set(expected)
+    _, fit = run_taskfit(with_loaders, None, tmp_path=tmp_path / "module", max_epochs=1,
+                         fit_options={"eval_strategy": "epoch"})
+    assert _floats(fit.callback_metrics, lambda k: k in expected) == pytest.approx(expected, rel=1e-6)
+
+    def datamodule(base):
+        class Data(base):
+            def train_dataloader(self):
+                return data(n=12)
+
+            def val_dataloader(self):
+                return _val_loaders()
+        return Data()
+
+    module, tl = run_lightning(eval_module(), None, max_epochs=1, fit_kwargs={"datamodule": datamodule(
+        L.LightningDataModule)})
+    torch.manual_seed(0)
+    tm = eval_module()(__import__("taskfit").TaskModule)()
+    fit = Fit(output_dir=str(tmp_path / "dm"), report_to="none", disable_tqdm=True, save_strategy="no",
+              max_grad_norm=0.0, num_train_epochs=1, logging_steps=1, eval_strategy="epoch")
+    fit.fit(tm, datamodule=datamodule(DataModule))
+    expected = _floats(tl.callback_metrics)
+    assert _floats(fit.callback_metrics, lambda k: k in expected) == pytest.approx(expected, rel=1e-6)
