@@ -27,13 +27,13 @@ from taskfit.fit_mixins import CallbackManagement, ProcessInfo, RunAttributes
 from taskfit.fit_outputs import ModelOutputs
 from taskfit.data.loaders import DataModule, build_dataloader, per_process_batch_size, floating_point_ops, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import Logger, build_loggers, resume_loggers, send_summary
-from taskfit.loops.evaluation_loop import EvaluationLoop, metric_key
+from taskfit.loops.evaluation_loop import EvaluationLoop, is_loader_list, metric_key
 from taskfit.loops.fit_loop import FitLoop, accumulation_schedule, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metric_checks import check_before_training, missing_metric_error
 from taskfit.metrics import PredictionOutput, TrainOutput, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
-from taskfit.module_hooks import end_stage, start_stage
+from taskfit.module_hooks import end_stage, module_loader, start_stage
 from taskfit.results import ResultCollection
 from taskfit.run import Run, RunLifecycle
 from taskfit.console import LogPrinter, configure_console
@@ -198,6 +198,12 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         if isinstance(data, Mapping):
             return {name: self._loader(d, train=False, collator=collator, what=f"eval dataset {name!r}", run=run)
                     for name, d in data.items()}
+        if is_loader_list(data):  # Lightning's list of loaders: keyed by dataloader_idx
+            if len(data) == 1:
+                data = data[0]
+            else:
+                return {i: self._loader(d, train=False, collator=collator, what=f"eval dataset {i}", run=run)
+                        for i, d in enumerate(data)}
         return {None: self._loader(data, train=False, collator=collator, what="eval dataset", run=run)}
 
     # ----------------------------------------------------------------------------------------- fitting ---
@@ -297,6 +303,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         if datamodule is not None:
             train_data = train_data if train_data is not None else datamodule.train_dataloader()
             eval_data = eval_data if eval_data is not None else datamodule.val_dataloader()
+        else:  # a LightningModule-style module may define its own loaders
+            train_data = train_data if train_data is not None else module_loader(module, "train_dataloader")
+            if eval_data is None and self._can_validate(module):
+                eval_data = module_loader(module, "val_dataloader")
         if train_data is None:
             raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")
         if args.eval_strategy != "no" and eval_data is None:
@@ -431,9 +441,12 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         """Evaluate every named loader; returns the metrics and the keys logged with ``logger=False``."""
         metrics: dict[str, float] = {}
         hidden: set[str] = set()
-        for name, loader in loaders.items():
-            loop = EvaluationLoop(self, stage, self._hooks)
-            key = prefix if name is None else f"{prefix}_{name}"
+        indexed = len(loaders) > 1 and all(isinstance(n, int) for n in loaders)  # a list: one evaluation epoch
+        shared = ResultCollection(infer_batch_size, self.strategy.reduce, sync_by_default=True) if indexed else None
+        for i, (name, loader) in enumerate(loaders.items()):
+            loop = EvaluationLoop(self, stage, self._hooks, **(dict(
+                dataloader_idx=name, results=shared, first=i == 0, last=i == len(loaders) - 1) if indexed else {}))
+            key = prefix if name is None or indexed else f"{prefix}_{name}"
             metrics.update(loop.run(loader, key)[0])
             if self._model_preparation_time is not None:
                 metrics[f"{key}_model_preparation_time"] = self._model_preparation_time
@@ -544,7 +557,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
     def _validate_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
                         metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
         module, data = self._eval_entry(model, data, "validate", ckpt_path)
-        data = data if data is not None else self._from_datamodule(datamodule, "validate", "val_dataloader")
+        data = data if data is not None else (self._from_datamodule(datamodule, "validate", "val_dataloader")
+                                              if datamodule is not None else module_loader(module, "val_dataloader"))
         fit_loaders = self._last_fit.eval_loaders if self._last_fit is not None else {}
         loaders = self._eval_loader_dict(data, data_collator) if data is not None else fit_loaders
         if not loaders and self.eval_dataset is not None:  # HF Trainer(eval_dataset=...) before any training
@@ -578,7 +592,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
     def _test_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
                     metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
         module, data = self._eval_entry(model, data, "test", ckpt_path)
-        data = data if data is not None else self._from_datamodule(datamodule, "test", "test_dataloader")
+        data = data if data is not None else (self._from_datamodule(datamodule, "test", "test_dataloader")
+                                              if datamodule is not None else module_loader(module, "test_dataloader"))
         if data is None:
             raise ValueError("test() needs data: pass data or a datamodule with test_dataloader().")
         metrics, hidden = self._run_eval(self._eval_loader_dict(data, data_collator), "test", metric_key_prefix)
@@ -604,7 +619,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
     def _predict_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
                        metric_key_prefix: str, ckpt_path: str | None = None) -> PredictionOutput:
         module, data = self._eval_entry(model, data, "predict", ckpt_path)
-        data = data if data is not None else self._from_datamodule(datamodule, "predict", "predict_dataloader")
+        data = data if data is not None else (self._from_datamodule(datamodule, "predict", "predict_dataloader")
+                                              if datamodule is not None else module_loader(module, "predict_dataloader"))
         if data is None:
             raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")
         loader = self._loader(data, train=False, collator=data_collator, what="predict dataset")

@@ -128,25 +128,38 @@ class TaskModule(LightningMembers, LightningHooks, nn.Module):
 
     # -- logging ----------------------------------------------------------------------------------------
     def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool = True, on_step: bool | None = None,
-            on_epoch: bool | None = None, reduce_fx: str = "mean", sync_dist: bool = False,
-            batch_size: int | None = None) -> None:
+            on_epoch: bool | None = None, reduce_fx: str = "mean", sync_dist: bool | None = None,
+            batch_size: int | None = None, add_dataloader_idx: bool = True) -> None:
         """Log a scalar (number, 0-dim/1-element tensor or ``torchmetrics.Metric``) under ``name``.
 
-        Defaults mirror Lightning: in ``training_step`` ``on_step=True, on_epoch=False``; in validation/test
-        steps ``on_step=False, on_epoch=True`` (a batch-size-weighted mean over the epoch). Tensors are kept
-        on their device and converted to floats only on steps where something is written.
+        Mirrors ``LightningModule.log``. Defaults mirror Lightning: in ``training_step`` ``on_step=True,
+        on_epoch=False``; in validation/test steps ``on_step=False, on_epoch=True`` (a batch-size-weighted mean
+        over the epoch). Tensors are kept on their device and converted to floats only on steps where something
+        is written. A ``torchmetrics.Metric`` gives the batch value of its last ``forward()`` on the step and
+        ``compute()`` on the epoch.
+
+        ``sync_dist``: whether an epoch value is reduced over processes (for ``"mean"`` weighted by batch size,
+        so it equals the value over the whole data set). None (the default) means True for values logged during
+        evaluation and False during training; Lightning's default is False everywhere. The reduction runs once
+        at the end of the epoch. ``add_dataloader_idx``: with several evaluation loaders given as a list, append
+        ``/dataloader_idx_N`` to the name (Lightning's rule); with False, every loader adds to one value.
 
         Raises:
             RuntimeError: called outside a running ``Fit`` stage.
-            ValueError: a non-scalar tensor or an unknown ``reduce_fx``.
+            ValueError: a non-scalar tensor, an unknown ``reduce_fx``, or ``/dataloader_idx_`` in ``name`` with
+                ``add_dataloader_idx=True``.
         """
         results = self._results
         if results is None:
             raise RuntimeError(f"self.log({name!r}) was called outside a Fit stage; call it from a *_step or hook.")
+        if add_dataloader_idx and "/dataloader_idx_" in name:
+            raise ValueError(f"self.log({name!r}) with add_dataloader_idx=True: the name must not contain "
+                             "'/dataloader_idx_'; it is appended for you (or pass add_dataloader_idx=False).")
         d_step, d_epoch = self._log_defaults
         results.log(name, value, on_step=d_step if on_step is None else on_step,
                     on_epoch=d_epoch if on_epoch is None else on_epoch, prog_bar=prog_bar, logger=logger,
-                    reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size)
+                    reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size,
+                    add_dataloader_idx=add_dataloader_idx)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """Call :meth:`log` for every item of ``dictionary`` with the same options."""

@@ -88,17 +88,24 @@ def overrides(module: Any, name: str) -> bool:
     return getattr(type(module), name, None) is not getattr(LightningHooks, name)
 
 
-def batch_mover(module: Any, strategy: Any) -> Callable[[Any], Any]:
-    """The function that moves a batch to the device: the strategy's, or the module's transfer hooks when it
+def batch_mover(module: Any, strategy: Any) -> Callable[..., Any]:
+    """``(batch, dataloader_idx=0) -> batch`` on the device: the strategy's, or the module's transfer hooks when it
     overrides any of them (before -> transfer -> after, as Lightning)."""
     if not any(overrides(module, n) for n in TRANSFER_HOOKS):
-        return strategy.batch_to_device
+        return lambda batch, dataloader_idx=0: strategy.batch_to_device(batch)
 
     def move(batch: Any, dataloader_idx: int = 0) -> Any:
         batch = module.on_before_batch_transfer(batch, dataloader_idx)
         batch = module.transfer_batch_to_device(batch, strategy.root_device, dataloader_idx)
         return module.on_after_batch_transfer(batch, dataloader_idx)
     return move
+
+
+def module_loader(module: Any, name: str) -> Any:
+    """What the module's own ``name`` hook (``train_dataloader``, ``val_dataloader``, ``test_dataloader``,
+    ``predict_dataloader``, as on a ``LightningModule``) returns; None when the module defines no such method."""
+    fn = getattr(module, name, None)
+    return fn() if callable(fn) else None
 
 
 def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:

@@ -10,6 +10,7 @@ import inspect
 import json
 from argparse import Namespace
 from collections.abc import Mapping
+import contextlib
 from contextlib import contextmanager
 from typing import Any, Iterator
 
@@ -344,14 +345,39 @@ class LightningMembers:
         """
         from taskfit.module_hooks import overrides
 
+        from taskfit.optim.manual import prepare_ddp_backward
+
         fit = self.trainer.fit
         self._call_hook("on_before_backward", loss)
+        if not self.__dict__.get("_block_backward_sync", False):
+            prepare_ddp_backward(fit.strategy, loss)  # this backward all-reduces (DDP)
         if overrides(self, "backward"):
             scaler = getattr(fit.strategy.precision, "scaler", None)
             self.backward(scaler.scale(loss) if scaler is not None else loss, *args, **kwargs)
         else:
             fit.strategy.backward(loss, *args, **kwargs)
         self._call_hook("on_after_backward")
+
+    @contextmanager
+    def no_backward_sync(self, enabled: bool = True) -> Iterator[None]:
+        """Inside (with ``enabled``), :meth:`manual_backward` accumulates gradients locally without the
+        all-reduce (DDP) or reduce-scatter (FSDP): use it on every micro-batch of a manual accumulation window
+        but the last. A no-op on one process. Mirrors ``Fabric.no_backward_sync`` (Lightning:
+        ``optimizer.toggle_model(sync_grad=False)``, which uses it).
+
+        Raises:
+            RuntimeError: the module is not attached to a run.
+        """
+        strategy = self.trainer.fit.strategy
+        previous = self.__dict__.get("_block_backward_sync", False)
+        object.__setattr__(self, "_block_backward_sync", bool(enabled))
+        try:
+            ddp = type(getattr(strategy, "model", None)).__name__ == "DistributedDataParallel"
+            # DDP: manual_backward does not arm the reducer; others (FSDP): the strategy's own switch
+            with contextlib.nullcontext() if ddp else strategy.no_sync(not enabled):
+                yield
+        finally:
+            object.__setattr__(self, "_block_backward_sync", previous)
 
     def _call_hook(self, name: str, *args: Any) -> None:
         fit = self._fit

@@ -17,17 +17,22 @@ class LoggedValue:
     """One logged name: options plus the last value and the epoch aggregate."""
 
     __slots__ = ("name", "on_step", "on_epoch", "prog_bar", "logger", "reduce_fx", "sync_dist", "last",
-                 "agg", "weight", "metric", "fresh")
+                 "agg", "weight", "metric", "fresh", "suffix", "dataloader_idx")
 
     def __init__(self, name: str, on_step: bool, on_epoch: bool, prog_bar: bool, logger: bool, reduce_fx: str,
-                 sync_dist: bool) -> None:
-        self.name, self.on_step, self.on_epoch = name, on_step, on_epoch
+                 sync_dist: bool, suffix: str = "") -> None:
+        self.name, self.on_step, self.on_epoch, self.suffix = name, on_step, on_epoch, suffix
         self.prog_bar, self.logger, self.reduce_fx, self.sync_dist = prog_bar, logger, reduce_fx, sync_dist
         self.last: Any = None
         self.agg: Any = None
         self.weight = 0
         self.metric = None  # a torchmetrics.Metric logged as an object: computed and reset per epoch
         self.fresh = False  # logged since the last emission
+        self.dataloader_idx: int | None = None  # the evaluation loader it was first logged from
+
+    def key(self, fork: str = "") -> str:
+        """The emitted name: ``name{fork}{suffix}`` (Lightning's ``acc_epoch/dataloader_idx_1``)."""
+        return f"{self.name}{fork}{self.suffix}"
 
 
 def _to_float(v: Any) -> float:
@@ -40,12 +45,20 @@ class ResultCollection:
     Args:
         batch_size_fn (Callable[[Any], int]): infers a batch's size, used to weight epoch means.
         reduce_fn (Callable | None): ``(tensor, op) -> tensor`` across processes for ``sync_dist=True``.
+        sync_by_default (bool): what ``sync_dist=None`` means: True for evaluation (epoch values are full-set
+            values across processes), False for training (each process's own value, as in Lightning).
+
+    ``dataloader_idx`` (int | None) is the index of the evaluation loader running when several are given as a
+    list; names logged with ``add_dataloader_idx=True`` then get Lightning's ``/dataloader_idx_N`` suffix.
     """
 
-    def __init__(self, batch_size_fn: Callable[[Any], int], reduce_fn: Callable | None = None) -> None:
+    def __init__(self, batch_size_fn: Callable[[Any], int], reduce_fn: Callable | None = None,
+                 sync_by_default: bool = False) -> None:
         self.values: dict[str, LoggedValue] = {}
         self.batch_size_fn = batch_size_fn
         self.reduce_fn = reduce_fn
+        self.sync_by_default = sync_by_default
+        self.dataloader_idx: int | None = None
         self.batch: Any = None
         self._batch_size: int | None = None
         self._pending_metric_states: dict[str, dict[str, Any]] = {}  # from a checkpoint, applied on the next log
@@ -56,19 +69,35 @@ class ResultCollection:
         self._batch_size = None
 
     def log(self, name: str, value: Any, *, on_step: bool, on_epoch: bool, prog_bar: bool, logger: bool,
-            reduce_fx: str, sync_dist: bool, batch_size: int | None) -> None:
+            reduce_fx: str, sync_dist: bool | None, batch_size: int | None, add_dataloader_idx: bool = True) -> None:
         """Store ``value`` (a number, a scalar tensor or a ``torchmetrics.Metric``) under ``name``.
 
+        ``sync_dist=None`` takes the collection's default (``sync_by_default``).
+
         Raises:
-            ValueError: ``reduce_fx`` unknown, or a tensor with more than one element.
+            ValueError: ``reduce_fx`` unknown, a tensor with more than one element, or a name logged with
+                ``add_dataloader_idx=False`` from two evaluation loaders (refused by Lightning too).
         """
-        entry = self.values.get(name)
+        suffix = f"/dataloader_idx_{self.dataloader_idx}" if add_dataloader_idx and self.dataloader_idx is not None \
+            else ""
+        entry = self.values.get(name + suffix)
         if entry is None:
             if reduce_fx not in _REDUCE_FX:
                 raise ValueError(f"reduce_fx={reduce_fx!r} is not valid for {name!r}; choose one of {_REDUCE_FX}.")
-            entry = self.values[name] = LoggedValue(name, on_step, on_epoch, prog_bar, logger, reduce_fx, sync_dist)
+            sync = self.sync_by_default if sync_dist is None else bool(sync_dist)
+            entry = self.values[name + suffix] = LoggedValue(name, on_step, on_epoch, prog_bar, logger, reduce_fx,
+                                                             sync, suffix)
+            entry.dataloader_idx = self.dataloader_idx
+        elif entry.dataloader_idx != self.dataloader_idx:  # Lightning refuses this as well
+            raise ValueError(f"self.log({name!r}, ..., add_dataloader_idx=False) was called from evaluation loaders "
+                             f"{entry.dataloader_idx} and {self.dataloader_idx}; one name cannot hold values of "
+                             "two loaders. Use add_dataloader_idx=True or a name per loader.")
         if hasattr(value, "compute") and hasattr(value, "update"):  # torchmetrics.Metric: compute at epoch end
             entry.metric, entry.fresh = value, True
+            # the step value is the batch value of the metric's last forward() (Lightning's _forward_cache);
+            # None when only update() was called, and then nothing is logged on the step
+            cache = getattr(value, "_forward_cache", None)
+            entry.last = cache.detach() if isinstance(cache, torch.Tensor) else cache
             if name in self._pending_metric_states:
                 for k, v in self._pending_metric_states.pop(name).items():
                     setattr(value, k, v)
@@ -96,11 +125,29 @@ class ResultCollection:
             pick = torch.maximum if reduce_fx == "max" else torch.minimum
             entry.agg = pick(torch.as_tensor(entry.agg), torch.as_tensor(value))
 
+    def _device(self, value: Any) -> Any:
+        """Where a collective's tensor lives: the value's device, else the strategy's (NCCL needs the GPU)."""
+        if isinstance(value, torch.Tensor):
+            return value.device
+        return getattr(getattr(self.reduce_fn, "__self__", None), "root_device", None)
+
     def _sync(self, entry: LoggedValue, value: Any) -> Any:
         if entry.sync_dist and self.reduce_fn is not None:
             op = entry.reduce_fx
-            value = self.reduce_fn(torch.as_tensor(value, dtype=torch.float64), op)
+            value = self.reduce_fn(torch.as_tensor(value, dtype=torch.float64, device=self._device(value)), op)
         return value
+
+    def _epoch_mean(self, entry: LoggedValue) -> float:
+        """The batch-size-weighted mean; with ``sync_dist`` over every process's batches (one all-reduce of
+        ``[sum, weight]`` at epoch end, so logging adds no per-step collective or host sync)."""
+        agg = entry.agg
+        if not (entry.sync_dist and self.reduce_fn is not None):
+            return _to_float(agg) / float(entry.weight)
+        device = self._device(agg)
+        pair = torch.stack([torch.as_tensor(agg, dtype=torch.float64, device=device).reshape(()),
+                            torch.tensor(float(entry.weight), dtype=torch.float64, device=device)])
+        total = self.reduce_fn(pair, "sum")
+        return _to_float(total[0]) / _to_float(total[1])
 
     def step_values(self, prog_bar_only: bool = False) -> dict[str, float]:
         """Floats of the ``on_step`` values logged since the last call with ``logger=True`` (or, with
@@ -110,8 +157,7 @@ class ResultCollection:
             if not e.fresh or not e.on_step or e.last is None or (prog_bar_only and not e.prog_bar) or (
                     not prog_bar_only and not e.logger):
                 continue
-            key = f"{e.name}_step" if e.on_epoch else e.name
-            out[key] = _to_float(self._sync(e, e.last))
+            out[e.key("_step" if e.on_epoch else "")] = _to_float(self._sync(e, e.last))
         if not prog_bar_only:
             for e in self.values.values():
                 e.fresh = False
@@ -123,25 +169,30 @@ class ResultCollection:
         for e in self.values.values():
             if logger_only and not e.logger:
                 continue
-            key = f"{e.name}_epoch" if e.on_step else e.name
+            key = e.key("_epoch" if e.on_step else "")
             if e.metric is not None:
+                if not e.on_epoch:
+                    continue
                 v = e.metric.compute()
                 out[key] = _to_float(v)
             elif e.on_epoch and e.agg is not None:
-                agg = self._sync(e, e.agg)
                 if e.reduce_fx == "mean":
-                    w = self._sync(e, float(e.weight)) if e.sync_dist else e.weight
-                    out[key] = _to_float(agg) / _to_float(w)
+                    out[key] = self._epoch_mean(e)
                 else:
-                    out[key] = _to_float(agg)
+                    out[key] = _to_float(self._sync(e, e.agg))
         return out
 
     def hidden_names(self) -> set[str]:
         """Names logged with ``logger=False`` (kept out of the loggers, still returned to the caller)."""
-        return {f"{e.name}_epoch" if e.on_step else e.name for e in self.values.values() if not e.logger}
+        return {e.key("_epoch" if e.on_step else "") for e in self.values.values() if not e.logger}
+
+    def epoch_aliases(self) -> dict[str, str]:
+        """``{name: name_epoch}`` for values logged with both ``on_step`` and ``on_epoch``: Lightning's
+        ``callback_metrics`` also hold the epoch value under the plain name."""
+        return {e.key(): e.key("_epoch") for e in self.values.values() if e.on_step and e.on_epoch}
 
     def prog_bar_names(self) -> set[str]:
-        return {e.name for e in self.values.values() if e.prog_bar}
+        return {e.key() for e in self.values.values() if e.prog_bar}
 
     def reset_epoch(self) -> None:
         """Start a new epoch: drop aggregates and reset logged metric objects."""

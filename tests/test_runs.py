@@ -131,6 +131,23 @@ def test_F_LOOP_7_auto_find_batch_size_retry_is_a_fresh_run(tmp_path):
 
 
 class TwoOptimizers(Net):
+    """Two optimizers over disjoint parameters, stepped together by the module: several optimizers need manual
+    optimization (Lightning 2.x refuses them under automatic optimization, and so does Fit)."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        opts = self.optimizers()
+        for opt in opts:
+            opt.zero_grad()
+        self.manual_backward(loss)
+        for opt in opts:
+            opt.step()
+        return loss
+
     def configure_optimizers(self):
         first, last = self.net[0], self.net[3]
         return [torch.optim.SGD(first.parameters(), lr=0.05), torch.optim.SGD(last.parameters(), lr=0.05)]
@@ -142,15 +159,15 @@ class OneOptimizer(Net):
 
 
 def test_F_LOOP_4_several_optimizers_step_together_and_resume(tmp_path):
-    """Two optimizers over disjoint parameters step once per window, as one optimizer over all would; both are
-    checkpointed (optimizer.pt, optimizer_1.pt) and a resumed run ends equal."""
+    """Two optimizers over disjoint parameters stepped every batch (manual optimization) train as one optimizer
+    over all would; both are checkpointed (optimizer.pt, optimizer_1.pt) and a resumed run ends equal."""
     torch.manual_seed(0)
     two = TwoOptimizers()
     torch.manual_seed(0)
     single = OneOptimizer()
     fit = Fit(_args(tmp_path / "two", save_strategy="steps", save_steps=5))
     fit.fit(two, _data())
-    Fit(_args(tmp_path / "one")).fit(single, _data())
+    Fit(_args(tmp_path / "one", max_grad_norm=0.0)).fit(single, _data())  # manual optimization does not clip
     assert _equal(two, single) and len(fit.optimizers) == 2
     files = sorted(p.name for p in (tmp_path / "two" / "checkpoint-5").iterdir())
     assert "optimizer.pt" in files and "optimizer_1.pt" in files
@@ -159,6 +176,17 @@ def test_F_LOOP_4_several_optimizers_step_together_and_resume(tmp_path):
     Fit(_args(tmp_path / "two", save_strategy="steps", save_steps=5)).fit(
         resumed, _data(), resume_from_checkpoint=str(tmp_path / "two" / "checkpoint-5"))
     assert _equal(two, resumed)
+
+
+def test_F_LOOP_4_several_optimizers_under_automatic_optimization_are_refused(tmp_path):
+    """Lightning 2.x's rule: several optimizers need automatic_optimization = False; refused before any step."""
+    class Auto(Net):
+        configure_optimizers = TwoOptimizers.configure_optimizers
+
+    fit = Fit(_args(tmp_path))
+    with pytest.raises(RuntimeError, match="only supported with manual optimization.*automatic_optimization = False"):
+        fit.fit(Auto(), _data())
+    assert fit.state.global_step == 0
 
 
 class Stateful(Callback):

@@ -33,6 +33,13 @@ def metric_key(name: str, prefix: str) -> str:
     return name if name.startswith(_PREFIXES + (f"{prefix}_",)) else f"{prefix}_{name}"
 
 
+def is_loader_list(data: Any) -> bool:
+    """True for a list or tuple of ``DataLoader``/``Dataset`` objects: several evaluation loaders (Lightning)."""
+    from torch.utils.data import DataLoader, Dataset
+
+    return isinstance(data, (list, tuple)) and bool(data) and all(isinstance(d, (DataLoader, Dataset)) for d in data)
+
+
 def _batch_labels(batch: Any, label_names: list[str]) -> Any:
     if isinstance(batch, Mapping):
         found = [batch[k] for k in label_names if k in batch]
@@ -120,10 +127,18 @@ class EvaluationLoop:
     Args:
         fit (Fit): the run (module, strategy, hooks, arguments, metric functions).
         stage (str): ``"validate"``, ``"test"`` or ``"predict"``.
+        dataloader_idx (int | None): index of this loader among several given as a list (Lightning's
+            ``dataloader_idx``: passed to the step, suffixes the pass's keys); None for a single loader.
+        results (ResultCollection | None): the collection ``self.log`` writes to, shared by the loaders of a
+            list; None makes one for this pass.
+        first, last (bool): whether this pass starts / ends the evaluation (the ``on_*_start``/``epoch_start``
+            and ``on_*_epoch_end``/``end`` hooks and the logged epoch values belong to the whole evaluation).
     """
 
-    def __init__(self, fit: Fit, stage: str, hooks: Any) -> None:
+    def __init__(self, fit: Fit, stage: str, hooks: Any, *, dataloader_idx: int | None = None,
+                 results: ResultCollection | None = None, first: bool = True, last: bool = True) -> None:
         self.fit, self.stage, self.hooks = fit, stage, hooks
+        self.dataloader_idx, self.results, self.first, self.last = dataloader_idx, results, first, last
         self.hidden: set[str] = set()
 
     def run(self, loader: Any, prefix: str) -> tuple[dict[str, float], Any, Any]:
@@ -161,7 +176,11 @@ class EvaluationLoop:
         was_training = module.training
         module.eval()
         prev_results, prev_defaults = module._results, module._log_defaults
-        results = module._results = ResultCollection(infer_batch_size, strategy.reduce)
+        # evaluation epoch values are full-set values across processes unless logged with sync_dist=False
+        results = module._results = self.results or ResultCollection(infer_batch_size, strategy.reduce,
+                                                                     sync_by_default=True)
+        results.dataloader_idx = idx = self.dataloader_idx
+        extra = () if idx is None else (idx,)  # Lightning passes dataloader_idx only with several loaders
         module._log_defaults = (False, True)
         preds, labels, inputs = (_Collector(args.eval_accumulation_steps) for _ in range(3))
         returned_metrics: dict[str, Any] = {}
@@ -175,12 +194,13 @@ class EvaluationLoop:
             if memory is not None:
                 memory.start()
             start = time.perf_counter()
-            hooks.call(f"on_{hook_stage}_start", fit, module)
-            hooks.call(f"on_{hook_stage}_epoch_start", fit, module)
+            if self.first:
+                hooks.call(f"on_{hook_stage}_start", fit, module)
+                hooks.call(f"on_{hook_stage}_epoch_start", fit, module)
             move = batch_mover(module, strategy)
             with torch.no_grad():
                 for batch_idx, batch in enumerate(loader):
-                    batch = move(batch)
+                    batch = move(batch, idx or 0)
                     results.set_batch(batch)
                     bs = infer_batch_size(batch)
                     weight = bs
@@ -189,7 +209,7 @@ class EvaluationLoop:
                         results._batch_size = weight
                     hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx)
                     with strategy.forward_context():
-                        out = step_fn(batch, batch_idx)
+                        out = step_fn(batch, batch_idx, *extra)
                     loss, logits, lab = self._unpack(out, batch, label_names, returned_metrics)
                     if loss is not None:
                         loss_sum = loss.detach().float() * weight if loss_sum is None else loss_sum + loss.detach().float() * weight
@@ -228,10 +248,17 @@ class EvaluationLoop:
                 all_preds, all_labels, all_inputs = (self._gather(x, indices, batch_bounds, concat)
                                                      for x in (all_preds, all_labels, all_inputs))
 
-            hooks.call(f"on_{hook_stage}_epoch_end", fit, module)  # may still log epoch values (Lightning)
-            metrics = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
-            self.hidden = {metric_key(k, prefix) for k in results.hidden_names()}  # logger=False: not sent to loggers
-            results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
+            logged: dict[str, Any] = {}
+            aliases: dict[str, Any] = {}  # callback_metrics only: `name` for `name_epoch` (Lightning)
+            if self.last:
+                results.dataloader_idx = None  # values logged in on_*_epoch_end get no suffix (Lightning)
+                hooks.call(f"on_{hook_stage}_epoch_end", fit, module)  # may still log epoch values (Lightning)
+                logged = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
+                self.hidden = {metric_key(k, prefix) for k in results.hidden_names()}  # logger=False: no loggers
+                aliases = {metric_key(k, prefix): logged[metric_key(f, prefix)]
+                           for k, f in results.epoch_aliases().items() if metric_key(f, prefix) in logged}
+                results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
+            metrics: dict[str, Any] = {}
             for name, metric in returned_metrics.items():  # returned torchmetrics objects: compute, then reset
                 metrics[metric_key(name, prefix)] = float(metric.compute())
                 metric.reset()
@@ -251,8 +278,12 @@ class EvaluationLoop:
             metrics.update(speed_metrics(prefix, start, time.perf_counter(), n_samples, n_batches))
             if memory is not None:
                 metrics.update(memory.stop(prefix))
-            fit.callback_metrics.update(metrics)
-            hooks.call(f"on_{hook_stage}_end", fit, module)
+            if idx is not None:  # this loader's own values (loss, compute_metrics, speed) keep apart
+                metrics = {f"{k}/dataloader_idx_{idx}": v for k, v in metrics.items()}
+            metrics = {**logged, **metrics}
+            fit.callback_metrics.update({**metrics, **aliases})
+            if self.last:
+                hooks.call(f"on_{hook_stage}_end", fit, module)
         finally:  # an exception inside a step must not leave the module in eval mode or with eval results
             module._results, module._log_defaults = prev_results, prev_defaults
             if was_training:

@@ -15,7 +15,7 @@ from taskfit.data.loaders import set_loader_epoch, skip_first_batches
 from taskfit.loops.finite import check_finite
 from taskfit.module import infer_batch_size
 from taskfit.module_hooks import batch_mover, overrides
-from taskfit.optim.manual import LightningOptimizer
+from taskfit.optim.manual import LightningOptimizer, manual_outer_forward
 from taskfit.seed import set_rng_states
 
 if TYPE_CHECKING:
@@ -258,7 +258,7 @@ class FitLoop:
                         hooks.call_hf("on_step_begin", args, state, control, **run.hf_kwargs())
                     box: dict[str, Any] = {}
                     if manual:  # training_step runs backward and steps the optimizers itself
-                        with fwd_ctx():
+                        with fwd_ctx(), manual_outer_forward(strategy):
                             out = train_fx(batch, batch_idx)
                         loss = _manual_loss(out, strategy.root_device)
                     else:

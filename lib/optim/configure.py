@@ -93,8 +93,9 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
     Order: a ``configure_optimizers`` result (an optimizer; ``(optimizer, scheduler)``; ``([optimizers],
     [schedulers])``; ``{"optimizer": ..., "lr_scheduler": ...}``; or a list of such dicts, Lightning's forms; a
     scheduler may be ``{"scheduler", "interval", "monitor"}``) wins; else HF ``optimizers=(opt, sched)``; else
-    ``optim``/``lr_scheduler_type`` from ``args`` (over ``model``'s parameters). Several optimizers all step once
-    per accumulation window. ``interval`` is ``"step"``, ``"epoch"``, or ``"eval"`` for metric schedulers
+    ``optim``/``lr_scheduler_type`` from ``args`` (over ``model``'s parameters). Several optimizers need manual
+    optimization (``automatic_optimization = False``), as in Lightning 2.x, and are then stepped by the module.
+    ``interval`` is ``"step"``, ``"epoch"``, or ``"eval"`` for metric schedulers
     (``ReduceLROnPlateau``), which then watch ``monitor`` (default ``eval_<metric_for_best_model>`` or
     ``eval_loss``). With ``strategy_builds_optimizer`` (a DeepSpeed config with an ``optimizer`` section) no
     optimizer is built here: the strategy's ``setup`` returns its own.
@@ -103,6 +104,7 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
         TypeError: ``configure_optimizers`` returned something else.
         ValueError: an ``interval`` other than ``"step"``/``"epoch"``; an optimizer defined both by the module or
             ``optimizers=`` and by the strategy's backend config.
+        RuntimeError: several optimizers under automatic optimization (Lightning's refusal).
     """
     cfg = module.configure_optimizers()
     opt, sched = hf_optimizers
@@ -143,6 +145,11 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
             raise TypeError("configure_optimizers must return an optimizer, (optimizer, scheduler), ([optimizers], "
                             "[schedulers]), {'optimizer': ..., 'lr_scheduler': ...} or a list of such dicts; got "
                             f"{type(cfg).__name__}.")
+        if len(opts) > 1 and getattr(module, "automatic_optimization", True):  # Lightning 2.x refuses this too
+            raise RuntimeError(
+                f"configure_optimizers returned {len(opts)} optimizers, but training with multiple optimizers is only "
+                "supported with manual optimization. Set `self.automatic_optimization = False` in __init__, then "
+                "access your optimizers in `training_step` with `opt1, opt2, ... = self.optimizers()`.")
         for o in opts:
             check_parameters_in_model(o, module)
         monitors = monitors or [None] * len(scheds)

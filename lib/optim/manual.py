@@ -4,7 +4,10 @@ goes through the strategy (precision plugin: loss-scaler step and skipped steps)
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any, Callable, Iterator
+
+import torch
 
 
 class LightningOptimizer:
@@ -51,6 +54,52 @@ class LightningOptimizer:
         module.__dict__["_manual_steps"] = module.__dict__.get("_manual_steps", 0) + 1
         return result
 
+    @contextlib.contextmanager
+    def toggle_model(self, sync_grad: bool = True) -> Iterator[None]:
+        """Inside, only this optimizer's parameters require grad (``toggle_optimizer``) and, with
+        ``sync_grad=False``, ``manual_backward`` accumulates gradients locally without the all-reduce (use it on
+        every micro-batch of a window but the last). Mirrors ``LightningOptimizer.toggle_model``."""
+        module = self._module
+        with module.no_backward_sync(not sync_grad):
+            module.toggle_optimizer(self)
+            try:
+                yield
+            finally:
+                module.untoggle_optimizer(self)
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Zero (default: drop) the gradients of the optimizer's parameters."""
         self._optimizer.zero_grad(set_to_none=set_to_none)
+
+
+@contextlib.contextmanager
+def manual_outer_forward(strategy: Any) -> Iterator[None]:
+    """Around a manual-optimization ``training_step`` called through ``DistributedDataParallel``: the wrapper's
+    forward must not prepare the gradient reducer, since the step runs its backward passes itself and
+    :func:`prepare_ddp_backward` prepares each (Lightning's ``_DDPForwardRedirection``)."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = getattr(strategy, "model", None)
+    if not isinstance(model, DistributedDataParallel):
+        yield
+        return
+    model.require_backward_grad_sync = False
+    try:
+        yield
+    finally:
+        model.require_backward_grad_sync = True
+
+
+def prepare_ddp_backward(strategy: Any, loss: Any) -> None:
+    """Before a ``manual_backward`` that synchronises: arm the ``DistributedDataParallel`` reducer so this backward
+    all-reduces the gradients (Lightning's ``prepare_for_backward``). A no-op without DDP."""
+    from torch.nn.parallel.distributed import _find_tensors  # noqa: PLC2701 (the helper DDP itself uses)
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = getattr(strategy, "model", None)
+    if not isinstance(model, DistributedDataParallel) or not torch.is_grad_enabled():
+        return
+    model.require_forward_param_sync = True
+    args = list(_find_tensors(loss)) if model.find_unused_parameters and not model.static_graph else []
+    model.reducer._rebuild_buckets()  # as Lightning: avoids an internal assert with find_unused_parameters=False
+    model.reducer.prepare_for_backward(args)

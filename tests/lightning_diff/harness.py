@@ -33,13 +33,13 @@ def build(make: Callable[[type], type], base: type, *args: Any, seed: int = 0, *
 
 def run_lightning(make: Callable[[type], type], train: Any, val: Any = None, *, init: dict | None = None,
                   callbacks: list | None = None, fit_kwargs: dict | None = None, quiet: bool = True,
-                  **options: Any) -> tuple[Any, Any]:
+                  logger: Any = False, **options: Any) -> tuple[Any, Any]:
     import lightning as L
 
     module = build(make, L.LightningModule, **(init or {}))
     opts = dict(max_epochs=1, max_steps=-1, accumulate_grad_batches=1, gradient_clip_val=None)
     opts.update(options)
-    trainer = L.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, logger=False,
+    trainer = L.Trainer(accelerator="cpu", devices=1, enable_progress_bar=False, logger=logger,
                         enable_checkpointing=False, enable_model_summary=False, num_sanity_val_steps=0,
                         callbacks=callbacks or [], **opts)
     with warnings.catch_warnings():
@@ -69,3 +69,29 @@ def run_taskfit(make: Callable[[type], type], train: Any, val: Any = None, *, tm
 def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     sa, sb = a.state_dict(), b.state_dict()
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def recording_logger() -> Any:
+    """A Lightning logger keeping every ``log_metrics`` call as ``(step, {name: float})`` in ``.rows``."""
+    from lightning.pytorch.loggers import Logger
+
+    class Recorder(Logger):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rows: list[tuple[int, dict[str, float]]] = []
+
+        @property
+        def name(self) -> str:
+            return "recorder"
+
+        @property
+        def version(self) -> int:
+            return 0
+
+        def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+            self.rows.append((step, {k: float(v) for k, v in metrics.items()}))
+
+        def log_hyperparams(self, params: Any, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    return Recorder()
