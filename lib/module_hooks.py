@@ -130,8 +130,9 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
     if datamodule is not None:
         datamodule.setup(stage)
     fit._hooks.call("setup", fit, module, stage)
-    if getattr(fit.strategy, "mesh_before_configure_model", False):
-        fit.strategy.setup_environment()  # model parallel: configure_model parallelises on the device mesh
+    prepare = getattr(fit.strategy, "prepare_for_configure_model", None)
+    if prepare is not None:  # model parallel: checks the module, builds the device mesh configure_model uses
+        prepare(module)
     module.configure_model()
 
 

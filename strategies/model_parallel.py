@@ -100,8 +100,6 @@ class ModelParallelStrategy(FSDPStrategy):
 
     name = "model_parallel"
     precision_plugin = None  # the plain plugins: autocast for bf16-mixed, a cast module for the true names
-    #: the mesh must exist before ``configure_model`` (the stage start calls :meth:`setup_environment` first)
-    mesh_before_configure_model = True
 
     def __init__(self, *args: Any, data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
                  context_parallel_size: int | None = None, save_distributed_checkpoint: bool = True,
@@ -127,6 +125,7 @@ class ModelParallelStrategy(FSDPStrategy):
             raise ValueError(f"strategy='model_parallel' does not support precision={name!r}; choose one of "
                              f"{list(SUPPORTED_PRECISION)}.")
         self._device_mesh: Any = None
+        self.mesh_shape()  # sizes that do not fit the world size fail here, before any process starts
 
     # -- mesh ---------------------------------------------------------------------------------------------
     def mesh_shape(self) -> tuple[int, int]:
@@ -171,6 +170,26 @@ class ModelParallelStrategy(FSDPStrategy):
             log.info("Model parallel: device mesh %s (data_parallel x tensor_parallel).", shape)
         self.mesh = self._device_mesh
 
+    def check_module(self, module: nn.Module) -> None:
+        """Refuse a TaskModule this strategy cannot parallelise.
+
+        Raises:
+            ValueError: ``module`` neither overrides ``configure_model`` nor holds a model with a ``tp_plan``.
+        """
+        from taskfit.module_hooks import overrides
+
+        if not overrides(module, "configure_model") and model_tp_plan(module) is None:
+            raise ValueError(f"strategy='model_parallel' needs {type(module).__name__} to override "
+                             "configure_model() and parallelise itself on self.device_mesh (parallelize_module / "
+                             "fully_shard), or a model that declares a tp_plan; it has neither.")
+
+    def prepare_for_configure_model(self, module: nn.Module) -> None:
+        """Called at the start of a stage, before the TaskModule's ``configure_model()``: check ``module``
+        (:meth:`check_module`), then form the process group and the mesh ``configure_model`` parallelises on
+        (Lightning sets the mesh up in ``setup_environment``, before ``configure_model``)."""
+        self.check_module(module)
+        self.setup_environment()
+
     @property
     def data_parallel_size(self) -> int:
         """Processes that read different data (the mesh's first dimension)."""
@@ -201,18 +220,14 @@ class ModelParallelStrategy(FSDPStrategy):
         """
         from taskfit.module_hooks import overrides
 
+        self.check_module(module)
         if self._device_mesh is None:
             self.setup_environment()
         self._params_before = list(module.named_parameters())
         self._names_before = {id(p): n for n, p in self._params_before}
         module = self.precision.convert_module(module).to(self.root_device)
         if not overrides(module, "configure_model"):
-            found = model_tp_plan(module)
-            if found is None:
-                raise ValueError(f"strategy='model_parallel' needs {type(module).__name__} to override "
-                                 "configure_model() and parallelise itself on self.device_mesh (parallelize_module / "
-                                 "fully_shard), or a model that declares a tp_plan; it has neither.")
-            self.apply_tp_plan(module, *found)
+            self.apply_tp_plan(module, *model_tp_plan(module))
         dp, _ = self.mesh_shape()
         if dp == 1:
             self.wrapped_names = []
