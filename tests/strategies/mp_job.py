@@ -129,13 +129,18 @@ def run(cfg: dict) -> dict:
     weights = load_file(os.path.join(folder, "model.safetensors")) if fit.is_global_zero else None
     s = fit.strategy
     mesh = fit.device_mesh
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+    optimizer = fit._last_fit.optimizers[0]
+    full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    osd = get_optimizer_state_dict(module, optimizer, options=full)  # name-keyed, full tensors (rank 0)
     return {"weights": weights, "loss": out.training_loss, "world_size": fit.world_size, "rank": fit.global_rank,
             "log": [{k: v for k, v in r.items() if "runtime" not in k and "per_second" not in k}
                     for r in fit.state.log_history],
             "strategy": type(s).__name__, "param_types": obs.param_types,
             "mesh": tuple(mesh.shape) if mesh is not None else None,
             "mesh_names": tuple(mesh.mesh_dim_names) if mesh is not None else None,
-            "module_mesh": module.device_mesh is mesh}
+            "module_mesh": module.device_mesh is mesh, "optim": osd if fit.is_global_zero else None}
 
 
 if __name__ == "__main__":
