@@ -45,28 +45,48 @@ def model_tp_plan(module: nn.Module) -> tuple[str, dict[str, Any]] | None:
     return None
 
 
-def parallel_style(style: Any) -> Any:
-    """A ``ParallelStyle`` for one plan entry: a style object as it is, or HF's names (``"colwise"``,
-    ``"rowwise"``, ``"sequence_parallel"``, ``"colwise_rep"``, ``"rowwise_rep"``).
+#: HF ``tp_plan`` style names -> (ParallelStyle class name, keyword arguments with layouts)
+_STYLE_NAMES = {
+    "colwise": ("ColwiseParallel", {}),
+    "rowwise": ("RowwiseParallel", {}),
+    "sequence_parallel": ("SequenceParallel", {}),
+    "colwise_rep": ("ColwiseParallel", {"output_layouts": "replicate"}),
+    "colwise_gather_output": ("ColwiseParallel", {"output_layouts": "replicate"}),
+    "rowwise_rep": ("RowwiseParallel", {"input_layouts": "replicate"}),
+    "embedding_rowwise": ("RowwiseParallel", {"input_layouts": "replicate"}),
+}
+
+
+def check_plan(plan: dict[str, Any]) -> None:
+    """Refuse a ``tp_plan`` entry taskfit cannot apply.
 
     Raises:
-        ValueError: a name outside those (naming the valid ones).
+        ValueError: a style that is neither a ``ParallelStyle`` object nor one of the HF names taskfit applies.
     """
-    from torch.distributed.tensor import Replicate
-    from torch.distributed.tensor.parallel import (
-        ColwiseParallel, ParallelStyle, RowwiseParallel, SequenceParallel,
-    )
+    from torch.distributed.tensor.parallel import ParallelStyle
 
-    if isinstance(style, ParallelStyle):
+    for name, style in plan.items():
+        if not isinstance(style, ParallelStyle) and style not in _STYLE_NAMES:
+            raise ValueError(f"The model's tp_plan entry {name!r}: {style!r} is not a style taskfit applies; use "
+                             f"one of {sorted(_STYLE_NAMES)} or torch ParallelStyle objects, or override "
+                             "configure_model() and parallelise the model there.")
+
+
+def parallel_style(style: Any) -> Any:
+    """A ``ParallelStyle`` for one plan entry: a style object as it is, or an HF name (see ``_STYLE_NAMES``;
+    ``*_rep`` / ``*_gather_output`` / ``embedding_rowwise`` use replicated outputs / inputs).
+
+    Raises:
+        ValueError: see :func:`check_plan`.
+    """
+    import torch.distributed.tensor.parallel as tp
+    from torch.distributed.tensor import Replicate
+
+    check_plan({"": style})
+    if isinstance(style, tp.ParallelStyle):
         return style
-    styles = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel, "sequence_parallel": SequenceParallel,
-              "colwise_rep": lambda: ColwiseParallel(output_layouts=Replicate()),
-              "rowwise_rep": lambda: RowwiseParallel(input_layouts=Replicate()),
-              "local_colwise": ColwiseParallel, "local_rowwise": RowwiseParallel}
-    if style not in styles:
-        raise ValueError(f"Unknown tensor-parallel style {style!r} in the model's tp_plan; taskfit applies "
-                         f"{sorted(styles)} or torch ParallelStyle objects.")
-    return styles[style]()
+    cls, kwargs = _STYLE_NAMES[style]
+    return getattr(tp, cls)(**{k: Replicate() for k in kwargs})
 
 
 class ModelParallelStrategy(FSDPStrategy):
@@ -174,14 +194,19 @@ class ModelParallelStrategy(FSDPStrategy):
         """Refuse a TaskModule this strategy cannot parallelise.
 
         Raises:
-            ValueError: ``module`` neither overrides ``configure_model`` nor holds a model with a ``tp_plan``.
+            ValueError: ``module`` neither overrides ``configure_model`` nor holds a model with a ``tp_plan``; a
+                ``tp_plan`` style taskfit cannot apply (:func:`check_plan`).
         """
         from taskfit.module_hooks import overrides
 
-        if not overrides(module, "configure_model") and model_tp_plan(module) is None:
+        if overrides(module, "configure_model"):
+            return
+        found = model_tp_plan(module)
+        if found is None:
             raise ValueError(f"strategy='model_parallel' needs {type(module).__name__} to override "
                              "configure_model() and parallelise itself on self.device_mesh (parallelize_module / "
                              "fully_shard), or a model that declares a tp_plan; it has neither.")
+        check_plan(found[1])
 
     def prepare_for_configure_model(self, module: nn.Module) -> None:
         """Called at the start of a stage, before the TaskModule's ``configure_model()``: check ``module``
@@ -216,7 +241,8 @@ class ModelParallelStrategy(FSDPStrategy):
         data-parallel mesh. Returns the module the steps run through.
 
         Raises:
-            ValueError: neither ``configure_model`` nor a ``tp_plan`` (nothing would be parallelised).
+            ValueError: neither ``configure_model`` nor a ``tp_plan`` (nothing would be parallelised), or a plan
+                style taskfit cannot apply.
         """
         from taskfit.module_hooks import overrides
 

@@ -79,12 +79,20 @@ class LM(PlanLM):
                 fully_shard(block, mesh=mesh["data_parallel"])
 
 
-def samples(n: int = 32, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+def hf_llama() -> nn.Module:
+    """A tiny randomly initialised HF Llama (no download); it declares a ``tp_plan``."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(vocab_size=V, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=T))
+
+
+def samples(n: int = 32, seed: int = 0, hf: bool = False) -> list[dict[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(n):
         ids = torch.randint(0, V, (T,), generator=g)
-        out.append({"ids": ids, "labels": (ids * 3 + 1) % V})
+        out.append({"input_ids": ids, "labels": ids} if hf else {"ids": ids, "labels": (ids * 3 + 1) % V})
     return out
 
 
@@ -121,8 +129,8 @@ def run(cfg: dict) -> dict:
     args.update(cfg.get("args", {}))
     fit = Fit(callbacks=[obs], **args)
     torch.manual_seed(0)
-    module = (PlanLM if cfg.get("plan") else LM)()
-    out = fit.fit(module, samples(), resume_from_checkpoint=cfg.get("resume"))
+    module = hf_llama() if cfg.get("hf") else (PlanLM if cfg.get("plan") else LM)()
+    out = fit.fit(module, samples(hf=cfg.get("hf", False)), resume_from_checkpoint=cfg.get("resume"))
     folder = fit.save_model(os.path.join(cfg["out"], "final"))
     from safetensors.torch import load_file
 
@@ -140,7 +148,7 @@ def run(cfg: dict) -> dict:
             "strategy": type(s).__name__, "param_types": obs.param_types,
             "mesh": tuple(mesh.shape) if mesh is not None else None,
             "mesh_names": tuple(mesh.mesh_dim_names) if mesh is not None else None,
-            "module_mesh": module.device_mesh is mesh, "optim": osd if fit.is_global_zero else None}
+            "module_mesh": getattr(fit._last_fit.module, "device_mesh", None) is mesh, "optim": osd if fit.is_global_zero else None}
 
 
 if __name__ == "__main__":

@@ -163,3 +163,40 @@ def test_F_SCALE_1_clip_grad_norm_over_mixed_dtensor_and_plain_gradients_matches
         q.grad = p.grad.clone()
     assert clip_grad_norm(a, 1.0) == pytest.approx(torch.nn.utils.clip_grad_norm_(b, 1.0).item(), rel=1e-6)
     assert all(torch.allclose(p.grad, q.grad, atol=1e-7) for p, q in zip(a, b))
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_F_SCALE_1_hf_model_tp_plan_applied_on_two_processes_equals_one_process(tmp_path):
+    """F-SCALE-1: a plain HF ``LlamaForCausalLM`` (tiny, random, no download) given to ``Fit`` under
+    ``model_parallel`` with 2 processes: the strategy applies the model's own ``tp_plan`` (``colwise`` /
+    ``rowwise`` projections, ``embedding_rowwise``, ``colwise_gather_output`` head) and training equals one
+    process within 1e-5."""
+    ref = run_job(tmp_path, "hf_single", bs=4, hf=True, steps=STEPS)
+    got = run_job(tmp_path, "hf_tp2", bs=4, hf=True, mesh=[1, 2], devices=2, steps=STEPS)
+    assert got["mesh"] == (1, 2)
+    types = got["param_types"]
+    assert types["model.layers.0.self_attn.q_proj.weight"] == "DTensor" and types["lm_head.weight"] == "DTensor"
+    assert types["model.norm.weight"] == "Parameter"
+    assert max_diff(got["weights"], ref["weights"]) < TOL
+    assert optim_diff(got["optim"], ref["optim"]) < TOL
+    assert losses(got) == pytest.approx(losses(ref), abs=2e-6)
+
+
+def test_F_SCALE_1_unknown_tp_plan_style_fails_before_the_mesh():
+    from torch import nn
+
+    from taskfit import TaskModule
+    from taskfit.strategies import STRATEGIES  # noqa: F401 (registry import)
+    from taskfit.strategies.model_parallel import ModelParallelStrategy
+
+    class Planned(TaskModule):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Linear(2, 2)
+            self.net.tp_plan = {"": "packed_colwise"}
+
+    s = _fit(strategy="model_parallel").strategy
+    assert isinstance(s, ModelParallelStrategy)
+    with pytest.raises(ValueError, match="'packed_colwise' is not a style taskfit applies; use one of"):
+        s.check_module(Planned())
