@@ -100,12 +100,13 @@ class Observe(Callback):
     """Records the parameter types after set-up and SIGKILLs every rank after step ``kill``."""
 
     def __init__(self, kill: int | None) -> None:
-        self.kill, self.param_types = kill, {}
+        self.kill, self.param_types, self.positions = kill, {}, []
 
     def on_train_begin(self, args, state, control, model=None, **kw):
         self.param_types = {n: type(p).__name__ for n, p in model.named_parameters()}
 
     def on_step_end(self, args, state, control, **kw):
+        self.positions.append((state.current_epoch, state.batch_in_epoch))  # where in the data each step ended
         if self.kill is not None and state.global_step == self.kill:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -145,7 +146,7 @@ def run(cfg: dict) -> dict:
     return {"weights": weights, "loss": out.training_loss, "world_size": fit.world_size, "rank": fit.global_rank,
             "log": [{k: v for k, v in r.items() if "runtime" not in k and "per_second" not in k}
                     for r in fit.state.log_history],
-            "strategy": type(s).__name__, "param_types": obs.param_types,
+            "strategy": type(s).__name__, "param_types": obs.param_types, "positions": obs.positions,
             "mesh": tuple(mesh.shape) if mesh is not None else None,
             "mesh_names": tuple(mesh.mesh_dim_names) if mesh is not None else None,
             "module_mesh": getattr(fit._last_fit.module, "device_mesh", None) is mesh, "optim": osd if fit.is_global_zero else None}

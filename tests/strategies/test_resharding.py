@@ -2,7 +2,8 @@
 processes and under another strategy (model parallel <-> FSDP <-> DDP <-> single device) with weights and
 optimizer state intact: resumed at an epoch boundary, the run ends equal (1e-5) to the uninterrupted one in
 weights and AdamW state. A mid-epoch resume that changes the data-parallel size is refused naming both world
-sizes. Real gloo processes (``mp_job.py``); ``distributed`` and ``slow`` (``make test-dist``).
+sizes. Real gloo processes (``mp_job.py``); ``distributed`` and ``slow`` (``make test-dist``), except one
+single-process case.
 
 Every run trains on the same global batch of 8 samples (32 samples: 4 steps per epoch, 8 steps) with a
 checkpoint every 2 steps (steps 4 and 8 end an epoch, 2 and 6 are mid-epoch)."""
@@ -20,7 +21,6 @@ sys.path.insert(0, HERE)
 
 from mp_helpers import TOL, losses, max_diff, optim_diff, run_job  # noqa: E402
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 #: name: mp_job config of one layout with a global batch of 8
 LAYOUTS = {
@@ -59,6 +59,8 @@ CASES = [  # (source, target): 2 -> 1, 2 -> 4, 4 -> 2, 4 -> 1, and across strate
 ]
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 @pytest.mark.parametrize("source, target", CASES, ids=[f"{s}-to-{t}" for s, t in CASES])
 def test_F_SCALE_2_checkpoint_resumes_on_another_world_size_and_strategy(source, target, tmp_path, sources):
     """F-SCALE-2: resumed from the source's epoch-end checkpoint (step 4), the target layout runs steps 5-8 and
@@ -71,6 +73,8 @@ def test_F_SCALE_2_checkpoint_resumes_on_another_world_size_and_strategy(source,
     assert losses(got)[-4:] == pytest.approx(losses(ref)[-4:], abs=2e-6)
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_F_SCALE_2_mid_epoch_resume_on_another_data_parallel_size_is_refused(tmp_path, sources):
     """F-SCALE-2: the step-2 checkpoint of the 2-process tensor-parallel run (1 data-parallel rank) is mid-epoch:
     resuming it on the 2 x 2 mesh (2 data-parallel ranks) fails before training, naming both world sizes."""
@@ -81,6 +85,8 @@ def test_F_SCALE_2_mid_epoch_resume_on_another_data_parallel_size_is_refused(tmp
     assert "world_size 2 -> 4 (data-parallel size 1 -> 2)" in got["stderr"]
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_F_SCALE_2_mid_epoch_resume_with_the_same_data_parallel_size_is_exact(tmp_path, sources):
     """F-SCALE-2: tensor-parallel ranks read the same samples, so the 2-process TP run's mid-epoch checkpoint
     (step 6) resumes on one process (data-parallel size 1 both times) at the right sample and ends equal."""
@@ -90,6 +96,8 @@ def test_F_SCALE_2_mid_epoch_resume_with_the_same_data_parallel_size_is_exact(tm
     assert optim_diff(got["optim"], ref["optim"]) < TOL
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
 def test_F_SCALE_2_model_parallel_checkpoint_converts_to_full_weights(tmp_path, sources):
     """F-SCALE-2: ``taskfit convert`` turns the 4-process mesh checkpoint's DCP shards into full
     ``model.safetensors`` (single-device keys) equal to the run's final weights."""
@@ -103,3 +111,15 @@ def test_F_SCALE_2_model_parallel_checkpoint_converts_to_full_weights(tmp_path, 
     assert convert_main([os.path.join(folder, "checkpoint-8"), str(tmp_path / "full")]) == 0
     full = load_file(str(tmp_path / "full" / "model.safetensors"))
     assert max_diff(full, ref["weights"]) == 0.0
+
+
+def test_F_SCALE_2_checkpoint_after_an_epoch_s_last_batch_resumes_in_another_layout(tmp_path):
+    """F-SCALE-2: a step-based checkpoint taken after the last batch of an epoch holds no position inside it: a
+    run with another batch size (8 -> 4: 4 -> 8 batches per epoch) resumes it at the start of the next epoch
+    instead of being refused as mid-epoch (one process)."""
+    import mp_job
+
+    out = str(tmp_path / "run")
+    mp_job.run({"out": out, "bs": 8, "steps": 4, "args": {"save_strategy": "steps", "save_steps": 4}})
+    got = mp_job.run({"out": out, "bs": 4, "steps": 10, "resume": os.path.join(out, "checkpoint-4")})
+    assert got["positions"] == [(1, b) for b in range(1, 7)]  # steps 5-10: batches 1-6 of epoch 1
