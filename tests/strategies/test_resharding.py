@@ -2,8 +2,8 @@
 processes and under another strategy (model parallel <-> FSDP <-> DDP <-> single device) with weights and
 optimizer state intact: resumed at an epoch boundary, the run ends equal (1e-5) to the uninterrupted one in
 weights and AdamW state. A mid-epoch resume that changes the data-parallel size is refused naming both world
-sizes. Real gloo processes (``mp_job.py``); ``distributed`` and ``slow`` (``make test-dist``), except one
-single-process case.
+sizes. Real gloo processes (``mp_job.py``); ``distributed`` and ``slow`` (``make test-dist``); one
+single-process case is only ``slow``.
 
 Every run trains on the same global batch of 8 samples (32 samples: 4 steps per epoch, 8 steps) with a
 checkpoint every 2 steps (steps 4 and 8 end an epoch, 2 and 6 are mid-epoch)."""
@@ -113,6 +113,7 @@ def test_F_SCALE_2_model_parallel_checkpoint_converts_to_full_weights(tmp_path, 
     assert max_diff(full, ref["weights"]) == 0.0
 
 
+@pytest.mark.slow
 def test_F_SCALE_2_checkpoint_after_an_epoch_s_last_batch_resumes_in_another_layout(tmp_path):
     """F-SCALE-2: a step-based checkpoint taken after the last batch of an epoch holds no position inside it: a
     run with another batch size (8 -> 4: 4 -> 8 batches per epoch) resumes it at the start of the next epoch
