@@ -177,6 +177,8 @@ def save_checkpoint(fit: Fit, training_state: dict[str, Any], path: str | None =
     manifest = {"format": FORMAT, "version": FORMAT_VERSION, "global_step": fit.state.global_step,
                 "world_size": fit.world_size, "save_only_model": bool(a.save_only_model),
                 "taskfit_version": __version__, "torch_version": torch.__version__}
+    if hasattr(fit.strategy, "data_parallel_size"):  # tensor parallelism: fewer readers than processes
+        manifest["data_parallel_size"] = fit.strategy.data_parallel_size
     timeout = float(a.ddp_timeout or 1800)
     shards = None if a.save_only_model else fit.strategy.save_checkpoint_shards(fit.model, fit.optimizer, target)
     # the full weights are a collective for sharded strategies: every rank takes part (only the writer keeps them)

@@ -56,6 +56,11 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
 
     # strategy
     strat_name, strategy = _name_or_instance(strategy or args.strategy, Strategy, "strategy")
+    extra: dict[str, Any] = {}
+    if strategy is not None and getattr(strategy, "deferred", None) is not None:
+        # an object given only its own options (``ModelParallelStrategy(data_parallel_size=2, ...)``, as in
+        # Lightning): built here from them like the named strategy, with Fit's accelerator, devices and precision
+        strat_name, extra, strategy = strategy.name, dict(strategy.deferred), None
     if strategy is not None and (precision_plugin is not None or ckpt_plugin is not None
                                  or args.precision is not None or args.bf16 or args.fp16):
         raise ValueError("A Strategy instance owns its precision and checkpoint IO: give them to the strategy, "
@@ -99,7 +104,7 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
                 ckpt_plugin = CHECKPOINT_IO.build(cname)
         if getattr(entry.factory, "parallel", False):
             strategy = entry.build(accelerator=accelerator, devices=devices, precision=precision_plugin,
-                                   checkpoint_io=ckpt_plugin, num_nodes=args.num_nodes, args=args)
+                                   checkpoint_io=ckpt_plugin, num_nodes=args.num_nodes, args=args, **extra)
         else:
             strategy = entry.build(accelerator=accelerator, device=devices[0], precision=precision_plugin,
                                    checkpoint_io=ckpt_plugin)

@@ -41,6 +41,11 @@ class Topology:
         """Number of processes taking part."""
         return self.strategy.world_size
 
+    @property
+    def device_mesh(self) -> Any:
+        """The strategy's ``DeviceMesh`` (``strategy="model_parallel"``); None for strategies without one."""
+        return getattr(self.strategy, "device_mesh", None)
+
 
 
 class ProcessInfo(Topology):

@@ -28,6 +28,14 @@ class LightningHooks:
         """Build layers once the strategy is known (after :meth:`setup`, before the optimizers and the wrapping);
         may be called again in later stages, so make it idempotent."""
 
+    @property
+    def device_mesh(self) -> Any:
+        """The run's ``torch.distributed.DeviceMesh`` (``strategy="model_parallel"``: dimensions
+        ``("data_parallel", "tensor_parallel")``) for :meth:`configure_model`; None under other strategies or
+        outside a run (Lightning's ``LightningModule.device_mesh``)."""
+        fit = getattr(self, "_fit", None)
+        return getattr(getattr(fit, "strategy", None), "device_mesh", None)
+
     def configure_callbacks(self) -> Any:
         """Callbacks this module needs (a callback or a list); they join the ``Fit``'s at the start of ``fit``
         and replace callbacks of the same type, as in Lightning."""
@@ -129,6 +137,9 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
     if datamodule is not None:
         datamodule.setup(stage)
     fit._hooks.call("setup", fit, module, stage)
+    prepare = getattr(fit.strategy, "prepare_for_configure_model", None)
+    if prepare is not None:  # model parallel: checks the module, builds the device mesh configure_model uses
+        prepare(module)
     module.configure_model()
 
 

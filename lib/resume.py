@@ -88,11 +88,15 @@ def restore(run: Run, path: str, strategy: Any, args: Any, weights_only: bool = 
     loaded = strategy.load_checkpoint(path, run.model, run.optimizers, [c.scheduler for c in run.schedulers],
                                       weights_only=weights_only)
     ts = loaded["training_state"]
-    _check_compatible(args, strategy.world_size, run.train_loader, loaded["args"], ts, loaded["manifest"])
+    _check_compatible(args, strategy.world_size, run.train_loader, loaded["args"], ts, loaded["manifest"],
+                      getattr(strategy, "data_parallel_size", strategy.world_size))
     run.training_state.load_state_dict(ts)
     if loaded["manifest"].get("format") == HF_FORMAT:  # HF records no position: derive it as HF does
         place_hf_position(run.state, _batches_per_epoch(run.train_loader), args.gradient_accumulation_steps)
         log.info(adopt_message(path, ts["state"]))
+    saved_batches, n_batches = ts["state"].get("batches_per_epoch"), _batches_per_epoch(run.train_loader)
+    if saved_batches is not None and n_batches is not None and run.state.batch_in_epoch >= saved_batches:
+        run.state.batch_in_epoch = n_batches  # the epoch was consumed: it stays consumed in the new layout
     if run.training_state.rng is None:
         log.warning("%s has no RNG state for rank %d (saved with world_size=%s); RNG streams restart from the seed.",
                     path, strategy.global_rank, loaded["manifest"].get("world_size"))
@@ -205,18 +209,28 @@ def load_model_weights(strategy: Any, model: Any, path: str, manifest: dict[str,
 
 
 def _check_compatible(a: Any, world_size: int, train_loader: Any, saved: dict[str, Any], ts: dict[str, Any],
-                      manifest: dict[str, Any]) -> None:
+                      manifest: dict[str, Any], data_parallel_size: int | None = None) -> None:
     state = ts["state"]
     epoch_done = (ts.get("loop") or {}).get("epoch_done")
-    mid_epoch = state.get("batch_in_epoch", 0) > 0 and not epoch_done and not a.ignore_data_skip
-    changes = []
-    for name, now in (("per_device_train_batch_size", a.per_device_train_batch_size),
-                      ("world_size", world_size)):
-        before = manifest.get("world_size") if name == "world_size" else saved.get(name)
-        if before is not None and before != now:
-            changes.append(f"{name} {before} -> {now}")
     n_batches = _batches_per_epoch(train_loader)
     before_batches = state.get("batches_per_epoch")
+    # saved after the epoch's last batch (a step-based save at the epoch end): no sample position is left to
+    # keep, whatever the layout now
+    consumed = before_batches is not None and state.get("batch_in_epoch", 0) >= before_batches
+    mid_epoch = state.get("batch_in_epoch", 0) > 0 and not epoch_done and not a.ignore_data_skip and not consumed
+    changes = []
+    before = saved.get("per_device_train_batch_size")
+    if before is not None and before != a.per_device_train_batch_size:
+        changes.append(f"per_device_train_batch_size {before} -> {a.per_device_train_batch_size}")
+    # the sample position depends on the processes that read different data: the data-parallel size (the world
+    # size except under tensor parallelism, whose ranks share their samples)
+    world_before = manifest.get("world_size")
+    dp_before = manifest.get("data_parallel_size", world_before)
+    dp_now = world_size if data_parallel_size is None else data_parallel_size
+    if dp_before is not None and dp_before != dp_now:
+        dp_text = f" (data-parallel size {dp_before} -> {dp_now})" if (dp_before, dp_now) != (world_before, world_size) \
+            else ""
+        changes.append(f"world_size {world_before} -> {world_size}{dp_text}")
     if before_batches is not None and n_batches is not None and before_batches != n_batches:
         changes.append(f"batches per epoch {before_batches} -> {n_batches} (the dataset or drop_last changed?)")
     if changes and mid_epoch:

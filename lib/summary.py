@@ -37,7 +37,9 @@ def run_summary(fit: Fit, module: Any, max_steps: int, steps_per_epoch: int | No
         "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
         "per_device_batch_size": a.per_device_train_batch_size,
         "gradient_accumulation_steps": a.gradient_accumulation_steps,
-        "effective_batch_size": a.per_device_train_batch_size * a.gradient_accumulation_steps * s.world_size,
+        "data_parallel_size": getattr(s, "data_parallel_size", s.world_size),  # tensor-parallel ranks share samples
+        "effective_batch_size": a.per_device_train_batch_size * a.gradient_accumulation_steps
+        * getattr(s, "data_parallel_size", s.world_size),
         "max_steps": max_steps, "steps_per_epoch": steps_per_epoch,
         "accelerator_reason": getattr(s.accelerator, "selection_reason", None),
     }
@@ -63,7 +65,9 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("precision", s["precision"]),
         ("parameters", f"{s['parameters']:,} ({s['trainable_parameters']:,} trainable)"),
         ("batch", f"{s['per_device_batch_size']} per device x {s['gradient_accumulation_steps']} accumulation x "
-                  f"{s['world_size']} process(es) = {s['effective_batch_size']} samples per optimizer step"),
+                  f"{s['world_size']} process(es)"
+                  + (f" ({s['data_parallel_size']} data-parallel)" if s["data_parallel_size"] != s["world_size"] else "")
+                  + f" = {s['effective_batch_size']} samples per optimizer step"),
         ("steps", f"{s['max_steps']} ({s['steps_per_epoch']} per epoch)"),
     ]
     if "memory_estimate" in s:

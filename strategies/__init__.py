@@ -4,6 +4,7 @@ from taskfit.registry import Registry
 from taskfit.strategies.ddp import DDPStrategy
 from taskfit.strategies.dp import DataParallelStrategy
 from taskfit.strategies.fsdp import FSDPStrategy
+from taskfit.strategies.model_parallel import ModelParallelStrategy
 from taskfit.strategies.deepspeed import DeepSpeedStrategy
 from taskfit.strategies.parallel import DistributedError, ParallelStrategy
 from taskfit.strategies.single_device import SingleDeviceStrategy
@@ -30,10 +31,12 @@ STRATEGIES.register("deepspeed_stage_3_offload_nvme", DeepSpeedStrategy, stage=3
 STRATEGIES.register("fsdp", FSDPStrategy, description="FSDP2 (fully_shard): parameters, gradients and optimizer "
                     "state sharded over the processes")
 STRATEGIES.register("fsdp2", FSDPStrategy, description="alias of 'fsdp' (built on FSDP2)")
+STRATEGIES.register("model_parallel", ModelParallelStrategy, description="data x tensor parallel on a DeviceMesh "
+                    "(configure_model or the model's tp_plan)")
 STRATEGIES.register("dp", DataParallelStrategy, description="torch.nn.DataParallel over several CUDA devices")
 STRATEGIES.register("xla", XLAStrategy, description="PyTorch/XLA: one replica per XLA device (extra 'xla')")
 STRATEGIES.register("xla_fsdp", XLAFSDPStrategy, description="PyTorch/XLA FSDP (XlaFullyShardedDataParallel, or "
                     "SPMD FSDPv2 with fsdp_config xla_fsdp_v2)")
 
-__all__ = ["STRATEGIES", "DDPStrategy", "DataParallelStrategy", "DeepSpeedStrategy", "DistributedError", "ParallelStrategy", "SingleDeviceStrategy", "Strategy",
+__all__ = ["STRATEGIES", "DDPStrategy", "DataParallelStrategy", "DeepSpeedStrategy", "DistributedError", "ModelParallelStrategy", "ParallelStrategy", "SingleDeviceStrategy", "Strategy",
            "XLAFSDPStrategy", "XLAStrategy"]

@@ -24,6 +24,9 @@ Layout of ``output_dir/checkpoint-{global_step}/`` (``output_dir`` may be a loca
      "save_only_model": bool, "taskfit_version": str, "torch_version": str,
      "files": {"relative/name": {"size": int, "sha256": "64 hex digits"}, ...}}
 
+plus ``"data_parallel_size": int`` under tensor parallelism (processes reading different data; absent: the world
+size).
+
 A checkpoint is complete exactly when its ``manifest.json`` exists. On the local disk the folder is assembled as
 ``checkpoint-N.tmp``; every file and the folder are ``fsync``-ed, the manifest is written (and synced) last and the
 folder is renamed into place (then the parent folder is synced); on object stores (no atomic rename) the files
@@ -104,7 +107,8 @@ def validate_manifest(manifest: Any, where: str) -> dict[str, Any]:
                 or not _SHA256_RE.match(entry["sha256"])):
             raise CheckpointError(f"{where}: the entry of {name!r} must be {{\"size\": int >= 0, \"sha256\": 64 hex "
                                   f"digits}}, got {entry!r}.")
-    for key, kind in (("global_step", int), ("world_size", int), ("save_only_model", bool)):
+    for key, kind in (("global_step", int), ("world_size", int), ("data_parallel_size", int),
+                      ("save_only_model", bool)):
         if key in manifest and not isinstance(manifest[key], kind):
             raise CheckpointError(f"{where}: {key!r} must be {kind.__name__}, got {manifest[key]!r}.")
     return manifest

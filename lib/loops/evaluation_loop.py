@@ -169,7 +169,9 @@ class EvaluationLoop:
         distributed = strategy.world_size > 1
         indices = loader_indices(loader) if distributed else None
         real_limit = _padding_free_limit(loader) if distributed else None
-        rank, world = strategy.global_rank, strategy.world_size
+        # the sampler's split: over the data-parallel ranks (tensor-parallel ranks read the same samples)
+        rank = getattr(strategy, "data_parallel_rank", strategy.global_rank)
+        world = getattr(strategy, "data_parallel_size", strategy.world_size)
         seen: set[int] = set()  # dataset indices already given to batch_eval_metrics (drops sampler repeats)
         batch_bounds = [0]
 

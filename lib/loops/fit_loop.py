@@ -165,6 +165,7 @@ class FitLoop:
         sums.tr_loss = sums.tr_loss.to(strategy.root_device)
         sums.nan_filter.reset(sums.tr_loss, sums.steps_since_log)
         world = strategy.world_size
+        readers = getattr(strategy, "data_parallel_size", world)  # tensor-parallel ranks share their samples
         fwd_ctx = strategy.forward_context
         precision = strategy.precision
         manual = not module.automatic_optimization
@@ -340,8 +341,8 @@ class FitLoop:
                     sums.steps_since_log += 1
                     state.global_step += 1
                     state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
-                    state.samples_seen += window_samples * world  # every rank takes as many samples
-                    state.total_flos += flos_per_sample * window_samples * world
+                    state.samples_seen += window_samples * readers  # every data-parallel rank takes as many
+                    state.total_flos += flos_per_sample * window_samples * readers
                     L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, outputs, batch, batch_idx)
                     self._after_step(epoch_end=False)
                 if control.should_training_stop or control.should_epoch_stop:
