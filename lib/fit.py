@@ -23,6 +23,7 @@ from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint import checkpoint_path
 from taskfit.connector import resolve_components
+from taskfit.fit_hf import HFOverridePoints, hf_overrides
 from taskfit.fit_mixins import CallbackManagement, ProcessInfo, RunAttributes
 from taskfit.fit_outputs import ModelOutputs
 from taskfit.fit_stages import EvaluationStages
@@ -48,7 +49,8 @@ log = logging.getLogger("taskfit")
 _COMPONENT_KEYS = ("accelerator", "strategy", "devices", "num_nodes", "precision")
 
 
-class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, EvaluationStages, ModelOutputs):
+class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunLifecycle, EvaluationStages,
+          ModelOutputs):
     """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
 
     Args:
@@ -132,6 +134,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, Evaluati
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self.is_in_train = False  # True while fit() trains (HF's flag; evaluate() then runs inside that run)
+        self._ignore_keys_for_eval: list[str] | None = None
+        self._creating: list[Any] | None = None  # the optimizer/scheduler slots while create_optimizer runs
+        self._loader_run: Run | None = None  # the run whose loaders an HF get_*_dataloader override builds
 
         self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
         if args.profiler:  # a callback: a run without a profiler pays nothing for it
@@ -242,8 +248,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, Evaluati
             resume_from_checkpoint (str | bool | None): as in :meth:`fit`.
             trial (optuna.Trial | dict | None): hyperparameters of a search trial; a dict's entries (or an optuna
                 trial's ``params``) are set on ``args`` for this training, as HF does.
-            ignore_keys_for_eval (list[str] | None): accepted for HF compatibility; output keys are chosen by the
-                model's output type.
+            ignore_keys_for_eval (list[str] | None): output keys the evaluations during this training leave out of
+                the predictions (given to ``evaluate``/``prediction_step`` as ``ignore_keys``).
 
         Raises:
             TypeError: an unknown keyword (HF raises the same for leftovers).
@@ -254,6 +260,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, Evaluati
             params = trial if isinstance(trial, Mapping) else getattr(trial, "params", {})
             if params:
                 self.args = self.args.replace(**dict(params))
+        self._ignore_keys_for_eval = ignore_keys_for_eval
         return self.fit(resume_from_checkpoint=resume_from_checkpoint)
 
     def _hf_optimizers(self, model: nn.Module) -> tuple[Any, Any]:
@@ -313,8 +320,9 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, Evaluati
                                  f"{type(self.strategy).__name__}, whose engine runs backward and the step.")
         st = FitState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_global_zero)
         run = Run("fit", model, module, st, FitControl())
-        run.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset", run=run)
+        run.train_loader = self._train_dataloader(run, train_data, data_collator)  # get_train_dataloader (HF)
         run.eval_loaders = self._eval_loader_dict(eval_data, data_collator, run=run)
+        run.eval_data, run.data_collator = eval_data, data_collator
         if run.eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model:
             check_before_training(args.metric_for_best_model, metric_key(args.metric_for_best_model, "eval"),
                                   isinstance(module, ModelTaskModule), self.compute_metrics is not None,
@@ -333,7 +341,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, Evaluati
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
         self._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
         run.optimizers, run.schedulers = configure_optimizers(
-            module, model, args, max_steps, self._hf_optimizers(model),
+            module, model, args, max_steps, self._run_optimizers(run, max_steps) or self._hf_optimizers(model),
             strategy_builds_optimizer=self.strategy.builds_own_optimizer)
         self._setup_run(run, max_steps)
         self._run = self._last_fit = run
@@ -370,8 +378,9 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, Evaluati
         try:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
                 sanity_check(self, run)
+            self.is_in_train = True  # HF's flag: evaluate() called now evaluates inside this run
             if args.eval_on_start and run.eval_loaders:
-                self._evaluate_during_fit()
+                self._evaluate_during_fit(skip_scheduler=True)  # HF: no ReduceLROnPlateau step before training
             if args.detect_anomaly:
                 with torch.autograd.detect_anomaly():
                     loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
@@ -384,6 +393,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, Evaluati
             raise
         finally:
             loop.stop.uninstall()
+            self.is_in_train = False
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
                                 st.global_step - start_step)
         metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss)  # log() adds epoch
@@ -426,12 +436,13 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, Evaluati
         if self._hooks.hf["on_log"]:
             self._hooks.call_hf("on_log", self.args, st, self.control, logs=logs)
 
-    def _run_eval(self, loaders: dict[str | None, Any], stage: str, prefix: str) -> tuple[dict, set[str]]:
+    def _run_eval(self, loaders: dict[str | None, Any], stage: str, prefix: str,
+                  ignore_keys: list[str] | None = None) -> tuple[dict, set[str]]:
         """Evaluate every named loader; returns the metrics and the keys logged with ``logger=False``."""
         metrics: dict[str, float] = {}
         hidden: set[str] = set()
         for name, loader in loaders.items():
-            loop = EvaluationLoop(self, stage, self._hooks)
+            loop = EvaluationLoop(self, stage, self._hooks, ignore_keys)
             key = prefix if name is None else f"{prefix}_{name}"
             metrics.update(loop.run(loader, key)[0])
             if self._model_preparation_time is not None:
@@ -439,20 +450,24 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, Evaluati
             hidden |= loop.hidden
         return metrics, hidden
 
-    def _evaluate_during_fit(self) -> dict[str, float]:
+    def _evaluate_during_fit(self, skip_scheduler: bool = False) -> dict[str, float]:
+        """An evaluation during training, in HF's order: evaluate (log row, ``on_evaluate``), the metric
+        schedulers' step, then the best metric. A subclass overriding ``evaluate`` or ``get_eval_dataloader`` is
+        called here as HF's ``_maybe_log_save_evaluate`` calls it (``self.evaluate(ignore_keys=...)``)."""
         run = self._run
-        metrics, hidden = self._run_eval(run.eval_loaders, "validate", "eval")
-        metrics["epoch"] = self.state.epoch
-        self._log({k: v for k, v in metrics.items() if k not in hidden})
-        self._track_best(metrics)
-        for cfg in run.schedulers:
+        if hf_overrides(self, "get_eval_dataloader") or type(self).evaluate is not EvaluationStages.evaluate:
+            with self._loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):
+                metrics = self.evaluate(ignore_keys=self._ignore_keys_for_eval)
+        else:
+            metrics = self._evaluate_in_run(run.eval_loaders, "eval", None)
+        for cfg in () if skip_scheduler else run.schedulers:
             if cfg.interval != "eval":
                 continue
             if cfg.monitor not in metrics:
                 raise KeyError(f"ReduceLROnPlateau monitors {cfg.monitor!r}, which evaluation did not "
                                f"return; available: {sorted(metrics)}.")
             cfg.scheduler.step(metrics[cfg.monitor])
-        self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
+        self._track_best(metrics)
         return metrics
 
     def _track_best(self, metrics: dict[str, float]) -> None:
