@@ -323,7 +323,8 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         run.train_loader = self._train_dataloader(run, train_data, data_collator)  # get_train_dataloader (HF)
         run.eval_loaders = self._eval_loader_dict(eval_data, data_collator, run=run)
         run.eval_data, run.data_collator = eval_data, data_collator
-        if run.eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model:
+        if (run.eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model
+                and type(self).evaluate is EvaluationStages.evaluate):  # an evaluate override may add the metric
             check_before_training(args.metric_for_best_model, metric_key(args.metric_for_best_model, "eval"),
                                   isinstance(module, ModelTaskModule), self.compute_metrics is not None,
                                   list(run.eval_loaders) == [None])
@@ -480,7 +481,9 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         value, best = metrics[key], self.state.best_metric
         greater = self.args.greater_is_better if self.args.greater_is_better is not None else not key.endswith("loss")
         if best is None or (value > best if greater else value < best):
-            self.state.best_metric, self.state.best_global_step = value, self.state.global_step
+            self.state.best_metric = value
+            if self.args.save_strategy in ("steps", "epoch", "best"):  # HF: the step only when checkpoints exist
+                self.state.best_global_step = self.state.global_step
             self.control.should_save = self.control.should_save or self.args.save_strategy == "best"
 
     def _save_checkpoint(self, training_state: dict[str, Any], path: str | None = None) -> str:

@@ -141,7 +141,7 @@ class EvaluationStages:
                 metrics.update(self.evaluate(eval_dataset=d if override else name, ignore_keys=ignore_keys,
                                              metric_key_prefix=f"{prefix}_{name}"))
             return metrics
-        return self._evaluate_in_run({None: self.get_eval_dataloader(eval_dataset)}, prefix, ignore_keys)
+        return self._evaluate_in_run({None: self.get_eval_dataloader(data)}, prefix, ignore_keys)  # as HF: the data
 
     def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
                  metric_key_prefix: str = "eval", *, model: Any = None, data: Any = None,
@@ -180,20 +180,21 @@ class EvaluationStages:
         self._log({k: v for k, v in metrics.items() if k not in hidden})
         return metrics
 
-    def predict(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-                datamodule: DataModule | None = None, metric_key_prefix: str = "test",
-                test_dataset: Any = None, ckpt_path: str | None = None,
-                ignore_keys: list[str] | None = None) -> PredictionOutput:
+    def predict(self, test_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test",
+                *, model: nn.Module | None = None, data: Any = None, data_collator: Callable | None = None,
+                datamodule: DataModule | None = None, ckpt_path: str | None = None) -> PredictionOutput:
         """Run ``predict_step`` over ``data``; returns ``PredictionOutput(predictions, label_ids, metrics)``
         with numpy arrays concatenated over batches (mirrors HF ``Trainer.predict``; ``ckpt_path`` as in
-        :meth:`validate`). HF's positional form ``predict(test_dataset, ignore_keys)`` works too; a plain model's
+        :meth:`validate`). HF's signature ``predict(test_dataset, ignore_keys, metric_key_prefix)``; Fit's
+        ``predict(model, data)`` and ``model=``/``data=`` keywords work too. A plain model's
         run builds its loader with :meth:`get_test_dataloader` and applies ``preprocess_logits_for_metrics``, as HF.
 
         Raises:
             ValueError: no or empty data.
         """
+        if isinstance(test_dataset, nn.Module):  # Fit-style predict(model, data)
+            model, test_dataset, ignore_keys = test_dataset, ignore_keys if data is None else data, None
         data = data if data is not None else test_dataset
-        model, data, ignore_keys = _hf_positional(model, data, ignore_keys)
         return self._launch("predict", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
                                                    metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path,
                                                    ignore_keys=ignore_keys))

@@ -260,7 +260,8 @@ class EvaluationLoop:
             if loss_sum is not None:
                 total = strategy.reduce(torch.tensor(float(n_samples if real_limit is None else n_real),
                                                      device=loss_sum.device), "sum")
-                metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum")) / max(1.0, float(total))
+                # a float32 mean, as HF's (numpy float32 mean of the per-sample losses)
+                metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum") / total.clamp(min=1.0))
             if compute_metrics is not None and (stage != "predict" or all_labels is not None):
                 if batch_metrics_mode:
                     extra = batch_metrics or {}
