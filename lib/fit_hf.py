@@ -54,11 +54,17 @@ class RoutedModel:
         object.__setattr__(self, "_forward", forward)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if args and not kwargs and len(args) == 1 and isinstance(args[0], Mapping):
+        """``model(**inputs)`` or ``model(*inputs)`` through the wrapper.
+
+        Raises:
+            TypeError: positional and keyword inputs mixed (the wrapper's step takes one of them).
+        """
+        if args and kwargs:
+            raise TypeError(f"{type(self._model).__name__} under a wrapping strategy is called with keyword inputs "
+                            "(model(**inputs)) or positional ones, not both.")
+        if len(args) == 1 and isinstance(args[0], Mapping):
             return self._forward(args[0])
-        if args:
-            return self._forward(tuple(args) if not kwargs else (tuple(args), kwargs))
-        return self._forward(kwargs)
+        return self._forward(tuple(args) if args else kwargs)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
