@@ -231,6 +231,17 @@ class HFOverridePoints:
                             run=getattr(self, "_loader_run", None))
 
     # --------------------------------------------------------------------------------------------- steps ---
+    def _prepare_inputs(self, inputs: Any) -> Any:
+        """``inputs`` on this process's device (HF's private ``Trainer._prepare_inputs``, which step overrides
+        often call; the loops have moved the batch already, so this is then a no-op).
+
+        Raises:
+            ValueError: an empty batch (as HF).
+        """
+        if isinstance(inputs, Mapping) and len(inputs) == 0:
+            raise ValueError("The batch received was empty, your model won't be able to train on it.")
+        return self.strategy.batch_to_device(inputs)
+
     def _hf_model(self, run: Any) -> Any:
         """What an override point gets as ``model``: the user's model, or a :class:`RoutedModel` through the
         strategy's wrapper."""

@@ -146,6 +146,7 @@ def _training_step_scaled(calls):
     def training_step(self, model, inputs, num_items_in_batch=None):
         calls.append(("training_step", sorted(inputs), num_items_in_batch))
         model.train()
+        inputs = self._prepare_inputs(inputs)  # HF's private helper, which overrides often call
         loss = self.compute_loss(model, inputs)
         loss = 3.0 * loss / self.args.gradient_accumulation_steps  # a scaled loss changes the weights
         loss.backward()
