@@ -460,7 +460,7 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
             with self._loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):
                 metrics = self.evaluate(ignore_keys=self._ignore_keys_for_eval)
         else:
-            metrics = self._evaluate_in_run(run.eval_loaders, "eval", None)
+            metrics = self._evaluate_in_run(run.eval_loaders, "eval", self._ignore_keys_for_eval)
         for cfg in () if skip_scheduler else run.schedulers:
             if cfg.interval != "eval":
                 continue
