@@ -23,15 +23,17 @@ from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint import checkpoint_path
 from taskfit.connector import resolve_components
+from taskfit.fit_hf import HFOverridePoints, hf_overrides
 from taskfit.fit_mixins import CallbackManagement, ProcessInfo, RunAttributes
 from taskfit.fit_outputs import ModelOutputs
+from taskfit.fit_stages import EvaluationStages
 from taskfit.data.loaders import DataModule, build_dataloader, per_process_batch_size, floating_point_ops, forward_parameter_names, num_examples, num_tokens
 from taskfit.loggers import Logger, build_loggers, resume_loggers, send_summary
 from taskfit.loops.evaluation_loop import EvaluationLoop, is_loader_list, metric_key
 from taskfit.loops.fit_loop import FitLoop, accumulation_schedule, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metric_checks import check_before_training, missing_metric_error
-from taskfit.metrics import PredictionOutput, TrainOutput, speed_metrics
+from taskfit.metrics import TrainOutput, speed_metrics
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.module_hooks import end_stage, module_loader, start_stage
 from taskfit.results import ResultCollection
@@ -47,7 +49,8 @@ log = logging.getLogger("taskfit")
 _COMPONENT_KEYS = ("accelerator", "strategy", "devices", "num_nodes", "precision")
 
 
-class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOutputs):
+class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunLifecycle, EvaluationStages,
+          ModelOutputs):
     """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
 
     Args:
@@ -131,6 +134,10 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
+        self.is_in_train = False  # True while fit() trains (HF's flag; evaluate() then runs inside that run)
+        self._ignore_keys_for_eval: list[str] | None = None
+        self._creating: list[Any] | None = None  # the optimizer/scheduler slots while create_optimizer runs
+        self._loader_run: Run | None = None  # the run whose loaders an HF get_*_dataloader override builds
 
         self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
         if args.profiler:  # a callback: a run without a profiler pays nothing for it
@@ -249,8 +256,8 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
             resume_from_checkpoint (str | bool | None): as in :meth:`fit`.
             trial (optuna.Trial | dict | None): hyperparameters of a search trial; a dict's entries (or an optuna
                 trial's ``params``) are set on ``args`` for this training, as HF does.
-            ignore_keys_for_eval (list[str] | None): accepted for HF compatibility; output keys are chosen by the
-                model's output type.
+            ignore_keys_for_eval (list[str] | None): output keys the evaluations during this training leave out of
+                the predictions (given to ``evaluate``/``prediction_step`` as ``ignore_keys``).
 
         Raises:
             TypeError: an unknown keyword (HF raises the same for leftovers).
@@ -261,6 +268,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
             params = trial if isinstance(trial, Mapping) else getattr(trial, "params", {})
             if params:
                 self.args = self.args.replace(**dict(params))
+        self._ignore_keys_for_eval = ignore_keys_for_eval
         return self.fit(resume_from_checkpoint=resume_from_checkpoint)
 
     def _hf_optimizers(self, model: nn.Module) -> tuple[Any, Any]:
@@ -324,9 +332,11 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
                                  f"{type(self.strategy).__name__}, whose engine runs backward and the step.")
         st = FitState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_global_zero)
         run = Run("fit", model, module, st, FitControl())
-        run.train_loader = self._loader(train_data, train=True, collator=data_collator, what="train dataset", run=run)
+        run.train_loader = self._train_dataloader(run, train_data, data_collator)  # get_train_dataloader (HF)
         run.eval_loaders = self._eval_loader_dict(eval_data, data_collator, run=run)
-        if run.eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model:
+        run.eval_data, run.data_collator = eval_data, data_collator
+        if (run.eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model
+                and type(self).evaluate is EvaluationStages.evaluate):  # an evaluate override may add the metric
             check_before_training(args.metric_for_best_model, metric_key(args.metric_for_best_model, "eval"),
                                   isinstance(module, ModelTaskModule), self.compute_metrics is not None,
                                   list(run.eval_loaders) == [None])
@@ -344,7 +354,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
         self._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
         run.optimizers, run.schedulers = configure_optimizers(
-            module, model, args, max_steps, self._hf_optimizers(model),
+            module, model, args, max_steps, self._run_optimizers(run, max_steps) or self._hf_optimizers(model),
             strategy_builds_optimizer=self.strategy.builds_own_optimizer)
         self._setup_run(run, max_steps)
         self._run = self._last_fit = run
@@ -381,8 +391,9 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         try:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
                 sanity_check(self, run)
+            self.is_in_train = True  # HF's flag: evaluate() called now evaluates inside this run
             if args.eval_on_start and run.eval_loaders:
-                self._evaluate_during_fit()
+                self._evaluate_during_fit(skip_scheduler=True)  # HF: no ReduceLROnPlateau step before training
             if args.detect_anomaly:
                 with torch.autograd.detect_anomaly():
                     loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
@@ -395,6 +406,7 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
             raise
         finally:
             loop.stop.uninstall()
+            self.is_in_train = False
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
                                 st.global_step - start_step)
         metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss)  # log() adds epoch
@@ -437,14 +449,15 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         if self._hooks.hf["on_log"]:
             self._hooks.call_hf("on_log", self.args, st, self.control, logs=logs)
 
-    def _run_eval(self, loaders: dict[str | None, Any], stage: str, prefix: str) -> tuple[dict, set[str]]:
+    def _run_eval(self, loaders: dict[str | None, Any], stage: str, prefix: str,
+                  ignore_keys: list[str] | None = None) -> tuple[dict, set[str]]:
         """Evaluate every named loader; returns the metrics and the keys logged with ``logger=False``."""
         metrics: dict[str, float] = {}
         hidden: set[str] = set()
         indexed = len(loaders) > 1 and all(isinstance(n, int) for n in loaders)  # a list: one evaluation epoch
         shared = ResultCollection(infer_batch_size, self.strategy.reduce, sync_by_default=True) if indexed else None
         for i, (name, loader) in enumerate(loaders.items()):
-            loop = EvaluationLoop(self, stage, self._hooks, **(dict(
+            loop = EvaluationLoop(self, stage, self._hooks, ignore_keys, **(dict(
                 dataloader_idx=name, results=shared, first=i == 0, last=i == len(loaders) - 1) if indexed else {}))
             key = prefix if name is None or indexed else f"{prefix}_{name}"
             metrics.update(loop.run(loader, key)[0])
@@ -453,20 +466,24 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
             hidden |= loop.hidden
         return metrics, hidden
 
-    def _evaluate_during_fit(self) -> dict[str, float]:
+    def _evaluate_during_fit(self, skip_scheduler: bool = False) -> dict[str, float]:
+        """An evaluation during training, in HF's order: evaluate (log row, ``on_evaluate``), the metric
+        schedulers' step, then the best metric. A subclass overriding ``evaluate`` or ``get_eval_dataloader`` is
+        called here as HF's ``_maybe_log_save_evaluate`` calls it (``self.evaluate(ignore_keys=...)``)."""
         run = self._run
-        metrics, hidden = self._run_eval(run.eval_loaders, "validate", "eval")
-        metrics["epoch"] = self.state.epoch
-        self._log({k: v for k, v in metrics.items() if k not in hidden})
-        self._track_best(metrics)
-        for cfg in run.schedulers:
+        if hf_overrides(self, "get_eval_dataloader") or type(self).evaluate is not EvaluationStages.evaluate:
+            with self._loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):
+                metrics = self.evaluate(ignore_keys=self._ignore_keys_for_eval)
+        else:
+            metrics = self._evaluate_in_run(run.eval_loaders, "eval", self._ignore_keys_for_eval)
+        for cfg in () if skip_scheduler else run.schedulers:
             if cfg.interval != "eval":
                 continue
             if cfg.monitor not in metrics:
                 raise KeyError(f"ReduceLROnPlateau monitors {cfg.monitor!r}, which evaluation did not "
                                f"return; available: {sorted(metrics)}.")
             cfg.scheduler.step(metrics[cfg.monitor])
-        self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
+        self._track_best(metrics)
         return metrics
 
     def _track_best(self, metrics: dict[str, float]) -> None:
@@ -479,7 +496,9 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
         value, best = metrics[key], self.state.best_metric
         greater = self.args.greater_is_better if self.args.greater_is_better is not None else not key.endswith("loss")
         if best is None or (value > best if greater else value < best):
-            self.state.best_metric, self.state.best_global_step = value, self.state.global_step
+            self.state.best_metric = value
+            if self.args.save_strategy in ("steps", "epoch", "best"):  # HF: the step only when checkpoints exist
+                self.state.best_global_step = self.state.global_step
             self.control.should_save = self.control.should_save or self.args.save_strategy == "best"
 
     def _save_checkpoint(self, training_state: dict[str, Any], path: str | None = None) -> str:
@@ -500,135 +519,6 @@ class Fit(ProcessInfo, CallbackManagement, RunAttributes, RunLifecycle, ModelOut
 
     def _log(self, logs: dict[str, Any]) -> None:
         self.log(logs)  # through self: a subclass's log() override sees every row, as in HF
-
-    # ----------------------------------------------------------------------------- evaluate / predict ---
-    def _eval_entry(self, model: Any, data: Any, stage: str, ckpt_path: str | None = None) -> tuple[TaskModule, Any]:
-        if model is not None and not isinstance(model, nn.Module) and data is None:
-            model, data = None, model  # HF-style fit.evaluate(eval_dataset)
-        self.strategy.configure(self.args)
-        self.strategy.setup_environment()
-        model, module = self._resolve_model(model, stage)
-        last = self._run
-        state, control = (last.state, last.control) if last is not None else (self._idle_state, self._idle_control)
-        run = Run(stage, model, module, state, control)
-        start = time.perf_counter()
-        self._setup_run(run)
-        if self._last_fit is None and self._model_preparation_time is None:
-            # HF: the model was first prepared for evaluation; every later eval/predict reports the time
-            self._model_preparation_time = round(time.perf_counter() - start, 4)
-        self._run = run
-        if ckpt_path is not None:  # Lightning's ckpt_path: score those weights
-            from taskfit.ckpt_path import load_ckpt_path
-
-            load_ckpt_path(self, run, ckpt_path)
-        efficiency.prepare_full_eval(self, module)  # fp16_full_eval / bf16_full_eval
-        if module._results is None:
-            module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
-        if stage in ("validate", "test") and not self._can_validate(module) and (
-                type(module).test_step is TaskModule.test_step):
-            raise ValueError(f"{type(module).__name__} has no {stage.replace('validate', 'validation')}_step "
-                             "to evaluate with.")
-        return module, data
-
-    def _from_datamodule(self, datamodule: DataModule | None, stage: str, method: str) -> Any:
-        if datamodule is None:
-            return None
-        datamodule.prepare_data()
-        datamodule.setup(stage)
-        return getattr(datamodule, method)()
-
-    def validate(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-                 datamodule: DataModule | None = None, metric_key_prefix: str = "eval",
-                 ckpt_path: str | None = None) -> dict[str, float]:
-        """Evaluate on ``data`` (default: the eval data given to ``fit``); returns metrics such as
-        ``eval_loss``, logged names (``val_acc``), ``compute_metrics`` results, ``eval_runtime`` (s),
-        ``eval_samples_per_second``. A dict of datasets gives ``{prefix}_{name}_{metric}`` keys. ``ckpt_path``
-        (``"best"``, ``"last"`` or a checkpoint folder; Lightning's argument) loads those weights first.
-
-        Raises:
-            ValueError: no data, empty data, a module without ``validation_step``, or no checkpoint for
-                ``ckpt_path``.
-        """
-        if model is not None and not isinstance(model, nn.Module) and data is None:
-            model, data = None, model  # HF-style fit.evaluate(eval_dataset)
-        return self._launch("validate", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                    metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
-
-    def _validate_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                        metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
-        module, data = self._eval_entry(model, data, "validate", ckpt_path)
-        data = data if data is not None else (self._from_datamodule(datamodule, "validate", "val_dataloader")
-                                              if datamodule is not None else module_loader(module, "val_dataloader"))
-        fit_loaders = self._last_fit.eval_loaders if self._last_fit is not None else {}
-        loaders = self._eval_loader_dict(data, data_collator) if data is not None else fit_loaders
-        if not loaders and self.eval_dataset is not None:  # HF Trainer(eval_dataset=...) before any training
-            loaders = self._eval_loader_dict(self.eval_dataset, data_collator)
-        if not loaders:
-            raise ValueError("validate() needs eval data: pass data, a datamodule, or eval_data to fit().")
-        metrics, hidden = self._run_eval(loaders, "validate", metric_key_prefix)
-        metrics["epoch"] = self.state.epoch  # HF's log() adds it to the returned dict too
-        self._log({k: v for k, v in metrics.items() if k not in hidden})
-        self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
-        return metrics
-
-    def evaluate(self, model: Any = None, data: Any = None, *, eval_dataset: Any = None,
-                 **kwargs: Any) -> dict[str, float]:
-        """HF-style alias of :meth:`validate`; ``fit.evaluate(eval_dataset)`` and ``eval_dataset=`` work too."""
-        return self.validate(model, data if data is not None else eval_dataset, **kwargs)
-
-    def test(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-             datamodule: DataModule | None = None, metric_key_prefix: str = "test",
-             ckpt_path: str | None = None) -> dict[str, float]:
-        """Like :meth:`validate` with ``test_step`` and ``test_`` keys (``ckpt_path`` as there).
-
-        Raises:
-            ValueError: no or empty data.
-        """
-        if model is not None and not isinstance(model, nn.Module) and data is None:
-            model, data = None, model
-        return self._launch("test", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
-
-    def _test_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                    metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
-        module, data = self._eval_entry(model, data, "test", ckpt_path)
-        data = data if data is not None else (self._from_datamodule(datamodule, "test", "test_dataloader")
-                                              if datamodule is not None else module_loader(module, "test_dataloader"))
-        if data is None:
-            raise ValueError("test() needs data: pass data or a datamodule with test_dataloader().")
-        metrics, hidden = self._run_eval(self._eval_loader_dict(data, data_collator), "test", metric_key_prefix)
-        self._log({k: v for k, v in metrics.items() if k not in hidden})
-        return metrics
-
-    def predict(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-                datamodule: DataModule | None = None, metric_key_prefix: str = "test",
-                test_dataset: Any = None, ckpt_path: str | None = None) -> PredictionOutput:
-        """Run ``predict_step`` over ``data``; returns ``PredictionOutput(predictions, label_ids, metrics)``
-        with numpy arrays concatenated over batches (mirrors HF ``Trainer.predict``; ``ckpt_path`` as in
-        :meth:`validate`).
-
-        Raises:
-            ValueError: no or empty data.
-        """
-        data = data if data is not None else test_dataset
-        if model is not None and not isinstance(model, nn.Module) and data is None:
-            model, data = None, model
-        return self._launch("predict", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                   metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
-
-    def _predict_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                       metric_key_prefix: str, ckpt_path: str | None = None) -> PredictionOutput:
-        module, data = self._eval_entry(model, data, "predict", ckpt_path)
-        data = data if data is not None else (self._from_datamodule(datamodule, "predict", "predict_dataloader")
-                                              if datamodule is not None else module_loader(module, "predict_dataloader"))
-        if data is None:
-            raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")
-        loader = self._loader(data, train=False, collator=data_collator, what="predict dataset")
-        metrics, preds, labels = EvaluationLoop(self, "predict", self._hooks).run(loader, metric_key_prefix)
-        if self._model_preparation_time is not None:
-            metrics[f"{metric_key_prefix}_model_preparation_time"] = self._model_preparation_time
-        self._hooks.call_hf("on_predict", self.args, self.state, self.control, metrics=metrics)
-        return PredictionOutput(preds, labels, metrics)
 
     def hyperparameter_search(self, hp_space: Callable | None = None, compute_objective: Callable | None = None,
                               n_trials: int = 20, direction: Any = "minimize", **kw: Any) -> Any:

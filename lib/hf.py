@@ -61,6 +61,11 @@ class Trainer(Fit):
         compute_metrics, callbacks, optimizers, optimizer_cls_and_kwargs, preprocess_logits_for_metrics:
             as HF's ``Trainer`` (see :class:`taskfit.Fit`).
         **kwargs: any other ``Fit`` keyword (``strategy=``, ``loggers=``, ...).
+
+    Subclass override points, called where ``transformers.Trainer`` calls them (see :mod:`taskfit.fit_hf`):
+    ``get_train_dataloader``, ``get_eval_dataloader``, ``get_test_dataloader``, ``create_optimizer``,
+    ``create_scheduler``, ``create_optimizer_and_scheduler``, ``training_step``, ``compute_loss``,
+    ``prediction_step``, ``evaluate`` (also for the evaluations during training), ``predict`` and ``log``.
     """
 
     def __init__(self, model: nn.Module | None = None, args: FitArguments | None = None,

@@ -17,12 +17,14 @@ class EvalPrediction:
     Attributes:
         predictions (np.ndarray | tuple): model outputs, concatenated over batches (shape ``(N, ...)``).
         label_ids (np.ndarray | tuple | None): labels, concatenated the same way.
-        inputs (np.ndarray | None): the inputs, with ``include_inputs_for_metrics``.
+        inputs (np.ndarray | None): the model's main input column, with ``include_for_metrics=["inputs"]``.
+        losses (np.ndarray | None): each sample's batch loss, with ``include_for_metrics=["loss"]``.
     """
 
-    def __init__(self, predictions: Any, label_ids: Any, inputs: Any = None) -> None:
-        self.predictions, self.label_ids, self.inputs = predictions, label_ids, inputs
-        self._elements = (predictions, label_ids) + ((inputs,) if inputs is not None else ())
+    def __init__(self, predictions: Any, label_ids: Any, inputs: Any = None, losses: Any = None) -> None:
+        self.predictions, self.label_ids, self.inputs, self.losses = predictions, label_ids, inputs, losses
+        self._elements = ((predictions, label_ids) + ((inputs,) if inputs is not None else ())
+                          + ((losses,) if losses is not None else ()))
 
     def __iter__(self) -> Any:
         return iter(self._elements)
@@ -36,7 +38,8 @@ class EvalPrediction:
         return len(self._elements)
 
     def __repr__(self) -> str:
-        return f"EvalPrediction(predictions={self.predictions!r}, label_ids={self.label_ids!r}, inputs={self.inputs!r})"
+        return (f"EvalPrediction(predictions={self.predictions!r}, label_ids={self.label_ids!r}, "
+                f"inputs={self.inputs!r}, losses={self.losses!r})")
 
 
 class TrainOutput(dict):

@@ -45,6 +45,8 @@ class Run:
         flos_per_sample (int): training FLOPs per sample (6 x parameters).
         publisher (Any): the ``push_to_hub`` publisher of this run, if any.
         neftune_embedding (Any): the embedding NEFTune noises during this run, if any.
+        eval_data (Any), data_collator (Any): the eval data and collator given to ``fit`` (HF loader overrides).
+        loss_weight (Any): the current micro-batch's share of its accumulation window (HF ``training_step``).
     """
 
     stage: str
@@ -64,6 +66,9 @@ class Run:
     flos_per_sample: int = 0
     publisher: Any = None
     neftune_embedding: Any = None
+    eval_data: Any = None
+    data_collator: Any = None
+    loss_weight: Any = None
 
     @property
     def optimizer(self) -> Any:

@@ -151,6 +151,11 @@ class ModelTaskModule(TaskModule):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
 
+    def model_outputs(self, inputs: Any) -> Any:
+        """``model(**inputs)`` (``model(*inputs)`` for a tuple): what an HF override point's ``model(...)`` call
+        runs, routed through the strategy's wrapper as a step method."""
+        return run_model(self.model, inputs)
+
     def _check_batch(self, batch: Any) -> None:
         """First-batch check that the model can be called HF-style with this batch (clear errors up front)."""
         self._checked = True

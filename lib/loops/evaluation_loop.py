@@ -20,6 +20,7 @@ from taskfit.metrics import EvalPrediction, MemoryTracker, nested_concat, speed_
 from taskfit.module import infer_batch_size
 from taskfit.module_hooks import batch_mover
 from taskfit.results import ResultCollection
+from taskfit.wrapping import ModelTaskModule
 
 if TYPE_CHECKING:
     from taskfit.fit import Fit
@@ -49,9 +50,20 @@ def _batch_labels(batch: Any, label_names: list[str]) -> Any:
     return None
 
 
-def _batch_inputs(batch: Any) -> Any:
+def _batch_inputs(batch: Any, main_input_name: str, strict: bool = True) -> Any:
+    """The inputs ``compute_metrics`` gets with ``include_for_metrics=["inputs"]``: the batch's ``main_input_name``
+    column (HF: the model's ``main_input_name``, default ``"input_ids"``), the first element of a tuple batch.
+
+    Raises:
+        KeyError: a dict batch without that column (``strict``: a plain model's run, as HF).
+    """
     if isinstance(batch, Mapping):
-        return batch.get("input_ids", next(iter(batch.values()), None))
+        if main_input_name not in batch and not strict:  # a TaskModule's dict batch: its first column
+            return next(iter(batch.values()), None)
+        if main_input_name not in batch:
+            raise KeyError(f"include_for_metrics=['inputs'] passes the model's main input {main_input_name!r} "
+                           f"(its main_input_name) to compute_metrics, but the batch has only {sorted(batch)}.")
+        return batch[main_input_name]
     if isinstance(batch, (list, tuple)):
         return batch[0]
     return batch
@@ -135,9 +147,10 @@ class EvaluationLoop:
             and ``on_*_epoch_end``/``end`` hooks and the logged epoch values belong to the whole evaluation).
     """
 
-    def __init__(self, fit: Fit, stage: str, hooks: Any, *, dataloader_idx: int | None = None,
-                 results: ResultCollection | None = None, first: bool = True, last: bool = True) -> None:
-        self.fit, self.stage, self.hooks = fit, stage, hooks
+    def __init__(self, fit: Fit, stage: str, hooks: Any, ignore_keys: list[str] | None = None, *,
+                 dataloader_idx: int | None = None, results: ResultCollection | None = None, first: bool = True,
+                 last: bool = True) -> None:
+        self.fit, self.stage, self.hooks, self.ignore_keys = fit, stage, hooks, ignore_keys
         self.dataloader_idx, self.results, self.first, self.last = dataloader_idx, results, first, last
         self.hidden: set[str] = set()
 
@@ -159,11 +172,17 @@ class EvaluationLoop:
         # through the DDP/FSDP wrapper's forward (FSDP all-gathers the root's parameters in its hooks)
         step_fn = strategy.step_function(module, {"validate": "validation_step", "test": "test_step",
                                                   "predict": "predict_step"}[stage])
+        hf_step = fit._hf_prediction_step(fit._run, stage, self.ignore_keys)  # a prediction_step override (HF)
         hook_stage = "validation" if stage == "validate" else stage
         compute_metrics = fit.compute_metrics
         collect = not args.prediction_loss_only and (stage == "predict" or compute_metrics is not None)
         generate = self._generation_setup() if collect and args.predict_with_generate else None
         preprocess = fit.preprocess_logits_for_metrics
+        include = set(getattr(args, "include_for_metrics", None) or ())
+        with_inputs = "inputs" in include or args.include_inputs_for_metrics
+        with_losses = "loss" in include
+        main_input = getattr(fit.model, "main_input_name", "input_ids")
+        strict_inputs = isinstance(module, ModelTaskModule)  # a plain model: HF's KeyError
         label_names = args.label_names or getattr(module, "label_names", None) or ["labels"]
         batch_metrics_mode = args.batch_eval_metrics and compute_metrics is not None and stage != "predict"
         distributed = strategy.world_size > 1
@@ -184,7 +203,7 @@ class EvaluationLoop:
         results.dataloader_idx = idx = self.dataloader_idx
         extra = () if idx is None else (idx,)  # Lightning passes dataloader_idx only with several loaders
         module._log_defaults = (False, True)
-        preds, labels, inputs = (_Collector(args.eval_accumulation_steps) for _ in range(3))
+        preds, labels, inputs, losses = (_Collector(args.eval_accumulation_steps) for _ in range(4))
         returned_metrics: dict[str, Any] = {}
         loss_sum, n_samples, n_real, n_batches, batch_metrics = None, 0, 0, 0, None
         memory = None if args.skip_memory_metrics else MemoryTracker(strategy.root_device, strategy.accelerator)
@@ -211,28 +230,30 @@ class EvaluationLoop:
                         results._batch_size = weight
                     hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx)
                     with strategy.forward_context():
-                        out = step_fn(batch, batch_idx, *extra)
+                        out = step_fn(batch, batch_idx, *extra) if hf_step is None else hf_step(batch)
                     loss, logits, lab = self._unpack(out, batch, label_names, returned_metrics)
                     if loss is not None:
                         loss_sum = loss.detach().float() * weight if loss_sum is None else loss_sum + loss.detach().float() * weight
                     if collect:
                         if generate is not None:
                             logits = generate(batch, label_names)
-                        elif preprocess is not None and stage != "predict":
+                        elif preprocess is not None and logits is not None:  # in predict() too (HF)
                             logits = preprocess(logits, lab)
                         preds.add(logits)
                         labels.add(lab)
-                        if args.include_inputs_for_metrics:
-                            inputs.add(_batch_inputs(batch))
+                        if with_inputs:
+                            inputs.add(_batch_inputs(batch, main_input, strict_inputs))
+                        if with_losses and loss is not None:  # HF: the batch's loss once per sample
+                            losses.add(loss.detach().reshape(()).repeat(bs))
                         if batch_metrics_mode:
                             rows = indices[n_samples:n_samples + bs] if indices is not None else None
                             before = set(seen)  # the first gather adds this batch's kept indices to `seen`
                             parts = [gather_in_dataset_order(strategy, to_numpy(v), rows, set(before) if i else seen)
-                                     for i, v in enumerate((logits, lab, _batch_inputs(batch)
-                                                            if args.include_inputs_for_metrics else None))]
+                                     for i, v in enumerate((logits, lab, _batch_inputs(
+                                         batch, main_input, strict_inputs) if with_inputs else None))]
                             batch_metrics = compute_metrics(EvalPrediction(*parts),
                                                             compute_result=batch_idx + 1 == fit.num_eval_batches)
-                            preds.clear(), labels.clear(), inputs.clear()
+                            preds.clear(), labels.clear(), inputs.clear(), losses.clear()
                     n_samples += bs
                     n_real += weight
                     n_batches += 1
@@ -245,10 +266,12 @@ class EvaluationLoop:
             concat = args.eval_do_concat_batches
             self.peak_device_bytes = preds.peak_device_bytes
             all_preds, all_labels = preds.result(concat), labels.result(concat)
-            all_inputs = inputs.result(concat) if args.include_inputs_for_metrics else None
+            all_inputs = inputs.result(concat) if with_inputs else None
+            all_losses = losses.result(concat) if with_losses else None
             if distributed:
-                all_preds, all_labels, all_inputs = (self._gather(x, indices, batch_bounds, concat)
-                                                     for x in (all_preds, all_labels, all_inputs))
+                all_preds, all_labels, all_inputs, all_losses = (
+                    self._gather(x, indices, batch_bounds, concat) for x in (all_preds, all_labels, all_inputs,
+                                                                             all_losses))
 
             logged: dict[str, Any] = {}
             aliases: dict[str, Any] = {}  # callback_metrics only: `name` for `name_epoch` (Lightning)
@@ -267,12 +290,13 @@ class EvaluationLoop:
             if loss_sum is not None:
                 total = strategy.reduce(torch.tensor(float(n_samples if real_limit is None else n_real),
                                                      device=loss_sum.device), "sum")
-                metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum")) / max(1.0, float(total))
+                # a float32 mean, as HF's (numpy float32 mean of the per-sample losses)
+                metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum") / total.clamp(min=1.0))
             if compute_metrics is not None and (stage != "predict" or all_labels is not None):
                 if batch_metrics_mode:
                     extra = batch_metrics or {}
                 elif all_preds is not None:
-                    extra = compute_metrics(EvalPrediction(all_preds, all_labels, all_inputs))
+                    extra = compute_metrics(EvalPrediction(all_preds, all_labels, all_inputs, all_losses))
                 else:
                     extra = {}
                 metrics.update({metric_key(k, prefix): float(v) if isinstance(v, (int, float)) else v

@@ -176,6 +176,7 @@ class FitLoop:
         own_clipping = overrides(module, "configure_gradient_clipping") and not engine
         own_step = overrides(module, "optimizer_step") and not engine
         flos_per_sample = run.flos_per_sample
+        hf_step = getattr(fit, "_hf_training_step", lambda _run: None)(run)  # a Fit subclass's training_step (HF): forward and backward in it
 
         def after_closure(opt: Any) -> None:
             """Between backward and the optimizer step (Lightning): unscale, hooks, then clipping."""
@@ -268,6 +269,14 @@ class FitLoop:
                             """Lightning's training closure: training_step, zero_grad (first micro-batch of a
                             window), backward."""
                             with strategy.no_sync(i == last):
+                                if hf_step is not None:  # zero_grad first: the override runs backward itself
+                                    if i == 0:
+                                        for opt in optimizers:
+                                            opt.zero_grad(set_to_none=True)
+                                    with fwd_ctx():
+                                        out = loss = hf_step(batch, weights[i] if weights is not None else None)
+                                    box["out"], box["loss"] = out, loss
+                                    return loss
                                 with fwd_ctx():
                                     out = train_fx(batch, batch_idx)
                                 loss = _extract_training_loss(out)

@@ -1,0 +1,333 @@
+"""The HF ``Trainer`` override points of ``Fit`` (mirrors ``transformers.Trainer`` 5.x): ``get_train_dataloader``,
+``get_eval_dataloader``, ``get_test_dataloader``, ``create_optimizer_and_scheduler``, ``create_optimizer``,
+``create_scheduler``, ``training_step`` and ``prediction_step``, with HF's signatures and defaults. A subclass that
+overrides one of them changes a run of a plain model (``Fit(model=..., args=...)``, ``taskfit.hf.Trainer``) where
+HF's ``Trainer`` calls it: the loops call them through ``self``. A :class:`~taskfit.TaskModule` keeps its own
+``training_step``/``validation_step``; the HF override points apply to plain models only.
+
+Where they are called (as HF 5):
+
+- ``get_train_dataloader()`` once per ``train()``; ``get_eval_dataloader(eval_dataset)`` by every ``evaluate``
+  (also the evaluations during training), ``get_test_dataloader(test_dataset)`` by ``predict``.
+- ``create_optimizer()`` then ``create_scheduler(num_training_steps=max_steps)`` once per ``train()``;
+  ``create_optimizer_and_scheduler`` is not called by ``train()`` (as in HF 5, where it only calls the two).
+- ``training_step(model, inputs, num_items_in_batch)`` per micro-batch: it computes the loss, runs backward and
+  returns the detached loss (what the logged loss sums).
+- ``prediction_step(model, inputs, prediction_loss_only, ignore_keys)`` per evaluation/prediction batch, returning
+  ``(loss, logits, labels)``.
+
+``model`` given to ``training_step``/``prediction_step`` is the user's model; under DDP/FSDP/DeepSpeed a view of it
+whose call runs through the wrapper's forward (gradient sync, parameter gathering) and whose attributes are the
+model's (HF passes the wrapper itself).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from taskfit.wrapping import ModelTaskModule
+
+
+def hf_overrides(fit: Any, *names: str) -> bool:
+    """True when ``type(fit)`` overrides any of the HF override points ``names`` of :class:`HFOverridePoints`."""
+    cls = type(fit)
+    return any(getattr(cls, n) is not getattr(HFOverridePoints, n) for n in names)
+
+
+class RoutedModel:
+    """The user's model as an HF override point sees it under a wrapping strategy: calling it (``model(**inputs)``)
+    runs the forward through the strategy's wrapper (DDP gradient hooks, FSDP/DeepSpeed parameter gathering);
+    every attribute (``config``, ``parameters()``, ``train()``...) is the model's own.
+
+    Args:
+        model (nn.Module): the user's model.
+        forward (Callable[[Any], Any]): the strategy's step function for ``ModelTaskModule.model_outputs``.
+    """
+
+    def __init__(self, model: nn.Module, forward: Any) -> None:
+        object.__setattr__(self, "_model", model)
+        object.__setattr__(self, "_forward", forward)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """``model(**inputs)`` or ``model(*inputs)`` through the wrapper.
+
+        Raises:
+            TypeError: positional and keyword inputs mixed (the wrapper's step takes one of them).
+        """
+        if args and kwargs:
+            raise TypeError(f"{type(self._model).__name__} under a wrapping strategy is called with keyword inputs "
+                            "(model(**inputs)) or positional ones, not both.")
+        if len(args) == 1 and isinstance(args[0], Mapping):
+            return self._forward(args[0])
+        return self._forward(tuple(args) if args else kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._model, name, value)
+
+
+class HFOverridePoints:
+    """Mixin of :class:`taskfit.Fit` with HF ``Trainer``'s subclass override points (see the module text)."""
+
+    args: Any
+    strategy: Any
+    train_dataset: Any
+    eval_dataset: Any
+    data_collator: Any
+    optimizer_cls_and_kwargs: Any
+    _optimizers: tuple[Any, Any]
+    _run: Any
+    _last_fit: Any
+
+    # ------------------------------------------------------------------------------------ optimizer slots ---
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer (HF ``Trainer.optimizer``): while a ``train()`` builds its optimizer, the one being built
+        (None until ``create_optimizer`` sets it); after, the last ``fit``'s; before any, ``optimizers[0]`` given
+        to the constructor. Settable, as in HF: inside ``create_optimizer`` it is the run's optimizer, outside it
+        the optimizer the next ``train()`` starts from."""
+        slots = getattr(self, "_creating", None)
+        if slots is not None:
+            return slots[0]
+        if self._last_fit is not None:
+            return self._last_fit.optimizer
+        return self._optimizers[0]
+
+    @optimizer.setter
+    def optimizer(self, value: Any) -> None:
+        slots = getattr(self, "_creating", None)
+        if slots is not None:
+            slots[0] = value
+        else:
+            self._optimizers = (value, self._optimizers[1])
+
+    @property
+    def lr_scheduler(self) -> Any:
+        """The LR scheduler (HF ``Trainer.lr_scheduler``), with the same timing rules as :attr:`optimizer`."""
+        slots = getattr(self, "_creating", None)
+        if slots is not None:
+            return slots[1]
+        if self._last_fit is not None:
+            return self._last_fit.lr_scheduler
+        return self._optimizers[1]
+
+    @lr_scheduler.setter
+    def lr_scheduler(self, value: Any) -> None:
+        slots = getattr(self, "_creating", None)
+        if slots is not None:
+            slots[1] = value
+        else:
+            self._optimizers = (self._optimizers[0], value)
+
+    def _run_optimizers(self, run: Any, max_steps: int) -> tuple[Any, Any] | None:
+        """``(optimizer, scheduler)`` for a new run of a plain model whose class overrides ``create_optimizer`` or
+        ``create_scheduler`` (HF order: ``create_optimizer()``, then ``create_scheduler(num_training_steps=
+        max_steps)``); None otherwise (the arguments' optimizer is built as without overrides)."""
+        if not (isinstance(run.module, ModelTaskModule) and hf_overrides(self, "create_optimizer", "create_scheduler")):
+            return None
+        self._creating = list(self._optimizers)
+        try:
+            self.create_optimizer()
+            self.create_scheduler(num_training_steps=max_steps)
+            return tuple(self._creating)
+        finally:
+            self._creating = None
+
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """Build the optimizer and the LR schedule (HF ``Trainer.create_optimizer_and_scheduler``): calls
+        :meth:`create_optimizer` then :meth:`create_scheduler`. Not called by ``train()`` (HF 5 neither)."""
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps=num_training_steps)
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """Set :attr:`optimizer` unless one is set already (the constructor's ``optimizers[0]``), and return it
+        (HF ``Trainer.create_optimizer``): ``optimizer_cls_and_kwargs`` over HF's decay / no-decay parameter
+        groups, else the optimizer ``args.optim`` names. Override it in a subclass to build your own."""
+        if self.optimizer is None:
+            from taskfit.optim.optimizers import _split_params, create_optimizer
+
+            model = model if model is not None else self.model
+            if self.optimizer_cls_and_kwargs is not None:
+                cls, kwargs = self.optimizer_cls_and_kwargs
+                self.optimizer = cls(_split_params(model, float(self.args.weight_decay)), **dict(kwargs))
+            else:
+                self.optimizer = create_optimizer(model, self.args)
+        return self.optimizer
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
+        """Set :attr:`lr_scheduler` unless one is set already, and return it (HF ``Trainer.create_scheduler``): the
+        schedule ``args.lr_scheduler_type`` names over ``num_training_steps`` optimizer steps, for ``optimizer``
+        (default :attr:`optimizer`)."""
+        if self.lr_scheduler is None:
+            from taskfit.optim.schedulers import create_scheduler
+
+            self.lr_scheduler = create_scheduler(optimizer if optimizer is not None else self.optimizer, self.args,
+                                                 num_training_steps)
+        return self.lr_scheduler
+
+    # ------------------------------------------------------------------------------------------- loaders ---
+    @contextlib.contextmanager
+    def _loader_context(self, run: Any, **data: Any) -> Iterator[None]:
+        """While an HF loader override runs: the new run builds the loaders, and data given to ``fit`` is what
+        ``self.train_dataset``/``self.data_collator`` hold (HF's override reads them)."""
+        given = {k: v for k, v in data.items() if v is not None}
+        saved = {k: getattr(self, k) for k in given}
+        prev, self._loader_run = getattr(self, "_loader_run", None), run
+        for k, v in given.items():
+            setattr(self, k, v)
+        try:
+            yield
+        finally:
+            self._loader_run = prev
+            for k, v in saved.items():
+                setattr(self, k, v)
+
+    def _train_dataloader(self, run: Any, data: Any, collator: Any) -> Any:
+        """The run's training loader: through :meth:`get_train_dataloader` when a subclass overrides it (a plain
+        model's run), else built from ``data``."""
+        if isinstance(run.module, ModelTaskModule) and hf_overrides(self, "get_train_dataloader"):
+            with self._loader_context(run, train_dataset=data, data_collator=collator):
+                return self.get_train_dataloader()
+        return self._loader(data, train=True, collator=collator, what="train dataset", run=run)
+
+    def get_train_dataloader(self) -> Any:
+        """The training loader over ``self.train_dataset`` (HF ``Trainer.get_train_dataloader``): per-process batch
+        size, shuffled (distributed sampler under several processes), ``data_collator``, unused columns removed.
+
+        Raises:
+            ValueError: no ``train_dataset``.
+        """
+        if self.train_dataset is None:
+            raise ValueError("Trainer: training requires a train_dataset.")
+        return self._loader(self.train_dataset, train=True, collator=None, what="train dataset",
+                            run=getattr(self, "_loader_run", None))
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """The evaluation loader (HF ``Trainer.get_eval_dataloader``): over ``eval_dataset``, a key of a dict
+        ``self.eval_dataset`` (a ``str``), or ``self.eval_dataset``.
+
+        Raises:
+            ValueError: neither ``eval_dataset`` nor ``self.eval_dataset``.
+        """
+        if eval_dataset is None and self.eval_dataset is None:
+            raise ValueError("Trainer: evaluation requires an eval_dataset.")
+        if isinstance(eval_dataset, str):
+            eval_dataset = self.eval_dataset[eval_dataset]
+        elif eval_dataset is None:
+            eval_dataset = self.eval_dataset
+        return self._loader(eval_dataset, train=False, collator=None, what="eval dataset",
+                            run=getattr(self, "_loader_run", None))
+
+    def get_test_dataloader(self, test_dataset: Any) -> Any:
+        """The prediction loader over ``test_dataset`` (HF ``Trainer.get_test_dataloader``)."""
+        return self._loader(test_dataset, train=False, collator=None, what="predict dataset",
+                            run=getattr(self, "_loader_run", None))
+
+    # --------------------------------------------------------------------------------------------- steps ---
+    def _prepare_inputs(self, inputs: Any) -> Any:
+        """``inputs`` on this process's device (HF's private ``Trainer._prepare_inputs``, which step overrides
+        often call; the loops have moved the batch already, so this is then a no-op).
+
+        Raises:
+            ValueError: an empty batch (as HF).
+        """
+        if isinstance(inputs, Mapping) and len(inputs) == 0:
+            raise ValueError("The batch received was empty, your model won't be able to train on it.")
+        return self.strategy.batch_to_device(inputs)
+
+    def _hf_model(self, run: Any) -> Any:
+        """What an override point gets as ``model``: the user's model, or a :class:`RoutedModel` through the
+        strategy's wrapper."""
+        forward = self.strategy.step_function(run.module, "model_outputs")
+        if forward == run.module.model_outputs:  # not wrapped: the model itself
+            return run.model
+        return RoutedModel(run.model, forward)
+
+    def _hf_training_step(self, run: Any) -> Any:
+        """``(batch, weight) -> detached loss`` calling :meth:`training_step` when a subclass overrides it (a plain
+        model's run); None otherwise (the module's ``training_step`` runs)."""
+        if not (isinstance(run.module, ModelTaskModule) and hf_overrides(self, "training_step")):
+            return None
+        model = self._hf_model(run)
+
+        def step(batch: Any, weight: Any) -> torch.Tensor:
+            run.loss_weight = weight
+            loss = self.training_step(model, batch, None)
+            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+                raise TypeError(f"training_step must return the (detached) scalar loss tensor, as HF's does; it "
+                                f"returned {type(loss).__name__}"
+                                f"{'' if not isinstance(loss, torch.Tensor) else f' of shape {tuple(loss.shape)}'}.")
+            return loss.detach().reshape(())
+        return step
+
+    def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        """One micro-batch of a plain model (HF ``Trainer.training_step``): ``model.train()``, the loss from
+        :meth:`compute_loss`, weighted by the micro-batch's share of the accumulation window (HF: divided by
+        ``gradient_accumulation_steps``), backward through the strategy; returns the weighted loss, detached.
+        Override it in a subclass (e.g. to add a penalty or scale the loss); call ``loss.backward()`` or
+        ``super().training_step``. ``num_items_in_batch`` is None (the window weight does its work)."""
+        model.train()
+        loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        run = self._run
+        weight = getattr(run, "loss_weight", None) if run is not None else None
+        if weight is not None:
+            loss = loss * weight
+        self.strategy.backward(loss)
+        return loss.detach()
+
+    def _hf_prediction_step(self, run: Any, stage: str, ignore_keys: list[str] | None) -> Any:
+        """``batch -> {"loss", "logits", "labels"}`` calling :meth:`prediction_step` when a subclass overrides it
+        (a plain model's run); None otherwise."""
+        if not (isinstance(run.module, ModelTaskModule) and hf_overrides(self, "prediction_step")):
+            return None
+        model = self._hf_model(run)
+        # HF: evaluate() asks for the loss only without compute_metrics; predict() follows the argument
+        loss_only = self.args.prediction_loss_only or (stage != "predict" and self.compute_metrics is None)
+
+        def step(batch: Any) -> dict[str, Any]:
+            loss, logits, labels = self.prediction_step(model, batch, loss_only, ignore_keys=ignore_keys)
+            return {"loss": loss, "logits": logits, "labels": labels}
+        return step
+
+    def prediction_step(self, model: nn.Module, inputs: Any, prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None) -> tuple[Any, Any, Any]:
+        """``(loss, logits, labels)`` of one evaluation batch (HF ``Trainer.prediction_step``): the loss from
+        :meth:`compute_loss` when the batch has every label (None otherwise), the outputs other than the loss and
+        ``ignore_keys`` (default the model config's ``keys_to_ignore_at_inference``) as logits (a single one
+        unwrapped), the labels; with ``prediction_loss_only`` ``(loss, None, None)``. Runs under ``no_grad``."""
+        from taskfit.wrapping import run_model
+
+        label_names = self.args.label_names or getattr(self.module, "label_names", None) or ["labels"]
+        has_labels = isinstance(inputs, Mapping) and all(inputs.get(k) is not None for k in label_names)
+        if ignore_keys is None:
+            config = getattr(self.model, "config", None)
+            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"])) if config else []
+        labels = None
+        if has_labels:
+            found = tuple(inputs[k].detach() if isinstance(inputs[k], torch.Tensor) else inputs[k]
+                          for k in label_names)
+            labels = found[0] if len(found) == 1 else found
+        with torch.no_grad():
+            if has_labels:
+                loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+                loss = loss.detach().mean()
+                skip = set(ignore_keys) | {"loss"}
+                logits = (tuple(v for k, v in outputs.items() if k not in skip) if isinstance(outputs, Mapping)
+                          else tuple(outputs[1:]))
+            else:
+                loss = None
+                outputs = run_model(model, inputs)
+                logits = (tuple(v for k, v in outputs.items() if k not in set(ignore_keys))
+                          if isinstance(outputs, Mapping) else tuple(outputs) if isinstance(outputs, (list, tuple))
+                          else (outputs,))
+        if prediction_loss_only:
+            return loss, None, None
+        logits = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in logits)
+        return loss, (logits[0] if len(logits) == 1 else logits), labels
