@@ -172,7 +172,7 @@ class CheckpointReader:
         """The verified bytes of ``name``.
 
         Raises:
-            CheckpointError: not in the manifest, missing, truncated or corrupted (names the file).
+            CheckpointError: not in the manifest, missing, unreadable, truncated or corrupted (names the file).
         """
         path = join(self.folder, name)
         expected = self.files.get(name)
@@ -182,6 +182,8 @@ class CheckpointReader:
             data = self.io.read_bytes(path)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise CheckpointError(f"Checkpoint file {path!r} is missing (listed in the manifest).") from None
+        except OSError as exc:  # a failing disk or store
+            raise CheckpointError(f"Could not read checkpoint file {path!r}: {exc.strerror or exc}") from exc
         got = file_entry(data)
         if got != expected:
             what = "truncated" if got["size"] < expected["size"] else "corrupted"
