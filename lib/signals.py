@@ -140,10 +140,15 @@ class GracefulStop:
         return signum != signal.SIGINT
 
     def finish(self) -> None:
-        """Complete the last all-reduce so no collective is left in flight."""
-        if self._pending is not None:
-            self._pending[0].wait()
-            self._pending = None
+        """Complete the last all-reduce so no collective is left in flight (the fit ends with it: a pending gloo
+        work still holding its tensor at interpreter exit is a shutdown hazard).
+
+        Raises:
+            DistributedError: a peer stopped or vanished (through ``check``).
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._wait(pending[0])
 
     def stop(self, checkpoint_io: Any, output_dir: str, step: int, is_global_zero: bool) -> TrainingInterrupted:
         """After the step's checkpoint was started: wait for it to be complete, report the stop on rank zero
