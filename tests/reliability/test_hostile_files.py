@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hostile import evil_pickle, evil_torch_file, replace_file
+from hostile import default_adamw, evil_pickle, evil_torch_file, replace_file
 from proc import RJOB, clean_env
 
 from taskfit import Fit
@@ -58,12 +58,7 @@ def _add_dcp_shards(ck: Path) -> None:
 
     torch.manual_seed(0)
     model = job.Net()
-    from taskfit.optim.optimizers import get_decay_parameter_names
-
-    decay = set(get_decay_parameter_names(model))  # the two groups taskfit's default AdamW has
-    named = list(model.named_parameters())
-    opt = torch.optim.AdamW([{"params": [p for n, p in named if n in decay]},
-                             {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}])
+    opt = default_adamw(model)
     model.body(torch.randn(2, 8)).sum().backward()
     opt.step()
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}

@@ -24,7 +24,7 @@ if _REAL_XLA:
 
     torch_xla.device()  # start the runtime before any eager backward (see tests/accelerators/test_xla_cpu.py)
 
-from hostile import evil_pickle, evil_torch_file, replace_file  # noqa: E402
+from hostile import default_adamw, evil_pickle, evil_torch_file, replace_file  # noqa: E402
 
 from taskfit import Fit  # noqa: E402
 from taskfit.accelerators.cpu import CPUAccelerator  # noqa: E402
@@ -55,13 +55,8 @@ def _checkpoint(tmp_path: Path) -> Path:
 
 
 def _load(ck: Path) -> None:
-    from taskfit.optim.optimizers import get_decay_parameter_names
-
     model = job.Net()
-    decay = set(get_decay_parameter_names(model))  # the two parameter groups of taskfit's default AdamW
-    named = list(model.named_parameters())
-    opt = torch.optim.AdamW([{"params": [p for n, p in named if n in decay]},
-                             {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}])
+    opt = default_adamw(model)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
     _XLAReaderOnCPU().load_checkpoint(str(ck), model, [opt], [sched])
 
