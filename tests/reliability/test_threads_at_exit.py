@@ -1,5 +1,6 @@
 """No thread started by taskfit outlives ``fit`` (F-REL-2): background checkpoint saves (``AsyncCheckpointIO``),
-the hashing of backend-written shards (FSDP's torch.distributed.checkpoint files) and the graceful-stop flag's
+the hashing of backend-written shards (FSDP's torch.distributed.checkpoint files), the TensorBoard logger's
+event-file writer and the graceful-stop flag's
 all-reduce are all finished and joined when ``fit`` returns, so nothing of taskfit's is left running when the
 interpreter exits (a joinable thread or an in-flight gloo work at exit is what aborts a process with
 "terminate called without an active exception"). In-process for one process (default run); every rank of 2-process
@@ -30,12 +31,13 @@ def _others() -> set[threading.Thread]:
     return {t for t in threading.enumerate() if t is not threading.main_thread()}
 
 
-@pytest.mark.parametrize("kind", ["async", "fsdp"])
+@pytest.mark.parametrize("kind", ["async", "fsdp", "tensorboard"])
 def test_F_REL_2_no_taskfit_thread_is_alive_after_fit(kind, tmp_path):
     before = _others()
-    kw = {"plugins": [AsyncCheckpointIO()]} if kind == "async" else {"strategy": "fsdp", "devices": 1}
+    kw = {"async": {"plugins": [AsyncCheckpointIO()]}, "fsdp": {"strategy": "fsdp", "devices": 1},
+          "tensorboard": {"report_to": "tensorboard", "logging_steps": 1}}[kind]  # TensorBoard: a writer thread
     fit = Fit(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, max_steps=4, save_steps=2,
-              report_to="none", disable_tqdm=True, **kw)
+              disable_tqdm=True, **{"report_to": "none", **kw})
     torch.manual_seed(0)
     fit.fit(job.Net(), job.data())
     assert (tmp_path / "out" / "checkpoint-4" / "manifest.json").exists()
