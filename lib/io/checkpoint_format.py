@@ -437,6 +437,6 @@ def rotate_checkpoints(io: CheckpointIO, output_dir: str, limit: int, keep: set[
 
 
 __all__ = ["BackgroundResult", "CheckpointError", "CheckpointReader", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME",
-           "ManifestWriter", "PREFIX", "SHARDS_PREFIX", "WEIGHTS_NAME", "WEIGHTS_NAME_PT", "check_entry_name", "fsync_path",
-           "hash_files_in_background", "list_checkpoints", "part_writer", "read_file", "read_manifest",
+           "ManifestWriter", "PREFIX", "SHARDS_PREFIX", "WEIGHTS_NAME", "WEIGHTS_NAME_PT", "check_entry_name",
+           "fsync_path", "hash_files_in_background", "list_checkpoints", "part_writer", "read_file", "read_manifest",
            "require_entries", "rotate_checkpoints", "shard_names", "synchronous_io", "validate_manifest"]
