@@ -94,10 +94,13 @@ class GracefulStop:
         return self
 
     def uninstall(self) -> None:
-        """Put the previous handlers back."""
+        """Put the previous handlers back and drop the flag's all-reduce (after an error it is not waited for:
+        a peer may be gone; a traceback keeping it alive would carry a gloo work and its tensor to interpreter
+        exit, a shutdown hazard)."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        self._pending = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:
