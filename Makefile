@@ -81,7 +81,7 @@ install-xla: $(XLA_VENV)/.stamp-install
 
 test-xla: install-xla
 	PJRT_DEVICE=CPU HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(XLA_PY) -m pytest -q -p no:cacheprovider -m xla \
-		tests/accelerators $(PYTEST_ARGS)
+		tests/accelerators tests/reliability/test_hostile_xla.py $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) $(XLA_VENV) build dist *.egg-info lib/*.egg-info

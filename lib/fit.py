@@ -399,6 +399,7 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
                     loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
             else:
                 loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
+            loop.stop.finish()  # the stop flag's last all-reduce: no collective left in flight after the loop
         except BaseException as exc:
             wait_for_saves_quietly(self.strategy.checkpoint_io)
             hooks.call("on_exception", self, module, exc)

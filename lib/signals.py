@@ -94,10 +94,13 @@ class GracefulStop:
         return self
 
     def uninstall(self) -> None:
-        """Put the previous handlers back."""
+        """Put the previous handlers back and drop the flag's all-reduce (after an error it is not waited for:
+        a peer may be gone; a traceback keeping it alive would carry a gloo work and its tensor to interpreter
+        exit, a shutdown hazard)."""
         for signum, handler in self._previous.items():
             signal.signal(signum, handler)
         self._previous.clear()
+        self._pending = None
 
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT:
@@ -140,10 +143,15 @@ class GracefulStop:
         return signum != signal.SIGINT
 
     def finish(self) -> None:
-        """Complete the last all-reduce so no collective is left in flight."""
-        if self._pending is not None:
-            self._pending[0].wait()
-            self._pending = None
+        """Complete the last all-reduce so no collective is left in flight (the fit ends with it: a pending gloo
+        work still holding its tensor at interpreter exit is a shutdown hazard).
+
+        Raises:
+            DistributedError: a peer stopped or vanished (through ``check``).
+        """
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._wait(pending[0])
 
     def stop(self, checkpoint_io: Any, output_dir: str, step: int, is_global_zero: bool) -> TrainingInterrupted:
         """After the step's checkpoint was started: wait for it to be complete, report the stop on rank zero

@@ -2,34 +2,17 @@
 small regression with the given ``Fit`` options and nothing else (no logging set-up of its own)."""
 
 import json
+import os
 import sys
 
-import torch
-from torch import nn
-from torch.utils.data import TensorDataset
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from jobs_common import SumRegression, sum_data  # noqa: E402
 
-from taskfit import Fit, TaskModule
-
-
-class Net(TaskModule):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_mae", (self.layer(x).squeeze(-1) - y).abs().mean())
+from taskfit import Fit  # noqa: E402
 
 
-def data(n, seed=0):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 3, generator=g)
-    return TensorDataset(x, x.sum(-1))
+class Net(SumRegression):
+    """Logs ``val_mae`` in validation."""
 
 
 if __name__ == "__main__":
@@ -40,4 +23,4 @@ if __name__ == "__main__":
         logging.basicConfig(level=logging.INFO, format="APP %(name)s %(message)s")
     options = {"output_dir": "out", "max_steps": 6, "logging_steps": 2, "eval_strategy": "steps", "eval_steps": 3,
                "per_device_train_batch_size": 2, "save_strategy": "no", **options}
-    Fit(**options).fit(Net(), data(16), data(8, 1))
+    Fit(**options).fit(Net(), sum_data(16), sum_data(8, 1))

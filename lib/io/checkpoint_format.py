@@ -50,7 +50,8 @@ import os
 import re
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 from taskfit.io.checkpoint_io import CheckpointError, CheckpointIO, FileEntry, deserialize, file_entry, join
@@ -178,7 +179,7 @@ class CheckpointReader:
         """The verified bytes of ``name``.
 
         Raises:
-            CheckpointError: not in the manifest, missing, truncated or corrupted (names the file).
+            CheckpointError: not in the manifest, missing, unreadable, truncated or corrupted (names the file).
         """
         path = join(self.folder, name)
         expected = self.files.get(name)
@@ -188,6 +189,8 @@ class CheckpointReader:
             data = self.io.read_bytes(path)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             raise CheckpointError(f"Checkpoint file {path!r} is missing (listed in the manifest).") from None
+        except OSError as exc:  # a failing disk or store
+            raise CheckpointError(f"Could not read checkpoint file {path!r}: {exc.strerror or exc}") from exc
         got = file_entry(data)
         if got != expected:
             what = "truncated" if got["size"] < expected["size"] else "corrupted"
@@ -265,19 +268,40 @@ def _hash_and_sync(path: str) -> FileEntry:
     return {"size": size, "sha256": digest.hexdigest()}
 
 
-_HASH_POOL: ThreadPoolExecutor | None = None
-_HASH_POOL_LOCK = threading.Lock()
+class BackgroundResult:
+    """A value computed on a thread of its own (named ``taskfit-shard-hash``). :meth:`result` waits at most
+    ``timeout`` seconds and then joins the thread, so no hashing thread outlives the save that reads its result
+    (a thread left running at interpreter exit is a shutdown hazard). Duck-types ``Future.result``."""
+
+    def __init__(self, fn: Callable[[], Any], name: str = "taskfit-shard-hash") -> None:
+        self._future: Future = Future()
+        self._thread = threading.Thread(target=self._run, args=(fn,), name=name)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self._future.set_result(fn())
+        except BaseException as exc:  # handed to the caller of result()
+            self._future.set_exception(exc)
+
+    def done(self) -> bool:
+        return self._future.done()
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The value (or the exception raised computing it); ``TimeoutError`` after ``timeout`` seconds."""
+        try:
+            return self._future.result(timeout=timeout)
+        finally:
+            if self._future.done():
+                self._thread.join()  # the value is set: the thread is returning
 
 
-def hash_files_in_background(io: CheckpointIO, folder: str, names: list[str]) -> Future:
+def hash_files_in_background(io: CheckpointIO, folder: str, names: list[str]) -> BackgroundResult:
     """Start hashing (and, on the local disk, syncing) the files ``names`` that a backend wrote into ``folder``
-    (torch.distributed.checkpoint or DeepSpeed shards) on a background thread; the returned future gives
-    ``{name: {"size", "sha256"}}``. The training thread does not read them back. The page cache usually still
-    holds the bytes just written, so this costs no disk read."""
-    global _HASH_POOL
-    with _HASH_POOL_LOCK:
-        if _HASH_POOL is None:
-            _HASH_POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="taskfit-shard-hash")
+    (torch.distributed.checkpoint or DeepSpeed shards) on a background thread; the returned
+    :class:`BackgroundResult` gives ``{name: {"size", "sha256"}}`` (and joins the thread). The training thread
+    does not read them back. The page cache usually still holds the bytes just written, so this costs no disk
+    read."""
     local = io.is_local(folder)
 
     def run() -> dict[str, FileEntry]:
@@ -287,7 +311,7 @@ def hash_files_in_background(io: CheckpointIO, folder: str, names: list[str]) ->
             out[name] = _hash_and_sync(io.fs(path)[1]) if local else file_entry(io.read_bytes(path))
         return out
 
-    return _HASH_POOL.submit(run)
+    return BackgroundResult(run)
 
 
 def synchronous_io(io: CheckpointIO) -> CheckpointIO:
@@ -312,12 +336,12 @@ class ManifestWriter:
         ranks (list[int]): the ranks whose files go into this folder; ``rank`` is this one.
         output_dir (str): where rotation happens; ``limit``: ``save_total_limit``; ``keep``: never deleted.
         timeout (float): seconds to wait for other ranks' parts (``ddp_timeout``).
-        shard_hashes (Future | None): from :func:`hash_files_in_background`.
+        shard_hashes (BackgroundResult | None): from :func:`hash_files_in_background`.
     """
 
     def __init__(self, io: CheckpointIO, target: str, final: str, manifest: dict, ranks: list[int], rank: int,
                  output_dir: str, limit: int | None, keep: set[str | None], timeout: float,
-                 shard_hashes: Future | None = None) -> None:
+                 shard_hashes: BackgroundResult | None = None) -> None:
         self.io, self.target, self.final, self.manifest = synchronous_io(io), target, final, manifest
         self.ranks, self.rank, self.output_dir, self.limit = ranks, rank, output_dir, limit
         self.keep, self.timeout, self.shard_hashes = keep, timeout, shard_hashes
@@ -357,7 +381,7 @@ class ManifestWriter:
             rotate_checkpoints(io, self.output_dir, self.limit, keep=self.keep | {self.final})
 
 
-def part_writer(io: CheckpointIO, target: str, rank: int, shard_hashes: Future | None = None,
+def part_writer(io: CheckpointIO, target: str, rank: int, shard_hashes: BackgroundResult | None = None,
                 timeout: float = 1800.0) -> Any:
     """The ``finalize`` of a non-writing rank: write ``.part-{rank}.json`` listing its files (with its shard
     entries) for the writing rank's :class:`ManifestWriter` (its files were synced when written)."""
@@ -418,7 +442,7 @@ def rotate_checkpoints(io: CheckpointIO, output_dir: str, limit: int, keep: set[
     return deleted
 
 
-__all__ = ["CheckpointError", "CheckpointReader", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME", "ManifestWriter",
-           "PREFIX", "SHARDS_PREFIX", "WEIGHTS_NAME", "WEIGHTS_NAME_PT", "check_entry_name", "fsync_path",
-           "hash_files_in_background", "list_checkpoints", "part_writer", "read_file", "read_manifest",
+__all__ = ["BackgroundResult", "CheckpointError", "CheckpointReader", "FORMAT", "FORMAT_VERSION", "MANIFEST_NAME",
+           "ManifestWriter", "PREFIX", "SHARDS_PREFIX", "WEIGHTS_NAME", "WEIGHTS_NAME_PT", "check_entry_name",
+           "fsync_path", "hash_files_in_background", "list_checkpoints", "part_writer", "read_file", "read_manifest",
            "require_entries", "rotate_checkpoints", "shard_names", "synchronous_io", "validate_manifest"]

@@ -77,9 +77,12 @@ def write_bytes_atomic(path: str, data: bytes, storage_options: dict | None = No
             raise OSError(exc.errno, f"Could not write {len(data)} bytes to {p!r}: {exc.strerror or exc}") from exc
         return
     parent = p.rsplit("/", 1)[0] if "/" in p else ""
-    if parent:
-        fs.makedirs(parent, exist_ok=True)
-    fs.pipe_file(p, data)
+    try:
+        if parent:
+            fs.makedirs(parent, exist_ok=True)
+        fs.pipe_file(p, data)
+    except OSError as exc:  # a failing store: name the object (the caller's manifest is not written after it)
+        raise OSError(exc.errno, f"Could not write {len(data)} bytes to {path!r}: {exc.strerror or exc}") from exc
 
 
 def safetensors_bytes(state_dict: Mapping[str, torch.Tensor], metadata: dict[str, str] | None = None) -> bytes:
@@ -228,12 +231,15 @@ class CheckpointIO(ABC):
 
         Raises:
             FileNotFoundError: nothing at ``path``.
+            OSError: the read failed (the message names ``path``).
         """
         fs, p = self.fs(path)
         try:
             return fs.cat_file(p)
         except FileNotFoundError:
             raise FileNotFoundError(f"No checkpoint file at {path!r}.") from None
+        except OSError as exc:  # a failing disk or store: name the file
+            raise OSError(exc.errno, f"Could not read {path!r}: {exc.strerror or exc}") from exc
 
     def exists(self, path: str) -> bool:
         fs, p = self.fs(path)

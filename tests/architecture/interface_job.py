@@ -15,13 +15,15 @@ import os
 import sys
 
 import torch
-from torch import nn
 
-from taskfit import Fit, TaskModule
-from taskfit.accelerators.accelerator import Accelerator
-from taskfit.callbacks.device_stats import DeviceStatsMonitor
-from taskfit.callbacks.throughput import ThroughputMonitor
-from taskfit.strategies.strategy import Strategy
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jobs_common import FeatureRegression, feature_data  # noqa: E402
+
+from taskfit import Fit  # noqa: E402
+from taskfit.accelerators.accelerator import Accelerator  # noqa: E402
+from taskfit.callbacks.device_stats import DeviceStatsMonitor  # noqa: E402
+from taskfit.callbacks.throughput import ThroughputMonitor  # noqa: E402
+from taskfit.strategies.strategy import Strategy  # noqa: E402
 
 CALLS: set[str] = set()
 
@@ -87,26 +89,12 @@ def instrument() -> None:
                     _wrap(cls, name, f"{prefix}.{name}")
 
 
-class Regression(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-
-    def training_step(self, batch, batch_idx):
-        return nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
-
-    def validation_step(self, batch, batch_idx):
-        loss = nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
-        self.log("val_mse", loss, sync_dist=True)
-        return {"loss": loss}
-
-    def predict_step(self, batch, batch_idx):
-        return self.net(batch["x"])
+class Regression(FeatureRegression):
+    val_metric = "val_mse"
 
 
 def data(n: int = 32) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    return [{"x": torch.randn(4, generator=g), "y": torch.randn(1, generator=g)} for _ in range(n)]
+    return feature_data(n)
 
 
 def main(cfg: dict) -> None:

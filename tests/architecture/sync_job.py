@@ -15,9 +15,11 @@ import traceback
 from collections import defaultdict
 
 import torch
-from torch import nn
 
-from taskfit import Callback, Fit, TaskModule
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jobs_common import FeatureRegression, feature_data  # noqa: E402
+
+from taskfit import Callback, Fit  # noqa: E402
 
 SYNCS = ("item", "__float__", "__bool__", "__int__", "tolist", "numpy")
 PHASE = ["setup", 0]
@@ -57,23 +59,11 @@ def instrument() -> None:
         setattr(torch.Tensor, name, counting(name, getattr(torch.Tensor, name)))
 
 
-class Regression(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
-
-    def training_step(self, batch, batch_idx):
-        loss = nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
-        self.log("mse", loss)  # a tensor: converted only on logging steps
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        return {"loss": nn.functional.mse_loss(self.net(batch["x"]), batch["y"])}
+class Regression(FeatureRegression):
+    train_metric = "mse"  # a tensor: converted only on logging steps
 
 
-def data(n: int) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    return [{"x": torch.randn(4, generator=g), "y": torch.randn(1, generator=g)} for _ in range(n)]
+data = feature_data
 
 
 def main(cfg: dict) -> None:

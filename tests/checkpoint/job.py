@@ -17,8 +17,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from taskfit import Callback, Fit, TaskModule
-from taskfit.io import TorchCheckpointIO
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jobs_common import KillAfterStep  # noqa: E402
+
+from taskfit import Callback, Fit, TaskModule  # noqa: E402
+from taskfit.io import TorchCheckpointIO  # noqa: E402
 
 SPEED_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_second", "eval_runtime",
               "eval_samples_per_second", "eval_steps_per_second")
@@ -46,15 +49,6 @@ def data(n: int = 50, seed: int = 0) -> torch.utils.data.TensorDataset:
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 8, generator=g)
     return torch.utils.data.TensorDataset(x, x[:, :1] * 2 - x[:, 1:2] + 0.1 * torch.randn(n, 1, generator=g))
-
-
-class KillAfterStep(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step and not control.should_save:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class KillAfterSave(Callback):

@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
 import torch
 
-from taskfit import Callback, Fit
+from taskfit import Fit
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jobs_common import KillAfterStep  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SPEED = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
@@ -25,15 +26,6 @@ def load_example():
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
-
-
-class KillAfterStep(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step and not control.should_save:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def run(cfg: dict) -> dict:

@@ -9,32 +9,19 @@ import signal
 import sys
 
 import torch
-from taskfit import Callback, Fit, TaskModule
-from torch import nn
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from logger_test_model import regression_data  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from jobs_common import SumRegression  # noqa: E402
+from jobs_common import sum_data as regression_data  # noqa: E402
+
+from taskfit import Callback, Fit  # noqa: E402
 
 
-class Net(TaskModule):
+class Net(SumRegression):
     """Logs the user's own per-step ``train_loss`` and a validation ``val_loss`` / ``val_mae``."""
 
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
-        self.log("train_loss", loss)
-        return loss
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        pred = self.layer(x).squeeze(-1)
-        self.log("val_mae", (pred - y).abs().mean())
-        return nn.functional.mse_loss(pred, y)
+    train_metric = "train_loss"
+    return_val_loss = True
 
 
 class FlushAndKill(Callback):

@@ -1,5 +1,6 @@
 """Hostile and corrupted checkpoint files for the reliability tests: a pickle whose unpickling would create a
-marker file, and rewriting a checkpoint file together with its manifest entry (so only the content is wrong)."""
+marker file, and rewriting a checkpoint file together with its manifest entry (so only the content is wrong);
+``default_adamw`` builds the optimizer taskfit's default run has, to load such checkpoints into by hand."""
 
 from __future__ import annotations
 
@@ -49,3 +50,13 @@ def edit_manifest(checkpoint: Path, fn) -> None:
     manifest = json.loads(path.read_text())
     fn(manifest)
     path.write_text(json.dumps(manifest))
+
+
+def default_adamw(model: torch.nn.Module) -> torch.optim.AdamW:
+    """AdamW over ``model`` with the two parameter groups taskfit's default optimizer has (weight decay / none)."""
+    from taskfit.optim.optimizers import get_decay_parameter_names
+
+    decay = set(get_decay_parameter_names(model))
+    named = list(model.named_parameters())
+    return torch.optim.AdamW([{"params": [p for n, p in named if n in decay]},
+                              {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}])

@@ -5,7 +5,9 @@
 - ``async``: save through ``AsyncCheckpointIO`` (wrapping the slow IO when given);
 - ``kill_after_step`` / ``kill_after_save``: SIGKILL this process (rank ``kill_rank``, default every rank);
 - ``stop_after_step``: rank ``stop_rank`` writes the time to ``stopped_at`` and SIGSTOPs itself (a hung rank);
-- ``file_size_limit``: bytes, set as ``RLIMIT_FSIZE`` once step ``limit_after_step`` is done (a disk that fills up).
+- ``file_size_limit``: bytes, set as ``RLIMIT_FSIZE`` once step ``limit_after_step`` is done (a disk that fills up);
+- ``report_threads``: a path prefix; when ``fit`` returns, every rank writes the names of the Python threads alive
+  then besides the main thread (``threading.enumerate()``) to ``<prefix>.rank<R>.json`` and prints them.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -96,6 +99,11 @@ def run(cfg: dict) -> dict:
     torch.manual_seed(0)
     module = Net()
     out = fit.fit(module, data(), data(16, seed=1), resume_from_checkpoint=cfg.get("resume", True))
+    if cfg.get("report_threads"):
+        alive = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+        rank = os.environ.get("RANK", "0")
+        print(f"threads alive after fit on rank {rank}: {alive}", flush=True)
+        Path(f"{cfg['report_threads']}.rank{rank}.json").write_text(json.dumps(alive))
     return {"weights": {k: v.detach().clone() for k, v in module.state_dict().items()},
             "optimizer": fit.optimizer.state_dict(),
             "log_history": [{k: v for k, v in row.items() if k not in SPEED_KEYS} for row in fit.state.log_history],

@@ -65,6 +65,7 @@ def test_F_REL_2_kill_after_background_saves_resumes_from_the_newest_complete_on
     assert_same_run(reference, got)
 
 
+@pytest.mark.slow  # default run: the single-process kill above; DDP kills mid-save also run in the slow soak
 @pytest.mark.distributed
 def test_F_REL_2_ddp_kill_during_a_background_save_resumes_exactly(tmp_path):
     ddp = {**BASE, "args": {**BASE["args"], "strategy": "ddp", "devices": 2, "ddp_timeout": 30}}

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from hostile import evil_pickle, evil_torch_file, replace_file
-from proc import clean_env
+from hostile import default_adamw, evil_pickle, evil_torch_file, replace_file
+from proc import RJOB, clean_env
 
 from taskfit import Fit
 from taskfit.io import UnsafeCheckpointError
@@ -58,12 +58,7 @@ def _add_dcp_shards(ck: Path) -> None:
 
     torch.manual_seed(0)
     model = job.Net()
-    from taskfit.optim.optimizers import get_decay_parameter_names
-
-    decay = set(get_decay_parameter_names(model))  # the two groups taskfit's default AdamW has
-    named = list(model.named_parameters())
-    opt = torch.optim.AdamW([{"params": [p for n, p in named if n in decay]},
-                             {"params": [p for n, p in named if n not in decay], "weight_decay": 0.0}])
+    opt = default_adamw(model)
     model.body(torch.randn(2, 8)).sum().backward()
     opt.step()
     state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt)}
@@ -136,4 +131,31 @@ def test_F_REL_3_fsdp_strategy_refuses_hostile_dcp_metadata(tmp_path):
     torch.manual_seed(0)
     with pytest.raises(UnsafeCheckpointError, match=r"\.metadata.*io\.open"):
         _fit(out, max_steps=4, strategy="fsdp", devices=1).fit(job.Net(), job.data(), resume_from_checkpoint=True)
+    assert not marker.exists()
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.parametrize("layout,name,data", [("sharded", "shards/.metadata", evil_pickle),
+                                              ("full", "optimizer.pt", evil_torch_file)])
+def test_F_REL_3_fsdp_two_processes_refuse_hostile_files_on_resume(layout, name, data, tmp_path):
+    """FSDP with 2 real processes: the sharded layout's DCP ``.metadata`` and the full-state-dict layout's
+    ``optimizer.pt`` (re-sharded on load) are refused on every rank, naming the file; the marker never appears and
+    no process is left."""
+    from proc import finish, start, wait_group_gone
+
+    out, marker = tmp_path / "out", tmp_path / "pwned"
+    args = {"strategy": "fsdp", "devices": 2, "ddp_timeout": 60, "fsdp_config": {"state_dict_type": layout}}
+    first, _ = start(RJOB, {"output_dir": str(out), "resume": None, "save_steps": 2,
+                            "args": {**args, "max_steps": 2}}, tmp_path, "save")
+    rc, err, _ = finish(first, 300)
+    assert rc == 0, err[-3000:]
+    ck = out / "checkpoint-2"
+    assert (ck / name).exists(), sorted(p.name for p in ck.rglob("*"))
+    replace_file(ck, name, data(marker))
+    resumed, _ = start(RJOB, {"output_dir": str(out), "resume": True, "save_steps": 2,
+                              "args": {**args, "max_steps": 4}}, tmp_path, "resume")
+    rc, err, _ = finish(resumed, 300)
+    assert wait_group_gone(resumed.pid, 20) == []
+    assert rc != 0 and "UnsafeCheckpointError" in err and name.rsplit("/", 1)[-1] in err, err[-3000:]
     assert not marker.exists()

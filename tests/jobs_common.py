@@ -1,0 +1,105 @@
+"""Models, data and callbacks that several test job scripts share. The jobs run as fresh processes, so each puts
+this folder on ``sys.path`` before importing it::
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[N]))  # N: how deep the job sits below tests/
+    from jobs_common import SumRegression, sum_data
+
+Each builder keeps the exact computation, initialisation and logged names the jobs had, so results they compare
+(with peers or with other runs) are unchanged; subclasses pick the logged names through class attributes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+from taskfit import Callback, TaskModule
+
+
+class SumRegression(TaskModule):
+    """``nn.Linear(3, 1)`` regressing ``x.sum(-1)`` (the weights initialised under ``torch.manual_seed(0)``).
+
+    Class attributes: ``train_metric`` (log the training MSE under this name; None: not logged), ``val_metric``
+    (the validation mean absolute error's name), ``return_val_loss`` (``validation_step`` returns the MSE).
+    """
+
+    train_metric: str | None = None
+    val_metric = "val_mae"
+    return_val_loss = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layer = nn.Linear(3, 1)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        loss = nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+        if self.train_metric:
+            self.log(self.train_metric, loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        pred = self.layer(x).squeeze(-1)
+        self.log(self.val_metric, (pred - y).abs().mean())
+        return nn.functional.mse_loss(pred, y) if self.return_val_loss else None
+
+
+def sum_data(n: int, seed: int = 0) -> TensorDataset:
+    """``n`` samples ``x ~ N(0, 1)^3`` with target ``x.sum(-1)`` (generator seeded with ``seed``)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, 3, generator=g)
+    return TensorDataset(x, x.sum(-1))
+
+
+class FeatureRegression(TaskModule):
+    """``Linear(4, 8) -> Tanh -> Linear(8, 1)`` on dict batches ``{"x": (B, 4), "y": (B, 1)}`` (MSE).
+
+    Class attributes: ``train_metric`` (log the training MSE under this name; None: not logged) and
+    ``val_metric`` (log the validation MSE under this name with ``sync_dist=True``; None: not logged).
+    ``validation_step`` returns ``{"loss": mse}``; ``predict_step`` the predictions.
+    """
+
+    train_metric: str | None = None
+    val_metric: str | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+
+    def training_step(self, batch, batch_idx):
+        loss = nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
+        if self.train_metric:
+            self.log(self.train_metric, loss)
+        return loss
+
+    def validation_step(self, batch, batch_idx):
+        loss = nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
+        if self.val_metric:
+            self.log(self.val_metric, loss, sync_dist=True)
+        return {"loss": loss}
+
+    def predict_step(self, batch, batch_idx):
+        return self.net(batch["x"])
+
+
+def feature_data(n: int) -> list[dict[str, torch.Tensor]]:
+    """``n`` dict samples ``{"x": N(0, 1)^4, "y": N(0, 1)^1}`` (generator seeded with 0)."""
+    g = torch.Generator().manual_seed(0)
+    return [{"x": torch.randn(4, generator=g), "y": torch.randn(1, generator=g)} for _ in range(n)]
+
+
+class KillAfterStep(Callback):
+    """SIGKILL this process right after optimizer step ``step`` (when that step does not save)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.step and not control.should_save:
+            os.kill(os.getpid(), signal.SIGKILL)
