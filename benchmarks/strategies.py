@@ -35,10 +35,12 @@ from benchmarks.common import (
     default_out_dir,
     finish,
     fmt_bytes,
+    fmt_load,
     fmt_range,
     log,
     machine_info,
     machine_label,
+    machine_load,
     md_note,
     md_table,
     package_version,
@@ -52,7 +54,7 @@ from benchmarks.fitjobs import MLPClassifier
 
 SIZES = (784, 2048, 2048, 10)
 BATCH = 64
-STEPS, WARMUP, REPS = 30, 5, 2
+STEPS, WARMUP, REPS = 20, 3, 2
 QUICK_STEPS, QUICK_WARMUP, QUICK_REPS = 6, 2, 1
 #: (row name, strategy name, devices, extra FitArguments, required distribution)
 ROWS: list[tuple[str, str, int, dict[str, Any], str | None]] = [
@@ -290,15 +292,6 @@ def _raw_worker(spec: dict[str, Any]) -> dict[str, Any]:
             "raw": raw_counterpart(row)[0]}
 
 
-def _load() -> dict[str, Any]:
-    """The machine's load averages (1, 5, 15 min) and the ``uptime`` line."""
-    try:
-        line = subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        line = ""
-    return {"loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "uptime": line}
-
-
 def run_suite(
     *,
     quick: bool = False,
@@ -323,7 +316,7 @@ def run_suite(
     log(f"strategies: {len(rows)} rows ({machine_label(info)})")
     steps, warmup = (QUICK_STEPS, QUICK_WARMUP) if quick else (STEPS, WARMUP)
     reps = reps or (QUICK_REPS if quick else REPS)
-    load_before = _load()
+    load_before = machine_load()
     log(f"  load before: {load_before['uptime']}")
     results: dict[str, Any] = {}
     started = time.perf_counter()
@@ -341,10 +334,11 @@ def run_suite(
                 runs[runner].append(run_worker("strategies", spec, threads=threads))
         results[name] = _combine(runs)
         res = results[name]
+        _partial(out_dir or default_out_dir("strategies", device, quick), info, rows, results)
         log(f"  {name:26s} " + (f"taskfit/raw {res['ratio']['median']:.3f} ({res['ratio']['min']:.3f}-"
                                  f"{res['ratio']['max']:.3f}), {res['samples_per_s']:8.1f} samples/s"
                                  if "ratio" in res else str(res.get("error"))[:300]))
-    load_after = _load()
+    load_after = machine_load()
     log(f"  load after: {load_after['uptime']}")
     data = {
         "machine": info,
@@ -354,8 +348,20 @@ def run_suite(
         "rows": {r[0]: {"strategy": r[1], "devices": r[2], "extra": r[3], **results[r[0]]} for r in rows},
         "elapsed_s": time.perf_counter() - started,
     }
-    finish("strategies", data, markdown(data), out_dir or default_out_dir("strategies", device, quick), _chart)
+    out = out_dir or default_out_dir("strategies", device, quick)
+    finish("strategies", data, markdown(data), out, _chart)
+    partial = os.path.join(out, "results.partial.json")
+    if os.path.exists(partial):
+        os.remove(partial)
     return 0
+
+
+def _partial(out: Any, info: dict[str, Any], rows: list[tuple], results: dict[str, Any]) -> None:
+    """Write ``results.partial.json`` after every row, so a suite cut short still leaves what it measured."""
+    os.makedirs(out, exist_ok=True)
+    done = {r[0]: {"strategy": r[1], "devices": r[2], **results[r[0]]} for r in rows if r[0] in results}
+    with open(os.path.join(out, "results.partial.json"), "w") as f:
+        json.dump({"machine": info, "rows": done}, f, indent=1, default=str)
 
 
 def _combine(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
@@ -387,10 +393,6 @@ def markdown(data: dict) -> str:
     """One line per strategy row: taskfit next to its raw counterpart, then the taskfit run's figures."""
     s, load = data["settings"], data.get("load", {})
 
-    def avg(which: str) -> str:
-        la = (load.get(which) or {}).get("loadavg")
-        return ", ".join(f"{v:.2f}" for v in la) if la else "unknown"
-
     lines = [
         "### Strategies on one job, against the same job written by hand",
         "",
@@ -400,7 +402,7 @@ def markdown(data: dict) -> str:
             f"{s['reps']} repetition(s) per row, taskfit and raw alternating (ABAB), each in fresh processes. "
             "Per-step time: median interval between optimizer steps on the slowest rank; ratio taskfit/raw per "
             "repetition, median (min-max). Load average (1, 5, 15 min) before the suite: "
-            f"{avg('before')}; after: {avg('after')}. Throughput, memory and checkpoint columns: the taskfit run "
+            f"{fmt_load(load.get('before'))}; after: {fmt_load(load.get('after'))}. Throughput, memory and checkpoint columns: the taskfit run "
             "(one checkpoint at the end; load = reading and deserialising every file of it)."
         ),
         "",
