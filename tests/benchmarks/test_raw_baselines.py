@@ -69,3 +69,32 @@ def test_F_BENCH_3_raw_single_device_loop_equals_taskfit(tmp_path):
 @pytest.mark.parametrize("row", ["ddp", "fsdp_full_shard", "fsdp_no_shard"])
 def test_F_BENCH_3_raw_distributed_loops_equal_taskfit_on_one_process(row, tmp_path, world_of_one):
     _compare(row, tmp_path)
+
+
+def test_F_BENCH_3_every_row_has_a_raw_counterpart_and_the_table_shows_ratios_and_load():
+    for row in strategies.ROWS:
+        label, kind, options = strategies.raw_counterpart(row[0])
+        assert label and kind
+    assert strategies.raw_counterpart("fsdp_full_shard_offload")[1:] == (
+        "fsdp", {"sharding": "full_shard", "offload": True})
+    assert strategies.raw_counterpart("deepspeed_stage_3_offload")[2] == {
+        "stage": 3, "offload_optimizer": True, "offload_param": True}
+    with pytest.raises(ValueError, match="unknown strategies row 'nope'; valid: single_device, ddp"):
+        strategies.raw_counterpart("nope")
+    run = {"step_s": 0.02, "samples_per_s": 6400.0, "peak_rss_bytes_per_rank": [2**20, 2**20],
+           "checkpoint_bytes": 2**20, "save_s": 0.1, "load_s": 0.05}
+    raw = {"step_s": 0.019, "samples_per_s": 6736.8, "peak_rss_bytes_per_rank": [2**20, 2**20], "raw": "DDP loop"}
+    row = strategies._combine({"taskfit": [run, {**run, "step_s": 0.022}], "raw": [raw, {**raw, "step_s": 0.02}]})
+    assert row["ratio"]["median"] == pytest.approx((0.02 / 0.019 + 0.022 / 0.02) / 2)
+    load = {"loadavg": [5.0, 4.0, 3.0], "uptime": "up"}
+    md = strategies.markdown({
+        "machine": {"versions": {"torch": "2"}, "python": "3", "cpu": "c", "cpu_count": 2, "threads": 1,
+                    "date_utc": "now"},
+        "settings": {"steps": 20, "warmup": 3, "reps": 2, "batch_per_device": 64, "model": "MLP", "threads": 1},
+        "load": {"before": load, "after": load},
+        "rows": {"ddp": {"devices": 2, **row},
+                 "model_parallel": {"devices": 2, "skipped": "not available (strategy 'model_parallel' is not "
+                                                             "registered)"}},
+    })
+    assert "| ddp | 2 | DDP loop | 21.0 (20.0-22.0) | 19.5 (19.0-20.0) | 1.076 (1.053-1.100) |" in md
+    assert "skipped: not available" in md and "before the suite: 5.00, 4.00, 3.00" in md
