@@ -69,7 +69,8 @@ def loader(dataset: Any, batch: int, rank: int, world: int, seed: int = 0) -> An
 
 
 def train_raw(kind: str, options: dict[str, Any], net: torch.nn.Module, dataset: Any, *, batch: int, steps: int,
-              rank: int = 0, world: int = 1, clock: list[float] | None = None) -> torch.nn.Module:
+              rank: int = 0, world: int = 1, clock: list[float] | None = None,
+              cpu_clock: list[float] | None = None) -> torch.nn.Module:
     """Train ``net`` for ``steps`` optimizer steps with the hand-written loop of ``kind``; returns the trained
     module (for ``fsdp`` / ``tensor_parallel`` its parameters are DTensors; for ``deepspeed`` the engine's
     module).
@@ -82,6 +83,7 @@ def train_raw(kind: str, options: dict[str, Any], net: torch.nn.Module, dataset:
         batch (int): samples per process per step. rank, world (int): this process and the number of
             data-parallel replicas (``tensor_parallel``: the tensor-parallel size; the data is not split).
         clock (list[float] | None): receives ``time.perf_counter()`` after every optimizer step.
+        cpu_clock (list[float] | None): receives ``time.process_time()`` (CPU seconds) at the same points.
 
     Raises:
         ValueError: an unknown kind (names the valid ones).
@@ -89,10 +91,11 @@ def train_raw(kind: str, options: dict[str, Any], net: torch.nn.Module, dataset:
     if kind not in RAW_KINDS:
         raise ValueError(f"unknown raw loop kind {kind!r}; valid: {', '.join(RAW_KINDS)}")
     clock = clock if clock is not None else []
+    cpu_clock = cpu_clock if cpu_clock is not None else []
     data_world, data_rank = (1, 0) if kind == "tensor_parallel" else (world, rank)
     batches = loader(dataset, batch, data_rank, data_world)
     if kind == "deepspeed":
-        return _deepspeed(options, net, batches, steps, clock)
+        return _deepspeed(options, net, batches, steps, clock, cpu_clock)
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -117,6 +120,7 @@ def train_raw(kind: str, options: dict[str, Any], net: torch.nn.Module, dataset:
             opt.step()
             opt.zero_grad(set_to_none=True)
             clock.append(time.perf_counter())
+            cpu_clock.append(time.process_time())
             done += 1
             if done == steps:
                 break
@@ -157,7 +161,7 @@ def deepspeed_config(options: dict[str, Any], batch: int) -> dict[str, Any]:
 
 
 def _deepspeed(options: dict[str, Any], net: torch.nn.Module, batches: Any, steps: int,
-               clock: list[float]) -> torch.nn.Module:
+               clock: list[float], cpu_clock: list[float]) -> torch.nn.Module:
     import deepspeed
     import torch.distributed as dist
 
@@ -177,6 +181,7 @@ def _deepspeed(options: dict[str, Any], net: torch.nn.Module, batches: Any, step
             engine.backward(loss)
             engine.step()
             clock.append(time.perf_counter())
+            cpu_clock.append(time.process_time())
             done += 1
             if done == steps:
                 break

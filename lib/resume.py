@@ -1,11 +1,11 @@
 """Resuming a run from a checkpoint and loading the best model at the end (F-CKPT-2, F-CKPT-3, F-LOOP-6).
 
-``Fit.fit(resume_from_checkpoint=...)`` resolves the checkpoint (True / ``"last"`` / ``"auto"``: the newest complete
-one in ``output_dir``; nothing given under an elastic launcher's restart: ``"auto"``; a path or URL: that one), checks that it can continue the run exactly, and restores the model,
-optimizer, LR scheduler, precision plugin (grad scaler), loop state, control flags, callback states, the loop's
-running loss sums and ``self.log`` epoch aggregates. The RNG states and the position in the epoch are handed to
-the fit loop, which restores the RNG at the exact point the saved run was at and continues at the next unseen
-batch through the sampler (mirrors HF ``skip_first_batches``), not by replaying batches.
+``Fit.fit(resume_from_checkpoint=...)`` resolves the checkpoint (True / ``"last"`` / ``"auto"``: the newest
+complete one in ``output_dir``; nothing given under an elastic launcher's restart: ``"auto"``; a path or URL:
+that one), checks that it can continue the run exactly, and restores the model, optimizer, LR scheduler,
+precision plugin (grad scaler), loop state, control flags, callback states, the loop's running loss sums and
+``self.log`` epoch aggregates. The RNG states and the position in the epoch are handed to the fit loop, which
+restores the RNG at the exact point the saved run was at and continues at the next unseen batch through the sampler (mirrors HF ``skip_first_batches``), not by replaying batches.
 """
 
 from __future__ import annotations
