@@ -5,7 +5,8 @@ complete one in ``output_dir``; nothing given under an elastic launcher's restar
 that one), checks that it can continue the run exactly, and restores the model, optimizer, LR scheduler,
 precision plugin (grad scaler), loop state, control flags, callback states, the loop's running loss sums and
 ``self.log`` epoch aggregates. The RNG states and the position in the epoch are handed to the fit loop, which
-restores the RNG at the exact point the saved run was at and continues at the next unseen batch through the sampler (mirrors HF ``skip_first_batches``), not by replaying batches.
+restores the RNG at the exact point the saved run was at and continues at the next unseen batch through the
+sampler (mirrors HF ``skip_first_batches``), not by replaying batches.
 """
 
 from __future__ import annotations
