@@ -235,15 +235,18 @@ def run_worker(task: str, spec: dict[str, Any], *, threads: int = 1, timeout: fl
     with tempfile.TemporaryDirectory(prefix="taskfit-bench-") as tmp:
         spec = {**spec, "out": os.path.join(tmp, "result.json"), "tmp": tmp, "threads": threads}
         start = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.worker", task, json.dumps(spec)],
-            cwd=REPO_ROOT,
-            env=worker_env(threads),
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=timeout,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "benchmarks.worker", task, json.dumps(spec)],
+                cwd=REPO_ROOT,
+                env=worker_env(threads),
+                capture_output=True,
+                check=False,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:  # one slow row is reported; the suite goes on
+            return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - start}
         wall = time.perf_counter() - start
         try:
             with open(spec["out"]) as f:
