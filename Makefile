@@ -50,7 +50,7 @@ test-all: install
 # benchmark suites (benchmarks/README.md), a few minutes each; not part of `make test`
 BENCH_SUITES ?= overhead techniques strategies checkpoint
 bench: install
-	$(PIP) install -q -e ".[bench,bench-peers]"
+	$(PIP) install -q -e ".[bench,bench-peers,deepspeed]"
 	for suite in $(BENCH_SUITES); do HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks $$suite || exit 1; done
 
 # regression gate: exits non-zero when taskfit's step-time overhead on the larger workloads exceeds 5 %

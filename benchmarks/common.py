@@ -201,6 +201,22 @@ def worker_env(threads: int = 1) -> dict[str, str]:
     return env
 
 
+def machine_load() -> dict[str, Any]:
+    """The machine's load averages (1, 5, 15 min; None where unknown) and the ``uptime`` line, recorded before and
+    after a suite: on a shared machine the load says how much the numbers can be trusted."""
+    try:
+        line = subprocess.run(["uptime"], capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        line = ""
+    return {"loadavg": list(os.getloadavg()) if hasattr(os, "getloadavg") else None, "uptime": line}
+
+
+def fmt_load(load: dict[str, Any] | None) -> str:
+    """``"5.12, 4.80, 3.95"`` from :func:`machine_load`'s result, ``"unknown"`` without one."""
+    la = (load or {}).get("loadavg")
+    return ", ".join(f"{v:.2f}" for v in la) if la else "unknown"
+
+
 def pin_core() -> int | None:
     """The core a single-threaded worker is pinned to: the last one this process may run on (None where
     ``sched_setaffinity`` does not exist)."""
@@ -219,15 +235,18 @@ def run_worker(task: str, spec: dict[str, Any], *, threads: int = 1, timeout: fl
     with tempfile.TemporaryDirectory(prefix="taskfit-bench-") as tmp:
         spec = {**spec, "out": os.path.join(tmp, "result.json"), "tmp": tmp, "threads": threads}
         start = time.perf_counter()
-        proc = subprocess.run(
-            [sys.executable, "-m", "benchmarks.worker", task, json.dumps(spec)],
-            cwd=REPO_ROOT,
-            env=worker_env(threads),
-            capture_output=True,
-            check=False,
-            text=True,
-            timeout=timeout,
-        )
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-m", "benchmarks.worker", task, json.dumps(spec)],
+                cwd=REPO_ROOT,
+                env=worker_env(threads),
+                capture_output=True,
+                check=False,
+                text=True,
+                timeout=timeout,
+            )
+        except subprocess.TimeoutExpired:  # one slow row is reported; the suite goes on
+            return {"error": f"timed out after {timeout:.0f} s", "wall_s": time.perf_counter() - start}
         wall = time.perf_counter() - start
         try:
             with open(spec["out"]) as f:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib.util
 import itertools
 import os
+import statistics
 import sys
 import time
 from typing import Any
@@ -27,9 +28,11 @@ from benchmarks.common import (
     default_out_dir,
     finish,
     fmt_bytes,
+    fmt_load,
     log,
     machine_info,
     machine_label,
+    machine_load,
     md_note,
     md_table,
     package_version,
@@ -90,7 +93,9 @@ ROWS: list[tuple[str, str, str, dict[str, Any], str | None]] = [
 ]
 #: rows left out of ``--quick`` runs, with the reason
 QUICK_SKIP = {"compile": "left out of --quick runs (compiling takes ~35 s here); the full run measures it"}
-STEPS, WARMUP = 4, 2
+STEPS, WARMUP = 10, 2
+#: measured right after the baseline (the table is printed in ROWS order)
+FIRST = ("zero2",)
 QUICK_STEPS, QUICK_WARMUP = 3, 1
 
 
@@ -200,10 +205,12 @@ def _run_row(row: tuple, spec: dict[str, Any], example: Any, tokenizer: Any, twe
     call_s = time.perf_counter() - start
     measured = clock.stamps[warmup - 1 :] if warmup else [start, *clock.stamps]
     span = measured[-1] - measured[0]
-    diffs = sorted(b - a for a, b in itertools.pairwise(measured))
+    diffs = [b - a for a, b in itertools.pairwise(measured)]
+    step_s = statistics.median(diffs)
     res = {
-        "samples_per_s": per_step * (len(measured) - 1) / span,
-        "step_s": diffs[len(diffs) // 2],
+        "samples_per_s": per_step / step_s,  # the median step: one disturbed step (shared machine) does not count
+        "mean_samples_per_s": per_step * (len(measured) - 1) / span,
+        "step_s": step_s,
         "samples_per_step": per_step,
         "steps": steps,
         "warmup": warmup,
@@ -275,12 +282,17 @@ def run_suite(
         else:
             runnable.append(row[0])
     started = time.perf_counter()
+    load_before = machine_load()
+    log(f"  load before: {load_before['uptime']}")
+    # the rows the committed table could not run go first (after the baseline): a run cut short still has them
+    runnable.sort(key=lambda n: (n != "baseline", n not in FIRST))
     batches = [runnable] if quick else [[n] for n in runnable]
     for group in batches:
         res = run_worker("techniques", {**spec, "rows": group}, threads=threads)
         for n in group:
             results[n] = res.get("rows", {}).get(n) or {k: res[k] for k in ("error", "skipped") if k in res}
             r = results[n]
+            _partial(out_dir or default_out_dir("techniques", device, quick), results)
             log(
                 f"  {n:12s} "
                 + (
@@ -289,6 +301,8 @@ def run_suite(
                     else str(r.get("skipped") or r.get("error"))[:200]
                 )
             )
+    load_after = machine_load()
+    log(f"  load after: {load_after['uptime']}")
     base = results.get("baseline", {})
     for r in results.values():
         if "samples_per_s" in r and "samples_per_s" in base:
@@ -309,13 +323,24 @@ def run_suite(
             "base_batch": BASE_BATCH,
             "process_per": "suite" if quick else "row",
         },
+        "load": {"before": load_before, "after": load_after},
         "rows": {r[0]: {"label": r[1], "method": r[2], "overrides": r[3], **results[r[0]]} for r in rows},
         "elapsed_s": time.perf_counter() - started,
     }
-    finish(
-        "techniques", data, markdown(data), out_dir or default_out_dir("techniques", device, quick), _chart
-    )
+    out = out_dir or default_out_dir("techniques", device, quick)
+    finish("techniques", data, markdown(data), out, _chart)
+    if os.path.exists(os.path.join(out, "results.partial.json")):
+        os.remove(os.path.join(out, "results.partial.json"))
     return 0
+
+
+def _partial(out: Any, results: dict[str, Any]) -> None:
+    """Write ``results.partial.json`` after every row, so a suite cut short still leaves what it measured."""
+    import json
+
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, "results.partial.json"), "w") as f:
+        json.dump(results, f, indent=1, default=str)
 
 
 def markdown(data: dict) -> str:
@@ -326,8 +351,10 @@ def markdown(data: dict) -> str:
         "",
         (
             f"{machine_label(data['machine'])}; {s['model']}, election tweets, max length {s['max_length']}; "
-            f"{s['steps']} optimizer steps timed after {s['warmup']} warm-up steps; one fresh process per "
-            f"{s['process_per']}. Memory: {_memory_kind(s['device'])}."
+            f"{s['steps']} optimizer steps timed after {s['warmup']} warm-up steps (samples/s from the median step "
+            f"time); one fresh process per {s['process_per']}. Memory: {_memory_kind(s['device'])}. Load average "
+            f"(1, 5, 15 min) before the suite: {fmt_load(data.get('load', {}).get('before'))}; after: "
+            f"{fmt_load(data.get('load', {}).get('after'))}."
         ),
         "",
     ]

@@ -1,11 +1,12 @@
 """Resuming a run from a checkpoint and loading the best model at the end (F-CKPT-2, F-CKPT-3, F-LOOP-6).
 
-``Fit.fit(resume_from_checkpoint=...)`` resolves the checkpoint (True / ``"last"``: the newest complete one in
-``output_dir``; a path or URL: that one), checks that it can continue the run exactly, and restores the model,
-optimizer, LR scheduler, precision plugin (grad scaler), loop state, control flags, callback states, the loop's
-running loss sums and ``self.log`` epoch aggregates. The RNG states and the position in the epoch are handed to
-the fit loop, which restores the RNG at the exact point the saved run was at and continues at the next unseen
-batch through the sampler (mirrors HF ``skip_first_batches``), not by replaying batches.
+``Fit.fit(resume_from_checkpoint=...)`` resolves the checkpoint (True / ``"last"`` / ``"auto"``: the newest
+complete one in ``output_dir``; nothing given under an elastic launcher's restart: ``"auto"``; a path or URL:
+that one), checks that it can continue the run exactly, and restores the model, optimizer, LR scheduler,
+precision plugin (grad scaler), loop state, control flags, callback states, the loop's running loss sums and
+``self.log`` epoch aggregates. The RNG states and the position in the epoch are handed to the fit loop, which
+restores the RNG at the exact point the saved run was at and continues at the next unseen batch through the
+sampler (mirrors HF ``skip_first_batches``), not by replaying batches.
 """
 
 from __future__ import annotations
@@ -34,31 +35,52 @@ log = logging.getLogger("taskfit")
 def resolve_checkpoint(io: Any, output_dir: str, value: str | bool | None) -> str | None:
     """The checkpoint folder ``resume_from_checkpoint=value`` names, or None to start fresh.
 
-    ``True`` and ``"last"`` pick the newest complete checkpoint in ``output_dir`` (incomplete ones are skipped
-    with a warning; a folder ``transformers.Trainer`` wrote counts as complete, see
-    :mod:`taskfit.io.hf_checkpoint`); when there is none, training starts from scratch with a warning (Lightning's ``ckpt_path=
-    "last"`` rule), so a restart loop after a crash needs no special first run.
+    ``True``, ``"last"`` and ``"auto"`` pick the newest complete checkpoint in ``output_dir`` (incomplete ones are
+    skipped with a warning; a folder ``transformers.Trainer`` wrote counts as complete, see
+    :mod:`taskfit.io.hf_checkpoint`); when there is none, training starts from scratch (Lightning's ``ckpt_path=
+    "last"`` rule; a warning for ``True``/``"last"``, an info line for ``"auto"``, which expects a first start), so
+    a restart loop after a crash needs no special first run. ``None`` (the user passed nothing) means ``"auto"``
+    when an elastic launcher restarted this process (``TORCHELASTIC_RESTART_COUNT`` > 0 under ``torchrun
+    --max-restarts``, ``SLURM_RESTART_COUNT`` > 0 on a requeued SLURM job), else a fresh start; ``False`` always
+    starts fresh.
 
     Raises:
         CheckpointError: a given path that is not a complete checkpoint.
     """
-    if value in (None, False, ""):
-        return None
-    out = output_dir
-    if value is True or value == "last":
-        done = list_checkpoints(io, out)
-        others = [(s, p) for s, p in list_checkpoints(io, out, complete_only=False) if (s, p) not in done]
-        done = sorted(done + [(s, p) for s, p in others if is_hf_checkpoint(io, p)])
-        partial = sorted(set(p for _, p in others) - set(p for _, p in done))
-        if partial:
-            log.warning("Ignoring incomplete checkpoints (no %s): %s", MANIFEST_NAME, ", ".join(partial))
-        if not done:
-            log.warning("resume_from_checkpoint=%r: no complete checkpoint in %s; training from scratch.", value, out)
+    if value is None:
+        from taskfit.strategies.environments import elastic_restart
+
+        restart = elastic_restart()
+        if restart is None:
             return None
-        return done[-1][1]
+        found = _newest_complete(io, output_dir, "auto")
+        log.warning("Elastic restart detected (%s): resume_from_checkpoint was not set, so the run %s.",
+                    restart.describe(), f"continues from {found}" if found else
+                    f"starts from scratch (no complete checkpoint in {output_dir})")
+        return found
+    if value in (False, ""):
+        return None
+    if value is True or value in ("last", "auto"):
+        return _newest_complete(io, output_dir, value)
     if not is_hf_checkpoint(io, str(value)):
         read_manifest(io, str(value))  # raises for a folder (or file) that is not a complete checkpoint
     return str(value)
+
+
+def _newest_complete(io: Any, out: str, value: str | bool) -> str | None:
+    """The newest complete checkpoint in ``out`` (a folder ``transformers.Trainer`` wrote counts as complete;
+    warning about incomplete ones), or None."""
+    done = list_checkpoints(io, out)
+    others = [(s, p) for s, p in list_checkpoints(io, out, complete_only=False) if (s, p) not in done]
+    done = sorted(done + [(s, p) for s, p in others if is_hf_checkpoint(io, p)])
+    partial = sorted(set(p for _, p in others) - set(p for _, p in done))
+    if partial:
+        log.warning("Ignoring incomplete checkpoints (no %s): %s", MANIFEST_NAME, ", ".join(partial))
+    if not done:
+        (log.info if value == "auto" else log.warning)(
+            "resume_from_checkpoint=%r: no complete checkpoint in %s; training from scratch.", value, out)
+        return None
+    return done[-1][1]
 
 
 def open_checkpoint(io: Any, path: str, weights_only: bool = True) -> CheckpointReader:

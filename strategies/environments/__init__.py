@@ -1,8 +1,10 @@
-"""Cluster environments and their detection (``torchrun`` / DeepSpeed launcher / taskfit's launcher, SLURM, local)."""
+"""Cluster environments and their detection (``torchrun`` / DeepSpeed launcher / taskfit's launcher, SLURM, local),
+and elastic restarts (``torchrun --max-restarts``, SLURM requeue)."""
 
 from __future__ import annotations
 
 from taskfit.strategies.environments.base import ClusterEnvironment, LocalEnvironment, find_free_port
+from taskfit.strategies.environments.restarts import Restart, elastic_restart
 from taskfit.strategies.environments.slurm import SLURMEnvironment
 from taskfit.strategies.environments.torchelastic import TorchElasticEnvironment
 
@@ -16,5 +18,5 @@ def detect_environment(num_processes: int, num_nodes: int = 1) -> ClusterEnviron
     return LocalEnvironment(num_processes, num_nodes)
 
 
-__all__ = ["ClusterEnvironment", "LocalEnvironment", "SLURMEnvironment", "TorchElasticEnvironment",
-           "detect_environment", "find_free_port"]
+__all__ = ["ClusterEnvironment", "LocalEnvironment", "Restart", "SLURMEnvironment", "TorchElasticEnvironment",
+           "detect_environment", "elastic_restart", "find_free_port"]
