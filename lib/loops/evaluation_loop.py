@@ -19,6 +19,7 @@ from taskfit.loops.gather import gather_in_dataset_order, loader_indices
 from taskfit.metrics import EvalPrediction, MemoryTracker, nested_concat, speed_metrics, to_numpy
 from taskfit.module import infer_batch_size
 from taskfit.module_hooks import batch_mover
+from taskfit.optim.hf_optimizers import set_optimizer_mode
 from taskfit.results import ResultCollection
 
 if TYPE_CHECKING:
@@ -160,6 +161,8 @@ class EvaluationLoop:
 
         was_training = module.training
         module.eval()
+        run_ = getattr(fit, "_run", None)  # schedule-free optimizers evaluate at their eval point (as HF)
+        set_optimizer_mode(getattr(run_, "optimizers", None) if run_ is not None else fit.optimizers, "eval")
         prev_results, prev_defaults = module._results, module._log_defaults
         results = module._results = ResultCollection(infer_batch_size, strategy.reduce)
         module._log_defaults = (False, True)
