@@ -90,7 +90,7 @@ def _target_groups(model: nn.Module, args: Any, name: str, extra: dict[str, Any]
     Raises:
         ValueError: ``optim_target_modules`` unset, or no linear module matches it.
     """
-    targets = args.optim_target_modules
+    targets = getattr(args, "optim_target_modules", None)
     if targets is None:
         raise ValueError(f"optim={name!r} needs optim_target_modules (module names, a regex or 'all-linear').")
     from transformers.trainer_utils import check_target_module_exists
@@ -191,10 +191,10 @@ def build_schedule_free(*, param_groups: list[dict[str, Any]], args: Any, optim_
     if name == "schedule_free_radam":
         cls, extra = schedulefree.RAdamScheduleFree, _adam(args)
     elif name == "schedule_free_adamw":
-        cls, extra = schedulefree.AdamWScheduleFree, {**_adam(args), "warmup_steps": args.warmup_steps}
+        cls, extra = schedulefree.AdamWScheduleFree, {**_adam(args), "warmup_steps": getattr(args, "warmup_steps", 0)}
     else:
-        cls, extra = schedulefree.SGDScheduleFree, {"warmup_steps": args.warmup_steps}
-    kwargs.update(extra, weight_decay=args.weight_decay, weight_lr_power=_f(optim_args, "weight_lr_power", 2.0),
+        cls, extra = schedulefree.SGDScheduleFree, {"warmup_steps": getattr(args, "warmup_steps", 0)}
+    kwargs.update(extra, weight_decay=getattr(args, "weight_decay", 0.0), weight_lr_power=_f(optim_args, "weight_lr_power", 2.0),
                   r=_f(optim_args, "r", 0.0))
     _no_leftovers(name, optim_args)
     return cls(param_groups, **kwargs)
@@ -215,7 +215,8 @@ def build_stable_adamw(*, param_groups: list[dict[str, Any]], args: Any, optim_a
     kwargs = {"decouple_lr": _f(optim_args, "decouple_lr", False, bool), "max_lr": _f(optim_args, "max_lr", None),
               "kahan_sum": _f(optim_args, "kahan_sum", None, bool)}
     _no_leftovers(name, optim_args)
-    return StableAdamW(param_groups, lr=args.learning_rate, **_adam(args), weight_decay=args.weight_decay, **kwargs)
+    return StableAdamW(param_groups, lr=args.learning_rate, **_adam(args), weight_decay=getattr(args, "weight_decay", 0.0),
+                       **kwargs)
 
 
 def build_torchao(*, param_groups: list[dict[str, Any]], args: Any, optim_args: dict[str, Any], name: str,

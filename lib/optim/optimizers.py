@@ -412,7 +412,7 @@ for _name in BNB_OPTIMIZERS:
 for _name, _builder in BUILDERS.items():
     OPTIMIZERS.register(_name, _builder, description=f"{_builder.__doc__.split(chr(10))[0]} (extra {EXTRAS[_name]!r})")
 for _name in PENDING_OPTIMIZERS:
-    OPTIMIZERS.register(_name, _unsupported_builder, description=f"not supported: {UNSUPPORTED[_name]}")
+    OPTIMIZERS.register(_name, _unsupported_builder, pending=f"not supported: {UNSUPPORTED[_name]}")
 del _name, _builder
 
 
@@ -475,7 +475,7 @@ def create_optimizer(model: nn.Module, args: Any) -> torch.optim.Optimizer:
     name = _name_of(getattr(args, "optim", "adamw_torch"))
     entry = OPTIMIZERS.get(name)
     if name in UNSUPPORTED:
-        entry.build(name=name)  # raises NotImplementedError with the reason
+        _unsupported_builder(name=name)  # raises NotImplementedError with the reason
     target_modules = getattr(args, "optim_target_modules", None)
     if target_modules is not None and name not in TARGET_MODULE_OPTIMIZERS:
         raise ValueError(f"optim_target_modules={target_modules!r} is only read by the GaLore/APOLLO optimizers "
