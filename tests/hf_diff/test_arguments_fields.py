@@ -201,3 +201,35 @@ def test_process_properties_single_process():
     d = ours.to_dict()
     assert set(_fields(transformers.TrainingArguments)) <= set(d)
     assert FitArguments.from_json(ours.to_json_string()) == ours
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+@pytest.mark.timeout(600)
+def test_process_properties_under_two_process_ddp(tmp_path):
+    """Under torchrun with 2 gloo processes, every property equals transformers' on each rank, and
+    main_process_first lets rank 0 through first under both."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from taskfit.strategies.environments import find_free_port
+
+    job = Path(__file__).with_name("arguments_ddp_job.py")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR",
+                                                            "MASTER_PORT")}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", f"--master-port={find_free_port()}",
+           str(job), str(tmp_path)]
+    done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=500)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    for rank, row in enumerate(rows):
+        hf, tf = dict(row["hf"]), dict(row["tf"])
+        hf_entered, tf_entered = hf.pop("entered"), tf.pop("entered")
+        assert tf == hf
+        assert (tf["world_size"], tf["process_index"], tf["should_save"]) == (2, rank, rank == 0)
+        assert tf["parallel_mode"] == "distributed" and tf["log_level"] == (logging.INFO if rank == 0 else
+                                                                            logging.ERROR)
+    assert rows[1]["tf"]["entered"] >= rows[0]["tf"]["entered"] + 0.4  # rank 1 waited for rank 0's block
+    assert rows[1]["hf"]["entered"] >= rows[0]["hf"]["entered"] + 0.4
