@@ -12,12 +12,34 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
+#: each option field -> its help group (orders the CLI help). Kept out of ``Field.metadata``, which
+#: ``transformers.HfArgumentParser`` passes to ``argparse.add_argument`` as keyword arguments.
+_GROUPS: dict[Any, str] = {}
+
+
 def _opt(default: Any, help: str, group: str, factory: Callable[[], Any] | None = None) -> Any:
-    """A dataclass field with ``metadata={"help": ..., "group": ...}`` (the group orders the CLI help)."""
-    metadata = {"help": help, "group": group}
-    if factory is not None:
-        return field(default_factory=factory, metadata=metadata)
-    return field(default=default, metadata=metadata)
+    """A dataclass field with ``metadata={"help": ...}`` (as HF's fields, so ``HfArgumentParser`` reads it) and
+    ``group`` recorded for :func:`field_group`."""
+    metadata = {"help": help}
+    f = field(default_factory=factory, metadata=metadata) if factory is not None else field(default=default,
+                                                                                         metadata=metadata)
+    _GROUPS[f] = group
+    return f
+
+
+#: kinds an option accepts beyond its annotation. The annotations stay in the shapes ``HfArgumentParser`` can
+#: turn into one argparse type (HF's own annotations for HF fields); these are the other values Python callers may
+#: pass (``fsdp=True``, ``resume_from_checkpoint=True``, ``fast_dev_run=5``, ``limit_train_batches=10``).
+EXTRA_KINDS: dict[str, tuple[type, ...]] = {
+    "devices": (int, list), "fsdp": (bool,), "resume_from_checkpoint": (bool,), "trackio_static_space_id": (bool,), "fast_dev_run": (int,),
+    "limit_train_batches": (int,), "limit_val_batches": (int,), "limit_test_batches": (int,),
+    "limit_predict_batches": (int,), "overfit_batches": (int,),
+}
+
+
+def field_group(f: Any) -> str:
+    """The help group (``"training"``, ``"placement"``, ...) of an option field of ``FitArguments``."""
+    return _GROUPS.get(f, "compat")
 
 
 def _default_optim() -> str:
@@ -46,7 +68,7 @@ class HFTrainingFields:
     learning_rate: float = _opt(5e-05, "Initial (peak) learning rate of the optimizer.", "optimizer")
     lr_scheduler_type: str = _opt("linear", "Learning-rate schedule name (linear, cosine, constant, ...).", "schedule")
     lr_scheduler_kwargs: dict | str | None = _opt(None, "Extra keyword arguments for the schedule (dict or JSON string).", "schedule")
-    warmup_steps: int | float = _opt(0, "Linear warmup from 0: optimizer steps when >= 1, a fraction of the run's steps "
+    warmup_steps: float = _opt(0, "Linear warmup from 0: optimizer steps when >= 1, a fraction of the run's steps "
                                      "when in (0, 1) (HF 5).", "schedule")
     optim: str = _opt(DEFAULT_OPTIM, "Optimizer name (adamw_torch_fused, adamw_torch, sgd, adafactor, adamw_bnb_8bit, galore_adamw, ...).", "optimizer")
     optim_args: str | dict | None = _opt(None, "Extra optimizer arguments: dict, JSON object or 'k1=v1,k2=v2'.", "optimizer")
@@ -54,7 +76,7 @@ class HFTrainingFields:
     adam_beta1: float = _opt(0.9, "beta1 of Adam-type optimizers, in [0, 1).", "optimizer")
     adam_beta2: float = _opt(0.999, "beta2 of Adam-type optimizers, in [0, 1).", "optimizer")
     adam_epsilon: float = _opt(1e-08, "epsilon of Adam-type optimizers.", "optimizer")
-    optim_target_modules: str | list[str] | None = _opt(None, "Module names optimised by GaLore/APOLLO optimizers (names, a regex or 'all-linear').", "optimizer")
+    optim_target_modules: None | str | list[str] = _opt(None, "Module names optimised by GaLore/APOLLO optimizers (names, a regex or 'all-linear').", "optimizer")
     gradient_accumulation_steps: int = _opt(1, "Micro-batches accumulated per optimizer step (>= 1).", "training")
     average_tokens_across_devices: bool = _opt(True, "Normalise a token-averaged loss by the token count of all processes (HF 5 num_items_in_batch).", "training")
     max_grad_norm: float = _opt(1.0, "Gradient clipping max norm (L2); 0 disables clipping.", "training")
@@ -82,16 +104,16 @@ class HFTrainingFields:
     logging_first_step: bool = _opt(False, "Also log (and evaluate) at the first optimizer step.", "logging")
     log_on_each_node: bool = _opt(True, "Log with log_level on the main process of every node, not only node 0.", "logging")
     logging_nan_inf_filter: bool = _opt(True, "Leave nan/inf step losses out of the logged loss average (logging only).", "logging")
-    include_num_input_tokens_seen: str | bool | None = _opt("no", "Track input tokens seen: no | all | non_padding (True = all).", "evaluation")
+    include_num_input_tokens_seen: str | bool = _opt("no", "Track input tokens seen: no | all | non_padding (True = all).", "evaluation")
     log_level: str | None = _opt("passive", "Python log level on the main process: debug|info|warning|error|critical|passive.", "logging")
     log_level_replica: str | None = _opt("warning", "Python log level on replica processes (same choices as log_level).", "logging")
     disable_tqdm: bool | None = _opt(None, "Disable progress bars; None = decide from the log level.", "logging")
-    report_to: str | list[str] | None = _opt(None, "Loggers: none | all | csv | tensorboard | mlflow | wandb (str or list); None = csv.", "logging")
+    report_to: None | str | list[str] = _opt(None, "Loggers: none | all | csv | tensorboard | mlflow | wandb (str or list); None = csv.", "logging")
     run_name: str | None = _opt(None, "Name of the run for loggers; None = output_dir.", "logging")
     project: str = _opt("huggingface", "Project name for loggers that group runs (wandb, trackio).", "logging")
     trackio_space_id: str | None = _opt(None, "Trackio Space (no trackio logger in taskfit; a value warns).", "logging")
     trackio_bucket_id: str | None = _opt(None, "Trackio bucket (no trackio logger in taskfit; a value warns).", "logging")
-    trackio_static_space_id: str | bool | None = _opt(None, "Trackio static Space (no trackio logger in taskfit; a value warns).", "logging")
+    trackio_static_space_id: str | None = _opt(None, "Trackio static Space (no trackio logger in taskfit; a value warns).", "logging")
     eval_strategy: str = _opt("no", "When to evaluate during training: no | steps | epoch.", "evaluation")
     eval_steps: float | None = _opt(None, "Optimizer steps between evaluations; float < 1 = ratio of total steps; None = logging_steps.", "evaluation")
     eval_delay: float | None = _opt(0, "Epochs or steps (per eval_strategy) to wait before the first evaluation.", "evaluation")
@@ -126,7 +148,7 @@ class HFTrainingFields:
     data_seed: int | None = _opt(None, "Seed of the data samplers; None = seed.", "training")
     use_cpu: bool = _opt(False, "Force the CPU even when CUDA or MPS is available.", "hardware")
     accelerator_config: dict | str | None = _opt(None, "HF Accelerate options (split_batches, dispatch_batches, ...): dict, JSON or path.", "distributed")
-    parallelism_config: Any = _opt(None, "accelerate ParallelismConfig (N-D parallelism); not supported: use strategy= (a value raises).", "distributed")
+    parallelism_config: object | None = _opt(None, "accelerate ParallelismConfig (N-D parallelism); not supported: use strategy= (a value raises).", "distributed")
     dataloader_drop_last: bool = _opt(False, "Drop the last incomplete batch of each epoch.", "data")
     dataloader_num_workers: int = _opt(0, "DataLoader worker processes (0 = load in the main process).", "data")
     dataloader_pin_memory: bool = _opt(True, "Pin host memory in DataLoaders for faster host-to-device copies.", "data")
@@ -144,7 +166,7 @@ class HFTrainingFields:
     ddp_static_graph: bool | None = _opt(None, "DDP static_graph; None = torch's default (False).", "distributed")
     ddp_backend: str | None = _opt(None, "torch.distributed backend: nccl | gloo | mpi | ccl | hccl | xccl; None = auto.", "distributed")
     ddp_timeout: int | None = _opt(1800, "Timeout of torch.distributed collectives (seconds).", "distributed")
-    fsdp: bool | str | list[str] | None = _opt(None, "HF FSDP options, e.g. 'full_shard auto_wrap offload'; normalised to a list.", "distributed")
+    fsdp: None | str | list[str] = _opt(None, "HF FSDP options, e.g. 'full_shard auto_wrap offload'; normalised to a list.", "distributed")
     fsdp_config: dict | str | None = _opt(None, "FSDP settings: dict, JSON string or path to a JSON file.", "distributed")
     deepspeed: dict | str | None = _opt(None, "DeepSpeed config: dict, JSON string or path to a JSON file.", "distributed")
     debug: str | list[str] = _opt("", "Debug features, space separated: underflow_overflow | tpu_metrics_debug.", "precision")
@@ -152,7 +174,7 @@ class HFTrainingFields:
     do_train: bool = _opt(False, "Informational flag for scripts (as in HF); Fit does not read it.", "output")
     do_eval: bool = _opt(False, "Informational flag for scripts; set True when eval_strategy != 'no'.", "output")
     do_predict: bool = _opt(False, "Informational flag for scripts (as in HF); Fit does not read it.", "output")
-    resume_from_checkpoint: str | bool | None = _opt(None, "Checkpoint to resume from: a path, or True for the newest in output_dir.", "checkpoint")
+    resume_from_checkpoint: str | None = _opt(None, "Checkpoint to resume from: a path, or True for the newest in output_dir.", "checkpoint")
     local_rank: int = _opt(-1, "Rank of this process within its node (set by launchers; -1 = not distributed).", "distributed")
 
 

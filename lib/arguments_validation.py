@@ -230,11 +230,15 @@ def _normalize(a: Any) -> None:
         a.output_dir = "taskfit_output"  # HF 5: "trainer_output"
     if a.fsdp is None:
         a.fsdp = ""
+    if a.debug is None:  # HfArgumentParser gives None for an unset list option (HF accepts it too)
+        a.debug = ""
+    if a.trackio_static_space_id is False:  # HF: False disables the static Space
+        a.trackio_static_space_id = None
     if isinstance(a.include_num_input_tokens_seen, bool) or a.include_num_input_tokens_seen is None:
         a.include_num_input_tokens_seen = "all" if a.include_num_input_tokens_seen else "no"  # HF 5: bool -> str
     for name in a.field_names():
         kinds = field_kinds(type(a), name)
-        if typing.Any not in kinds:  # parallelism_config holds an accelerate object: checked in _validate
+        if object not in kinds:  # parallelism_config holds an accelerate object: checked in _validate
             setattr(a, name, _coerce(name, getattr(a, name), kinds))
     from taskfit.arguments_legacy import apply_legacy_options
 
@@ -486,12 +490,16 @@ def field_kinds(cls: type, name: str) -> tuple[type, ...]:
         raise invalid_choice(f"{cls.__name__} option", name, hints)
     hint = hints[name]
     args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
-    return tuple(typing.get_origin(arg) or arg for arg in args)
+    from taskfit.arguments_fields import EXTRA_KINDS
+
+    return tuple(typing.get_origin(arg) or arg for arg in args) + EXTRA_KINDS.get(name, ())
 
 
 @cache
 def _type_hints(cls: type) -> dict[str, Any]:
-    return {f.name: f.type for f in fields(cls)}
+    # from the class annotations, not Field.type, which transformers' HfArgumentParser overwrites in place
+    hints = typing.get_type_hints(cls)
+    return {f.name: hints[f.name] for f in fields(cls)}
 
 
 def normalize_and_validate(a: Any) -> None:

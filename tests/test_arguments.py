@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 
 from taskfit.arguments import FitArguments
+from taskfit.arguments_fields import field_group
+from taskfit.cli import _GROUPS as CLI_GROUPS
+
+GROUP_NAMES = set(CLI_GROUPS)
 from taskfit.arguments_setters import installed_loggers
 
 SEED = Path(__file__).resolve().parents[2] / "shared" / "seeds" / "003_3c8ef023aa55e12f.txt"
@@ -106,6 +110,10 @@ HF5_CHANGED = {"optim": "adamw_torch_fused", "gradient_checkpointing": None, "hu
                "include_num_input_tokens_seen": "no", "fsdp": None, "lr_scheduler_kwargs": None}
 
 
+#: options whose type transformers 5 changed (FitArguments has the 5.x type)
+HF5_RETYPED = {"include_num_input_tokens_seen", "warmup_steps"}
+
+
 @pytest.mark.parametrize("name", sorted(set(HF) - {"output_dir"}))
 def test_defaults_equal_hf(name):
     """F-CORE-4: each default equals HF's, literally (``repr`` of the value = the text in the 4.x HF signature),
@@ -118,6 +126,8 @@ def test_defaults_equal_hf(name):
     else:
         assert repr(field_default(name)) == default
     kinds = FitArguments.field_kinds(name)
+    if name in HF5_RETYPED:
+        return
     if kind == "Optional":
         assert type(None) in kinds
     elif kind in ("bool", "int", "float", "str"):
@@ -139,7 +149,7 @@ def test_every_field_has_help_and_group():
     """F-CORE-4: each option has a one-line English help text and a CLI group."""
     for f in fields(FitArguments):
         assert f.metadata["help"] and "\n" not in f.metadata["help"], f.name
-        assert f.metadata["group"], f.name
+        assert field_group(f) in GROUP_NAMES, f.name
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -233,3 +233,17 @@ def test_process_properties_under_two_process_ddp(tmp_path):
                                                                             logging.ERROR)
     assert rows[1]["tf"]["entered"] >= rows[0]["tf"]["entered"] + 0.4  # rank 1 waited for rank 0's block
     assert rows[1]["hf"]["entered"] >= rows[0]["hf"]["entered"] + 0.4
+
+
+def test_hf_argument_parser_reads_fit_arguments():
+    """transformers.HfArgumentParser parses FitArguments as it parses TrainingArguments (the same command line
+    gives the same values), and parsing leaves FitArguments' own type checks intact."""
+    cli = ["--output_dir", "x", "--optim", "adafactor", "--include_for_metrics", "inputs", "--warmup_steps", "0.1",
+           "--eval_strategy", "steps", "--eval_steps", "3", "--gradient_checkpointing", "true", "--report_to", "none",
+           "--per_device_train_batch_size", "4", "--lr_scheduler_kwargs", '{"num_cycles": 2}']
+    (hf,) = transformers.HfArgumentParser(transformers.TrainingArguments).parse_args_into_dataclasses(cli)
+    (ours,) = transformers.HfArgumentParser(FitArguments).parse_args_into_dataclasses(cli)
+    for name in ("optim", "include_for_metrics", "warmup_steps", "eval_strategy", "eval_steps",
+                 "activation_checkpointing", "report_to", "per_device_train_batch_size", "lr_scheduler_kwargs"):
+        assert getattr(ours, name) == _value(getattr(hf, name)), name
+    assert FitArguments(devices=[0, 1], fsdp=True, fast_dev_run=3).devices == [0, 1]
