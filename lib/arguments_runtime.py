@@ -80,17 +80,28 @@ class RuntimeProperties:
         level = LOG_LEVEL_VALUES[name]
         return logging.getLogger("transformers").getEffectiveLevel() if level == -1 else level
 
+    def _device_kind(self) -> str:
+        """The accelerator this process would use: ``"cpu"`` with ``use_cpu``, else :func:`choose_accelerator`'s
+        pick for ``accelerator`` (``"gpu"`` without CUDA or MPS falls back to the CPU, as a description)."""
+        from taskfit.accelerators import choose_accelerator
+
+        if self.use_cpu:
+            return "cpu"
+        try:
+            return choose_accelerator(str(getattr(self, "accelerator", "auto")))[0]
+        except ValueError:
+            return "cpu"
+
     @property
     def n_gpu(self) -> int:
-        """GPUs this process drives: 0 on CPU, 1 on CUDA (taskfit runs one device per process, except
+        """GPUs this process drives: 0 off CUDA, 1 on CUDA (taskfit runs one device per process, except
         ``strategy='dp'`` which drives every visible GPU)."""
-        if self.device.type != "cuda":
-            return 0
-        if str(getattr(self, "strategy", "auto")) == "dp":
-            import torch
+        from taskfit.accelerators import CUDAAccelerator
 
-            return torch.cuda.device_count()
-        return 1
+        per_process = {"cuda": 1}.get(self._device_kind(), 0)
+        if per_process and str(getattr(self, "strategy", "auto")) == "dp":
+            return CUDAAccelerator.auto_device_count()
+        return per_process
 
     @property
     def train_batch_size(self) -> int:
@@ -104,25 +115,21 @@ class RuntimeProperties:
 
     @property
     def device(self) -> Any:
-        """The ``torch.device`` of this process: CPU when ``use_cpu``/``accelerator='cpu'`` or no CUDA device
-        exists, else ``cuda:<local rank>`` (``mps`` on Apple silicon)."""
+        """The ``torch.device`` of this process: the CPU with ``use_cpu``/``accelerator='cpu'`` or when no other
+        device exists, else the accelerator's device (``cuda:<local rank>``, ``mps``), chosen as ``Fit`` does."""
         import torch
 
-        accelerator = str(getattr(self, "accelerator", "auto"))
-        if self.use_cpu or accelerator == "cpu":
-            return torch.device("cpu")
-        if torch.cuda.is_available() and accelerator in ("auto", "cuda", "gpu"):
-            return torch.device("cuda", self.local_process_index % max(1, torch.cuda.device_count()))
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available() and accelerator in ("auto", "mps", "gpu"):
-            return torch.device("mps")
-        return torch.device("cpu")
+        from taskfit.accelerators import CUDAAccelerator
+
+        kind = self._device_kind()
+        index = {"cuda": lambda: self.local_process_index % max(1, CUDAAccelerator.auto_device_count())}.get(kind)
+        return torch.device(kind) if index is None else torch.device(kind, index())
 
     @property
     def parallel_mode(self) -> ParallelMode:
         """``DISTRIBUTED`` with several processes, ``NOT_DISTRIBUTED`` for one process on several GPUs
         (``strategy='dp'``), ``TPU`` on XLA, else ``NOT_PARALLEL``."""
-        if str(getattr(self, "accelerator", "auto")) in ("xla", "tpu"):
+        if self._device_kind() in ("xla", "tpu"):
             return ParallelMode.TPU
         if self.world_size > 1:
             return ParallelMode.DISTRIBUTED

@@ -122,7 +122,7 @@ def build_galore(*, args: Any, optim_args: dict[str, Any], name: str, model: nn.
            "galore_adafactor": galore_torch.GaLoreAdafactor}[name]
     extra = {"rank": _f(optim_args, "rank", 128, int), "update_proj_gap": _f(optim_args, "update_proj_gap", 200, int),
              "scale": _f(optim_args, "scale", 0.25), "proj_type": optim_args.pop("proj_type", "std")}
-    if name == "galore_adamw_8bit" and any(p.device.type != "cuda" for p in model.parameters()):
+    if name == "galore_adamw_8bit" and not all(p.is_cuda for p in model.parameters()):
         raise ValueError("optim='galore_adamw_8bit' needs CUDA parameters (its step calls torch.cuda.synchronize); "
                          "on the CPU use galore_adamw.")
     kwargs: dict[str, Any] = {"lr": args.learning_rate}
