@@ -100,9 +100,7 @@ def apply_legacy_options(a: Any) -> None:
     for old, (old_default, new) in RENAMED.items():
         new_default = {"eval_strategy": "no", "use_cpu": False}.get(new, 8 if "batch_size" in new else None)
         _rename(a, old, new, old_default, new_default)
-    if a.fp16_backend != "auto":
-        _future("fp16_backend", "half_precision_backend")
-        _rename(a, "fp16_backend", "half_precision_backend", "auto", "auto")
+    _rename(a, "fp16_backend", "half_precision_backend", "auto", "auto")
     if a.push_to_hub_organization is not None:
         name = a.hub_model_id or (a.output_dir or "taskfit_output").rstrip("/").split("/")[-1]
         if "/" not in name:
@@ -142,6 +140,9 @@ def apply_legacy_options(a: Any) -> None:
 def _mirror(a: Any) -> None:
     """Keep each 4.x name equal to what its HF 5 replacement implies (warning when the old name was set alone)."""
     # group_by_length <-> train_sampling_strategy (sortish_sampler, a seq2seq option, means the same)
+    if a.group_by_length and a.train_sampling_strategy not in ("random", "group_by_length"):
+        raise ValueError(f"group_by_length=True (deprecated: train_sampling_strategy='group_by_length') conflicts "
+                         f"with train_sampling_strategy={a.train_sampling_strategy!r}; set only the latter.")
     if (a.group_by_length or a.sortish_sampler) and a.train_sampling_strategy == "random":
         if a.group_by_length:
             _future("group_by_length=True", "train_sampling_strategy='group_by_length'")

@@ -247,3 +247,24 @@ def test_hf_argument_parser_reads_fit_arguments():
                  "activation_checkpointing", "report_to", "per_device_train_batch_size", "lr_scheduler_kwargs"):
         assert getattr(ours, name) == _value(getattr(hf, name)), name
     assert FitArguments(devices=[0, 1], fsdp=True, fast_dev_run=3).devices == [0, 1]
+
+
+def test_hf5_data_and_ddp_options_are_applied():
+    """train_sampling_strategy='sequential' trains in dataset order (HF: SequentialSampler),
+    dataloader_multiprocessing_context reaches the DataLoader, ddp_static_graph reaches DDP's keywords."""
+    import torch
+
+    from taskfit.data.loaders import build_dataloader
+    from taskfit.strategies.ddp import DDPStrategy
+
+    data = [{"x": torch.tensor(float(i))} for i in range(6)]
+    seq = build_dataloader(data, FitArguments(train_sampling_strategy="sequential"), train=True, batch_size=2)
+    assert [b["x"].tolist() for b in seq] == [[0.0, 1.0], [2.0, 3.0], [4.0, 5.0]]
+    assert isinstance(seq.sampler, torch.utils.data.SequentialSampler)
+    ctx = build_dataloader(data, FitArguments(dataloader_num_workers=1, dataloader_multiprocessing_context="spawn"),
+                           train=True, batch_size=2)
+    assert ctx.multiprocessing_context.get_start_method() == "spawn"
+    strategy = DDPStrategy.__new__(DDPStrategy)
+    strategy.static_graph, strategy.args = False, FitArguments(ddp_static_graph=True)
+    strategy.root_device = torch.device("cpu")
+    assert strategy.ddp_kwargs()["static_graph"] is True
