@@ -126,6 +126,13 @@ class RuntimeProperties:
         return torch.device(kind) if index is None else torch.device(kind, index())
 
     @property
+    def ddp_timeout_delta(self) -> Any:
+        """``ddp_timeout`` as a ``datetime.timedelta`` (what ``init_process_group`` takes; HF's property)."""
+        import datetime
+
+        return datetime.timedelta(seconds=self.ddp_timeout if self.ddp_timeout is not None else 1800)
+
+    @property
     def parallel_mode(self) -> ParallelMode:
         """``DISTRIBUTED`` with several processes, ``NOT_DISTRIBUTED`` for one process on several GPUs
         (``strategy='dp'``), ``TPU`` on XLA, else ``NOT_PARALLEL``."""

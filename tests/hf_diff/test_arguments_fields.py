@@ -77,7 +77,7 @@ def test_seq2seq_fields():
     assert {n: ours[n] for n in own} == own
     from taskfit.hf import Seq2SeqTrainingArguments, TrainingArguments
 
-    assert Seq2SeqTrainingArguments is FitArguments and TrainingArguments is FitArguments
+    assert issubclass(Seq2SeqTrainingArguments, FitArguments) and issubclass(TrainingArguments, FitArguments)
 
 
 def test_taskfit_only_fields_are_the_listed_ones():
@@ -193,6 +193,7 @@ def test_process_properties_single_process():
     assert ours.parallel_mode.value == hf.parallel_mode.value == "not_parallel"
     assert ours.get_process_log_level() == hf.get_process_log_level() == logging.INFO
     assert ours.get_warmup_steps(95) == hf.get_warmup_steps(95) == 10
+    assert ours.ddp_timeout_delta == hf.ddp_timeout_delta
     with ours.main_process_first(desc="tokenize"), hf.main_process_first(desc="tokenize"):
         pass
     mine, theirs = ours.to_sanitized_dict(), hf.to_sanitized_dict()
