@@ -35,6 +35,7 @@ from typing import Any
 
 from taskfit.__about__ import __version__
 from taskfit.arguments import FitArguments, read_config
+from taskfit.arguments_fields import field_group
 from taskfit.registry import did_you_mean
 
 COMMANDS = {
@@ -116,7 +117,7 @@ def _add_options(p: argparse.ArgumentParser) -> None:
             kwargs.update(nargs="?", const="true")
         elif list in kinds:
             kwargs["nargs"] = "+"
-        groups[f.metadata["group"]].add_argument(f"--{f.name}", **kwargs)
+        groups[field_group(f)].add_argument(f"--{f.name}", **kwargs)
 
 
 def _unknown_message(tokens: Sequence[str]) -> str:

@@ -36,6 +36,8 @@ class DDPStrategy(ParallelStrategy):
         }
         if getattr(a, "ddp_broadcast_buffers", None) is False:  # only when asked: newer torch deprecates the flag
             kwargs["broadcast_buffers"] = False
+        if getattr(a, "ddp_static_graph", None) is not None:  # HF 5: passed only when set
+            kwargs["static_graph"] = bool(a.ddp_static_graph)
         if getattr(a, "ddp_bucket_cap_mb", None):
             kwargs["bucket_cap_mb"] = a.ddp_bucket_cap_mb
         if self.root_device.type == "cuda":

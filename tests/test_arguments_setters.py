@@ -54,9 +54,12 @@ def test_set_optimizer_scheduler_dataloader():
                                      epsilon=1e-6, args="momentum=0.9")
     assert (a.optim, a.learning_rate, a.weight_decay, a.adam_beta1, a.adam_beta2, a.adam_epsilon, a.optim_args) == (
         "sgd", 0.1, 1e-4, 0.8, 0.99, 1e-6, {"momentum": 0.9})
-    b = FitArguments().set_lr_scheduler(name="cosine", num_epochs=5, max_steps=200, warmup_ratio=0.05)
+    b = FitArguments().set_lr_scheduler(name="cosine", num_epochs=5, max_steps=200, warmup_steps=0.05)
     assert (b.lr_scheduler_type, b.num_train_epochs, b.max_steps, b.warmup_ratio, b.warmup_steps) == (
-        "cosine", 5, 200, 0.05, 0)
+        "cosine", 5, 200, 0.0, 0.05)
+    with pytest.warns(FutureWarning, match="warmup_ratio is deprecated .* use warmup_steps=0.05"):
+        b4 = FitArguments().set_lr_scheduler(name="cosine", warmup_ratio=0.05)  # the 4.x parameter still works
+    assert (b4.warmup_ratio, b4.warmup_steps, b4.get_warmup_steps(100)) == (0.0, 0.05, 5)
     c = FitArguments().set_dataloader(train_batch_size=4, eval_batch_size=2, drop_last=True, num_workers=2,
                                       pin_memory=False, persistent_workers=True, prefetch_factor=4, sampler_seed=3)
     assert (c.per_device_train_batch_size, c.per_device_eval_batch_size, c.dataloader_drop_last,

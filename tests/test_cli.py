@@ -39,7 +39,7 @@ def test_flags_parse_into_fit_arguments():
     assert isinstance(args, FitArguments)
     assert (args.max_steps, args.learning_rate, args.bf16, args.logging_first_step) == (3, 1e-3, True, False)
     assert (args.report_to, args.label_names, args.devices) == ([], ["labels", "mask"], [0, 1])
-    assert (args.lr_scheduler_kwargs, args.warmup_ratio, args.run_name) == ({"num_cycles": 2}, 0.1, None)
+    assert (args.lr_scheduler_kwargs, args.warmup_steps, args.run_name) == ({"num_cycles": 2}, 0.1, None)  # 4.x warmup_ratio -> warmup_steps
     assert (args.eval_strategy, args.eval_steps, args.resume_from_checkpoint, args.strategy) == (
         "steps", 0.5, True, "ddp")
     assert extra == {"command": "fit", "config": None, "print_config": False, "module": None, "module_kwargs": {},

@@ -245,12 +245,13 @@ class ThroughputMonitor(Callback):
 def with_throughput_monitor(args: Any, callbacks: list[Any]) -> list[Any]:
     """``callbacks`` plus a :class:`ThroughputMonitor` when ``args`` asks for tokens per second, tokens seen
     or memory metrics and none is given (a given one gets those options switched on)."""
-    wanted = args.include_tokens_per_second or args.include_num_input_tokens_seen or not args.skip_memory_metrics
+    tokens_seen = args.include_num_input_tokens_seen not in (False, None, "no")  # HF 5: "no" | "all" | "non_padding"
+    wanted = args.include_tokens_per_second or tokens_seen or not args.skip_memory_metrics
     monitor = next((cb for cb in callbacks if isinstance(cb, ThroughputMonitor)), None)
     if wanted and monitor is None:
         monitor = ThroughputMonitor()
         callbacks = [*callbacks, monitor]
     if monitor is not None:
-        monitor.track_tokens_seen = monitor.track_tokens_seen or bool(args.include_num_input_tokens_seen)
+        monitor.track_tokens_seen = monitor.track_tokens_seen or tokens_seen
         monitor.memory = monitor.memory or not args.skip_memory_metrics
     return callbacks

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset
+from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
 from torch.utils.data.dataloader import default_collate
 
 from taskfit.data.samplers import EpochRandomSampler, LengthGroupedSampler
@@ -128,10 +128,15 @@ def build_dataloader(data: Any, args: Any, *, train: bool, batch_size: int, coll
         kwargs["persistent_workers"] = bool(args.dataloader_persistent_workers)
         if args.dataloader_prefetch_factor is not None:
             kwargs["prefetch_factor"] = args.dataloader_prefetch_factor
+        if getattr(args, "dataloader_multiprocessing_context", None) is not None:
+            kwargs["multiprocessing_context"] = args.dataloader_multiprocessing_context
     if train and not isinstance(data, IterableDataset):
         seed = args.data_seed if args.data_seed is not None else args.seed
-        if args.group_by_length:
+        sampling = getattr(args, "train_sampling_strategy", "random")
+        if sampling == "group_by_length" or getattr(args, "group_by_length", False):
             kwargs["sampler"] = LengthGroupedSampler(_lengths(data, args.length_column_name), batch_size, seed)
+        elif sampling == "sequential":  # HF 5 train_sampling_strategy="sequential": dataset order
+            kwargs["sampler"] = SequentialSampler(data)
         else:
             kwargs["sampler"] = EpochRandomSampler(len(data), seed)
     return DataLoader(data, **kwargs)

@@ -19,6 +19,7 @@ from taskfit.loops.gather import gather_in_dataset_order, loader_indices
 from taskfit.metrics import EvalPrediction, MemoryTracker, nested_concat, speed_metrics, to_numpy
 from taskfit.module import infer_batch_size
 from taskfit.module_hooks import batch_mover
+from taskfit.optim.hf_optimizers import set_optimizer_mode
 from taskfit.results import ResultCollection
 from taskfit.wrapping import ModelTaskModule
 
@@ -196,6 +197,8 @@ class EvaluationLoop:
 
         was_training = module.training
         module.eval()
+        run_ = getattr(fit, "_run", None)  # schedule-free optimizers evaluate at their eval point (as HF)
+        set_optimizer_mode(getattr(run_, "optimizers", None) if run_ is not None else fit.optimizers, "eval")
         prev_results, prev_defaults = module._results, module._log_defaults
         # evaluation epoch values are full-set values across processes unless logged with sync_dist=False
         results = module._results = self.results or ResultCollection(infer_batch_size, strategy.reduce,

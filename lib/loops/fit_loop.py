@@ -15,6 +15,7 @@ from taskfit.data.loaders import set_loader_epoch, skip_first_batches
 from taskfit.loops.finite import check_finite
 from taskfit.module import infer_batch_size
 from taskfit.module_hooks import batch_mover, overrides
+from taskfit.optim.hf_optimizers import set_optimizer_mode
 from taskfit.optim.manual import LightningOptimizer, manual_outer_forward
 from taskfit.seed import set_rng_states
 
@@ -258,6 +259,7 @@ class FitLoop:
                     L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
                     if i == 0 and H["on_step_begin"]:
                         hooks.call_hf("on_step_begin", args, state, control, **run.hf_kwargs())
+                    set_optimizer_mode(optimizers, "train")  # schedule-free: train point (HF training_step)
                     box: dict[str, Any] = {}
                     if manual:  # training_step runs backward and steps the optimizers itself
                         with fwd_ctx(), manual_outer_forward(strategy):

@@ -11,18 +11,21 @@ IMPLEMENTED_OPTIMIZERS = (
     "adamw_bnb_8bit", "adamw_8bit", "paged_adamw_8bit", "paged_adamw_32bit", "ademamix", "ademamix_8bit",
     "paged_ademamix_32bit", "paged_ademamix_8bit", "lion_8bit", "lion_32bit", "paged_lion_8bit", "paged_lion_32bit",
     "rmsprop_bnb", "rmsprop_bnb_8bit", "rmsprop_bnb_32bit",
+    # optional packages, HF's arguments (taskfit.optim.hf_optimizers; each names its extra when missing)
+    "galore_adamw", "galore_adamw_8bit", "galore_adafactor", "apollo_adamw", "grokadamw", "schedule_free_adamw",
+    "schedule_free_sgd", "schedule_free_radam", "stable_adamw", "adamw_torch_4bit", "adamw_torch_8bit",
 )
 PENDING_OPTIMIZER_NOTE = "not built in taskfit yet; use one of the built optimizers or pass your own"
-#: HF ``optim`` names accepted and validated, whose optimizer is not built (building one raises).
+#: HF ``optim`` names accepted by ``FitArguments`` whose optimizer taskfit cannot build: building one raises
+#: ``NotImplementedError`` with the reason (``taskfit.optim.hf_optimizers.UNSUPPORTED``).
 PENDING_OPTIMIZERS = (
     "adamw_hf", "adamw_torch_xla", "adamw_torch_npu_fused", "adamw_apex_fused", "adamw_anyprecision",
-    "adamw_torch_4bit", "adamw_torch_8bit", "galore_adamw", "galore_adamw_8bit", "galore_adafactor",
-    "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "apollo_adamw",
-    "apollo_adamw_layerwise", "lomo", "adalomo", "grokadamw", "schedule_free_adamw", "schedule_free_sgd",
-    "schedule_free_radam", "stable_adamw",
+    "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise",
+    "apollo_adamw_layerwise", "lomo", "adalomo",
 )
 #: optimizers that read ``optim_target_modules`` (HF: GaLore and APOLLO); any other refuses the option.
-TARGET_MODULE_OPTIMIZERS = tuple(n for n in PENDING_OPTIMIZERS if n.startswith(("galore_", "apollo_")))
+TARGET_MODULE_OPTIMIZERS = tuple(n for n in IMPLEMENTED_OPTIMIZERS + PENDING_OPTIMIZERS
+                                 if n.startswith(("galore_", "apollo_")))
 OPTIMIZER_NAMES = IMPLEMENTED_OPTIMIZERS + PENDING_OPTIMIZERS
 
 #: ``lr_scheduler_type`` names (HF ``SchedulerType``, F-LOOP-5).

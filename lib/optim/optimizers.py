@@ -5,10 +5,11 @@ Mirrors how HF ``Trainer.create_optimizer`` turns ``TrainingArguments`` into an 
 ``adam_beta1``/``adam_beta2``/``adam_epsilon`` and ``weight_decay`` set its hyperparameters, and parameters
 are split into a decay group and a no-decay group (biases and normalisation layers, see
 :func:`get_decay_parameter_names`). Built: ``adamw_torch``, ``adamw_torch_fused``, ``sgd``, ``adagrad``,
-``rmsprop``, ``adafactor`` (``torch.optim.Adafactor``), the bitsandbytes family (``adamw_bnb_8bit``,
-``adamw_8bit``, ``paged_adamw_*``, ``lion_8bit``/``lion_32bit``, ``ademamix*``, ``rmsprop_bnb*``; extra ``bnb``)
-and ``lion`` (lion-pytorch; extra ``lion``). Other HF names (GaLore, APOLLO, LOMO, schedule-free, torchao, apex,
-...) are reserved in :data:`OPTIMIZERS` and raise ``NotImplementedError``.
+``rmsprop``, the bitsandbytes family (``adamw_bnb_8bit``, ``adamw_8bit``, ``paged_adamw_*``,
+``lion_8bit``/``lion_32bit``, ``ademamix*``, ``rmsprop_bnb*``; extra ``bnb``), ``lion`` (lion-pytorch; extra
+``lion``), and through :mod:`taskfit.optim.hf_optimizers` HF's ``adafactor`` (``transformers.optimization.Adafactor``),
+GaLore, APOLLO, schedule-free, GrokAdamW, StableAdamW and torchao's low-bit AdamW. The remaining HF names (LOMO,
+layer-wise GaLore/APOLLO, XLA/NPU/apex/torchdistx builds) raise ``NotImplementedError`` with the reason.
 """
 
 from __future__ import annotations
@@ -21,15 +22,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from taskfit.optim.names import (
-    IMPLEMENTED_OPTIMIZERS, PENDING_OPTIMIZER_NOTE, PENDING_OPTIMIZERS, TARGET_MODULE_OPTIMIZERS,
-)
+from taskfit.optim.hf_optimizers import BUILDERS, EXTRAS, NEEDS_MODEL, UNSUPPORTED
+from taskfit.optim.names import IMPLEMENTED_OPTIMIZERS, PENDING_OPTIMIZERS, TARGET_MODULE_OPTIMIZERS
 from taskfit.registry import Registry
 
 __all__ = ["BNB_OPTIMIZERS", "OPTIMIZERS", "create_optimizer", "get_decay_parameter_names", "parse_optim_args"]
 
 #: HF optimizer names served by bitsandbytes.
-BNB_OPTIMIZERS = IMPLEMENTED_OPTIMIZERS[IMPLEMENTED_OPTIMIZERS.index("adamw_bnb_8bit"):]
+BNB_OPTIMIZERS = IMPLEMENTED_OPTIMIZERS[IMPLEMENTED_OPTIMIZERS.index("adamw_bnb_8bit"):
+                                        IMPLEMENTED_OPTIMIZERS.index("rmsprop_bnb_32bit") + 1]
 
 # Normalisation layers whose parameters (scale and shift) never get weight decay. ``_NormBase`` covers
 # BatchNorm1d/2d/3d, SyncBatchNorm, InstanceNorm1d/2d/3d and their lazy variants.
@@ -320,19 +321,6 @@ def _build_torch(
     )
 
 
-def _build_adafactor(
-    *, param_groups: list[dict[str, Any]], args: Any, optim_args: dict[str, Any], name: str, weight_decay: float
-) -> torch.optim.Optimizer:
-    """``torch.optim.Adafactor(groups, lr=learning_rate, weight_decay=...)`` (HF ``optim="adafactor"``).
-
-    State per parameter: a float32 ``step`` scalar and, for tensors of 2 or more dimensions, factored second
-    moments ``row_var`` (shape ``(..., rows, 1)``) and ``col_var`` (``(..., 1, cols)``); 1-D tensors keep a full
-    ``variance``. ``optim_args`` may set ``beta2_decay``, ``eps``, ``d``, ``maximize``, ``foreach``.
-    """
-    return _construct(name, torch.optim.Adafactor, param_groups,
-                      {"lr": args.learning_rate, "weight_decay": weight_decay}, optim_args)
-
-
 def _require(package: str, extra: str, name: str) -> None:
     """Raise ``ModuleNotFoundError`` naming the extra to install when ``package`` is missing."""
     from lightning_utilities.core.imports import RequirementCache
@@ -401,8 +389,8 @@ def _build_lion(
                       {"lr": args.learning_rate, "betas": betas, "weight_decay": weight_decay}, optim_args)
 
 
-def _pending_builder(**_: Any) -> torch.optim.Optimizer:  # pragma: no cover - the registry raises first
-    raise NotImplementedError("reserved optimizer name")
+def _unsupported_builder(*, name: str, **_: Any) -> torch.optim.Optimizer:
+    raise NotImplementedError(f"optim={name!r} is not supported by taskfit: {UNSUPPORTED[name]}.")
 
 
 OPTIMIZERS = Registry("optimizer")
@@ -417,14 +405,15 @@ OPTIMIZERS.register(
 OPTIMIZERS.register("sgd", _build_torch, cls=torch.optim.SGD, description="torch.optim.SGD")
 OPTIMIZERS.register("adagrad", _build_torch, cls=torch.optim.Adagrad, description="torch.optim.Adagrad")
 OPTIMIZERS.register("rmsprop", _build_torch, cls=torch.optim.RMSprop, description="torch.optim.RMSprop")
-OPTIMIZERS.register("adafactor", _build_adafactor, description="torch.optim.Adafactor (factored 2nd moments)")
 OPTIMIZERS.register("lion", _build_lion, description="lion_pytorch.Lion (extra 'lion')")
 for _name in BNB_OPTIMIZERS:
     OPTIMIZERS.register(_name, _build_bnb, description="bitsandbytes (extra 'bnb')")
 
+for _name, _builder in BUILDERS.items():
+    OPTIMIZERS.register(_name, _builder, description=f"{_builder.__doc__.split(chr(10))[0]} (extra {EXTRAS[_name]!r})")
 for _name in PENDING_OPTIMIZERS:
-    OPTIMIZERS.register(_name, _pending_builder, pending=PENDING_OPTIMIZER_NOTE)
-del _name
+    OPTIMIZERS.register(_name, _unsupported_builder, pending=f"not supported: {UNSUPPORTED[_name]}")
+del _name, _builder
 
 
 # ------------------------------------------------------------------------------------------------- creation
@@ -485,8 +474,8 @@ def create_optimizer(model: nn.Module, args: Any) -> torch.optim.Optimizer:
     """
     name = _name_of(getattr(args, "optim", "adamw_torch"))
     entry = OPTIMIZERS.get(name)
-    if entry.pending:
-        entry.build()  # raises NotImplementedError naming the option and the issue
+    if name in UNSUPPORTED:
+        _unsupported_builder(name=name)  # raises NotImplementedError with the reason
     target_modules = getattr(args, "optim_target_modules", None)
     if target_modules is not None and name not in TARGET_MODULE_OPTIMIZERS:
         raise ValueError(f"optim_target_modules={target_modules!r} is only read by the GaLore/APOLLO optimizers "
@@ -498,6 +487,7 @@ def create_optimizer(model: nn.Module, args: Any) -> torch.optim.Optimizer:
         raise ValueError(
             f"create_optimizer: {type(model).__name__} has no parameter with requires_grad=True."
         )
+    extra = {"model": model} if name in NEEDS_MODEL else {}  # GaLore / APOLLO pick their target modules
     return entry.build(
-        param_groups=groups, args=args, optim_args=optim_args, name=name, weight_decay=weight_decay
+        param_groups=groups, args=args, optim_args=optim_args, name=name, weight_decay=weight_decay, **extra
     )

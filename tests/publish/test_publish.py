@@ -224,7 +224,7 @@ def test_F_CKPT_6_model_card_and_no_credentials_anywhere(tmp_path):
     hub = f"memory://hub-{tmp_path.name}/card"
     _run(tmp_path, hub, hub_strategy="checkpoint", report_to="csv", eval_strategy="steps", eval_steps=4)
     card = fsspec.filesystem("memory").cat_file(hub[len("memory:/"):] + "/README.md").decode()
-    for text in ("`Net` with 161 parameters", "| optimizer | adamw_torch |", "| learning_rate | 0.05 |",
+    for text in ("`Net` with 161 parameters", "| optimizer | adamw_torch_fused |", "| learning_rate | 0.05 |",
                  "| precision | 32-true |", "| strategy | single_device |", "| per_device_train_batch_size | 4 |",
                  "| gradient_accumulation_steps | 2 |", "| max_steps / steps done | 8 / 8 |", "train_loss",
                  "| val_mse |", "taskfit 0.1.0"):
