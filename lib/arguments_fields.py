@@ -174,7 +174,7 @@ class HFTrainingFields:
     do_train: bool = _opt(False, "Informational flag for scripts (as in HF); Fit does not read it.", "output")
     do_eval: bool = _opt(False, "Informational flag for scripts; set True when eval_strategy != 'no'.", "output")
     do_predict: bool = _opt(False, "Informational flag for scripts (as in HF); Fit does not read it.", "output")
-    resume_from_checkpoint: str | None = _opt(None, "Checkpoint to resume from: a path, or True for the newest in output_dir.", "checkpoint")
+    resume_from_checkpoint: str | None = _opt(None, "Checkpoint to resume from: a path, or True/'last'/'auto' for the newest in output_dir (None: 'auto' after an elastic restart).", "checkpoint")
     local_rank: int = _opt(-1, "Rank of this process within its node (set by launchers; -1 = not distributed).", "distributed")
 
 

@@ -96,7 +96,7 @@ def checkpoint_files(fit: Fit, training_state: dict[str, Any],
     if fit.world_size == 1 and not a.save_only_model:  # transformers.Trainer resumes from this folder too
         from taskfit.io.hf_checkpoint import HF_RNG_NAME, hf_rng_file
 
-        files[HF_RNG_NAME] = hf_rng_file(training_state["rng"])
+        files[HF_RNG_NAME] = hf_rng_file(training_state["rng"], fit.strategy.root_device.index)
     if not is_writer(fit):
         return files
     files.update({k: v for k, v in model_files(fit, weights or {}).items() if not sharded or k == "config.json"})

@@ -221,9 +221,10 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         ``eval_data`` (one dataset/loader or a dict of named ones) as ``eval_strategy`` says. Without ``model``,
         ``model_init()`` builds a fresh one (every call), else the last run's model continues.
 
-        ``resume_from_checkpoint`` (default ``args.resume_from_checkpoint``): ``True``/``"last"`` continues from the
-        newest complete checkpoint in ``output_dir`` (from scratch when there is none), a path or URL from that
-        checkpoint; the run then ends exactly as one that never stopped (see :mod:`taskfit.resume`).
+        ``resume_from_checkpoint`` (default ``args.resume_from_checkpoint``): ``True``/``"last"``/``"auto"`` continues
+        from the newest complete checkpoint in ``output_dir`` (from scratch when there is none), a path or URL from
+        that checkpoint (a ``transformers.Trainer`` checkpoint folder too); nothing given means ``"auto"`` after an
+        elastic restart (torchrun ``--max-restarts``, SLURM requeue); the run then ends exactly as one that never stopped (see :mod:`taskfit.resume`).
         ``weights_only=False`` allows checkpoint files that need full unpickling (only for trusted files).
 
         Returns:

@@ -66,7 +66,7 @@ def format_summary(summary: dict[str, Any]) -> str:
         ("parameters", f"{s['parameters']:,} ({s['trainable_parameters']:,} trainable)"),
         ("batch", f"{s['per_device_batch_size']} per device x {s['gradient_accumulation_steps']} accumulation x "
                   f"{s['world_size']} process(es)"
-                  + (f" ({s['data_parallel_size']} data-parallel)" if s["data_parallel_size"] != s["world_size"] else "")
+                  + (f" ({s['data_parallel_size']} data-parallel)" if s.get("data_parallel_size", s["world_size"]) != s["world_size"] else "")
                   + f" = {s['effective_batch_size']} samples per optimizer step"),
         ("steps", f"{s['max_steps']} ({s['steps_per_epoch']} per epoch)"),
     ]

@@ -200,7 +200,7 @@ def rng_from_hf(states: Any, path: str) -> dict[str, Any]:
     return out
 
 
-def hf_rng_file(rng: dict[str, Any]) -> dict[str, Any]:
+def hf_rng_file(rng: dict[str, Any], device_index: int | None = None) -> dict[str, Any]:
     """HF's ``rng_state.pth`` contents (``python``, ``numpy``, ``cpu`` and, after CUDA was used, ``cuda``: the
     current device's state, as HF saves it on one process) from taskfit's RNG dict. The numpy key is a list of
     ints, so ``torch.load(weights_only=True)`` reads the file without allowing numpy classes; HF's
@@ -208,7 +208,7 @@ def hf_rng_file(rng: dict[str, Any]) -> dict[str, Any]:
     out = {"python": rng["python"], "numpy": tuple(rng["numpy"]), "cpu": rng["torch"]}
     cuda = rng.get("cuda")
     if cuda:
-        out["cuda"] = cuda[torch.cuda.current_device()] if torch.cuda.is_available() else cuda[0]
+        out["cuda"] = cuda[device_index or 0]  # the run's device (the strategy's root device index)
     return out
 
 

@@ -1,5 +1,5 @@
 """A checkpoint destination on an fsspec filesystem that fails part-way (F-CKPT-4, F-REL-4): a registered
-in-memory filesystem (``flaky://``, its own store) raises ``OSError`` on a chosen write of checkpoint-8 (a file
+in-memory filesystem (``flakyckpt://``, its own store) raises ``OSError`` on a chosen write of checkpoint-8 (a file
 in the middle of the folder, or the manifest that makes it complete) or on a chosen read at resume. The run fails
 with an error naming the path, checkpoint-8 never looks complete, checkpoint-4 stays the newest complete one, and
 resuming from it (the filesystem healthy again) ends bitwise equal to the uninterrupted run. Runs in-process (one
@@ -27,7 +27,7 @@ class FlakyFS(MemoryFileSystem):
     """``memory://`` with its own store and injectable faults: ``fail_write`` / ``fail_read`` are path suffixes
     (e.g. ``"checkpoint-8/manifest.json"``); a matching write or read raises ``OSError``."""
 
-    protocol = ("flaky",)
+    protocol = ("flakyckpt",)
     store: dict = {}
     pseudo_dirs = [""]
     fail_write: str | None = None
@@ -44,11 +44,12 @@ class FlakyFS(MemoryFileSystem):
         return super().cat_file(path, start=start, end=end, **kwargs)
 
 
-fsspec.register_implementation("flaky", FlakyFS, clobber=True)
 
 
 @pytest.fixture(autouse=True)
 def _healthy_fs():
+    # registered per test, under its own protocol: tests/publish registers a different "flaky" store
+    fsspec.register_implementation("flakyckpt", FlakyFS, clobber=True)
     FlakyFS.store.clear()
     FlakyFS.pseudo_dirs[:] = [""]
     FlakyFS.fail_write = FlakyFS.fail_read = None
@@ -68,13 +69,13 @@ def _complete(out: str) -> list[int]:
 
 @pytest.mark.parametrize("fails", ["optimizer.pt", "manifest.json"])
 def test_F_REL_4_failing_fsspec_write_keeps_the_previous_checkpoint_and_resume_is_exact(fails):
-    reference = _run("flaky://ref/out", None)
-    out = "flaky://run/out"
+    reference = _run("flakyckpt://ref/out", None)
+    out = "flakyckpt://run/out"
     FlakyFS.fail_write = f"checkpoint-8/{fails}"
     with pytest.raises(OSError) as err:
         _run(out, None)
     assert f"run/out/checkpoint-8/{fails}" in str(err.value) and "injected" in str(err.value)
-    fs = fsspec.filesystem("flaky")
+    fs = fsspec.filesystem("flakyckpt")
     assert not fs.exists("run/out/checkpoint-8/manifest.json")  # nothing that looks complete
     assert _complete(out) == [4]
     FlakyFS.fail_write = None
@@ -83,7 +84,7 @@ def test_F_REL_4_failing_fsspec_write_keeps_the_previous_checkpoint_and_resume_i
 
 
 def test_F_REL_4_failing_fsspec_read_on_resume_names_the_file():
-    out = "flaky://run/out"
+    out = "flakyckpt://run/out"
     _run(out, None)
     newest = _complete(out)[-1]
     FlakyFS.fail_read = f"checkpoint-{newest}/optimizer.pt"
