@@ -125,7 +125,16 @@ class EvaluationStages:
 
     def _evaluate_in_run(self, loaders: dict[str | None, Any], prefix: str,
                          ignore_keys: list[str] | None) -> dict[str, float]:
-        """Evaluate ``loaders`` on the current run, log the row and call ``on_evaluate`` (HF ``evaluate``'s end)."""
+        """Evaluate ``loaders`` on the current run, log the row and call ``on_evaluate`` (HF ``evaluate``'s end).
+        A plain model's named loaders (a dict of eval datasets) are evaluated one by one with prefix
+        ``{prefix}_{name}``, each logging its own row and calling ``on_evaluate``, as HF's ``evaluate`` does for a
+        dict; a TaskModule's give one row with every set's metrics."""
+        if len(loaders) > 1 and all(isinstance(n, str) for n in loaders) and isinstance(self._run.module,
+                                                                                       ModelTaskModule):
+            merged: dict[str, float] = {}
+            for name, loader in loaders.items():
+                merged.update(self._evaluate_in_run({None: loader}, f"{prefix}_{name}", ignore_keys))
+            return merged
         metrics, hidden = self._run_eval(loaders, "validate", prefix, ignore_keys)
         metrics["epoch"] = self.state.epoch  # HF's log() adds it to the returned dict too
         self._log({k: v for k, v in metrics.items() if k not in hidden})
