@@ -24,6 +24,7 @@ model's (HF passes the wrapper itself).
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Mapping
 from typing import Any, Iterator
 
@@ -251,30 +252,23 @@ class HFOverridePoints:
         return RoutedModel(run.model, forward)
 
     def _hf_training_step(self, run: Any) -> Any:
-        """``(batch, weight) -> detached loss`` calling :meth:`training_step` when a subclass overrides it (a plain
-        model's run); None otherwise (the module's ``training_step`` runs)."""
+        """A :class:`HFTrainingStep` calling :meth:`training_step` when a subclass overrides it (a plain model's
+        run); None otherwise (the module's ``training_step`` runs)."""
         if not (isinstance(run.module, ModelTaskModule) and hf_overrides(self, "training_step")):
             return None
-        model = self._hf_model(run)
-
-        def step(batch: Any, weight: Any) -> torch.Tensor:
-            run.loss_weight = weight
-            loss = self.training_step(model, batch, None)
-            if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
-                raise TypeError(f"training_step must return the (detached) scalar loss tensor, as HF's does; it "
-                                f"returned {type(loss).__name__}"
-                                f"{'' if not isinstance(loss, torch.Tensor) else f' of shape {tuple(loss.shape)}'}.")
-            return loss.detach().reshape(())
-        return step
+        return HFTrainingStep(self, run)
 
     def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
         """One micro-batch of a plain model (HF ``Trainer.training_step``): ``model.train()``, the loss from
         :meth:`compute_loss`, weighted by the micro-batch's share of the accumulation window (HF: divided by
         ``gradient_accumulation_steps``), backward through the strategy; returns the weighted loss, detached.
         Override it in a subclass (e.g. to add a penalty or scale the loss); call ``loss.backward()`` or
-        ``super().training_step``. ``num_items_in_batch`` is None (the window weight does its work)."""
+        ``super().training_step``. ``num_items_in_batch`` is what HF passes (see :class:`HFTrainingStep`), for an
+        override's own use; this default step leaves it out of :meth:`compute_loss` (which gets None), since the
+        window weight already normalises the loss (HF instead skips its division by the accumulation steps when
+        the model or ``compute_loss_func`` takes the count: the same gradients, a documented difference)."""
         model.train()
-        loss = self.compute_loss(model, inputs, num_items_in_batch=num_items_in_batch)
+        loss = self.compute_loss(model, inputs, num_items_in_batch=None)
         run = self._run
         weight = getattr(run, "loss_weight", None) if run is not None else None
         if weight is not None:
@@ -331,3 +325,56 @@ class HFOverridePoints:
             return loss, None, None
         logits = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in logits)
         return loss, (logits[0] if len(logits) == 1 else logits), labels
+
+
+class HFTrainingStep:
+    """The fit loop's call of an overridden HF ``training_step`` for one run.
+
+    ``items(window)`` is once per accumulation window what HF's ``get_batch_samples`` passes as
+    ``num_items_in_batch``: when the batches are dicts with ``"labels"`` and the model's ``forward`` takes
+    ``**kwargs`` (or the model sets ``accepts_loss_kwargs``) or ``compute_loss_func`` is given, the count of labels
+    that are not -100 over the window (``labels[..., 1:]`` for causal LMs, ``shift_labels`` when the batch has
+    them) as a float32 0-dim tensor on the run's device, summed over the processes with
+    ``average_tokens_across_devices`` and divided by the tensor-parallel size, as HF 5; else None.
+    ``step(batch, weight, num_items)`` runs the override on one micro-batch (``weight``: its share of the window,
+    read by the default ``training_step``) and returns its detached scalar loss.
+
+    Raises:
+        TypeError: the override returned something other than a scalar tensor.
+    """
+
+    def __init__(self, fit: Any, run: Any) -> None:
+        self.fit, self.run = fit, run
+        self.model = fit._hf_model(run)
+        user_model = run.model
+        accepts = getattr(user_model, "accepts_loss_kwargs", None)
+        if accepts is None:
+            params = inspect.signature(user_model.forward).parameters.values()
+            accepts = any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params)
+        self.counts = bool(accepts) or fit.compute_loss_func is not None  # decided once per run, as HF
+
+    def items(self, window: list[Any]) -> Any:
+        """HF's ``num_items_in_batch`` for the micro-batches of one accumulation window (see the class text)."""
+        if not (self.counts and window and isinstance(window[0], Mapping) and "labels" in window[0]):
+            return None
+        shifted = getattr(self.run.module, "_shifted", False)
+        try:
+            n = sum((b["shift_labels"] if "shift_labels" in b else b["labels"][..., 1:] if shifted
+                     else b["labels"]).ne(-100).sum() for b in window)
+        except (TypeError, AttributeError):  # labels that are no tensors: HF passes None
+            return None
+        strategy, args = self.fit.strategy, self.fit.args
+        n = torch.as_tensor(n).to(strategy.root_device)
+        world = strategy.world_size
+        if args.average_tokens_across_devices and world > 1:
+            n = strategy.reduce(n, "sum")
+        return n / (world // getattr(strategy, "data_parallel_size", world))  # HF: / tp size, a float tensor
+
+    def __call__(self, batch: Any, weight: Any, num_items: Any) -> torch.Tensor:
+        self.run.loss_weight = weight
+        loss = self.fit.training_step(self.model, batch, num_items)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+            raise TypeError(f"training_step must return the (detached) scalar loss tensor, as HF's does; it "
+                            f"returned {type(loss).__name__}"
+                            f"{'' if not isinstance(loss, torch.Tensor) else f' of shape {tuple(loss.shape)}'}.")
+        return loss.detach().reshape(())

@@ -236,6 +236,7 @@ class FitLoop:
                                          "(an empty IterableDataset?).")
                     break
                 last = len(window) - 1
+                hf_items = hf_step.items(window) if hf_step is not None else None  # HF num_items_in_batch
                 if counts_needed and (last or world > 1):
                     # item counts may be 0-dim tensors: weights stay tensors, so no host sync here
                     counts = [module.num_items(b) for b in window]
@@ -276,7 +277,8 @@ class FitLoop:
                                         for opt in optimizers:
                                             opt.zero_grad(set_to_none=True)
                                     with fwd_ctx():
-                                        out = loss = hf_step(batch, weights[i] if weights is not None else None)
+                                        out = loss = hf_step(batch, weights[i] if weights is not None else None,
+                                                          hf_items)
                                     box["out"], box["loss"] = out, loss
                                     return loss
                                 with fwd_ctx():

@@ -38,3 +38,52 @@ def test_dict_of_eval_datasets_logs_a_row_per_dataset_F_HF_1(tmp_path):
         (s, [f"eval_{n}_loss"]) for s in (3, 6, 7, 7) for n in "ab"]
     assert sorted(k for k in hf[1] if k.endswith("_loss")) == ["eval_a_loss", "eval_b_loss"]
     assert hf[2] == min(r["eval_a_loss"] for r in rows[:6:2])
+
+
+# ---------------------------------------------------------------------------------- num_items_in_batch ---
+class KwargsRegressionModel(RegressionModel):
+    """HF's ``RegressionModel`` shape with a ``forward`` taking ``**kwargs``: HF passes ``num_items_in_batch`` to
+    it and the loss is the window's sum over that count (what HF then leaves undivided by the accumulation)."""
+
+    def forward(self, input_x, labels=None, **kwargs):
+        y = input_x * self.a + self.b
+        if labels is None:
+            return (y,)
+        n = kwargs.get("num_items_in_batch")
+        return (((y - labels) ** 2).sum() / (n if n is not None else labels.numel()), y)
+
+
+def _sum_loss(outputs, labels, num_items_in_batch=None):
+    """A ``compute_loss_func`` normalising by HF's count when it gets one (the mean otherwise)."""
+    return ((outputs[0] - labels) ** 2).sum() / (num_items_in_batch if num_items_in_batch is not None
+                                                 else labels.numel())
+
+
+def _items_run(m, out, model_cls, loss_func):
+    m.set_seed(42)
+    seen: list = []
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        n = num_items_in_batch
+        seen.append(None if n is None else (type(n).__name__, str(n.dtype), n.shape, float(n)))
+        return m.Trainer.training_step(self, model, inputs, num_items_in_batch)
+
+    cls = type("Sub", (m.Trainer,), {"training_step": training_step})
+    t = cls(model=model_cls(), args=args_for(m, out, gradient_accumulation_steps=2, max_steps=3),
+            train_dataset=TRAIN, compute_loss_func=loss_func)
+    r = t.train()
+    return summary(t, r), seen
+
+
+@pytest.mark.parametrize("model_cls,loss_func,counted", [
+    (RegressionModel, None, False), (KwargsRegressionModel, None, True), (RegressionModel, _sum_loss, True)],
+    ids=["plain-forward", "forward-kwargs", "compute_loss_func"])
+def test_training_step_override_gets_hf_num_items_in_batch_F_HF_1(tmp_path, model_cls, loss_func, counted):
+    """F-HF-1: a ``training_step`` override receives HF's ``num_items_in_batch`` per micro-batch: the window's
+    label count (16: two batches of 8, a float32 0-dim tensor) when the model's forward takes ``**kwargs`` or a
+    ``compute_loss_func`` is given, else None; the run trains to the same weights and log as transformers (the
+    counts and accumulation here are powers of two, so HF's sum / count and taskfit's weighted mean agree
+    exactly)."""
+    hf, tf = both(lambda m, out: _items_run(m, out, model_cls, loss_func), tmp_path)
+    assert hf[1] == [("Tensor", "torch.float32", (), 16.0)] * 6 if counted else hf[1] == [None] * 6
+    assert_same(hf, tf)
