@@ -31,6 +31,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from taskfit.optim.hf_optimizers import fused_backward_of
 from taskfit.wrapping import ModelTaskModule
 
 
@@ -273,7 +274,8 @@ class HFOverridePoints:
         weight = getattr(run, "loss_weight", None) if run is not None else None
         if weight is not None:
             loss = loss * weight
-        self.strategy.backward(loss)
+        fused = fused_backward_of(run.optimizer, self.strategy) if run is not None else None
+        (fused or self.strategy.backward)(loss)  # LOMO / AdaLomo: the update runs inside backward (HF)
         return loss.detach()
 
     def _hf_prediction_step(self, run: Any, stage: str, ignore_keys: list[str] | None) -> Any:

@@ -15,7 +15,7 @@ from taskfit.data.loaders import set_loader_epoch, skip_first_batches
 from taskfit.loops.finite import check_finite
 from taskfit.module import infer_batch_size
 from taskfit.module_hooks import batch_mover, overrides
-from taskfit.optim.hf_optimizers import set_optimizer_mode
+from taskfit.optim.hf_optimizers import fused_backward_of, set_optimizer_mode
 from taskfit.optim.manual import LightningOptimizer, manual_outer_forward
 from taskfit.seed import set_rng_states
 
@@ -177,6 +177,11 @@ class FitLoop:
         own_clipping = overrides(module, "configure_gradient_clipping") and not engine
         own_step = overrides(module, "optimizer_step") and not engine
         flos_per_sample = run.flos_per_sample
+        # LOMO / AdaLomo update inside backward (HF: accelerate's lomo_backward); their step is a no-op. Decided
+        # once per run: other optimizers keep the strategy's backward and step.
+        fused = None if manual or engine else fused_backward_of(optimizer, strategy)
+        backward = strategy.backward if fused is None else fused
+        optimizer_step = strategy.optimizer_step if fused is None else (lambda opt: True)
         hf_step = getattr(fit, "_hf_training_step", lambda _run: None)(run)  # a Fit subclass's training_step (HF): forward and backward in it
 
         def after_closure(opt: Any) -> None:
@@ -298,7 +303,7 @@ class FitLoop:
                                 if own_backward:
                                     module.backward(precision_scaled(precision, loss))
                                 else:
-                                    strategy.backward(loss)
+                                    backward(loss)
                                 L["on_after_backward"] and hooks.call("on_after_backward", fit, module)
                             box["out"], box["loss"] = out, loss
                             return loss.detach()
@@ -338,7 +343,7 @@ class FitLoop:
                         for opt in optimizers:
                             after_closure(opt)
                         H["on_pre_optimizer_step"] and hooks.call_hf("on_pre_optimizer_step", args, state, control)
-                        stepped = strategy.optimizer_step(optimizer)
+                        stepped = optimizer_step(optimizer)
                         for opt in other_optimizers:
                             strategy.optimizer_step(opt)
                     H["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", args, state, control)

@@ -2,11 +2,12 @@
 (mirrors ``transformers.trainer_optimizer``'s handlers, 5.x): ``adafactor`` (HF's own Adafactor, extra ``hf``),
 GaLore (``galore_*``, extra ``galore``), APOLLO (``apollo_*``, extra ``apollo``), schedule-free
 (``schedule_free_*``, extra ``schedulefree``), ``grokadamw`` (extra ``grokadamw``), ``stable_adamw``
-(torch-optimi, extra ``optimi``) and torchao's low-bit AdamW (``adamw_torch_4bit``/``adamw_torch_8bit``, extra
-``torchao``). Each package is imported only when its optimizer is built; a missing one raises
+(torch-optimi, extra ``optimi``), torchao's low-bit AdamW (``adamw_torch_4bit``/``adamw_torch_8bit``, extra
+``torchao``) and LOMO / AdaLomo (``lomo``, ``adalomo``, extra ``lomo``: the update runs inside the backward pass,
+see :func:`fused_backward_of`). Each package is imported only when its optimizer is built; a missing one raises
 ``ModuleNotFoundError`` naming the extra to install, before any training work.
 
-Names whose optimizer needs something taskfit's loop does not do (LOMO's fused backward, the layer-wise GaLore /
+Names whose optimizer needs something taskfit's loop does not do (the layer-wise GaLore /
 APOLLO hooks that step inside backward, an XLA / NPU / apex / torchdistx build) raise ``NotImplementedError``
 naming the reason (see :data:`UNSUPPORTED`).
 """
@@ -20,10 +21,6 @@ from torch import nn
 
 #: name -> why taskfit cannot build it (raised as NotImplementedError when the name is used)
 UNSUPPORTED = {
-    "lomo": "LOMO updates parameters inside a fused backward (optimizer.fused_backward(loss, lr)), which taskfit's "
-            "training step does not call",
-    "adalomo": "AdaLomo updates parameters inside a fused backward (optimizer.fused_backward(loss, lr)), which "
-               "taskfit's training step does not call",
     "galore_adamw_layerwise": "layer-wise GaLore steps inside backward hooks with one optimizer and scheduler per "
                               "parameter; use galore_adamw",
     "galore_adamw_8bit_layerwise": "layer-wise GaLore steps inside backward hooks; use galore_adamw_8bit",
@@ -238,6 +235,69 @@ def build_torchao(*, param_groups: list[dict[str, Any]], args: Any, optim_args: 
     return cls(param_groups, lr=args.learning_rate, **_adam(args), **kwargs)
 
 
+def build_lomo(*, args: Any, optim_args: dict[str, Any], name: str, model: nn.Module, **_: Any) -> Any:
+    """``lomo_optim.Lomo(model, lr=learning_rate)`` / ``AdaLomo(model, lr=learning_rate)``, as HF builds
+    ``lomo`` / ``adalomo`` (no other option; HF ignores ``optim_args`` for them, taskfit refuses them). The
+    optimizer registers gradient hooks on ``model``'s parameters and updates each parameter inside
+    ``fused_backward(loss, lr)``, which the fit loop calls instead of the backward pass (its ``step`` does
+    nothing), with the learning rate of the current step, as HF's ``training_step`` and accelerate do.
+
+    Raises:
+        ModuleNotFoundError: lomo-optim missing (``pip install 'taskfit[lomo]'``).
+        ValueError: ``adalomo`` without a usable CUDA device (lomo-optim allocates AdaLomo's state with
+            ``.cuda()``), or a model with a 0-dim trainable parameter (AdaLomo factors each parameter's
+            second moment by rows and columns).
+        TypeError: ``optim_args`` given.
+    """
+    require("lomo_optim", "lomo-optim", "lomo", name)
+    from lomo_optim import AdaLomo, Lomo
+
+    _no_leftovers(name, dict(optim_args))
+    if name == "adalomo":
+        try:
+            torch.zeros(1).cuda()  # what AdaLomo does for its state
+        except (AssertionError, RuntimeError) as err:
+            raise ValueError(f"optim='adalomo' needs a CUDA device: lomo-optim's AdaLomo keeps its state on the "
+                             f"GPU ({err}). On the CPU use optim='lomo'.") from None
+        flat = [n for n, p in model.named_parameters() if p.requires_grad and p.dim() == 0]
+        if flat:
+            raise ValueError(f"optim='adalomo' cannot optimise 0-dim parameters {flat}: AdaLomo factors each "
+                             "parameter's second moment by rows and columns. Give them shape (1,).")
+    return (AdaLomo if name == "adalomo" else Lomo)(model, lr=args.learning_rate)
+
+
+def fused_backward_of(optimizer: Any, strategy: Any) -> Any:
+    """For a LOMO / AdaLomo optimizer, ``loss -> None`` that runs ``optimizer.fused_backward(loss, lr)`` with
+    ``lr`` the first group's current rate (HF: ``Trainer._get_learning_rate()`` passed to accelerate's
+    ``backward``, which calls ``lomo_backward``); None for any other optimizer. The fit loop decides once per run
+    and then calls it instead of ``strategy.backward``; the optimizer's ``step`` is skipped (a no-op in
+    accelerate) and clipping finds no gradients (HF logs ``grad_norm`` 0.0).
+
+    Raises:
+        ValueError: a LOMO optimizer with several processes or a wrapping strategy, or with a gradient scaler
+            (``16-mixed``): its hooks update the local parameters during backward, before any gradient sync,
+            and read unscaled gradients.
+    """
+    import sys
+
+    module = sys.modules.get("lomo_optim")  # not imported: no LOMO optimizer exists
+    if module is None or not isinstance(optimizer, (module.Lomo, module.AdaLomo)):
+        return None
+    if strategy.world_size > 1 or strategy.engine_owns_step or "SingleDeviceStrategy" not in {
+            c.__name__ for c in type(strategy).__mro__}:
+        raise ValueError(f"optim={type(optimizer).__name__} updates parameters inside backward and runs on a single "
+                         f"process (strategy 'single_device'); got {type(strategy).__name__} with "
+                         f"{strategy.world_size} process(es).")
+    if getattr(strategy.precision, "scaler", None) is not None:
+        raise ValueError(f"optim={type(optimizer).__name__} does not work with a gradient scaler (precision "
+                         "'16-mixed'): use 'bf16-mixed' or '32-true'.")
+    groups = optimizer.param_groups
+
+    def backward(loss: torch.Tensor) -> None:
+        optimizer.fused_backward(loss, groups[0]["lr"])
+    return backward
+
+
 #: name -> builder (registered in taskfit.optim.optimizers.OPTIMIZERS); builders marked in NEEDS_MODEL get model=
 BUILDERS = {
     "adafactor": build_hf_adafactor,
@@ -247,13 +307,15 @@ BUILDERS = {
     **dict.fromkeys(("schedule_free_adamw", "schedule_free_sgd", "schedule_free_radam"), build_schedule_free),
     "stable_adamw": build_stable_adamw,
     **dict.fromkeys(("adamw_torch_4bit", "adamw_torch_8bit"), build_torchao),
+    **dict.fromkeys(("lomo", "adalomo"), build_lomo),
 }
-NEEDS_MODEL = ("galore_adamw", "galore_adamw_8bit", "galore_adafactor", "apollo_adamw")
+NEEDS_MODEL = ("galore_adamw", "galore_adamw_8bit", "galore_adafactor", "apollo_adamw", "lomo", "adalomo")
 #: the extra that installs each built name's package
 EXTRAS = {"adafactor": "hf", **dict.fromkeys(NEEDS_MODEL[:3], "galore"), "apollo_adamw": "apollo",
           "grokadamw": "grokadamw", **dict.fromkeys(("schedule_free_adamw", "schedule_free_sgd", "schedule_free_radam"),
                                                     "schedulefree"),
-          "stable_adamw": "optimi", "adamw_torch_4bit": "torchao", "adamw_torch_8bit": "torchao"}
+          "stable_adamw": "optimi", "adamw_torch_4bit": "torchao", "adamw_torch_8bit": "torchao",
+          "lomo": "lomo", "adalomo": "lomo"}
 
 
 def set_optimizer_mode(optimizers: Any, mode: str) -> None:

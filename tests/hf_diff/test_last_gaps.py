@@ -9,7 +9,9 @@ import pytest
 
 pytest.importorskip("accelerate")  # transformers.Trainer needs it
 
-from common import RegressionDataset, RegressionModel, args_for, assert_same, both, stable, summary  # noqa: E402
+import torch  # noqa: E402
+from common import (RegressionDataset, RegressionModel, args_for, assert_same, both, stable, summary,  # noqa: E402
+                    weights)
 
 TRAIN = RegressionDataset(length=32)
 EVAL_A = RegressionDataset(length=16, seed=1)
@@ -87,3 +89,53 @@ def test_training_step_override_gets_hf_num_items_in_batch_F_HF_1(tmp_path, mode
     hf, tf = both(lambda m, out: _items_run(m, out, model_cls, loss_func), tmp_path)
     assert hf[1] == [("Tensor", "torch.float32", (), 16.0)] * 6 if counted else hf[1] == [None] * 6
     assert_same(hf, tf)
+
+
+# ------------------------------------------------------------------------------------------ LOMO / AdaLomo ---
+class LinearRegressionModel(RegressionModel):
+    """``y = w x + b`` with an ``nn.Linear(1, 1)`` (1-D and 2-D parameters: AdaLomo factors each parameter's
+    second moment by rows and columns and cannot take HF's 0-dim ``a``/``b``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        del self.a, self.b
+        self.lin = torch.nn.Linear(1, 1)
+
+    def forward(self, input_x, labels=None):
+        y = self.lin(input_x.unsqueeze(-1)).squeeze(-1)
+        return (y,) if labels is None else (torch.nn.functional.mse_loss(y, labels), y)
+
+
+def _lomo_run(m, out, optim, model_cls, override, **kw):
+    m.set_seed(42)
+    methods = {}
+    if override:  # an HF training_step override: its super() call runs the fused backward too
+        def training_step(self, model, inputs, num_items_in_batch=None):
+            return m.Trainer.training_step(self, model, inputs, num_items_in_batch) * 1.0
+        methods["training_step"] = training_step
+    cls = type("Sub", (m.Trainer,), methods)
+    t = cls(model=model_cls(), args=args_for(m, out, optim=optim, max_steps=6, logging_steps=2, **kw),
+            train_dataset=TRAIN)
+    r = t.train()
+    return summary(t, r)
+
+
+@pytest.mark.parametrize("optim,override,kw", [
+    ("lomo", False, {}), ("lomo", True, {"gradient_accumulation_steps": 2}), ("adalomo", False, {})],
+    ids=["lomo", "lomo-override-accumulation", "adalomo"])
+def test_lomo_optimizers_train_as_transformers_F_LOOP_4(tmp_path, monkeypatch, optim, override, kw):
+    """F-LOOP-4: ``optim="lomo"`` / ``"adalomo"`` (lomo-optim) update the parameters inside
+    ``fused_backward(loss, lr)`` with the step's learning rate, as HF's ``training_step`` and accelerate do: the
+    same weights (exact), log history (``grad_norm`` 0.0: no gradients are left to clip) and TrainOutput as
+    transformers, also through a ``training_step`` override and with accumulation. lomo-optim allocates AdaLomo's
+    state with ``.cuda()``; without a GPU that call returns the CPU tensor, under both trainers alike."""
+    pytest.importorskip("lomo_optim")
+    if optim == "adalomo" and not torch.cuda.is_available():
+        monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
+    model_cls = LinearRegressionModel if optim == "adalomo" else RegressionModel
+    hf, tf = both(lambda m, out: _lomo_run(m, out, optim, model_cls, override, **kw), tmp_path)
+    assert [r.get("grad_norm") for r in hf["log_history"][:-1]] == [0.0] * 3
+    assert_same(hf, tf)
+    torch.manual_seed(42)
+    start = weights(model_cls())
+    assert any(not torch.equal(start[k], v) for k, v in tf["weights"].items())  # it trained

@@ -61,7 +61,8 @@ def _train(which: str, out: str, optim: str, **kw) -> dict:
 
 def _installed(name: str) -> bool:
     module = {"hf": "transformers", "galore": "galore_torch", "apollo": "apollo_torch", "grokadamw": "grokadamw",
-              "schedulefree": "schedulefree", "optimi": "optimi", "torchao": "torchao"}[EXTRAS[name]]
+              "schedulefree": "schedulefree", "optimi": "optimi", "torchao": "torchao",
+              "lomo": "lomo_optim"}[EXTRAS[name]]
     return importlib.util.find_spec(module) is not None
 
 
@@ -79,6 +80,10 @@ def test_f_loop_4_same_weights_as_transformers(name, tmp_path):
     if name == "galore_adamw_8bit" and not torch.cuda.is_available():
         with pytest.raises(ValueError, match="needs CUDA parameters"):  # under HF its first step fails on CUDA calls
             create_optimizer(MLP(), FitArguments(optim=name, optim_target_modules=["up"]))
+        return
+    if name == "adalomo" and not torch.cuda.is_available():  # lomo-optim puts AdaLomo's state on the GPU
+        with pytest.raises(ValueError, match="needs a CUDA device"):
+            create_optimizer(MLP(), FitArguments(optim=name))
         return
     kw = dict(LOW_RANK) if name.startswith(("galore", "apollo")) else {}
     if name.startswith("schedule_free"):

@@ -23,8 +23,6 @@ HF_PENDING = [
     "galore_adamw_8bit_layerwise",
     "galore_adafactor_layerwise",
     "apollo_adamw_layerwise",
-    "lomo",
-    "adalomo",
 ]
 
 
