@@ -130,6 +130,11 @@ def test_lomo_optimizers_train_as_transformers_F_LOOP_4(tmp_path, monkeypatch, o
     transformers, also through a ``training_step`` override and with accumulation. lomo-optim allocates AdaLomo's
     state with ``.cuda()``; without a GPU that call returns the CPU tensor, under both trainers alike."""
     pytest.importorskip("lomo_optim")
+    import transformers.integrations.deepspeed as hf_ds
+
+    # AdaLomo takes its ZeRO-3 path when any live transformers DeepSpeed config says ZeRO-3; one left alive by an
+    # earlier test in the same process (a TrainingArguments(deepspeed=...) oracle) must not leak into this run
+    monkeypatch.setattr(hf_ds, "_hf_deepspeed_config_weak_ref", None)
     if optim == "adalomo" and not torch.cuda.is_available():
         monkeypatch.setattr(torch.Tensor, "cuda", lambda self, *a, **k: self)
     model_cls = LinearRegressionModel if optim == "adalomo" else RegressionModel
