@@ -3,7 +3,8 @@ PyTorch / DeepSpeed, so ``taskfit / raw`` says what taskfit's strategy costs on 
 
 Every loop trains ``net`` (a ``torch.nn.Module`` mapping float32 ``(batch, features)`` inputs to logits) with
 cross-entropy on the batches of a ``DistributedSampler`` (shuffled with ``seed``, as taskfit's training loader),
-AdamW with the ``FitArguments`` defaults (lr 5e-5, betas (0.9, 0.999), eps 1e-8, weight decay 0), a constant
+AdamW with the ``FitArguments`` defaults (lr 5e-5, betas (0.9, 0.999), eps 1e-8, weight decay 0) over two parameter
+groups (matrices / biases, as taskfit and the HF Trainer group them), a constant
 learning rate, no gradient clipping, fp32, ``zero_grad(set_to_none=True)``; and records
 ``time.perf_counter()`` after every optimizer step into ``clock`` (the same instants at which taskfit's
 ``on_step_end`` fires). The process group (gloo on CPU) must already be initialised when ``world > 1`` or the
@@ -37,9 +38,17 @@ RAW_KINDS: dict[str, str] = {
 LR, BETAS, EPS, WEIGHT_DECAY = 5e-5, (0.9, 0.999), 1e-8, 0.0
 
 
-def adamw(params: Any) -> torch.optim.Optimizer:
-    """AdamW with the ``FitArguments`` defaults."""
-    return torch.optim.AdamW(params, lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
+def param_groups(net: torch.nn.Module) -> list[dict[str, Any]]:
+    """Two parameter groups, as nanoGPT's ``configure_optimizers`` and the HF Trainer build them: weight decay on
+    the matrices, none on biases (for these MLPs the same split as taskfit's ``get_decay_parameter_names``)."""
+    params = [p for p in net.parameters() if p.requires_grad]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": WEIGHT_DECAY},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def adamw(net: torch.nn.Module) -> torch.optim.Optimizer:
+    """AdamW with the ``FitArguments`` defaults over :func:`param_groups`."""
+    return torch.optim.AdamW(param_groups(net), lr=LR, betas=BETAS, eps=EPS, weight_decay=WEIGHT_DECAY)
 
 
 def tp_plan(net: torch.nn.Sequential) -> dict[str, Any]:
@@ -109,7 +118,7 @@ def train_raw(kind: str, options: dict[str, Any], net: torch.nn.Module, dataset:
         model = parallelize_module(net, init_device_mesh("cpu", (world,)), tp_plan(net))
     else:
         model = net
-    opt = adamw(model.parameters())
+    opt = adamw(model)
     model.train()
     done, epoch = 0, 0
     while done < steps:
@@ -169,9 +178,9 @@ def _deepspeed(options: dict[str, Any], net: torch.nn.Module, batches: Any, step
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
     cfg = deepspeed_config(options, batches.batch_size)
     if "optimizer" in cfg:
-        engine, *_ = deepspeed.initialize(model=net, model_parameters=net.parameters(), config=cfg)
+        engine, *_ = deepspeed.initialize(model=net, model_parameters=param_groups(net), config=cfg)
     else:
-        engine, *_ = deepspeed.initialize(model=net, optimizer=adamw(net.parameters()), config=cfg)
+        engine, *_ = deepspeed.initialize(model=net, optimizer=adamw(net), config=cfg)
     engine.train()
     done, epoch = 0, 0
     while done < steps:

@@ -54,7 +54,7 @@ from benchmarks.fitjobs import MLPClassifier
 
 SIZES = (784, 2048, 2048, 10)
 BATCH = 64
-STEPS, WARMUP, REPS = 10, 2, 2
+STEPS, WARMUP, REPS = 50, 5, 3
 QUICK_STEPS, QUICK_WARMUP, QUICK_REPS = 6, 2, 1
 #: (row name, strategy name, devices, extra FitArguments, required distribution)
 ROWS: list[tuple[str, str, int, dict[str, Any], str | None]] = [
@@ -130,6 +130,7 @@ def fit_arguments(out_dir: str, total: int, batch: int, strategy: str, devices: 
         per_device_train_batch_size=batch,
         seed=0,
         lr_scheduler_type="constant",
+        optim="adamw_torch",  # the raw loops' torch.optim.AdamW (not the fused default): same optimizer code
         max_grad_norm=0.0,
         logging_strategy="no",
         save_strategy="steps" if save else "no",

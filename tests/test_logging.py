@@ -251,6 +251,39 @@ def test_grad_norm_is_logged_when_clipping_F_EVAL_4(tmp_path):
     assert len(norms) == 2 and all(n > 1e-3 for n in norms)
 
 
+def test_grad_norm_without_clipping_is_computed_for_log_rows_and_saves_only_F_EVAL_4(tmp_path, monkeypatch):
+    """F-EVAL-4 / DESIGN.md hot path: with clipping off, HF 5 logs the gradient norm of the logged step; taskfit
+    computes it only for a log row or a checkpoint (steps 3, 4, 6, 8, 9 of 9 with logging_steps=3,
+    save_steps=4), from that step's gradients: equal to the norm the module sees before its optimizer step."""
+
+    class Probe(Regression):
+        def __init__(self) -> None:
+            super().__init__()
+            self.norms: list[float] = []
+
+        def on_before_optimizer_step(self, optimizer):
+            grads = [p.grad.detach().flatten() for p in self.parameters() if p.grad is not None]
+            self.norms.append(float(torch.cat(grads).norm()))
+
+    fit = _fit(tmp_path, max_steps=9, logging_steps=3, max_grad_norm=0, save_strategy="steps", save_steps=4,
+               learning_rate=0.05)
+    strategy_cls = type(fit.strategy)
+    plain, calls = strategy_cls.clip_gradients, []
+
+    def counted(self, *a, **kw):
+        calls.append(fit.state.global_step)
+        return plain(self, *a, **kw)
+
+    monkeypatch.setattr(strategy_cls, "clip_gradients", counted)
+    module = Probe()
+    fit.fit(module, _data(40))
+    assert calls == [3, 4, 6, 8, 9]
+    logs = _history(fit, "loss")
+    assert [h["step"] for h in logs] == [3, 6, 9]
+    assert [h["grad_norm"] for h in logs] == pytest.approx([module.norms[2], module.norms[5], module.norms[8]],
+                                                          rel=1e-6)
+
+
 def test_log_history_epoch_with_gradient_accumulation_F_EVAL_4(tmp_path):
     """F-EVAL-4 / F-LOOP-2: ``epoch`` in the logs is the fraction of the epoch done (HF semantics). With 8
     micro-batches per epoch and accumulation 2 there are 4 optimizer steps per epoch: 0.25, 0.5, ..., 2.0."""

@@ -258,6 +258,20 @@ def distributed_loader(loader: Any, num_replicas: int, rank: int) -> Any:
     return DataLoader(loader.dataset, **kwargs)
 
 
+def splits_evenly(loader: Any) -> bool:
+    """Whether every process reads the same number of samples per batch from ``loader``: a map-style
+    ``DataLoader`` with a fixed ``batch_size`` over a :class:`~taskfit.data.samplers.DistributedSamplerWrapper` or
+    ``DistributedSampler`` (both give each process ``ceil(n / W)`` indices), so the i-th batches of all
+    processes have the same size and a batch-size item count needs no all-reduce."""
+    from torch.utils.data import DistributedSampler
+
+    from taskfit.data.samplers import DistributedSamplerWrapper
+
+    return (isinstance(loader, DataLoader) and not isinstance(loader.dataset, IterableDataset)
+            and loader.batch_size is not None
+            and isinstance(loader.sampler, (DistributedSamplerWrapper, DistributedSampler)))
+
+
 #: HF ``accelerator_config`` keys (Accelerate's ``DataLoaderConfiguration``) taskfit understands
 ACCELERATOR_CONFIG_KEYS = ("split_batches", "dispatch_batches", "even_batches", "use_seedable_sampler", "non_blocking",
                            "gradient_accumulation_kwargs", "use_configured_state")

@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from taskfit.data.loaders import set_loader_epoch, skip_first_batches
+from taskfit.data.loaders import set_loader_epoch, skip_first_batches, splits_evenly
 from taskfit.loops.finite import check_finite
-from taskfit.module import infer_batch_size
+from taskfit.module import TaskModule, infer_batch_size
 from taskfit.module_hooks import batch_mover, overrides
 from taskfit.optim.hf_optimizers import fused_backward_of, set_optimizer_mode
 from taskfit.optim.manual import LightningOptimizer, manual_outer_forward
@@ -146,6 +146,7 @@ class FitLoop:
         self.run, self.owner, self.args, self.strategy, self.hooks = run, owner, args, strategy, hooks
         self._log, self._evaluate, self._save = log, evaluate, save
         self.sums = run.sums
+        self._norm_due: Any = None  # (params, optimizer) of a step whose gradient norm is not computed yet
         self.stop: Any = None  # taskfit.signals.GracefulStop: read once per optimizer step
 
     def run_epochs(self, loader: Any, steps_per_epoch: int | None, num_epochs: int) -> None:
@@ -196,9 +197,13 @@ class FitLoop:
                     torch.nn.utils.clip_grad_value_(params, max_norm)
                 else:
                     sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
-            elif opt is optimizer and not strategy.engine_owns_step:  # HF 5 logs the norm without clipping too
-                sums.grad_norm = strategy.clip_gradients(params, math.inf, optimizer)
+            elif opt is optimizer and not strategy.engine_owns_step:  # HF 5 logs the norm without clipping too:
+                self._norm_due = (params, optimizer)  # computed in _after_step, only for a log row or a save
 
+        # batch-size item counts are equal on every process when the loader splits evenly: no per-step all-reduce
+        # (a custom num_items, e.g. a token count, may differ per process and is all-reduced)
+        even_counts = (world > 1 and splits_evenly(loader)
+                       and getattr(type(module), "num_items", None) is TaskModule.num_items)
         try:
             batches_per_epoch = len(loader)
         except TypeError:
@@ -247,6 +252,8 @@ class FitLoop:
                     counts = [module.num_items(b) for b in window]
                     if any(c is None for c in counts):
                         weights = [1.0 / len(window)] * len(window)
+                    elif even_counts and all(isinstance(c, int) for c in counts):
+                        weights = [c / sum(counts) for c in counts]  # = c * W / (W * sum): same on every rank
                     elif world > 1:  # the window's items on every rank; DDP then averages over the W ranks
                         total = strategy.reduce(torch.as_tensor(sum(counts), dtype=torch.float32,
                                                                 device=strategy.root_device), "sum").clamp(min=1)
@@ -469,6 +476,11 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "epoch":
                 control.should_save = True
+        due, self._norm_due = self._norm_due, None
+        if due is not None and (control.should_log or control.should_save):  # the gradients of this step are
+            sums.grad_norm = self.strategy.clip_gradients(due[0], math.inf, due[1])  # intact until the next window
+        elif due is not None:
+            self._norm_due = due  # an epoch-end log row may still read it
         if control.should_log and sums.steps_since_log:
             tr_loss = float(self._global_tr_loss())
             loss = tr_loss / sums.steps_since_log

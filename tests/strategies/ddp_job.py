@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import time
+import traceback
 
 import torch
 from torch import nn
@@ -42,6 +43,13 @@ class Tagger(TaskModule):
 
 def tokens(n: int = 48, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     return token_samples(n, seed, with_index=True)
+
+
+def samples(n: int = 18, seed: int = 0) -> list[dict[str, torch.Tensor]]:
+    """One label per sample: the item count of a micro-batch is its size (a Python int, equal on every rank)."""
+    g = torch.Generator().manual_seed(seed)
+    return [{"x": torch.randn(VOCAB, generator=g), "labels": torch.randint(0, CLASSES, (), generator=g)}
+            for _ in range(n)]
 
 
 class DieAt(Callback):
@@ -84,7 +92,19 @@ def run(cfg: dict) -> dict:
             with open(cfg["order"], "a") as f:
                 f.write(f"end {rank}\n")
     initial = {k: v.detach().clone() for k, v in module.state_dict().items()}
-    out = fit.fit(module, tokens(), tokens(17, seed=1) if cfg.get("eval") else None)
+    train = samples(cfg["samples"]) if cfg.get("samples") else tokens()
+    reduces: list[str] = []
+    if cfg.get("samples"):  # record who calls the strategy's all-reduce during training
+        from taskfit.strategies.ddp import DDPStrategy
+
+        plain = DDPStrategy.reduce
+
+        def counted(self, *a, **kw):
+            reduces.append(traceback.extract_stack()[-2].name)  # the caller
+            return plain(self, *a, **kw)
+
+        DDPStrategy.reduce = counted
+    out = fit.fit(module, train, tokens(17, seed=1) if cfg.get("eval") else None)
     if cfg.get("twice"):  # fit again on the same Fit with a fresh model: a run of its own
         torch.manual_seed(cfg.get("init_seed", 0) + int(os.environ.get("RANK", "0")) * cfg.get("rank_seed", 0))
         module = Tagger()
@@ -92,7 +112,7 @@ def run(cfg: dict) -> dict:
     result = {"weights": {k: v.detach().clone() for k, v in module.state_dict().items()}, "initial": initial,
               "loss": out.training_loss, "log": [{k: v for k, v in r.items() if "runtime" not in k and "per_second" not in k}
                                                   for r in fit.state.log_history],
-              "world_size": fit.world_size, "rank": fit.global_rank,
+              "world_size": fit.world_size, "rank": fit.global_rank, "reduces": reduces,
               "log_level": __import__("logging").getLogger("taskfit").level}
     if cfg.get("eval"):
         result["eval"] = fit.validate(module, tokens(17, seed=1))

@@ -100,6 +100,26 @@ def test_F_STRAT_2_ddp_with_accumulation_under_torchrun(tmp_path, single):
     assert single["accum"]["loss"] == pytest.approx(result(tmp_path, "torchrun")["loss"], abs=1e-6)
 
 
+def test_F_LOOP_2_ddp_sample_counts_accumulate_exactly_without_a_count_all_reduce(tmp_path, monkeypatch):
+    """Per-sample losses (the item count is the batch size) with accumulation 2 over 18 samples: windows [4, 4]
+    and a last [1] per rank equal one process's [8, 8] and [2]. The even split of the distributed sampler gives
+    every rank the same counts, so no per-step all-reduce of counts runs; without clipping the logged gradient
+    norm (computed only for the log rows) equals the single process's."""
+    args = {"max_grad_norm": 0.0}
+    run(tmp_path, {"bs": 8, "accum": 2, "samples": 18, "args": args}, "one")
+    run(tmp_path, {"bs": 4, "accum": 2, "samples": 18, "strategy": "ddp", "devices": 2, "args": args}, "two")
+    one, two = result(tmp_path, "one"), result(tmp_path, "two")
+    assert_close(one["weights"], two["weights"])
+    logs_one = [r for r in one["log"] if "loss" in r]
+    logs_two = [r for r in two["log"] if "loss" in r]
+    assert [r["step"] for r in logs_two] == [2, 4, 6]
+    # two per log row (the loss mean, the finiteness check), none per optimizer step
+    assert two["reduces"] == ["_global_tr_loss", "check_finite"] * 3, two["reduces"]
+    for a, b in zip(logs_one, logs_two):
+        assert b["loss"] == pytest.approx(a["loss"], abs=1e-6)
+        assert b["grad_norm"] == pytest.approx(a["grad_norm"], rel=1e-5) and a["grad_norm"] > 0
+
+
 @pytest.mark.slow  # two torchrun agents rendezvous over TCP: slow and timing-sensitive on a loaded 2-core machine
 def test_F_STRAT_7_two_torchrun_nodes_equal_one_node_with_two_processes(tmp_path):
     port = find_free_port()
