@@ -96,7 +96,7 @@ QUICK_SKIP = {"compile": "left out of --quick runs (compiling takes ~35 s here);
 STEPS, WARMUP = 10, 2
 #: rows timed over fewer steps than STEPS (full runs only): (steps, warm-up, why), shown in the table's note
 ROW_STEPS: dict[str, tuple[int, int, str]] = {
-    "fp16_mixed": (3, 1, "float16 autocast on CPU has no fast GEMM kernels here (~15x slower than fp32)"),
+    "fp16_mixed": (3, 1, "float16 autocast on CPU has no fast GEMM kernels here (over 10x slower than fp32)"),
 }
 #: measured right after the baseline (the table is printed in ROWS order)
 FIRST = ("zero2",)

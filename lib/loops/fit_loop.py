@@ -200,9 +200,10 @@ class FitLoop:
             elif opt is optimizer and not strategy.engine_owns_step:  # HF 5 logs the norm without clipping too:
                 self._norm_due = (params, optimizer)  # computed in _after_step, only for a log row or a save
 
-        # batch-size item counts are equal on every process when the loader splits evenly: no per-step all-reduce
-        # (a custom num_items, e.g. a token count, may differ per process and is all-reduced)
-        even_counts = (world > 1 and splits_evenly(loader)
+        # batch-size item counts are equal on every process when the loader splits evenly or is not split (tensor
+        # parallel ranks read the same batches): no per-step all-reduce (a custom num_items, e.g. a token count,
+        # may differ per process and is all-reduced)
+        even_counts = (world > 1 and (readers == 1 or splits_evenly(loader))
                        and getattr(type(module), "num_items", None) is TaskModule.num_items)
         try:
             batches_per_epoch = len(loader)
