@@ -1,0 +1,256 @@
+"""F-LOOP-4: the layer-wise GaLore / APOLLO optimizers (``optim="galore_adamw_layerwise"``,
+``"galore_adamw_8bit_layerwise"``, ``"galore_adafactor_layerwise"``, ``"apollo_adamw_layerwise"``): one optimizer
+and one LR schedule per parameter, stepped inside backward by post-accumulate-grad hooks. The same script under
+``transformers.Trainer`` and ``taskfit.hf.Trainer`` (only the import changed) trains to the same weights (exact,
+fp32 CPU) and logs the same ``log_history`` (loss, the warmup + linear ``learning_rate``, ``grad_norm`` 0.0: the
+hooks leave no gradient to clip) and ``TrainOutput``; what HF refuses is refused before training; taskfit resumes
+its own layer-wise checkpoints exactly and refuses transformers' (which hold no per-parameter state).
+
+transformers 5.23 needs two harness shims here, each asserted in ``test_transformers_fails_without_the_shims``
+(and documented in docs/hf.md):
+
+* its ``LayerWiseDummyScheduler.get_lr`` returns one rate per parameter for its one-group placeholder optimizer,
+  which this torch's ``LRScheduler`` (a strict ``zip``) refuses for any model with more than one parameter; the
+  HF run keeps the first rate, which is what earlier torch releases did (a one-parameter model runs HF as is);
+* its ``galore_adafactor_layerwise`` builds ``GaLoreAdafactor(lr=...)`` with the default ``relative_step=True``,
+  which GaLore refuses; the HF run gets ``scale_parameter=False, relative_step=False``, as HF's own
+  ``galore_adafactor`` and taskfit's ``galore_adafactor_layerwise`` do.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")  # transformers.Trainer needs it
+
+from common import args_for, assert_same, hf_names, summary, weights  # noqa: E402
+from test_optimizers_diff import LOW_RANK, MLP, Data  # noqa: E402
+
+from taskfit import FitArguments  # noqa: E402
+from taskfit.io import CheckpointError  # noqa: E402
+from taskfit.optim.optimizers import create_optimizer  # noqa: E402
+
+NAMES = ("galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise",
+         "apollo_adamw_layerwise")
+#: 6 steps over 2 epochs of 4 batches, warmup 2 then linear decay, one log row per step, HF's clipping (1.0)
+RUN = dict(max_steps=6, learning_rate=0.01, logging_steps=1, warmup_steps=2, lr_scheduler_type="linear",
+           optim="adamw_torch", **LOW_RANK)
+
+
+def _package(name: str) -> None:
+    module = "apollo_torch" if name.startswith("apollo") else "galore_torch"
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"optim={name!r} needs {module}, which is not installed")
+
+
+class OneWeight(nn.Module):
+    """A model with a single parameter (a bias-free linear layer): HF's layer-wise scheduler runs unpatched."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.up = nn.Linear(8, 4, bias=False)
+
+    def forward(self, input_x: torch.Tensor, labels: torch.Tensor | None = None):
+        y = torch.tanh(self.up(input_x)).sum(-1)
+        return (y,) if labels is None else (nn.functional.mse_loss(y, labels), y)
+
+
+def _shims(mp: pytest.MonkeyPatch, name: str) -> None:
+    """The two transformers 5.23 fixes of the module docstring, for the HF run only."""
+    from transformers.trainer_pt_utils import LayerWiseDummyScheduler
+
+    get_lr = LayerWiseDummyScheduler.get_lr
+    mp.setattr(LayerWiseDummyScheduler, "get_lr", lambda self: get_lr(self)[:len(self.optimizer.param_groups)])
+    if name == "galore_adafactor_layerwise":
+        import galore_torch
+
+        original = galore_torch.GaLoreAdafactor
+        mp.setattr(galore_torch, "GaLoreAdafactor",
+                   lambda params, **kw: original(params, **{"scale_parameter": False, "relative_step": False, **kw}))
+
+
+def _train(which: str, out: str, name: str, model: type = MLP, resume: str | None = None, **kw) -> dict:
+    m = hf_names(which)
+    m.set_seed(42)
+    t = m.Trainer(model=model(), args=args_for(m, out, **{**RUN, "optim": name, **kw}), train_dataset=Data())
+    result = t.train(resume_from_checkpoint=resume)
+    return {**summary(t, result), "trainer": t}
+
+
+def _hf(tmp_path: Path, name: str, model: type = MLP, shims: bool = True, **kw) -> dict:
+    with pytest.MonkeyPatch.context() as mp:
+        if shims:
+            _shims(mp, name)
+        return _train("hf", str(tmp_path / "hf"), name, model, **kw)
+
+
+def _compare(hf: dict, tf: dict) -> None:
+    rows = [r for r in hf["log_history"] if "loss" in r]
+    assert len(rows) == 6 and [r["grad_norm"] for r in rows] == [0.0] * 6  # no gradient is left to clip
+    assert len({r["learning_rate"] for r in rows}) >= 4  # warmup, then linear decay
+    hf, tf = dict(hf), dict(tf)
+    hf.pop("trainer"), tf.pop("trainer")
+    assert_same(hf, tf)
+
+
+# ---------------------------------------------------------------------------------------------- differential
+def test_f_loop_4_layer_wise_one_parameter_as_transformers_unpatched(tmp_path):
+    """A one-parameter model: transformers 5.23 runs layer-wise GaLore as it is, taskfit gives the same weights
+    (exact), log history and TrainOutput."""
+    _package("galore_adamw_layerwise")
+    kw = {"optim_target_modules": ["up"]}
+    hf = _hf(tmp_path, "galore_adamw_layerwise", OneWeight, shims=False, **kw)
+    tf = _train("tf", str(tmp_path / "tf"), "galore_adamw_layerwise", OneWeight, **kw)
+    _compare(hf, tf)
+    assert not torch.equal(tf["weights"]["up.weight"], weights(OneWeight())["up.weight"])  # it trained
+
+
+@pytest.mark.parametrize("name", [n for n in NAMES if "8bit" not in n])
+def test_f_loop_4_layer_wise_same_as_transformers(name, tmp_path):
+    """Four parameters, two of them GaLore / APOLLO targets: the same weights (exact), log history and
+    TrainOutput as transformers.Trainer (with the shims of the module docstring); the loop holds the no-op
+    placeholder optimizer and schedule."""
+    from taskfit.optim.layerwise import LayerWiseOptimizer, LayerWiseScheduler
+
+    _package(name)
+    hf = _hf(tmp_path, name)
+    tf = _train("tf", str(tmp_path / "tf"), name)
+    t = tf["trainer"]
+    assert type(t.optimizer) is LayerWiseOptimizer and type(t.lr_scheduler) is LayerWiseScheduler
+    assert len(t.optimizer.optimizer_dict) == 4
+    _compare(hf, tf)
+    start = weights(MLP())
+    assert all(not torch.equal(start[k], v) for k, v in tf["weights"].items())  # every parameter trained
+
+
+def test_f_loop_4_galore_8bit_layer_wise_needs_cuda():
+    """``galore_adamw_8bit_layerwise`` steps through bitsandbytes' CUDA kernels: on CPU parameters it is refused
+    when built (under transformers the first backward fails)."""
+    _package("galore_adamw_8bit_layerwise")
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present: the refusal is for CPU parameters")
+    with pytest.raises(ValueError, match=r"optim='galore_adamw_8bit_layerwise' needs CUDA parameters .* use "
+                                         r"galore_adamw_layerwise"):
+        create_optimizer(MLP(), FitArguments(optim="galore_adamw_8bit_layerwise", optim_target_modules=["up"]))
+
+
+def test_transformers_fails_without_the_shims(tmp_path):
+    """What the two shims fix, asserted so that a transformers release that fixes them shows up here."""
+    _package("galore_adafactor_layerwise")
+    with pytest.raises(ValueError, match="zip"):  # several parameters: the placeholder scheduler's rates
+        _hf(tmp_path, "galore_adamw_layerwise", shims=False)
+    with pytest.raises(ValueError, match="Cannot combine manual `lr` and `relative_step=True`"):
+        _hf(tmp_path, "galore_adafactor_layerwise", OneWeight, shims=False, optim_target_modules=["up"])
+
+
+# ------------------------------------------------------------------------------------------------ refusals
+def test_f_loop_4_layer_wise_refusals_before_training(tmp_path):
+    """HF's refusals with HF's error types, before any step: gradient accumulation (ValueError, both trainers);
+    and taskfit's own: ``reduce_lr_on_plateau`` (a per-parameter schedule in a backward hook has no metric; under
+    transformers the first backward fails)."""
+    _package("galore_adamw_layerwise")
+    for which in ("hf", "tf"):
+        m = hf_names(which)
+        t = m.Trainer(model=MLP(), args=args_for(m, str(tmp_path / which), **{
+            **RUN, "optim": "galore_adamw_layerwise", "gradient_accumulation_steps": 2}), train_dataset=Data())
+        with pytest.raises(ValueError, match="does not support gradient accumulation"):
+            t.train()
+        assert t.state.global_step == 0
+    m = hf_names("tf")
+    t = m.Trainer(model=MLP(), args=args_for(m, str(tmp_path / "plateau"), **{
+        **RUN, "optim": "galore_adamw_layerwise", "lr_scheduler_type": "reduce_lr_on_plateau"}), train_dataset=Data())
+    with pytest.raises(ValueError, match="lr_scheduler_type='reduce_lr_on_plateau' steps with an evaluation metric"):
+        t.train()
+    assert t.state.global_step == 0
+
+
+_DDP_JOB = """
+import sys
+import torch
+from torch import nn
+import taskfit.hf as m
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 1)
+    def forward(self, input_x, labels=None):
+        y = self.lin(input_x).squeeze(-1)
+        return (y,) if labels is None else (nn.functional.mse_loss(y, labels), y)
+
+data = [{"input_x": torch.randn(4), "labels": torch.randn(())} for _ in range(16)]
+args = m.TrainingArguments(output_dir=sys.argv[1], optim="galore_adamw_layerwise", optim_target_modules=["lin"],
+                           max_steps=2, per_device_train_batch_size=4, report_to="none", use_cpu=True,
+                           save_strategy="no", disable_tqdm=True)
+m.Trainer(model=Net(), args=args, train_dataset=data, strategy="ddp", devices=2).train()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.distributed
+def test_f_loop_4_layer_wise_refuses_several_processes(tmp_path):
+    """Two gloo processes (DDP): refused before training with HF's error type (NotImplementedError; HF: "does
+    not support DDP")."""
+    _package("galore_adamw_layerwise")
+    job = tmp_path / "job.py"
+    job.write_text(_DDP_JOB)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                          "MASTER_PORT", "TASKFIT_LAUNCHED")}
+    proc = subprocess.run([sys.executable, str(job), str(tmp_path / "out")], capture_output=True, text=True,
+                          timeout=300, env={**env, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
+    assert proc.returncode != 0
+    assert "NotImplementedError: Layer-wise galore_adamw_layerwise does not support distributed training" in \
+        proc.stderr, proc.stderr[-3000:]
+    assert "'loss'" not in proc.stdout
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+@pytest.mark.parametrize("name", ["galore_adamw_layerwise", "apollo_adamw_layerwise"])
+def test_f_loop_4_layer_wise_resume_is_exact(name, tmp_path):
+    """A run resumed from its step-3 checkpoint (every parameter's optimizer state, GaLore / APOLLO projectors
+    included, and schedule; loaded with weights_only=True) ends at the same weights and log history as the run
+    that never stopped."""
+    _package(name)
+    full = _train("tf", str(tmp_path / "full"), name, save_strategy="steps", save_steps=3)
+    ckpt = tmp_path / "full" / "checkpoint-3"
+    assert (ckpt / "optimizer.pt").exists()
+    resumed = _train("tf", str(tmp_path / "resumed"), name, resume=str(ckpt))
+    assert_same(full["weights"], resumed["weights"])
+    assert_same([r for r in full["log_history"] if "loss" in r], [r for r in resumed["log_history"] if "loss" in r])
+
+
+def test_f_loop_4_layer_wise_transformers_checkpoint_is_refused(tmp_path):
+    """transformers saves only the placeholder optimizer of a layer-wise run (resuming there restarts every
+    parameter's optimizer and schedule): taskfit refuses such a checkpoint, naming why, before training."""
+    _package("galore_adamw_layerwise")
+    _hf(tmp_path, "galore_adamw_layerwise", save_strategy="steps", save_steps=3, max_steps=3)
+    m = hf_names("tf")
+    t = m.Trainer(model=MLP(), args=args_for(m, str(tmp_path / "tf"), **{**RUN, "optim": "galore_adamw_layerwise"}),
+                  train_dataset=Data())
+    with pytest.raises(CheckpointError, match="holds no per-parameter optimizer states"):
+        t.train(resume_from_checkpoint=str(tmp_path / "hf" / "checkpoint-3"))
+
+
+def test_f_loop_4_layer_wise_second_fit_replaces_the_hooks(tmp_path):
+    """Training the same model twice: the second run's per-parameter optimizers replace the first's hooks, so
+    each parameter is stepped once per backward (the first run's optimizers stay at their last step)."""
+    _package("galore_adamw_layerwise")
+    m = hf_names("tf")
+    t = m.Trainer(model=MLP(), args=args_for(m, str(tmp_path), **{**RUN, "optim": "galore_adamw_layerwise"}),
+                  train_dataset=Data())
+    t.train()
+    first = t.optimizer
+    t.train()
+    assert t.optimizer is not first
+    for run in (first, t.optimizer):
+        assert [o.state[p]["step"] for p, o in run.optimizer_dict.items()] == [6] * 4
