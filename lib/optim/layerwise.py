@@ -216,7 +216,6 @@ class LayerWiseScheduler(LRScheduler):
         self.schedulers = [schedule(opt) for opt in optimizer.optimizer_dict.values()]
         optimizer.attach_schedules(self.schedulers)
         self.default_lr = optimizer.defaults["lr"]
-        torch.randn(1, 1)  # HF's LayerWiseDummyScheduler builds a second placeholder optimizer: the same RNG draw
         super().__init__(optimizer)
 
     def get_lr(self) -> list[float]:

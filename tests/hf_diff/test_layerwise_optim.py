@@ -2,18 +2,23 @@
 ``"galore_adamw_8bit_layerwise"``, ``"galore_adafactor_layerwise"``, ``"apollo_adamw_layerwise"``): one optimizer
 and one LR schedule per parameter, stepped inside backward by post-accumulate-grad hooks. The same script under
 ``transformers.Trainer`` and ``taskfit.hf.Trainer`` (only the import changed) trains to the same weights (exact,
-fp32 CPU) and logs the same ``log_history`` (loss, the warmup + linear ``learning_rate``, ``grad_norm`` 0.0: the
-hooks leave no gradient to clip) and ``TrainOutput``; what HF refuses is refused before training; taskfit resumes
-its own layer-wise checkpoints exactly and refuses transformers' (which hold no per-parameter state).
+fp32 CPU) and logs the same ``log_history`` (loss, ``learning_rate``, ``grad_norm`` 0.0: the hooks leave no
+gradient to clip) and ``TrainOutput``; what HF refuses is refused before training; taskfit resumes its own
+layer-wise checkpoints exactly and refuses transformers' (which hold no per-parameter state).
 
-transformers 5.23 needs two harness shims here, each asserted in ``test_transformers_fails_without_the_shims``
-(and documented in docs/hf.md):
+transformers 5.23 differs in three places, each asserted in ``test_transformers_layer_wise_quirks`` and
+documented in docs/hf.md:
 
-* its ``LayerWiseDummyScheduler.get_lr`` returns one rate per parameter for its one-group placeholder optimizer,
-  which this torch's ``LRScheduler`` (a strict ``zip``) refuses for any model with more than one parameter; the
-  HF run keeps the first rate, which is what earlier torch releases did (a one-parameter model runs HF as is);
+* it builds the LR schedule over accelerate's wrapper of its placeholder optimizer, so ``get_scheduler`` never
+  takes its layer-wise branch: every parameter's optimizer trains at the constant ``learning_rate`` while the log
+  shows the schedule. With a constant schedule transformers runs unchanged here; with warmup + linear decay the
+  HF run gets the shim :func:`_scheduled_as_hf_intends` (its own layer-wise ``get_scheduler`` branch, reached by
+  unwrapping the optimizer);
+* that branch's ``LayerWiseDummyScheduler.get_lr`` returns one rate per parameter for a one-group placeholder,
+  which this torch's ``LRScheduler`` (a strict ``zip``) refuses for more than one parameter: the shim keeps the
+  first rate, what earlier torch releases did;
 * its ``galore_adafactor_layerwise`` builds ``GaLoreAdafactor(lr=...)`` with the default ``relative_step=True``,
-  which GaLore refuses; the HF run gets ``scale_parameter=False, relative_step=False``, as HF's own
+  which GaLore refuses: the HF run gets ``scale_parameter=False, relative_step=False``, as HF's own
   ``galore_adafactor`` and taskfit's ``galore_adafactor_layerwise`` do.
 """
 
@@ -43,7 +48,7 @@ NAMES = ("galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafac
          "apollo_adamw_layerwise")
 #: 6 steps over 2 epochs of 4 batches, warmup 2 then linear decay, one log row per step, HF's clipping (1.0)
 RUN = dict(max_steps=6, learning_rate=0.01, logging_steps=1, warmup_steps=2, lr_scheduler_type="linear",
-           optim="adamw_torch", **LOW_RANK)
+           **LOW_RANK)
 
 
 def _package(name: str) -> None:
@@ -52,85 +57,113 @@ def _package(name: str) -> None:
         pytest.skip(f"optim={name!r} needs {module}, which is not installed")
 
 
-class OneWeight(nn.Module):
-    """A model with a single parameter (a bias-free linear layer): HF's layer-wise scheduler runs unpatched."""
+def _adafactor_as_hf_intends(mp: pytest.MonkeyPatch) -> None:
+    import galore_torch
 
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.up = nn.Linear(8, 4, bias=False)
-
-    def forward(self, input_x: torch.Tensor, labels: torch.Tensor | None = None):
-        y = torch.tanh(self.up(input_x)).sum(-1)
-        return (y,) if labels is None else (nn.functional.mse_loss(y, labels), y)
+    original = galore_torch.GaLoreAdafactor
+    mp.setattr(galore_torch, "GaLoreAdafactor",
+               lambda params, **kw: original(params, **{"scale_parameter": False, "relative_step": False, **kw}))
 
 
-def _shims(mp: pytest.MonkeyPatch, name: str) -> None:
-    """The two transformers 5.23 fixes of the module docstring, for the HF run only."""
+def _scheduled_as_hf_intends(mp: pytest.MonkeyPatch) -> None:
+    """transformers' own layer-wise schedule: ``create_scheduler`` gets the placeholder optimizer instead of
+    accelerate's wrapper (the RNG state is kept: the real run builds no second placeholder), and the placeholder
+    schedule keeps one rate per group."""
+    from transformers import Trainer
     from transformers.trainer_pt_utils import LayerWiseDummyScheduler
 
-    get_lr = LayerWiseDummyScheduler.get_lr
+    create, get_lr = Trainer.create_scheduler, LayerWiseDummyScheduler.get_lr
+
+    def create_scheduler(self, num_training_steps, optimizer=None):
+        rng = torch.get_rng_state()
+        try:
+            return create(self, num_training_steps, optimizer or getattr(self.optimizer, "optimizer", None))
+        finally:
+            torch.set_rng_state(rng)
+    mp.setattr(Trainer, "create_scheduler", create_scheduler)
     mp.setattr(LayerWiseDummyScheduler, "get_lr", lambda self: get_lr(self)[:len(self.optimizer.param_groups)])
-    if name == "galore_adafactor_layerwise":
-        import galore_torch
-
-        original = galore_torch.GaLoreAdafactor
-        mp.setattr(galore_torch, "GaLoreAdafactor",
-                   lambda params, **kw: original(params, **{"scale_parameter": False, "relative_step": False, **kw}))
 
 
-def _train(which: str, out: str, name: str, model: type = MLP, resume: str | None = None, **kw) -> dict:
+def _train(which: str, out: str, name: str, resume: str | None = None, **kw) -> dict:
     m = hf_names(which)
     m.set_seed(42)
-    t = m.Trainer(model=model(), args=args_for(m, out, **{**RUN, "optim": name, **kw}), train_dataset=Data())
+    t = m.Trainer(model=MLP(), args=args_for(m, out, **{**RUN, "optim": name, **kw}), train_dataset=Data())
     result = t.train(resume_from_checkpoint=resume)
     return {**summary(t, result), "trainer": t}
 
 
-def _hf(tmp_path: Path, name: str, model: type = MLP, shims: bool = True, **kw) -> dict:
+def _hf(tmp_path: Path, name: str, scheduled: bool = False, fix_adafactor: bool = True, **kw) -> dict:
     with pytest.MonkeyPatch.context() as mp:
-        if shims:
-            _shims(mp, name)
-        return _train("hf", str(tmp_path / "hf"), name, model, **kw)
+        if scheduled:
+            _scheduled_as_hf_intends(mp)
+        if fix_adafactor and name == "galore_adafactor_layerwise":
+            _adafactor_as_hf_intends(mp)
+        return _train("hf", str(tmp_path / f"hf-{scheduled}"), name, **kw)
 
 
 def _compare(hf: dict, tf: dict) -> None:
     rows = [r for r in hf["log_history"] if "loss" in r]
     assert len(rows) == 6 and [r["grad_norm"] for r in rows] == [0.0] * 6  # no gradient is left to clip
-    assert len({r["learning_rate"] for r in rows}) >= 4  # warmup, then linear decay
     hf, tf = dict(hf), dict(tf)
     hf.pop("trainer"), tf.pop("trainer")
     assert_same(hf, tf)
+    start = weights(MLP())
+    assert all(not torch.equal(start[k], v) for k, v in tf["weights"].items())  # every parameter trained
+
+
+#: the cheap names run by default, the others under `slow`
+CASES = [pytest.param(n, marks=() if n == "galore_adamw_layerwise" else pytest.mark.slow)
+         for n in NAMES if "8bit" not in n]
 
 
 # ---------------------------------------------------------------------------------------------- differential
-def test_f_loop_4_layer_wise_one_parameter_as_transformers_unpatched(tmp_path):
-    """A one-parameter model: transformers 5.23 runs layer-wise GaLore as it is, taskfit gives the same weights
-    (exact), log history and TrainOutput."""
-    _package("galore_adamw_layerwise")
-    kw = {"optim_target_modules": ["up"]}
-    hf = _hf(tmp_path, "galore_adamw_layerwise", OneWeight, shims=False, **kw)
-    tf = _train("tf", str(tmp_path / "tf"), "galore_adamw_layerwise", OneWeight, **kw)
-    _compare(hf, tf)
-    assert not torch.equal(tf["weights"]["up.weight"], weights(OneWeight())["up.weight"])  # it trained
-
-
-@pytest.mark.parametrize("name", [n for n in NAMES if "8bit" not in n])
-def test_f_loop_4_layer_wise_same_as_transformers(name, tmp_path):
-    """Four parameters, two of them GaLore / APOLLO targets: the same weights (exact), log history and
-    TrainOutput as transformers.Trainer (with the shims of the module docstring); the loop holds the no-op
-    placeholder optimizer and schedule."""
+@pytest.mark.parametrize("name", CASES)
+def test_f_loop_4_layer_wise_constant_lr_as_transformers_unchanged(name, tmp_path):
+    """A constant learning rate: transformers.Trainer as it is (the adafactor form with its fix) and taskfit train
+    four parameters, two of them GaLore / APOLLO targets, to the same weights (exact), log history and
+    TrainOutput; the loop holds the no-op placeholder optimizer and schedule."""
     from taskfit.optim.layerwise import LayerWiseOptimizer, LayerWiseScheduler
 
     _package(name)
-    hf = _hf(tmp_path, name)
-    tf = _train("tf", str(tmp_path / "tf"), name)
+    constant = {"lr_scheduler_type": "constant", "warmup_steps": 0}
+    hf = _hf(tmp_path, name, **constant)
+    tf = _train("tf", str(tmp_path / "tf"), name, **constant)
     t = tf["trainer"]
     assert type(t.optimizer) is LayerWiseOptimizer and type(t.lr_scheduler) is LayerWiseScheduler
     assert len(t.optimizer.optimizer_dict) == 4
     _compare(hf, tf)
-    start = weights(MLP())
-    assert all(not torch.equal(start[k], v) for k, v in tf["weights"].items())  # every parameter trained
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_f_loop_4_layer_wise_schedule_as_transformers(name, tmp_path):
+    """Warmup + linear decay, each parameter's own schedule stepped in its hook: the same weights (exact), log
+    history (the ``learning_rate`` each step used) and TrainOutput as transformers' layer-wise schedule."""
+    _package(name)
+    hf = _hf(tmp_path, name, scheduled=True)
+    tf = _train("tf", str(tmp_path / "tf"), name)
+    assert len({r["learning_rate"] for r in tf["log_history"] if "loss" in r}) == 5  # 0, warmup, then decay
+    _compare(hf, tf)
+
+
+def test_transformers_layer_wise_quirks(tmp_path):
+    """What the shims fix, asserted so that a transformers release that changes them shows up here: unshimmed,
+    transformers logs the warmup + linear schedule but trains every parameter at the constant rate (the weights of
+    taskfit's constant-rate run); its placeholder schedule refuses several parameters; its layer-wise Adafactor
+    is refused when built."""
+    from transformers import get_scheduler
+    from transformers.trainer_pt_utils import LayerWiseDummyOptimizer
+
+    _package("galore_adafactor_layerwise")
+    hf = _hf(tmp_path, "galore_adamw_layerwise")
+    tf = _train("tf", str(tmp_path / "tf"), "galore_adamw_layerwise", lr_scheduler_type="constant", warmup_steps=0)
+    assert [r["learning_rate"] for r in hf["log_history"] if "loss" in r][:3] == [0.0, 0.005, 0.01]
+    assert_same(hf["weights"], tf["weights"])
+    model = MLP()
+    placeholder = LayerWiseDummyOptimizer({p: torch.optim.SGD([p], lr=0.1) for p in model.parameters()}, lr=0.1)
+    with pytest.raises(ValueError, match="zip"):
+        get_scheduler("linear", placeholder, num_warmup_steps=2, num_training_steps=6)
+    with pytest.raises(ValueError, match="Cannot combine manual `lr` and `relative_step=True`"):
+        _hf(tmp_path, "galore_adafactor_layerwise", fix_adafactor=False)
 
 
 def test_f_loop_4_galore_8bit_layer_wise_needs_cuda():
@@ -142,15 +175,6 @@ def test_f_loop_4_galore_8bit_layer_wise_needs_cuda():
     with pytest.raises(ValueError, match=r"optim='galore_adamw_8bit_layerwise' needs CUDA parameters .* use "
                                          r"galore_adamw_layerwise"):
         create_optimizer(MLP(), FitArguments(optim="galore_adamw_8bit_layerwise", optim_target_modules=["up"]))
-
-
-def test_transformers_fails_without_the_shims(tmp_path):
-    """What the two shims fix, asserted so that a transformers release that fixes them shows up here."""
-    _package("galore_adafactor_layerwise")
-    with pytest.raises(ValueError, match="zip"):  # several parameters: the placeholder scheduler's rates
-        _hf(tmp_path, "galore_adamw_layerwise", shims=False)
-    with pytest.raises(ValueError, match="Cannot combine manual `lr` and `relative_step=True`"):
-        _hf(tmp_path, "galore_adafactor_layerwise", OneWeight, shims=False, optim_target_modules=["up"])
 
 
 # ------------------------------------------------------------------------------------------------ refusals
@@ -168,7 +192,8 @@ def test_f_loop_4_layer_wise_refusals_before_training(tmp_path):
         assert t.state.global_step == 0
     m = hf_names("tf")
     t = m.Trainer(model=MLP(), args=args_for(m, str(tmp_path / "plateau"), **{
-        **RUN, "optim": "galore_adamw_layerwise", "lr_scheduler_type": "reduce_lr_on_plateau"}), train_dataset=Data())
+        **RUN, "optim": "galore_adamw_layerwise", "lr_scheduler_type": "reduce_lr_on_plateau", "eval_strategy": "steps",
+        "eval_steps": 3}), train_dataset=Data(), eval_dataset=Data(16))
     with pytest.raises(ValueError, match="lr_scheduler_type='reduce_lr_on_plateau' steps with an evaluation metric"):
         t.train()
     assert t.state.global_step == 0
@@ -215,7 +240,8 @@ def test_f_loop_4_layer_wise_refuses_several_processes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-@pytest.mark.parametrize("name", ["galore_adamw_layerwise", "apollo_adamw_layerwise"])
+@pytest.mark.parametrize("name", ["galore_adamw_layerwise",
+                                  pytest.param("apollo_adamw_layerwise", marks=pytest.mark.slow)])
 def test_f_loop_4_layer_wise_resume_is_exact(name, tmp_path):
     """A run resumed from its step-3 checkpoint (every parameter's optimizer state, GaLore / APOLLO projectors
     included, and schedule; loaded with weights_only=True) ends at the same weights and log history as the run
@@ -238,7 +264,7 @@ def test_f_loop_4_layer_wise_transformers_checkpoint_is_refused(tmp_path):
     t = m.Trainer(model=MLP(), args=args_for(m, str(tmp_path / "tf"), **{**RUN, "optim": "galore_adamw_layerwise"}),
                   train_dataset=Data())
     with pytest.raises(CheckpointError, match="holds no per-parameter optimizer states"):
-        t.train(resume_from_checkpoint=str(tmp_path / "hf" / "checkpoint-3"))
+        t.train(resume_from_checkpoint=str(tmp_path / "hf-False" / "checkpoint-3"))
 
 
 def test_f_loop_4_layer_wise_second_fit_replaces_the_hooks(tmp_path):
