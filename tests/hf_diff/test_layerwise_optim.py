@@ -111,9 +111,7 @@ def _compare(hf: dict, tf: dict) -> None:
     assert all(not torch.equal(start[k], v) for k, v in tf["weights"].items())  # every parameter trained
 
 
-#: the cheap names run by default, the others under `slow`
-CASES = [pytest.param(n, marks=() if n == "galore_adamw_layerwise" else pytest.mark.slow)
-         for n in NAMES if "8bit" not in n]
+CASES = [n for n in NAMES if "8bit" not in n]  # galore_adamw_8bit_layerwise needs CUDA
 
 
 # ---------------------------------------------------------------------------------------------- differential
@@ -240,8 +238,7 @@ def test_f_loop_4_layer_wise_refuses_several_processes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-@pytest.mark.parametrize("name", ["galore_adamw_layerwise",
-                                  pytest.param("apollo_adamw_layerwise", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("name", ["galore_adamw_layerwise", "apollo_adamw_layerwise"])
 def test_f_loop_4_layer_wise_resume_is_exact(name, tmp_path):
     """A run resumed from its step-3 checkpoint (every parameter's optimizer state, GaLore / APOLLO projectors
     included, and schedule; loaded with weights_only=True) ends at the same weights and log history as the run
