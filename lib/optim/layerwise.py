@@ -5,7 +5,10 @@ Each parameter gets its own optimizer and its own LR schedule, stepped inside ba
 ``register_post_accumulate_grad_hook`` as soon as that parameter's gradient is complete (then its gradient is
 freed), so the gradients of the whole model never exist at once. Mirrors transformers 5's
 ``_setup_low_rank_optimizer`` (layer-wise branch), ``LayerWiseDummyOptimizer``, ``LayerWiseDummyScheduler`` and the
-layer-wise branch of ``get_scheduler``.
+layer-wise branch of ``get_scheduler``. (transformers 5.23 itself never takes that branch: its
+``create_scheduler`` receives accelerate's wrapper of the placeholder optimizer, so there every parameter trains at
+the constant ``learning_rate`` while the log shows the schedule; with ``lr_scheduler_type="constant"`` both agree
+exactly.)
 
 The training loop sees one :class:`LayerWiseOptimizer` and one :class:`LayerWiseScheduler`: the optimizer's
 ``step`` and ``zero_grad`` do nothing (the hooks did the work); the scheduler's ``step`` copies the learning rate of
@@ -224,8 +227,10 @@ class LayerWiseScheduler(LRScheduler):
         return [first.param_groups[0]["lr"]]
 
     def state_dict(self) -> dict[str, Any]:
-        """transformers' keys plus ``"layerwise"``: every parameter's schedule state."""
+        """An ``LRScheduler``'s keys plus ``"layerwise"``: every parameter's schedule state (and ``lr_lambdas``,
+        so that the ``LambdaLR`` transformers 5.23 builds for a layer-wise run loads the file)."""
         state = {k: v for k, v in self.__dict__.items() if k not in ("optimizer", "schedulers")}
+        state["lr_lambdas"] = [None]
         state["layerwise"] = [s.state_dict() for s in self.schedulers]
         return state
 
@@ -241,6 +246,7 @@ class LayerWiseScheduler(LRScheduler):
             raise _checkpoint_error(
                 f"the checkpoint's scheduler.pt holds {'no' if per_param is None else len(per_param)} per-parameter "
                 f"schedules; this layer-wise run has {len(self.schedulers)}: resuming would restart them.")
+        state.pop("lr_lambdas", None)
         self.__dict__.update(state)
         for scheduler, saved in zip(self.schedulers, per_param):
             scheduler.load_state_dict(saved)

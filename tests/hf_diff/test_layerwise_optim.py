@@ -252,9 +252,11 @@ def test_f_loop_4_layer_wise_resume_is_exact(name, tmp_path):
     assert_same([r for r in full["log_history"] if "loss" in r], [r for r in resumed["log_history"] if "loss" in r])
 
 
-def test_f_loop_4_layer_wise_transformers_checkpoint_is_refused(tmp_path):
+def test_f_loop_4_layer_wise_checkpoints_across_the_two_libraries(tmp_path):
     """transformers saves only the placeholder optimizer of a layer-wise run (resuming there restarts every
-    parameter's optimizer and schedule): taskfit refuses such a checkpoint, naming why, before training."""
+    parameter's optimizer and schedule): taskfit refuses such a checkpoint, naming why, before training. The other
+    way, transformers resumes from taskfit's layer-wise checkpoint (with fresh per-parameter optimizers, as from
+    its own) and runs to the end."""
     _package("galore_adamw_layerwise")
     _hf(tmp_path, "galore_adamw_layerwise", save_strategy="steps", save_steps=3, max_steps=3)
     m = hf_names("tf")
@@ -262,6 +264,11 @@ def test_f_loop_4_layer_wise_transformers_checkpoint_is_refused(tmp_path):
                   train_dataset=Data())
     with pytest.raises(CheckpointError, match="holds no per-parameter optimizer states"):
         t.train(resume_from_checkpoint=str(tmp_path / "hf-False" / "checkpoint-3"))
+    assert t.state.global_step == 0
+    _train("tf", str(tmp_path / "tf-saved"), "galore_adamw_layerwise", save_strategy="steps", save_steps=3)
+    hf = _train("hf", str(tmp_path / "hf-resumed"), "galore_adamw_layerwise",
+                resume=str(tmp_path / "tf-saved" / "checkpoint-3"))
+    assert hf["global_step"] == 6 and len([r for r in hf["log_history"] if "loss" in r]) == 6
 
 
 def test_f_loop_4_layer_wise_second_fit_replaces_the_hooks(tmp_path):
