@@ -110,7 +110,9 @@ def _restored(value: Any, device: torch.device, in_object: bool = False) -> Any:
                                         f"the packages {_OBJECT_PACKAGES} a layer-wise optimizer state may hold.")
             cls: Any = importlib.import_module(module)
             for part in qualname.split("."):
-                cls = getattr(cls, part)
+                cls = getattr(cls, part, None)
+            if not isinstance(cls, type) or cls.__module__ != module:  # only a class defined in that module
+                raise _checkpoint_error(f"optimizer.pt names {value[_OBJECT_KEY]!r}, which is not a class of {module}.")
             obj = cls.__new__(cls)
             obj.__dict__.update(_restored(value["attributes"], device, in_object=True))
             return obj

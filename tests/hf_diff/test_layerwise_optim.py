@@ -32,7 +32,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch import nn
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers.Trainer needs it
@@ -200,7 +199,6 @@ def test_f_loop_4_layer_wise_refusals_before_training(tmp_path):
 _DDP_JOB = """
 import sys
 import torch
-from torch import nn
 import taskfit.hf as m
 
 class Net(nn.Module):
@@ -284,3 +282,17 @@ def test_f_loop_4_layer_wise_second_fit_replaces_the_hooks(tmp_path):
     assert t.optimizer is not first
     for run in (first, t.optimizer):
         assert [o.state[p]["step"] for p, o in run.optimizer_dict.items()] == [6] * 4
+
+
+@pytest.mark.parametrize("named", ["builtins:dict", "galore_torch.adamw:torch.nn.Module", "galore_torch.adamw:math"])
+def test_f_loop_4_layer_wise_state_names_only_optimizer_classes(named):
+    """The per-parameter state restores objects (GaLore / APOLLO projectors) only from classes defined in those
+    packages: any other name in the file is refused (the file loads with weights_only=True, and stays safe)."""
+    _package("galore_adamw_layerwise")
+    from taskfit.optim.layerwise import _OBJECT_KEY
+
+    opt = create_optimizer(MLP(), FitArguments(optim="galore_adamw_layerwise", optim_target_modules=["up"]))
+    state = opt.state_dict()
+    state["layerwise"][0]["state"] = {0: {"projector": {_OBJECT_KEY: named, "attributes": {}}}}
+    with pytest.raises(CheckpointError, match="optimizer.pt names"):
+        opt.load_state_dict(state)
