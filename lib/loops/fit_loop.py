@@ -15,7 +15,8 @@ from taskfit.data.loaders import set_loader_epoch, skip_first_batches, splits_ev
 from taskfit.loops.finite import check_finite
 from taskfit.module import TaskModule, infer_batch_size
 from taskfit.module_hooks import batch_mover, overrides
-from taskfit.optim.hf_optimizers import fused_backward_of, set_optimizer_mode
+from taskfit.optim.hf_optimizers import fused_backward_of, optimizers_with_modes
+from taskfit.optim.layerwise import check_layer_wise_run
 from taskfit.optim.manual import LightningOptimizer, manual_outer_forward
 from taskfit.seed import set_rng_states
 
@@ -158,7 +159,8 @@ class FitLoop:
         optimizers = run.optimizers
         optimizer, other_optimizers = optimizers[0], optimizers[1:]
         L, H = hooks.lightning, hooks.hf
-        accum_at = accumulation_schedule(getattr(fit, "callbacks", ())) or (
+        scheduled_accumulation = accumulation_schedule(getattr(fit, "callbacks", ()))
+        accum_at = scheduled_accumulation or (
             lambda epoch, accum=args.gradient_accumulation_steps: accum)
         max_norm = args.max_grad_norm
         clip_by_value = args.gradient_clip_algorithm == "value"
@@ -183,6 +185,10 @@ class FitLoop:
         fused = None if manual or engine else fused_backward_of(optimizer, strategy)
         backward = strategy.backward if fused is None else fused
         optimizer_step = strategy.optimizer_step if fused is None else (lambda opt: True)
+        # layer-wise GaLore / APOLLO step each parameter in its backward hook; the loop sees a no-op optimizer and
+        # schedule and runs as usual (clipping finds no gradient, as in HF). Refused here where HF refuses.
+        check_layer_wise_run(optimizer, strategy, scheduled_accumulation is not None)
+        mode_optimizers = optimizers_with_modes(optimizers)  # schedule-free: train() before each training step
         hf_step = getattr(fit, "_hf_training_step", lambda _run: None)(run)  # a Fit subclass's training_step (HF): forward and backward in it
 
         def after_closure(opt: Any) -> None:
@@ -273,7 +279,8 @@ class FitLoop:
                     L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
                     if i == 0 and H["on_step_begin"]:
                         hooks.call_hf("on_step_begin", args, state, control, **run.hf_kwargs())
-                    set_optimizer_mode(optimizers, "train")  # schedule-free: train point (HF training_step)
+                    for opt in mode_optimizers:  # schedule-free: back to the train point after an evaluation (HF)
+                        opt.train()
                     box: dict[str, Any] = {}
                     if manual:  # training_step runs backward and steps the optimizers itself
                         with fwd_ctx(), manual_outer_forward(strategy):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from taskfit.loops.evaluation_loop import metric_key
+from taskfit.optim.layerwise import LayerWiseOptimizer
 from taskfit.optim.optimizers import create_optimizer
 from taskfit.optim.schedulers import create_scheduler, is_metric_scheduler
 
@@ -166,6 +167,10 @@ def check_parameters_in_model(optimizer: torch.optim.Optimizer, model: torch.nn.
     Raises:
         ValueError: names the parameter group, the index and the shape of the first foreign parameter.
     """
+    if isinstance(optimizer, LayerWiseOptimizer):  # its own group holds only a placeholder (HF's dummy)
+        for inner in optimizer.optimizer_dict.values():
+            check_parameters_in_model(inner, model)
+        return
     own = {id(p) for p in model.parameters()}
     for g, group in enumerate(optimizer.param_groups):
         for i, p in enumerate(group["params"]):

@@ -4,12 +4,12 @@ GaLore (``galore_*``, extra ``galore``), APOLLO (``apollo_*``, extra ``apollo``)
 (``schedule_free_*``, extra ``schedulefree``), ``grokadamw`` (extra ``grokadamw``), ``stable_adamw``
 (torch-optimi, extra ``optimi``), torchao's low-bit AdamW (``adamw_torch_4bit``/``adamw_torch_8bit``, extra
 ``torchao``) and LOMO / AdaLomo (``lomo``, ``adalomo``, extra ``lomo``: the update runs inside the backward pass,
-see :func:`fused_backward_of`). Each package is imported only when its optimizer is built; a missing one raises
-``ModuleNotFoundError`` naming the extra to install, before any training work.
+see :func:`fused_backward_of`). The ``*_layerwise`` GaLore / APOLLO names build one optimizer per parameter,
+stepped inside backward (:mod:`taskfit.optim.layerwise`). Each package is imported only when its optimizer is
+built; a missing one raises ``ModuleNotFoundError`` naming the extra to install, before any training work.
 
-Names whose optimizer needs something taskfit's loop does not do (the layer-wise GaLore /
-APOLLO hooks that step inside backward, an XLA / NPU / apex / torchdistx build) raise ``NotImplementedError``
-naming the reason (see :data:`UNSUPPORTED`).
+Names whose optimizer needs something taskfit does not have (an XLA / NPU / apex / torchdistx build, transformers
+4's own AdamW) raise ``NotImplementedError`` naming the reason (see :data:`UNSUPPORTED`).
 """
 
 from __future__ import annotations
@@ -19,47 +19,20 @@ from typing import Any
 import torch
 from torch import nn
 
+from taskfit.optim.construct import adam_kwargs, construct, is_single_process, no_leftovers, option, require
+from taskfit.optim.layerwise import build_layer_wise
+
+__all__ = ["BUILDERS", "EXTRAS", "NEEDS_MODEL", "UNSUPPORTED", "fused_backward_of", "optimizers_with_modes",
+           "require", "set_optimizer_mode"]
+
 #: name -> why taskfit cannot build it (raised as NotImplementedError when the name is used)
 UNSUPPORTED = {
-    "galore_adamw_layerwise": "layer-wise GaLore steps inside backward hooks with one optimizer and scheduler per "
-                              "parameter; use galore_adamw",
-    "galore_adamw_8bit_layerwise": "layer-wise GaLore steps inside backward hooks; use galore_adamw_8bit",
-    "galore_adafactor_layerwise": "layer-wise GaLore steps inside backward hooks; use galore_adafactor",
-    "apollo_adamw_layerwise": "layer-wise APOLLO steps inside backward hooks; use apollo_adamw",
     "adamw_torch_xla": "it needs torch_xla (syncfree AdamW); on XLA use adamw_torch",
     "adamw_torch_npu_fused": "it needs torch_npu (Ascend NPU); use adamw_torch_fused",
     "adamw_anyprecision": "it needs torchdistx, which has no current release; use adamw_torch",
     "adamw_apex_fused": "apex is not supported; use adamw_torch_fused",
     "adamw_hf": "transformers 5 removed its own AdamW; use adamw_torch",
 }
-
-
-def require(module: str, package: str, extra: str, name: str) -> None:
-    """Raise ``ModuleNotFoundError`` naming ``pip install 'taskfit[extra]'`` when ``module`` cannot be imported."""
-    import importlib.util
-
-    if importlib.util.find_spec(module) is None:
-        raise ModuleNotFoundError(f"optim={name!r} needs the {package!r} package: pip install 'taskfit[{extra}]' "
-                                  f"(or pip install {package}).")
-
-
-def _f(optim_args: dict[str, Any], key: str, default: Any, kind: type = float) -> Any:
-    """``kind(optim_args.pop(key, default))`` (HF reads optim_args as strings and converts them)."""
-    value = optim_args.pop(key, default)
-    if kind is bool and isinstance(value, str):
-        return value.strip().lower() in ("true", "1", "yes")
-    return value if value is None else kind(value)
-
-
-def _no_leftovers(name: str, optim_args: dict[str, Any]) -> None:
-    """Refuse ``optim_args`` keys the builder did not read (HF would drop them silently)."""
-    if optim_args:
-        raise TypeError(f"optim_args {sorted(optim_args)} are not read by optim={name!r}; remove them.")
-
-
-def _adam(args: Any) -> dict[str, Any]:
-    return {"betas": (args.adam_beta1, args.adam_beta2), "eps": args.adam_epsilon}
-
 
 def build_hf_adafactor(*, param_groups: list[dict[str, Any]], args: Any, optim_args: dict[str, Any], name: str,
                        weight_decay: float, **_: Any) -> torch.optim.Optimizer:
@@ -73,10 +46,8 @@ def build_hf_adafactor(*, param_groups: list[dict[str, Any]], args: Any, optim_a
     require("transformers", "transformers", "hf", name)
     from transformers.optimization import Adafactor
 
-    from taskfit.optim.optimizers import _construct
-
-    return _construct(name, Adafactor, param_groups, {"lr": args.learning_rate, "scale_parameter": False,
-                                                      "relative_step": False}, optim_args)
+    return construct(name, Adafactor, param_groups, {"lr": args.learning_rate, "scale_parameter": False,
+                                                     "relative_step": False}, optim_args)
 
 
 def _target_groups(model: nn.Module, args: Any, name: str, extra: dict[str, Any]) -> list[dict[str, Any]]:
@@ -103,51 +74,63 @@ def _target_groups(model: nn.Module, args: Any, name: str, extra: dict[str, Any]
 
 
 def build_galore(*, args: Any, optim_args: dict[str, Any], name: str, model: nn.Module, **_: Any) -> Any:
-    """GaLore (``galore_adamw``, ``galore_adamw_8bit``, ``galore_adafactor``) with HF's options: ``rank`` (128),
-    ``update_proj_gap`` (200), ``scale`` (0.25), ``proj_type`` ("std") from ``optim_args`` for the target
-    modules; Adafactor also gets ``scale_parameter=False, relative_step=False``.
+    """GaLore (``galore_adamw``, ``galore_adamw_8bit``, ``galore_adafactor`` and their ``*_layerwise`` forms) with
+    HF's options: ``rank`` (128), ``update_proj_gap`` (200), ``scale`` (0.25), ``proj_type`` ("std") from
+    ``optim_args`` for the target modules; Adafactor also gets ``scale_parameter=False, relative_step=False``
+    (the layer-wise Adafactor too: transformers 5 leaves them out there, and its ``galore_adafactor_layerwise``
+    then fails with "Cannot combine manual `lr` and `relative_step=True` options"). A ``*_layerwise`` name builds
+    one optimizer per parameter (:func:`taskfit.optim.layerwise.build_layer_wise`).
 
     Raises:
         ModuleNotFoundError: galore-torch missing (``pip install 'taskfit[galore]'``).
-        ValueError: ``optim_target_modules`` unset or matching nothing.
+        ValueError: ``optim_target_modules`` unset or matching nothing; the 8-bit form on CPU parameters; a
+            layer-wise name with ``gradient_accumulation_steps`` other than 1.
     """
     require("galore_torch", "galore-torch", "galore", name)
     import galore_torch
 
     optim_args = dict(optim_args)
+    base = name.removesuffix("_layerwise")
     cls = {"galore_adamw": galore_torch.GaLoreAdamW, "galore_adamw_8bit": galore_torch.GaLoreAdamW8bit,
-           "galore_adafactor": galore_torch.GaLoreAdafactor}[name]
-    extra = {"rank": _f(optim_args, "rank", 128, int), "update_proj_gap": _f(optim_args, "update_proj_gap", 200, int),
-             "scale": _f(optim_args, "scale", 0.25), "proj_type": optim_args.pop("proj_type", "std")}
-    if name == "galore_adamw_8bit" and not all(p.is_cuda for p in model.parameters()):
-        raise ValueError("optim='galore_adamw_8bit' needs CUDA parameters (its step calls torch.cuda.synchronize); "
-                         "on the CPU use galore_adamw.")
+           "galore_adafactor": galore_torch.GaLoreAdafactor}[base]
+    extra = {"rank": option(optim_args, "rank", 128, int),
+             "update_proj_gap": option(optim_args, "update_proj_gap", 200, int),
+             "scale": option(optim_args, "scale", 0.25), "proj_type": optim_args.pop("proj_type", "std")}
+    if base == "galore_adamw_8bit" and not all(p.is_cuda for p in model.parameters()):
+        raise ValueError(f"optim={name!r} needs CUDA parameters (its step calls torch.cuda.synchronize); on the CPU "
+                         f"use {name.replace('_8bit', '')}.")
     kwargs: dict[str, Any] = {"lr": args.learning_rate}
-    if name == "galore_adafactor":
+    if base == "galore_adafactor":
         kwargs.update(scale_parameter=False, relative_step=False)
-    _no_leftovers(name, optim_args)
-    return cls(_target_groups(model, args, name, extra), **kwargs)
+    no_leftovers(name, optim_args)
+    groups = _target_groups(model, args, name, extra)
+    return build_layer_wise(name, cls, groups, kwargs, args) if name != base else cls(groups, **kwargs)
 
 
 def build_apollo(*, args: Any, optim_args: dict[str, Any], name: str, model: nn.Module, **_: Any) -> Any:
-    """APOLLO (``apollo_adamw``) with HF's options: ``rank`` (128), ``proj`` ("random"), ``scale_type``
-    ("channel"), ``update_proj_gap`` (200), ``scale`` (1.0), ``proj_type`` ("std") and the Adam betas/eps for
-    the target modules.
+    """APOLLO (``apollo_adamw``, ``apollo_adamw_layerwise``) with HF's options: ``rank`` (128), ``proj``
+    ("random"), ``scale_type`` ("channel"), ``update_proj_gap`` (200), ``scale`` (1.0), ``proj_type`` ("std")
+    and the Adam betas/eps for the target modules; the layer-wise name builds one optimizer per parameter.
 
     Raises:
         ModuleNotFoundError: apollo-torch missing (``pip install 'taskfit[apollo]'``).
-        ValueError: ``optim_target_modules`` unset or matching nothing.
+        ValueError: ``optim_target_modules`` unset or matching nothing; the layer-wise name with
+            ``gradient_accumulation_steps`` other than 1.
     """
     require("apollo_torch", "apollo-torch", "apollo", name)
     from apollo_torch import APOLLOAdamW
 
     optim_args = dict(optim_args)
-    extra = {"rank": _f(optim_args, "rank", 128, int), "proj": optim_args.pop("proj", "random"),
+    extra = {"rank": option(optim_args, "rank", 128, int), "proj": optim_args.pop("proj", "random"),
              "scale_type": optim_args.pop("scale_type", "channel"),
-             "update_proj_gap": _f(optim_args, "update_proj_gap", 200, int), "scale": _f(optim_args, "scale", 1.0),
-             "proj_type": optim_args.pop("proj_type", "std"), **_adam(args)}
-    _no_leftovers(name, optim_args)
-    return APOLLOAdamW(_target_groups(model, args, name, extra), lr=args.learning_rate)
+             "update_proj_gap": option(optim_args, "update_proj_gap", 200, int),
+             "scale": option(optim_args, "scale", 1.0), "proj_type": optim_args.pop("proj_type", "std"),
+             **adam_kwargs(args)}
+    no_leftovers(name, optim_args)
+    groups, kwargs = _target_groups(model, args, name, extra), {"lr": args.learning_rate}
+    if name.endswith("_layerwise"):
+        return build_layer_wise(name, APOLLOAdamW, groups, kwargs, args)
+    return APOLLOAdamW(groups, **kwargs)
 
 
 def build_grokadamw(*, param_groups: list[dict[str, Any]], args: Any, optim_args: dict[str, Any], name: str,
@@ -162,11 +145,11 @@ def build_grokadamw(*, param_groups: list[dict[str, Any]], args: Any, optim_args
     from grokadamw import GrokAdamW
 
     optim_args = dict(optim_args)
-    kwargs = {"lr": args.learning_rate, "alpha_init": _f(optim_args, "alpha_init", 0.98),
-              "lamb": _f(optim_args, "lamb", 2.0), "gamma": _f(optim_args, "gamma", 0.1),
-              "grokking_signal_decay_rate": _f(optim_args, "grokking_signal_decay_rate", 0.1),
-              "gradient_clipping": _f(optim_args, "gradient_clipping", 1.0)}
-    _no_leftovers(name, optim_args)
+    kwargs = {"lr": args.learning_rate, "alpha_init": option(optim_args, "alpha_init", 0.98),
+              "lamb": option(optim_args, "lamb", 2.0), "gamma": option(optim_args, "gamma", 0.1),
+              "grokking_signal_decay_rate": option(optim_args, "grokking_signal_decay_rate", 0.1),
+              "gradient_clipping": option(optim_args, "gradient_clipping", 1.0)}
+    no_leftovers(name, optim_args)
     return GrokAdamW(param_groups, **kwargs)
 
 
@@ -186,14 +169,15 @@ def build_schedule_free(*, param_groups: list[dict[str, Any]], args: Any, optim_
     optim_args = dict(optim_args)
     kwargs: dict[str, Any] = {"lr": args.learning_rate}
     if name == "schedule_free_radam":
-        cls, extra = schedulefree.RAdamScheduleFree, _adam(args)
+        cls, extra = schedulefree.RAdamScheduleFree, adam_kwargs(args)
     elif name == "schedule_free_adamw":
-        cls, extra = schedulefree.AdamWScheduleFree, {**_adam(args), "warmup_steps": getattr(args, "warmup_steps", 0)}
+        cls = schedulefree.AdamWScheduleFree
+        extra = {**adam_kwargs(args), "warmup_steps": getattr(args, "warmup_steps", 0)}
     else:
         cls, extra = schedulefree.SGDScheduleFree, {"warmup_steps": getattr(args, "warmup_steps", 0)}
-    kwargs.update(extra, weight_decay=getattr(args, "weight_decay", 0.0), weight_lr_power=_f(optim_args, "weight_lr_power", 2.0),
-                  r=_f(optim_args, "r", 0.0))
-    _no_leftovers(name, optim_args)
+    kwargs.update(extra, weight_decay=getattr(args, "weight_decay", 0.0),
+                  weight_lr_power=option(optim_args, "weight_lr_power", 2.0), r=option(optim_args, "r", 0.0))
+    no_leftovers(name, optim_args)
     return cls(param_groups, **kwargs)
 
 
@@ -209,11 +193,12 @@ def build_stable_adamw(*, param_groups: list[dict[str, Any]], args: Any, optim_a
     from optimi import StableAdamW
 
     optim_args = dict(optim_args)
-    kwargs = {"decouple_lr": _f(optim_args, "decouple_lr", False, bool), "max_lr": _f(optim_args, "max_lr", None),
-              "kahan_sum": _f(optim_args, "kahan_sum", None, bool)}
-    _no_leftovers(name, optim_args)
-    return StableAdamW(param_groups, lr=args.learning_rate, **_adam(args), weight_decay=getattr(args, "weight_decay", 0.0),
-                       **kwargs)
+    kwargs = {"decouple_lr": option(optim_args, "decouple_lr", False, bool),
+              "max_lr": option(optim_args, "max_lr", None),
+              "kahan_sum": option(optim_args, "kahan_sum", None, bool)}
+    no_leftovers(name, optim_args)
+    return StableAdamW(param_groups, lr=args.learning_rate, **adam_kwargs(args),
+                       weight_decay=getattr(args, "weight_decay", 0.0), **kwargs)
 
 
 def build_torchao(*, param_groups: list[dict[str, Any]], args: Any, optim_args: dict[str, Any], name: str,
@@ -229,10 +214,10 @@ def build_torchao(*, param_groups: list[dict[str, Any]], args: Any, optim_args: 
 
     optim_args = dict(optim_args)
     cls = AdamW4bit if name == "adamw_torch_4bit" else AdamW8bit
-    kwargs = {"block_size": _f(optim_args, "block_size", 256, int),
-              "bf16_stochastic_round": _f(optim_args, "bf16_stochastic_round", False, bool)}
-    _no_leftovers(name, optim_args)
-    return cls(param_groups, lr=args.learning_rate, **_adam(args), **kwargs)
+    kwargs = {"block_size": option(optim_args, "block_size", 256, int),
+              "bf16_stochastic_round": option(optim_args, "bf16_stochastic_round", False, bool)}
+    no_leftovers(name, optim_args)
+    return cls(param_groups, lr=args.learning_rate, **adam_kwargs(args), **kwargs)
 
 
 def build_lomo(*, args: Any, optim_args: dict[str, Any], name: str, model: nn.Module, **_: Any) -> Any:
@@ -252,7 +237,7 @@ def build_lomo(*, args: Any, optim_args: dict[str, Any], name: str, model: nn.Mo
     require("lomo_optim", "lomo-optim", "lomo", name)
     from lomo_optim import AdaLomo, Lomo
 
-    _no_leftovers(name, dict(optim_args))
+    no_leftovers(name, dict(optim_args))
     if name == "adalomo":
         try:
             torch.zeros(1).cuda()  # what AdaLomo does for its state
@@ -283,8 +268,7 @@ def fused_backward_of(optimizer: Any, strategy: Any) -> Any:
     module = sys.modules.get("lomo_optim")  # not imported: no LOMO optimizer exists
     if module is None or not isinstance(optimizer, (module.Lomo, module.AdaLomo)):
         return None
-    if strategy.world_size > 1 or strategy.engine_owns_step or "SingleDeviceStrategy" not in {
-            c.__name__ for c in type(strategy).__mro__}:
+    if not is_single_process(strategy):
         raise ValueError(f"optim={type(optimizer).__name__} updates parameters inside backward and runs on a single "
                          f"process (strategy 'single_device'); got {type(strategy).__name__} with "
                          f"{strategy.world_size} process(es).")
@@ -298,30 +282,41 @@ def fused_backward_of(optimizer: Any, strategy: Any) -> Any:
     return backward
 
 
+_GALORE = ("galore_adamw", "galore_adamw_8bit", "galore_adafactor")
+_LAYER_WISE = (*(f"{n}_layerwise" for n in _GALORE), "apollo_adamw_layerwise")
+_SCHEDULE_FREE = ("schedule_free_adamw", "schedule_free_sgd", "schedule_free_radam")
 #: name -> builder (registered in taskfit.optim.optimizers.OPTIMIZERS); builders marked in NEEDS_MODEL get model=
 BUILDERS = {
     "adafactor": build_hf_adafactor,
-    **dict.fromkeys(("galore_adamw", "galore_adamw_8bit", "galore_adafactor"), build_galore),
-    "apollo_adamw": build_apollo,
+    **dict.fromkeys((*_GALORE, *_LAYER_WISE[:3]), build_galore),
+    **dict.fromkeys(("apollo_adamw", "apollo_adamw_layerwise"), build_apollo),
     "grokadamw": build_grokadamw,
-    **dict.fromkeys(("schedule_free_adamw", "schedule_free_sgd", "schedule_free_radam"), build_schedule_free),
+    **dict.fromkeys(_SCHEDULE_FREE, build_schedule_free),
     "stable_adamw": build_stable_adamw,
     **dict.fromkeys(("adamw_torch_4bit", "adamw_torch_8bit"), build_torchao),
     **dict.fromkeys(("lomo", "adalomo"), build_lomo),
 }
-NEEDS_MODEL = ("galore_adamw", "galore_adamw_8bit", "galore_adafactor", "apollo_adamw", "lomo", "adalomo")
+NEEDS_MODEL = (*_GALORE, "apollo_adamw", *_LAYER_WISE, "lomo", "adalomo")
 #: the extra that installs each built name's package
-EXTRAS = {"adafactor": "hf", **dict.fromkeys(NEEDS_MODEL[:3], "galore"), "apollo_adamw": "apollo",
-          "grokadamw": "grokadamw", **dict.fromkeys(("schedule_free_adamw", "schedule_free_sgd", "schedule_free_radam"),
-                                                    "schedulefree"),
-          "stable_adamw": "optimi", "adamw_torch_4bit": "torchao", "adamw_torch_8bit": "torchao",
-          "lomo": "lomo", "adalomo": "lomo"}
+EXTRAS = {"adafactor": "hf", **dict.fromkeys((*_GALORE, *_LAYER_WISE[:3]), "galore"),
+          **dict.fromkeys(("apollo_adamw", "apollo_adamw_layerwise"), "apollo"), "grokadamw": "grokadamw",
+          **dict.fromkeys(_SCHEDULE_FREE, "schedulefree"), "stable_adamw": "optimi", "adamw_torch_4bit": "torchao",
+          "adamw_torch_8bit": "torchao", "lomo": "lomo", "adalomo": "lomo"}
+
+
+def optimizers_with_modes(optimizers: Any) -> list[Any]:
+    """The optimizers (unwrapped from a ``LightningOptimizer``) that have both ``train()`` and ``eval()``
+    (schedule-free): the fit loop asks once per run and switches only these."""
+    out = []
+    for opt in optimizers or ():
+        opt = getattr(opt, "optimizer", opt) if not hasattr(opt, "train") else opt  # a LightningOptimizer wrapper
+        if callable(getattr(opt, "train", None)) and callable(getattr(opt, "eval", None)):
+            out.append(opt)
+    return out
 
 
 def set_optimizer_mode(optimizers: Any, mode: str) -> None:
-    """Call ``optimizer.train()`` / ``.eval()`` on the optimizers that have both (schedule-free), as HF's
-    Trainer does before each training step and before each evaluation; other optimizers are left alone."""
-    for opt in optimizers or ():
-        opt = getattr(opt, "optimizer", opt) if not hasattr(opt, mode) else opt  # a LightningOptimizer wrapper
-        if callable(getattr(opt, "train", None)) and callable(getattr(opt, "eval", None)):
-            getattr(opt, mode)()
+    """Call ``optimizer.train()`` / ``.eval()`` (``mode``) on the optimizers that have both (schedule-free), as
+    HF's Trainer does before each training step and before each evaluation; other optimizers are left alone."""
+    for opt in optimizers_with_modes(optimizers):
+        getattr(opt, mode)()

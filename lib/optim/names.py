@@ -15,14 +15,14 @@ IMPLEMENTED_OPTIMIZERS = (
     "galore_adamw", "galore_adamw_8bit", "galore_adafactor", "apollo_adamw", "grokadamw", "schedule_free_adamw",
     "schedule_free_sgd", "schedule_free_radam", "stable_adamw", "adamw_torch_4bit", "adamw_torch_8bit",
     "lomo", "adalomo",
+    # one optimizer per parameter, stepped inside backward (taskfit.optim.layerwise)
+    "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise", "apollo_adamw_layerwise",
 )
 PENDING_OPTIMIZER_NOTE = "not built in taskfit yet; use one of the built optimizers or pass your own"
 #: HF ``optim`` names accepted by ``FitArguments`` whose optimizer taskfit cannot build: building one raises
 #: ``NotImplementedError`` with the reason (``taskfit.optim.hf_optimizers.UNSUPPORTED``).
 PENDING_OPTIMIZERS = (
     "adamw_hf", "adamw_torch_xla", "adamw_torch_npu_fused", "adamw_apex_fused", "adamw_anyprecision",
-    "galore_adamw_layerwise", "galore_adamw_8bit_layerwise", "galore_adafactor_layerwise",
-    "apollo_adamw_layerwise",
 )
 #: optimizers that read ``optim_target_modules`` (HF: GaLore and APOLLO); any other refuses the option.
 TARGET_MODULE_OPTIMIZERS = tuple(n for n in IMPLEMENTED_OPTIMIZERS + PENDING_OPTIMIZERS

@@ -8,20 +8,22 @@ are split into a decay group and a no-decay group (biases and normalisation laye
 ``rmsprop``, the bitsandbytes family (``adamw_bnb_8bit``, ``adamw_8bit``, ``paged_adamw_*``,
 ``lion_8bit``/``lion_32bit``, ``ademamix*``, ``rmsprop_bnb*``; extra ``bnb``), ``lion`` (lion-pytorch; extra
 ``lion``), and through :mod:`taskfit.optim.hf_optimizers` HF's ``adafactor`` (``transformers.optimization.Adafactor``),
-GaLore, APOLLO, schedule-free, GrokAdamW, StableAdamW and torchao's low-bit AdamW. The remaining HF names (LOMO,
-layer-wise GaLore/APOLLO, XLA/NPU/apex/torchdistx builds) raise ``NotImplementedError`` with the reason.
+GaLore and APOLLO (also layer-wise), schedule-free, GrokAdamW, StableAdamW, torchao's low-bit AdamW and LOMO.
+The remaining HF names (XLA/NPU/apex/torchdistx builds, ``adamw_hf``) raise ``NotImplementedError`` with the
+reason.
 """
 
 from __future__ import annotations
 
 import ast
-import inspect
 import re
 from typing import Any
 
 import torch
 from torch import nn
 
+from taskfit.optim.construct import construct
+from taskfit.optim.construct import require_distribution as _require
 from taskfit.optim.hf_optimizers import BUILDERS, EXTRAS, NEEDS_MODEL, UNSUPPORTED
 from taskfit.optim.names import IMPLEMENTED_OPTIMIZERS, PENDING_OPTIMIZERS, TARGET_MODULE_OPTIMIZERS
 from taskfit.registry import Registry
@@ -205,38 +207,6 @@ def parse_optim_args(optim_args: str | dict[str, Any] | None) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------- builders
-def _accepted_kwargs(cls: type) -> list[str]:
-    """Keyword arguments of ``cls.__init__`` other than ``self`` and ``params``."""
-    sig = inspect.signature(cls.__init__)
-    return [
-        n
-        for n, p in sig.parameters.items()
-        if n not in ("self", "params") and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    ]
-
-
-def _construct(
-    name: str,
-    cls: type[torch.optim.Optimizer],
-    param_groups: list[dict[str, Any]],
-    kwargs: dict[str, Any],
-    optim_args: dict[str, Any],
-) -> torch.optim.Optimizer:
-    """``cls(param_groups, **kwargs, **optim_args)`` after checking that every ``optim_args`` key is accepted.
-
-    Raises:
-        TypeError: an ``optim_args`` key that ``cls`` does not accept; names it and the accepted ones.
-    """
-    accepted = _accepted_kwargs(cls)
-    unknown = sorted(set(optim_args) - set(accepted))
-    if unknown:
-        raise TypeError(
-            f"optim_args {unknown} are not accepted by optim={name!r} "
-            f"({cls.__module__}.{cls.__qualname__}); accepted: {', '.join(accepted)}."
-        )
-    return cls(param_groups, **{**kwargs, **optim_args})
-
-
 def _build_adamw(
     *,
     param_groups: list[dict[str, Any]],
@@ -274,7 +244,7 @@ def _build_adamw(
             and not {"fused", "foreach", "differentiable", "capturable"} & set(optim_args):
         fused = True  # on CUDA the fused kernel is the fastest AdamW (F-ACC-2); optim_args may opt out
     if not fused:
-        return _construct(name, torch.optim.AdamW, param_groups, kwargs, optim_args)
+        return construct(name, torch.optim.AdamW, param_groups, kwargs, optim_args)
     kwargs["fused"] = True
     supported = _fused_supported_devices()
     bad = sorted(
@@ -292,7 +262,7 @@ def _build_adamw(
             f"Use optim='adamw_torch' instead."
         )
     try:
-        return _construct(name, torch.optim.AdamW, param_groups, kwargs, optim_args)
+        return construct(name, torch.optim.AdamW, param_groups, kwargs, optim_args)
     except RuntimeError as err:  # e.g. fused with foreach=True or differentiable=True from optim_args
         raise ValueError(f"optim={name!r}: {err}") from err
 
@@ -316,19 +286,9 @@ def _build_torch(
     cls: type[torch.optim.Optimizer],
 ) -> torch.optim.Optimizer:
     """``cls(groups, lr=learning_rate, **optim_args)`` for SGD/Adagrad/RMSprop (HF ``_get_sgd`` etc.)."""
-    return _construct(
+    return construct(
         name, cls, param_groups, {"lr": args.learning_rate, "weight_decay": weight_decay}, optim_args
     )
-
-
-def _require(package: str, extra: str, name: str) -> None:
-    """Raise ``ModuleNotFoundError`` naming the extra to install when ``package`` is missing."""
-    from lightning_utilities.core.imports import RequirementCache
-
-    found = RequirementCache(package)
-    if not found:
-        raise ModuleNotFoundError(f"optim={name!r} needs the {package!r} package: pip install 'taskfit[{extra}]' "
-                                  f"({found.message}).")
 
 
 def _build_bnb(
@@ -367,7 +327,7 @@ def _build_bnb(
         cls = bnb.optim.RMSprop
     if "rmsprop" not in name:
         kwargs["is_paged"] = "paged" in name
-    return _construct(name, cls, param_groups, kwargs, optim_args)
+    return construct(name, cls, param_groups, kwargs, optim_args)
 
 
 def _build_lion(
@@ -385,7 +345,7 @@ def _build_lion(
 
     optim_args = dict(optim_args)
     betas = (float(optim_args.pop("beta1", args.adam_beta1)), float(optim_args.pop("beta2", args.adam_beta2)))
-    return _construct(name, Lion, param_groups,
+    return construct(name, Lion, param_groups,
                       {"lr": args.learning_rate, "betas": betas, "weight_decay": weight_decay}, optim_args)
 
 

@@ -18,6 +18,7 @@ from typing import Any
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR, LRScheduler, ReduceLROnPlateau
 
+from taskfit.optim.layerwise import LayerWiseOptimizer, LayerWiseScheduler
 from taskfit.optim.names import LR_SCHEDULER_NAMES
 from taskfit.registry import Registry
 
@@ -471,12 +472,14 @@ def create_scheduler(
 
     Returns:
         LRScheduler | ReduceLROnPlateau: a ``LambdaLR`` for every name except ``reduce_lr_on_plateau``, which
-        returns ``ReduceLROnPlateau`` (``is_metric_scheduler`` is True for it).
+        returns ``ReduceLROnPlateau`` (``is_metric_scheduler`` is True for it). For a layer-wise optimizer
+        (``*_layerwise``) a :class:`~taskfit.optim.layerwise.LayerWiseScheduler`: one such schedule per parameter,
+        stepped in its backward hook (HF ``get_scheduler``'s layer-wise branch).
 
     Raises:
         ValueError: unknown ``lr_scheduler_type`` (valid names and a "Did you mean"); bad JSON in
             ``lr_scheduler_kwargs``; invalid values for the schedule (e.g. ``lr_end >= lr``, missing
-            ``min_lr``); bad warmup settings.
+            ``min_lr``); bad warmup settings. ``reduce_lr_on_plateau`` for a layer-wise optimizer.
         TypeError: ``lr_scheduler_kwargs`` keys the schedule does not accept (names them and the accepted
             ones); ``lr_scheduler_kwargs`` is neither a dict nor a JSON object string.
     """
@@ -497,6 +500,13 @@ def create_scheduler(
             f"{', '.join(accepted) or 'none'}{hint}."
         )
     num_warmup_steps = get_warmup_steps(args, num_training_steps)
+    if isinstance(optimizer, LayerWiseOptimizer):  # one schedule per parameter, stepped in its backward hook (HF)
+        if name == "reduce_lr_on_plateau":
+            raise ValueError(f"lr_scheduler_type={name!r} steps with an evaluation metric, but optim="
+                             f"{optimizer.name!r} steps each parameter's schedule inside backward, where there is "
+                             "none; choose another lr_scheduler_type.")
+        return LayerWiseScheduler(optimizer, lambda opt: entry.build(
+            optimizer=opt, num_warmup_steps=num_warmup_steps, num_training_steps=num_training_steps, **kwargs))
     return entry.build(
         optimizer=optimizer,
         num_warmup_steps=num_warmup_steps,

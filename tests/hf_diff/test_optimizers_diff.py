@@ -14,7 +14,8 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers.Trainer needs it
 
 from taskfit import FitArguments  # noqa: E402
-from taskfit.optim.hf_optimizers import EXTRAS, UNSUPPORTED, require  # noqa: E402
+from taskfit.optim.construct import require  # noqa: E402
+from taskfit.optim.hf_optimizers import EXTRAS, UNSUPPORTED  # noqa: E402
 from taskfit.optim.optimizers import create_optimizer  # noqa: E402
 
 from common import assert_same, hf_names, weights  # noqa: E402
@@ -69,7 +70,8 @@ def _installed(name: str) -> bool:
 #: cheap ones run by default; the others (slower packages) under `slow`
 DEFAULT_RUN = ("adafactor", "schedule_free_adamw", "grokadamw")
 LOW_RANK = {"optim_target_modules": ["up", "down"], "optim_args": "rank=2,update_proj_gap=2"}
-CASES = [pytest.param(n, marks=() if n in DEFAULT_RUN else pytest.mark.slow) for n in sorted(EXTRAS)]
+CASES = [pytest.param(n, marks=() if n in DEFAULT_RUN else pytest.mark.slow) for n in sorted(EXTRAS)
+         if not n.endswith("_layerwise")]  # one optimizer per parameter: test_layerwise_optim.py
 
 
 @pytest.mark.parametrize("name", CASES)
@@ -120,8 +122,7 @@ def test_f_loop_4_adafactor_is_transformers_adafactor():
 @pytest.mark.parametrize("name", sorted(UNSUPPORTED))
 def test_f_loop_4_unsupported_names_say_why(name):
     with pytest.raises(NotImplementedError, match=rf"optim='{name}' is not supported by taskfit: "):
-        create_optimizer(MLP(), FitArguments(optim=name, optim_target_modules=["up"] if "_layerwise" in name
-                                             else None))
+        create_optimizer(MLP(), FitArguments(optim=name))
 
 
 def test_f_loop_4_missing_package_names_the_extra():

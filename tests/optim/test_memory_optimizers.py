@@ -119,16 +119,16 @@ def test_f_loop_4_missing_package_names_the_extra():
 
 def test_f_loop_4_optim_args_and_target_modules():
     """F-LOOP-4: optim_args reach HF's Adafactor (unknown keys are refused with the accepted list);
-    optim_target_modules is refused for optimizers that ignore it and layer-wise GaLore is reported as not
-    supported."""
+    optim_target_modules is refused for optimizers that ignore it and an HF name taskfit does not build is
+    reported as not supported."""
     opt = create_optimizer(Net(), FitArguments(optim="adafactor", optim_args={"decay_rate": -0.7, "eps": (1e-30, 0.01)}))
     assert opt.param_groups[0]["decay_rate"] == -0.7 and opt.param_groups[0]["eps"] == (1e-30, 0.01)
     with pytest.raises(TypeError, match=r"optim_args \['momentum'\] are not accepted by optim='adafactor'"):
         create_optimizer(Net(), FitArguments(optim="adafactor", optim_args="momentum=0.9"))
     with pytest.raises(ValueError, match=r"optim_target_modules=\['attn'\] is only read by the GaLore/APOLLO"):
         create_optimizer(Net(), FitArguments(optim="adamw_torch", optim_target_modules=["attn"]))
-    with pytest.raises(NotImplementedError, match="optim='galore_adamw_layerwise' is not supported by taskfit"):
-        create_optimizer(Net(), FitArguments(optim="galore_adamw_layerwise", optim_target_modules=["attn"]))
+    with pytest.raises(NotImplementedError, match="optim='adamw_anyprecision' is not supported by taskfit"):
+        create_optimizer(Net(), FitArguments(optim="adamw_anyprecision"))
     with pytest.raises(ValueError, match="optimizer for the memory estimate"):
         optimizer_state_bytes("lomo", torch.zeros(3))
 

@@ -19,10 +19,6 @@ HF_PENDING = [
     "adamw_torch_npu_fused",
     "adamw_apex_fused",
     "adamw_anyprecision",
-    "galore_adamw_layerwise",
-    "galore_adamw_8bit_layerwise",
-    "galore_adafactor_layerwise",
-    "apollo_adamw_layerwise",
 ]
 
 
