@@ -200,6 +200,7 @@ _DDP_JOB = """
 import sys
 import torch
 import taskfit.hf as m
+from torch import nn
 
 class Net(nn.Module):
     def __init__(self):
