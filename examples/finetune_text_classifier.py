@@ -184,6 +184,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--learning-rate", type=float, default=5e-5)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the newest complete checkpoint in --output-dir (after Ctrl-C, SIGTERM or a kill)")
     return p.parse_args(argv)
 
 
@@ -202,14 +204,14 @@ def main(argv=None) -> dict:
     args = FitArguments(
         output_dir=a.output_dir, num_train_epochs=1, max_steps=a.max_steps,
         per_device_train_batch_size=a.batch_size, per_device_eval_batch_size=128,
-        learning_rate=a.learning_rate, warmup_ratio=0.1, max_grad_norm=1.0,
+        learning_rate=a.learning_rate, warmup_steps=0.1, max_grad_norm=1.0,  # a float < 1: a ratio (HF 5)
         eval_strategy="steps", eval_steps=max(1, math.ceil(steps / 3)), logging_steps=max(1, min(10, steps)),
         save_strategy="steps", save_steps=steps, seed=a.seed, dataloader_num_workers=0, disable_tqdm=a.quiet)
     fit = Fit(args)
 
     before = fit.test(module, data.test)
     print(f"test accuracy before fine-tuning: {before['test_acc']:.4f}")
-    train = fit.fit(module, data.train, data.val)
+    train = fit.fit(module, data.train, data.val, resume_from_checkpoint=True if a.resume else None)
     evals = [h for h in fit.state.log_history if "eval_acc" in h]
     print("validation during training: "
           + ", ".join(f"step {h['step']} acc {h['eval_acc']:.3f}" for h in evals))

@@ -169,8 +169,8 @@ class GracefulStop:
             if checkpoint:
                 msg = (f"Received {name}: stopped after optimizer step {step}; the last complete checkpoint is "
                        f"{checkpoint}\n"
-                       f"Resume with: {resume_command(checkpoint)}  (fit.fit(..., resume_from_checkpoint=True) "
-                       "continues from it)")
+                       f"Resume with: {resume_command(checkpoint)}  (a script whose fit.fit(...) is given "
+                       "resume_from_checkpoint=True continues from it)")
             else:
                 msg = (f"Received {name}: stopped after optimizer step {step}; there is no complete checkpoint "
                        "(save_on_interrupt=True writes one on this signal too).")

@@ -8,7 +8,7 @@ from typing import Any
 
 from taskfit.callbacks.base import Callback
 
-_SPEED = ("_runtime", "_per_second")
+_SPEED = ("_runtime", "_per_second", "_model_preparation_time")
 
 
 def _fmt(value: Any) -> Any:

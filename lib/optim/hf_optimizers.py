@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from taskfit.optim.construct import adam_kwargs, construct, is_single_process, no_leftovers, option, require
-from taskfit.optim.layerwise import build_layer_wise
+from taskfit.optim.layerwise import build_layer_wise, with_plain_state
 
 __all__ = ["BUILDERS", "EXTRAS", "NEEDS_MODEL", "UNSUPPORTED", "fused_backward_of", "optimizers_with_modes",
            "require", "set_optimizer_mode"]
@@ -104,7 +104,9 @@ def build_galore(*, args: Any, optim_args: dict[str, Any], name: str, model: nn.
         kwargs.update(scale_parameter=False, relative_step=False)
     no_leftovers(name, optim_args)
     groups = _target_groups(model, args, name, extra)
-    return build_layer_wise(name, cls, groups, kwargs, args) if name != base else cls(groups, **kwargs)
+    if name != base:
+        return build_layer_wise(name, cls, groups, kwargs, args)
+    return with_plain_state(cls(groups, **kwargs))  # optimizer.pt loads with weights_only=True
 
 
 def build_apollo(*, args: Any, optim_args: dict[str, Any], name: str, model: nn.Module, **_: Any) -> Any:
@@ -130,7 +132,7 @@ def build_apollo(*, args: Any, optim_args: dict[str, Any], name: str, model: nn.
     groups, kwargs = _target_groups(model, args, name, extra), {"lr": args.learning_rate}
     if name.endswith("_layerwise"):
         return build_layer_wise(name, APOLLOAdamW, groups, kwargs, args)
-    return APOLLOAdamW(groups, **kwargs)
+    return with_plain_state(APOLLOAdamW(groups, **kwargs))
 
 
 def build_grokadamw(*, param_groups: list[dict[str, Any]], args: Any, optim_args: dict[str, Any], name: str,

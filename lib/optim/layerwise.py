@@ -36,7 +36,7 @@ from torch.optim.lr_scheduler import LRScheduler
 
 from taskfit.optim.construct import is_single_process
 
-__all__ = ["LayerWiseOptimizer", "LayerWiseScheduler", "build_layer_wise", "check_layer_wise_run"]
+__all__ = ["LayerWiseOptimizer", "LayerWiseScheduler", "build_layer_wise", "check_layer_wise_run", "with_plain_state"]
 
 #: packages whose objects in an optimizer's state (GaLore / APOLLO projectors) are saved as plain attributes
 _OBJECT_PACKAGES = ("galore_torch", "apollo_torch")
@@ -122,6 +122,17 @@ def _restored(value: Any, device: torch.device, in_object: bool = False) -> Any:
     if in_object and isinstance(value, torch.Tensor):
         return value.to(device)
     return value
+
+
+def with_plain_state(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """``optimizer`` (a GaLore / APOLLO optimizer stepping all its parameters) with state-dict hooks that write its
+    projector objects as plain attributes and restore them on load, as the layer-wise form does: its
+    ``optimizer.pt`` then loads with ``torch.load(weights_only=True)`` and a run resumes without trusting pickles.
+    Returns ``optimizer``."""
+    device = next((p.device for g in optimizer.param_groups for p in g["params"]), torch.device("cpu"))
+    optimizer.register_state_dict_post_hook(lambda _opt, state: _plain(state))
+    optimizer.register_load_state_dict_pre_hook(lambda _opt, state: _restored(state, device))
+    return optimizer
 
 
 class LayerWiseOptimizer(torch.optim.Optimizer):

@@ -237,11 +237,12 @@ def test_f_loop_4_layer_wise_refuses_several_processes(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
-@pytest.mark.parametrize("name", ["galore_adamw_layerwise", "apollo_adamw_layerwise"])
+@pytest.mark.parametrize("name", ["galore_adamw_layerwise", "apollo_adamw_layerwise", "galore_adamw", "apollo_adamw"])
 def test_f_loop_4_layer_wise_resume_is_exact(name, tmp_path):
     """A run resumed from its step-3 checkpoint (every parameter's optimizer state, GaLore / APOLLO projectors
     included, and schedule; loaded with weights_only=True) ends at the same weights and log history as the run
-    that never stopped."""
+    that never stopped. The one-optimizer forms too: their projectors are written as plain attributes as well
+    (pickled objects would need weights_only=False to resume)."""
     _package(name)
     full = _train("tf", str(tmp_path / "full"), name, save_strategy="steps", save_steps=3)
     ckpt = tmp_path / "full" / "checkpoint-3"
