@@ -17,10 +17,11 @@ from typing import Any
 _GROUPS: dict[Any, str] = {}
 
 
-def _opt(default: Any, help: str, group: str, factory: Callable[[], Any] | None = None) -> Any:
+def _opt(default: Any, help: str, group: str, factory: Callable[[], Any] | None = None, **argparse: Any) -> Any:
     """A dataclass field with ``metadata={"help": ...}`` (as HF's fields, so ``HfArgumentParser`` reads it) and
-    ``group`` recorded for :func:`field_group`."""
-    metadata = {"help": help}
+    ``group`` recorded for :func:`field_group`; ``argparse`` keywords (``nargs``, ``const``) join the metadata,
+    which ``transformers.HfArgumentParser`` passes to ``add_argument``."""
+    metadata = {"help": help, **argparse}
     f = field(default_factory=factory, metadata=metadata) if factory is not None else field(default=default,
                                                                                          metadata=metadata)
     _GROUPS[f] = group
@@ -29,11 +30,10 @@ def _opt(default: Any, help: str, group: str, factory: Callable[[], Any] | None 
 
 #: kinds an option accepts beyond its annotation. The annotations stay in the shapes ``HfArgumentParser`` can
 #: turn into one argparse type (HF's own annotations for HF fields); these are the other values Python callers may
-#: pass (``fsdp=True``, ``resume_from_checkpoint=True``, ``fast_dev_run=5``, ``limit_train_batches=10``).
+#: pass (``fsdp=True``, ``resume_from_checkpoint=True``, ``devices=[0, 1]``). Lightning's two-type switches
+#: (``fast_dev_run``, ``limit_*_batches``) carry their kinds in their annotation (``taskfit.arguments_taskfit``).
 EXTRA_KINDS: dict[str, tuple[type, ...]] = {
-    "devices": (int, list), "fsdp": (bool,), "resume_from_checkpoint": (bool,), "trackio_static_space_id": (bool,), "fast_dev_run": (int,),
-    "limit_train_batches": (int,), "limit_val_batches": (int,), "limit_test_batches": (int,),
-    "limit_predict_batches": (int,), "overfit_batches": (int,),
+    "devices": (int, list), "fsdp": (bool,), "resume_from_checkpoint": (bool,), "trackio_static_space_id": (bool,),
 }
 
 
