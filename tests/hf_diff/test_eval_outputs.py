@@ -21,7 +21,7 @@ from torch import nn  # noqa: E402
 from transformers.modeling_outputs import ModelOutput  # noqa: E402
 
 TRAIN = RegressionDataset(length=16)
-EVAL = RegressionDataset(length=12, seed=1)
+EVAL = RegressionDataset(length=16, seed=1)  # whole eval batches: eval_loss exact
 
 
 @dataclasses.dataclass
@@ -93,8 +93,8 @@ def test_ignore_keys_on_the_default_evaluation_path_F_HF_1(tmp_path, model_outpu
     assert_same(hf, tf)
     assert hf[1]["eval_n_outputs"] == n_outputs
     during = [r["eval_n_outputs"] for r in hf[0]["log_history"] if "eval_n_outputs" in r]
-    assert during == [1 if train_keys else n_outputs] * 2
-    expected = ((12,), (12, 2), (12,))[:n_outputs] if ignore is None and eval_keys is None else None
+    assert during == [1 if train_keys else n_outputs] * 2 + [n_outputs]  # steps 2, 4, then evaluate()
+    expected = ((16,), (16, 2), (16,))[:n_outputs] if ignore is None and eval_keys is None else None
     if expected is not None:
         assert hf[2] == expected
 
