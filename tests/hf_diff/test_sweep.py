@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import os
+import types
 
 import pytest
 
@@ -63,8 +64,10 @@ def test_save_only_model_F_HF_1(tmp_path):
 
 def test_load_best_model_at_end_with_save_total_limit_F_HF_1(tmp_path):
     """F-HF-1: ``load_best_model_at_end`` with ``save_total_limit=1`` keeps the best checkpoint and the newest
-    one (HF's rule: the best is never deleted, and the last survives for resuming), records the same
-    ``best_model_checkpoint`` / ``best_metric`` and ends with the best checkpoint's weights."""
+    one while training (the best is never deleted, the newest survives for resuming) and the best alone at the end
+    (HF deletes the others after training), records the same ``best_model_checkpoint`` / ``best_metric`` and ends
+    with the best checkpoint's weights. Documented difference: taskfit's final train row and ``TrainOutput.metrics``
+    also carry ``best_global_step``, ``best_metric`` and ``best_model_checkpoint``."""
     def run(m, out):
         # a high learning rate: eval_loss rises after the first steps, so the best is not the last
         t, r = _regression(m, out, eval_strategy="steps", eval_steps=2, save_strategy="steps", save_steps=2,
@@ -72,16 +75,24 @@ def test_load_best_model_at_end_with_save_total_limit_F_HF_1(tmp_path):
         best = os.path.basename(t.state.best_model_checkpoint)
         return summary(t, r), sorted(_folders(out)), best, t.state.best_metric
     hf, tf = both(run, tmp_path)
+    # documented difference: taskfit's final train row and TrainOutput.metrics also carry the best checkpoint
+    best = {"best_global_step": int(tf[2].split("-")[1]), "best_metric": tf[3],
+            "best_model_checkpoint": os.path.join(str(tmp_path), "tf", tf[2])}
+    final_row, train_metrics = tf[0]["log_history"][-1], tf[0]["train_output"][2]
+    assert {k: final_row.pop(k) for k in best} == best == {k: train_metrics.pop(k) for k in best}
+    tf[0]["train_metric_keys"] = [k for k in tf[0]["train_metric_keys"] if k not in best]
     assert_same(hf, tf)
-    assert hf[2] != "checkpoint-8" and hf[1] == sorted([hf[2], "checkpoint-8"])
+    assert hf[2] != "checkpoint-8" and hf[1] == [hf[2]]  # the newest was kept while training, deleted at the end
 
 
 class Classifier(nn.Module):
-    """3 classes from 4 features, returning ``{"loss", "logits"}`` (the loss only given labels)."""
+    """3 classes from 4 features, returning ``{"loss", "logits"}`` (the loss only given labels); a ``config``, as
+    HF's label smoothing reads ``model.config.problem_type``."""
 
     def __init__(self) -> None:
         super().__init__()
         self.lin = nn.Linear(4, 3)
+        self.config = types.SimpleNamespace(problem_type="single_label_classification")
 
     def forward(self, x, labels=None):
         logits = self.lin(x)
