@@ -35,8 +35,9 @@ def shifted(samples):
     return {**batch, "labels": batch["labels"] + 1.0}
 
 
-def subclass(mode: str, calls: list) -> type:
-    """The Trainer subclass of ``mode`` whose overrides append to ``calls``."""
+def subclass(mode: str, calls: list, names: object = m) -> type:
+    """The Trainer subclass of ``mode`` whose overrides append to ``calls`` (``names``: ``taskfit.hf``, or
+    ``transformers`` for the single-process oracle run)."""
     methods: dict = {}
 
     def create_optimizer(self, model=None):
@@ -100,7 +101,7 @@ def subclass(mode: str, calls: list) -> type:
         methods.update({f.__name__: f for f in (
             create_optimizer_and_scheduler, get_train_dataloader, get_eval_dataloader, get_test_dataloader,
             training_step, prediction_step, evaluate, predict, log)})
-    cls = type("Sub", (m.Trainer,), methods)
+    cls = type("Sub", (names.Trainer,), methods)
     return cls
 
 

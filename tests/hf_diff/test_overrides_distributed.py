@@ -64,15 +64,17 @@ def _scalar(value: list) -> float:
 
 
 def _expected_all_calls() -> list:
-    """What each of 2 ranks records (HF 5's order, as the single-process scenarios of test_overrides_points prove):
-    32 samples / 2 ranks / batch 4 = 4 steps, a log and an evaluation (16 / 2 / 4 = 2 batches, loss only) every 2
-    steps, the train summary row, then predict over 8 samples (1 batch per rank, all 8 predictions gathered)."""
+    """What each of 2 ranks records, in HF 5's order (test_overrides_points' single-process run of the same
+    subclass equals transformers'): 32 samples / 2 ranks / batch 4 = 4 steps, a log and an evaluation
+    (16 / 2 / 4 = 2 batches, loss only) every 2 steps, the train summary row, then predict over 8 samples (1 batch
+    per rank, all 8 predictions gathered). Each log() override sees the row before log() adds the epoch, and its
+    copy of the row leaves evaluate()'s metrics without one, as in HF."""
     window = [["training_step", 4]] * 2 + [
-        ["log", ["epoch", "grad_norm", "learning_rate", "loss"]], ["get_eval_dataloader", 2],
-        ["prediction_step", 4, True], ["prediction_step", 4, True], ["log", ["epoch", "eval_loss"]],
-        ["evaluate", ["epoch", "eval_loss"]]]
-    return ([["create_optimizer", "None"], ["create_scheduler", 4, "None"], ["get_train_dataloader", 4]]
-            + window * 2 + [["log", ["epoch", "train_loss"]], ["get_test_dataloader", 1],
+        ["log", ["grad_norm", "learning_rate", "loss"]], ["get_eval_dataloader", 2],
+        ["prediction_step", 4, True], ["prediction_step", 4, True], ["log", ["eval_loss"]],
+        ["evaluate", ["eval_loss"]]]
+    return ([["get_train_dataloader", 4], ["create_optimizer", "None"], ["create_scheduler", 4, "None"]]
+            + window * 2 + [["log", ["train_loss"]], ["get_test_dataloader", 1],
                             ["prediction_step", 4, False], ["predict", [8]]])
 
 
@@ -92,7 +94,6 @@ def test_every_override_point_under_ddp_and_deepspeed_F_HF_1(strategy, tmp_path)
         assert all("calls" in row for row in r["log_history"])  # the log override's key, in every row
     assert [r["calls"] for r in reference] == [[["create_optimizer", "None"], ["create_scheduler", 4, "None"]]] * 2
     assert ranks[0]["weights"] == reference[0]["weights"]  # the override trained (labels + 1), nothing else changed
-    assert abs(_scalar(ranks[0]["weights"]["lin.bias"]) - _scalar(reference[0]["weights"]["lin.bias"])) == 0.0
     assert ranks[0]["optimizer"] == "SGD"
 
 
