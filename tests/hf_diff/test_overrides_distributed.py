@@ -63,14 +63,17 @@ def _scalar(value: list) -> float:
     return value
 
 
-def _expected_all_calls() -> list:
+def _expected_all_calls(grad_norm: bool = True) -> list:
     """What each of 2 ranks records, in HF 5's order (test_overrides_points' single-process run of the same
     subclass equals transformers'): 32 samples / 2 ranks / batch 4 = 4 steps, a log and an evaluation
     (16 / 2 / 4 = 2 batches, loss only) every 2 steps, the train summary row, then predict over 8 samples (1 batch
     per rank, all 8 predictions gathered). Each log() override sees the row before log() adds the epoch, and its
-    copy of the row leaves evaluate()'s metrics without one, as in HF."""
+    copy of the row leaves evaluate()'s metrics without one, as in HF. ``grad_norm=False``: under DeepSpeed without
+    clipping (``max_grad_norm=0``) taskfit logs no ``grad_norm`` (a documented difference: HF logs the engine's
+    global norm)."""
     window = [["training_step", 4]] * 2 + [
-        ["log", ["grad_norm", "learning_rate", "loss"]], ["get_eval_dataloader", 2],
+        ["log", ["grad_norm", "learning_rate", "loss"] if grad_norm else ["learning_rate", "loss"]],
+        ["get_eval_dataloader", 2],
         ["prediction_step", 4, True], ["prediction_step", 4, True], ["log", ["eval_loss"]],
         ["evaluate", ["eval_loss"]]]
     return ([["get_train_dataloader", 4], ["create_optimizer", "None"], ["create_scheduler", 4, "None"]]
@@ -89,7 +92,7 @@ def test_every_override_point_under_ddp_and_deepspeed_F_HF_1(strategy, tmp_path)
     ranks = _run(tmp_path, "override", strategy, ALL_JOB)
     reference = _run(tmp_path, "reference", strategy, ALL_JOB)
     for r in ranks:
-        assert r["world_size"] == 2 and r["calls"] == _expected_all_calls()
+        assert r["world_size"] == 2 and r["calls"] == _expected_all_calls(not strategy.startswith("deepspeed"))
         assert r["weights"] == ranks[0]["weights"]  # replicas stay identical
         assert all("calls" in row for row in r["log_history"])  # the log override's key, in every row
     assert [r["calls"] for r in reference] == [[["create_optimizer", "None"], ["create_scheduler", 4, "None"]]] * 2
