@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 4 two-process jobs, ~1 min on 2 cores
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 8 two-process jobs and 2 one-process ones, ~4 min
 JOB = Path(__file__).parent / "overrides_ddp_job.py"
 ALL_JOB = Path(__file__).parent / "overrides_all_job.py"
 
