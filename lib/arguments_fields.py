@@ -11,16 +11,29 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+# the choices HfArgumentParser checks while parsing (HF's enum / choices options); FitArguments checks the same
+# tables again when it is built
+from taskfit.arguments_validation import DDP_BACKENDS as _DDP_BACKENDS
+from taskfit.arguments_validation import HUB_STRATEGIES as _HUB
+from taskfit.arguments_validation import INTERVAL_STRATEGIES as _INTERVALS
+from taskfit.arguments_validation import LOG_LEVELS as _LOG_LEVELS
+from taskfit.arguments_validation import LR_SCHEDULERS as LR_SCHEDULER_NAMES
+from taskfit.arguments_validation import MULTIPROCESSING_CONTEXTS as _MP_CONTEXTS
+from taskfit.arguments_validation import OPTIMIZERS as OPTIMIZER_NAMES
+from taskfit.arguments_validation import SAVE_STRATEGIES as _SAVES
+from taskfit.arguments_validation import TRAIN_SAMPLING_STRATEGIES as _SAMPLINGS
+
 
 #: each option field -> its help group (orders the CLI help). Kept out of ``Field.metadata``, which
 #: ``transformers.HfArgumentParser`` passes to ``argparse.add_argument`` as keyword arguments.
 _GROUPS: dict[Any, str] = {}
 
 
-def _opt(default: Any, help: str, group: str, factory: Callable[[], Any] | None = None) -> Any:
+def _opt(default: Any, help: str, group: str, factory: Callable[[], Any] | None = None, **argparse: Any) -> Any:
     """A dataclass field with ``metadata={"help": ...}`` (as HF's fields, so ``HfArgumentParser`` reads it) and
-    ``group`` recorded for :func:`field_group`."""
-    metadata = {"help": help}
+    ``group`` recorded for :func:`field_group`; ``argparse`` keywords (``nargs``, ``const``) join the metadata,
+    which ``transformers.HfArgumentParser`` passes to ``add_argument``."""
+    metadata = {"help": help, **argparse}
     f = field(default_factory=factory, metadata=metadata) if factory is not None else field(default=default,
                                                                                          metadata=metadata)
     _GROUPS[f] = group
@@ -29,11 +42,10 @@ def _opt(default: Any, help: str, group: str, factory: Callable[[], Any] | None 
 
 #: kinds an option accepts beyond its annotation. The annotations stay in the shapes ``HfArgumentParser`` can
 #: turn into one argparse type (HF's own annotations for HF fields); these are the other values Python callers may
-#: pass (``fsdp=True``, ``resume_from_checkpoint=True``, ``fast_dev_run=5``, ``limit_train_batches=10``).
+#: pass (``fsdp=True``, ``resume_from_checkpoint=True``, ``devices=[0, 1]``). Lightning's two-type switches
+#: (``fast_dev_run``, ``limit_*_batches``) carry their kinds in their annotation (``taskfit.arguments_taskfit``).
 EXTRA_KINDS: dict[str, tuple[type, ...]] = {
-    "devices": (int, list), "fsdp": (bool,), "resume_from_checkpoint": (bool,), "trackio_static_space_id": (bool,), "fast_dev_run": (int,),
-    "limit_train_batches": (int,), "limit_val_batches": (int,), "limit_test_batches": (int,),
-    "limit_predict_batches": (int,), "overfit_batches": (int,),
+    "devices": (int, list), "fsdp": (bool,), "resume_from_checkpoint": (bool,), "trackio_static_space_id": (bool,),
 }
 
 
@@ -66,11 +78,11 @@ class HFTrainingFields:
     num_train_epochs: float = _opt(3.0, "Epochs to train (a fraction trains part of the last epoch); ignored if max_steps > 0.", "training")
     max_steps: int = _opt(-1, "Total optimizer steps; overrides num_train_epochs when > 0 (-1 = use epochs).", "training")
     learning_rate: float = _opt(5e-05, "Initial (peak) learning rate of the optimizer.", "optimizer")
-    lr_scheduler_type: str = _opt("linear", "Learning-rate schedule name (linear, cosine, constant, ...).", "schedule")
+    lr_scheduler_type: str = _opt("linear", "Learning-rate schedule name (linear, cosine, constant, ...).", "schedule", choices=LR_SCHEDULER_NAMES)
     lr_scheduler_kwargs: dict | str | None = _opt(None, "Extra keyword arguments for the schedule (dict or JSON string).", "schedule")
     warmup_steps: float = _opt(0, "Linear warmup from 0: optimizer steps when >= 1, a fraction of the run's steps "
                                      "when in (0, 1) (HF 5).", "schedule")
-    optim: str = _opt(DEFAULT_OPTIM, "Optimizer name (adamw_torch_fused, adamw_torch, sgd, adafactor, adamw_bnb_8bit, galore_adamw, ...).", "optimizer")
+    optim: str = _opt(DEFAULT_OPTIM, "Optimizer name (adamw_torch_fused, adamw_torch, sgd, adafactor, adamw_bnb_8bit, galore_adamw, ...).", "optimizer", choices=OPTIMIZER_NAMES)
     optim_args: str | dict | None = _opt(None, "Extra optimizer arguments: dict, JSON object or 'k1=v1,k2=v2'.", "optimizer")
     weight_decay: float = _opt(0.0, "Decoupled weight decay, skipped for biases and norm weights.", "optimizer")
     adam_beta1: float = _opt(0.9, "beta1 of Adam-type optimizers, in [0, 1).", "optimizer")
@@ -86,9 +98,9 @@ class HFTrainingFields:
     bf16_full_eval: bool = _opt(False, "Evaluate in pure bfloat16 (faster, may change metrics).", "precision")
     fp16_full_eval: bool = _opt(False, "Evaluate in pure float16 (faster, may change metrics).", "precision")
     tf32: bool | None = _opt(None, "Enable TF32 matmul/cuDNN on Ampere+ CUDA GPUs; None = PyTorch default.", "precision")
-    activation_checkpointing: bool | None = _opt(None, "Recompute activations in backward to save memory (slower); None = off.", "precision")
+    activation_checkpointing: bool | None = _opt(None, "Recompute activations in backward to save memory (slower); None = off.", "precision", nargs="?", const=True)
     activation_checkpointing_kwargs: dict | str | None = _opt(None, "Keyword arguments for activation checkpointing (dict or JSON string).", "precision")
-    gradient_checkpointing: bool | None = _opt(None, "Deprecated HF 5 alias of activation_checkpointing (mirrors it).", "precision")
+    gradient_checkpointing: bool | None = _opt(None, "Deprecated HF 5 alias of activation_checkpointing (mirrors it).", "precision", nargs="?", const=True)
     gradient_checkpointing_kwargs: dict | str | None = _opt(None, "Deprecated HF 5 alias of activation_checkpointing_kwargs (mirrors it).", "precision")
     torch_compile: bool = _opt(False, "Compile the model with torch.compile.", "precision")
     torch_compile_backend: str | None = _opt(None, "torch.compile backend (implies torch_compile).", "precision")
@@ -99,14 +111,14 @@ class HFTrainingFields:
     neftune_noise_alpha: float | None = _opt(None, "NEFTune embedding-noise scale (training only); None = off.", "training")
     torch_empty_cache_steps: int | None = _opt(None, "Release cached accelerator memory every N steps (no effect on CPU); None = never.", "precision")
     auto_find_batch_size: bool = _opt(False, "Halve the batch size on out-of-memory and retry.", "training")
-    logging_strategy: str = _opt("steps", "When to log: no | steps | epoch.", "logging")
+    logging_strategy: str = _opt("steps", "When to log: no | steps | epoch.", "logging", choices=_INTERVALS)
     logging_steps: float = _opt(500, "Optimizer steps between logs; a float < 1 is a ratio of total steps.", "logging")
     logging_first_step: bool = _opt(False, "Also log (and evaluate) at the first optimizer step.", "logging")
     log_on_each_node: bool = _opt(True, "Log with log_level on the main process of every node, not only node 0.", "logging")
     logging_nan_inf_filter: bool = _opt(True, "Leave nan/inf step losses out of the logged loss average (logging only).", "logging")
     include_num_input_tokens_seen: str | bool = _opt("no", "Track input tokens seen: no | all | non_padding (True = all).", "evaluation")
-    log_level: str | None = _opt("passive", "Python log level on the main process: debug|info|warning|error|critical|passive.", "logging")
-    log_level_replica: str | None = _opt("warning", "Python log level on replica processes (same choices as log_level).", "logging")
+    log_level: str | None = _opt("passive", "Python log level on the main process: debug|info|warning|error|critical|passive.", "logging", choices=_LOG_LEVELS)
+    log_level_replica: str | None = _opt("warning", "Python log level on replica processes (same choices as log_level).", "logging", choices=_LOG_LEVELS)
     disable_tqdm: bool | None = _opt(None, "Disable progress bars; None = decide from the log level.", "logging")
     report_to: None | str | list[str] = _opt(None, "Loggers: none | all | csv | tensorboard | mlflow | wandb (str or list); None = csv.", "logging")
     run_name: str | None = _opt(None, "Name of the run for loggers; None = output_dir.", "logging")
@@ -114,7 +126,7 @@ class HFTrainingFields:
     trackio_space_id: str | None = _opt(None, "Trackio Space (no trackio logger in taskfit; a value warns).", "logging")
     trackio_bucket_id: str | None = _opt(None, "Trackio bucket (no trackio logger in taskfit; a value warns).", "logging")
     trackio_static_space_id: str | None = _opt(None, "Trackio static Space (no trackio logger in taskfit; a value warns).", "logging")
-    eval_strategy: str = _opt("no", "When to evaluate during training: no | steps | epoch.", "evaluation")
+    eval_strategy: str = _opt("no", "When to evaluate during training: no | steps | epoch.", "evaluation", choices=_INTERVALS)
     eval_steps: float | None = _opt(None, "Optimizer steps between evaluations; float < 1 = ratio of total steps; None = logging_steps.", "evaluation")
     eval_delay: float | None = _opt(0, "Epochs or steps (per eval_strategy) to wait before the first evaluation.", "evaluation")
     per_device_eval_batch_size: int = _opt(8, "Evaluation batch size per device (samples).", "evaluation")
@@ -126,7 +138,7 @@ class HFTrainingFields:
     include_for_metrics: list[str] = _opt(None, "Extra values passed to compute_metrics: 'inputs' and/or 'loss'.", "evaluation", list)
     batch_eval_metrics: bool = _opt(False, "Call compute_metrics per batch (with compute_result on the last).", "evaluation")
     save_only_model: bool = _opt(False, "Save only model weights (no optimizer/scheduler/RNG state; cannot resume).", "checkpoint")
-    save_strategy: str = _opt("steps", "When to save checkpoints: no | steps | epoch | best.", "checkpoint")
+    save_strategy: str = _opt("steps", "When to save checkpoints: no | steps | epoch | best.", "checkpoint", choices=_SAVES)
     save_steps: float = _opt(500, "Optimizer steps between checkpoints; a float < 1 is a ratio of total steps.", "checkpoint")
     save_on_each_node: bool = _opt(False, "Save checkpoints on every node (non-shared storage), not only node 0.", "checkpoint")
     save_total_limit: int | None = _opt(None, "Keep at most this many checkpoints (the best is never deleted); None/0 = all.", "checkpoint")
@@ -135,7 +147,7 @@ class HFTrainingFields:
     hub_token: str | None = _opt(None, "Token for the publishing store (redacted in logs).", "hub")
     hub_private_repo: bool | None = _opt(None, "Create the published repository as private; None = the store's default.", "hub")
     hub_model_id: str | None = _opt(None, "Where to publish: a repository name or remote fsspec URL.", "hub")
-    hub_strategy: str = _opt("every_save", "What to publish and when: end | every_save | checkpoint | all_checkpoints.", "hub")
+    hub_strategy: str = _opt("every_save", "What to publish and when: end | every_save | checkpoint | all_checkpoints.", "hub", choices=_HUB)
     hub_always_push: bool = _opt(False, "Push every save even if the previous push has not finished.", "hub")
     hub_revision: str | None = _opt(None, "Hub branch to push to; not supported by taskfit's fsspec publishing: a value with push_to_hub raises.", "hub")
     load_best_model_at_end: bool | None = _opt(False, "Load the best checkpoint (metric_for_best_model) at the end of training.", "checkpoint")
@@ -154,19 +166,19 @@ class HFTrainingFields:
     dataloader_pin_memory: bool = _opt(True, "Pin host memory in DataLoaders for faster host-to-device copies.", "data")
     dataloader_persistent_workers: bool = _opt(False, "Keep DataLoader workers alive between epochs (needs workers > 0).", "data")
     dataloader_prefetch_factor: int | None = _opt(None, "Batches prefetched per worker (needs dataloader_num_workers > 0).", "data")
-    dataloader_multiprocessing_context: str | None = _opt(None, "Start method of DataLoader workers: fork | spawn | forkserver; None = default.", "data")
+    dataloader_multiprocessing_context: str | None = _opt(None, "Start method of DataLoader workers: fork | spawn | forkserver; None = default.", "data", choices=_MP_CONTEXTS)
     dataloader_in_order: bool = _opt(True, "Batches come in dataset order across processes (False is an Accelerate dispatch option; warns).", "data")
     remove_unused_columns: bool | None = _opt(True, "Drop dataset columns the model's forward does not accept.", "data")
     label_names: list[str] | None = _opt(None, "Input keys that hold labels; None = ['labels'] (QA models: start/end positions).", "data")
-    train_sampling_strategy: str = _opt("random", "Training sampler: random | sequential | group_by_length.", "data")
+    train_sampling_strategy: str = _opt("random", "Training sampler: random | sequential | group_by_length.", "data", choices=_SAMPLINGS)
     length_column_name: str | None = _opt("length", "Dataset column with precomputed lengths for train_sampling_strategy='group_by_length'.", "data")
     ddp_find_unused_parameters: bool | None = _opt(None, "DDP find_unused_parameters; None = False.", "distributed")
     ddp_bucket_cap_mb: int | None = _opt(None, "DDP gradient bucket size (MiB).", "distributed")
     ddp_broadcast_buffers: bool | None = _opt(None, "DDP broadcast_buffers; None = torch's default (True).", "distributed")
     ddp_static_graph: bool | None = _opt(None, "DDP static_graph; None = torch's default (False).", "distributed")
-    ddp_backend: str | None = _opt(None, "torch.distributed backend: nccl | gloo | mpi | ccl | hccl | xccl; None = auto.", "distributed")
+    ddp_backend: str | None = _opt(None, "torch.distributed backend: nccl | gloo | mpi | ccl | hccl | xccl; None = auto.", "distributed", choices=_DDP_BACKENDS)
     ddp_timeout: int | None = _opt(1800, "Timeout of torch.distributed collectives (seconds).", "distributed")
-    fsdp: None | str | list[str] = _opt(None, "HF FSDP options, e.g. 'full_shard auto_wrap offload'; normalised to a list.", "distributed")
+    fsdp: None | str | list[str] = _opt(None, "HF FSDP options, e.g. 'full_shard auto_wrap offload'; normalised to a list.", "distributed", nargs="?", const=True)
     fsdp_config: dict | str | None = _opt(None, "FSDP settings: dict, JSON string or path to a JSON file.", "distributed")
     deepspeed: dict | str | None = _opt(None, "DeepSpeed config: dict, JSON string or path to a JSON file.", "distributed")
     debug: str | list[str] = _opt("", "Debug features, space separated: underflow_overflow | tpu_metrics_debug.", "precision")

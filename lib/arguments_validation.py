@@ -480,7 +480,7 @@ def _validate_conflicts(a: Any) -> None:
 
 def field_kinds(cls: type, name: str) -> tuple[type, ...]:
     """The plain types option ``name`` of dataclass ``cls`` accepts: ``int | None`` -> ``(int, NoneType)``,
-    ``list[int]`` -> ``(list,)``.
+    ``list[int]`` -> ``(list,)``, ``CountOrFraction | None`` -> ``(int, float, NoneType)``.
 
     Raises:
         ValueError: unknown option (with "Did you mean").
@@ -492,7 +492,10 @@ def field_kinds(cls: type, name: str) -> tuple[type, ...]:
     args = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
     from taskfit.arguments_fields import EXTRA_KINDS
 
-    return tuple(typing.get_origin(arg) or arg for arg in args) + EXTRA_KINDS.get(name, ())
+    kinds: list[type] = []
+    for arg in args:  # a converter type (FlagOrCount, CountOrFraction) stands for the kinds it accepts
+        kinds.extend(getattr(arg, "kinds", None) or (typing.get_origin(arg) or arg,))
+    return tuple(kinds) + EXTRA_KINDS.get(name, ())
 
 
 @cache

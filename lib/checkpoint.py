@@ -79,6 +79,8 @@ def save_model_folder(fit: Fit, folder: str, weights: dict[str, torch.Tensor] | 
         io.wait()  # written before returning, also with a background (async) plugin: callers read it right away
         synchronous_io(io).save_files(model_files(fit, weights), folder)
     processor = fit.processing_class
+    if processor is None:  # HF: the collator's tokenizer (DataCollatorWithPadding(tok) given without one)
+        processor = getattr(getattr(fit, "data_collator", None), "tokenizer", None)
     if processor is not None and hasattr(processor, "save_pretrained") and io.is_local(folder):
         processor.save_pretrained(io.fs(folder)[1])
 

@@ -23,7 +23,7 @@ from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint import checkpoint_path
 from taskfit.connector import resolve_components
-from taskfit.fit_hf import HFOverridePoints, hf_overrides
+from taskfit.fit_hf import HFOverridePoints, default_collator, hf_overrides
 from taskfit.fit_mixins import CallbackManagement, ProcessInfo, RunAttributes
 from taskfit.fit_outputs import ModelOutputs
 from taskfit.fit_stages import EvaluationStages
@@ -70,7 +70,10 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
             plain models (HF ``compute_loss_func``); subclassing ``Fit`` and overriding :meth:`compute_loss`
             works too.
         optimizers (tuple[Optimizer | None, LRScheduler | None]): HF-style pre-built optimizer/scheduler.
-        data_collator (Callable | None): default collator for datasets.
+        data_collator (Callable | None): default collator for datasets; None gives HF's default, kept in
+            ``fit.data_collator``: ``DataCollatorWithPadding(processing_class)`` for a tokenizer or feature
+            extractor, else :func:`~taskfit.data.loaders.default_collate_with_labels` (HF
+            ``default_data_collator``'s renaming of ``label``/``label_ids``, plus tuple samples).
         processing_class (Any | None): tokenizer/processor saved with the model (``tokenizer`` is an alias);
             with a tokenizer and no collator, batches are padded with ``DataCollatorWithPadding``.
         model_init (Callable[[], nn.Module] | None): builds a fresh model when ``fit`` gets none.
@@ -126,8 +129,8 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
         self.compute_loss_func = compute_loss_func
         self._optimizers = optimizers
-        self.data_collator = data_collator
         self.processing_class = processing_class if processing_class is not None else tokenizer
+        self.data_collator = default_collator(data_collator, self.processing_class)  # as HF: never None
         self.model_init = model_init
         self._model_preparation_time: float | None = None
         self._given_model = model

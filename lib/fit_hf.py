@@ -31,14 +31,46 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from taskfit.data.loaders import default_collate_with_labels
 from taskfit.optim.hf_optimizers import fused_backward_of
 from taskfit.wrapping import ModelTaskModule
+
+
+def default_collator(data_collator: Any, processing_class: Any) -> Any:
+    """``Trainer.data_collator`` as HF sets it (``transformers.Trainer.__init__``): ``data_collator`` when given,
+    else ``DataCollatorWithPadding(processing_class)`` when ``processing_class`` is a tokenizer or a sequence
+    feature extractor (a ``PreTrainedTokenizerBase`` / ``SequenceFeatureExtractor``), else taskfit's
+    :func:`~taskfit.data.loaders.default_collate_with_labels` (HF's ``default_data_collator`` for dict samples:
+    ``label``/``label_ids`` become ``labels``; tuple samples are stacked as torch's ``default_collate``)."""
+    if data_collator is not None:
+        return data_collator
+    kinds = {c.__name__ for c in type(processing_class).__mro__} if processing_class is not None else set()
+    if kinds & {"PreTrainedTokenizerBase", "SequenceFeatureExtractor"}:  # HF's rule, without importing transformers
+        from transformers import DataCollatorWithPadding
+
+        return DataCollatorWithPadding(processing_class)
+    return default_collate_with_labels
 
 
 def hf_overrides(fit: Any, *names: str) -> bool:
     """True when ``type(fit)`` overrides any of the HF override points ``names`` of :class:`HFOverridePoints`."""
     cls = type(fit)
     return any(getattr(cls, n) is not getattr(HFOverridePoints, n) for n in names)
+
+
+class _EnginePlaceholder:
+    """What :attr:`HFOverridePoints.optimizer` / ``lr_scheduler`` hold while the override points run for a strategy
+    that builds both itself (HF: accelerate's ``DummyOptim`` / ``DummyScheduler``)."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+
+    def __repr__(self) -> str:
+        return f"<{self.what} built by the DeepSpeed engine>"
+
+
+_PLACEHOLDER_OPTIMIZER = _EnginePlaceholder("optimizer")
+_PLACEHOLDER_SCHEDULER = _EnginePlaceholder("LR scheduler")
 
 
 class RoutedModel:
@@ -131,16 +163,37 @@ class HFOverridePoints:
     def _run_optimizers(self, run: Any, max_steps: int) -> tuple[Any, Any] | None:
         """``(optimizer, scheduler)`` for a new run of a plain model whose class overrides ``create_optimizer`` or
         ``create_scheduler`` (HF order: ``create_optimizer()``, then ``create_scheduler(num_training_steps=
-        max_steps)``); None otherwise (the arguments' optimizer is built as without overrides)."""
+        max_steps)``); None otherwise (the arguments' optimizer is built as without overrides).
+
+        When the strategy builds its own optimizer (a DeepSpeed config with an ``optimizer`` section), the two are
+        called with :attr:`optimizer` / :attr:`lr_scheduler` holding placeholders, as HF holds accelerate's
+        ``DummyOptim`` / ``DummyScheduler`` there: the defaults return them and DeepSpeed builds both.
+
+        Raises:
+            ValueError: under such a config, an override that set an optimizer or a scheduler of its own (HF's
+                accelerate refuses that combination too).
+        """
         if not (isinstance(run.module, ModelTaskModule) and hf_overrides(self, "create_optimizer", "create_scheduler")):
             return None
-        self._creating = list(self._optimizers)
+        engine_builds = bool(getattr(self.strategy, "builds_own_optimizer", False))
+        self._creating = [_PLACEHOLDER_OPTIMIZER, _PLACEHOLDER_SCHEDULER] if engine_builds else list(self._optimizers)
         try:
             self.create_optimizer()
             self.create_scheduler(num_training_steps=max_steps)
-            return tuple(self._creating)
+            made = tuple(self._creating)
         finally:
             self._creating = None
+        if not engine_builds:
+            return made
+        own = [what for what, got, placeholder in (("an optimizer", made[0], _PLACEHOLDER_OPTIMIZER),
+                                                   ("a scheduler", made[1], _PLACEHOLDER_SCHEDULER))
+               if got is not placeholder]
+        if own:
+            raise ValueError(f"The DeepSpeed config has an 'optimizer' section, so DeepSpeed builds the optimizer "
+                             f"and its schedule, but {type(self).__name__}'s create_optimizer/create_scheduler set "
+                             f"{' and '.join(own)} of its own. Drop the config's 'optimizer' section, or leave "
+                             "self.optimizer / self.lr_scheduler as they are (HF's accelerate refuses this too).")
+        return None, None
 
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         """Build the optimizer and the LR schedule (HF ``Trainer.create_optimizer_and_scheduler``): calls
@@ -298,13 +351,11 @@ class HFOverridePoints:
         :meth:`compute_loss` when the batch has every label (None otherwise), the outputs other than the loss and
         ``ignore_keys`` (default the model config's ``keys_to_ignore_at_inference``) as logits (a single one
         unwrapped), the labels; with ``prediction_loss_only`` ``(loss, None, None)``. Runs under ``no_grad``."""
-        from taskfit.wrapping import run_model
+        from taskfit.wrapping import inference_ignore_keys, prediction_logits, run_model
 
         label_names = self.args.label_names or getattr(self.module, "label_names", None) or ["labels"]
         has_labels = isinstance(inputs, Mapping) and all(inputs.get(k) is not None for k in label_names)
-        if ignore_keys is None:
-            config = getattr(self.model, "config", None)
-            ignore_keys = list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"])) if config else []
+        ignore_keys = inference_ignore_keys(self.model, ignore_keys)
         labels = None
         if has_labels:
             found = tuple(inputs[k].detach() if isinstance(inputs[k], torch.Tensor) else inputs[k]
@@ -314,19 +365,19 @@ class HFOverridePoints:
             if has_labels:
                 loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
                 loss = loss.detach().mean()
-                skip = set(ignore_keys) | {"loss"}
-                logits = (tuple(v for k, v in outputs.items() if k not in skip) if isinstance(outputs, Mapping)
+                logits = (prediction_logits(outputs, True, ignore_keys) if isinstance(outputs, Mapping)
                           else tuple(outputs[1:]))
             else:
                 loss = None
                 outputs = run_model(model, inputs)
-                logits = (tuple(v for k, v in outputs.items() if k not in set(ignore_keys))
-                          if isinstance(outputs, Mapping) else tuple(outputs) if isinstance(outputs, (list, tuple))
-                          else (outputs,))
+                logits = (prediction_logits(outputs, False, ignore_keys) if isinstance(outputs, Mapping)
+                          else tuple(outputs) if isinstance(outputs, (list, tuple)) else (outputs,))
         if prediction_loss_only:
             return loss, None, None
-        logits = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in logits)
-        return loss, (logits[0] if len(logits) == 1 else logits), labels
+        if isinstance(logits, tuple):
+            logits = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in logits)
+            return loss, (logits[0] if len(logits) == 1 else logits), labels
+        return loss, (logits.detach() if isinstance(logits, torch.Tensor) else logits), labels
 
 
 class HFTrainingStep:

@@ -136,8 +136,12 @@ class EvaluationStages:
                 merged.update(self._evaluate_in_run({None: loader}, f"{prefix}_{name}", ignore_keys))
             return merged
         metrics, hidden = self._run_eval(loaders, "validate", prefix, ignore_keys)
-        metrics["epoch"] = self.state.epoch  # HF's log() adds it to the returned dict too
-        self._log({k: v for k, v in metrics.items() if k not in hidden})
+        row = metrics if not hidden else {k: v for k, v in metrics.items() if k not in hidden}
+        # HF: log(metrics) adds the epoch to the very dict evaluate() returns (a log override sees the row
+        # without it, and one that logs a copy leaves the returned dict without it)
+        self._log(row)
+        if row is not metrics and "epoch" in row:
+            metrics["epoch"] = row["epoch"]
         self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
         return metrics
 

@@ -4,6 +4,7 @@
 ``Trainer`` is :class:`taskfit.Fit` with HF's positional argument order (``Trainer(model, args, data_collator,
 train_dataset, eval_dataset, ...)``); every keyword, method and attribute is ``Fit``'s. ``TrainingArguments`` and
 ``Seq2SeqTrainingArguments`` are :class:`taskfit.FitArguments` (which holds every HF option under its HF name).
+``HfArgumentParser`` is ``transformers.HfArgumentParser`` (re-exported on first use).
 """
 
 from __future__ import annotations
@@ -87,9 +88,18 @@ Seq2SeqTrainer = Trainer
 
 
 def __getattr__(name: str) -> Any:
-    """``HfArgumentParser`` on first use (it imports transformers, optional for taskfit)."""
-    if name == "HfArgumentParser":
-        from taskfit.hf_argparser import HfArgumentParser
+    """``HfArgumentParser`` is ``transformers.HfArgumentParser`` itself, imported on first use (transformers is
+    optional for taskfit); it parses ``TrainingArguments`` (taskfit's included) as it parses transformers'.
 
+    Raises:
+        ImportError: transformers is not installed (naming the package to install).
+        AttributeError: any other unknown name.
+    """
+    if name == "HfArgumentParser":
+        try:
+            from transformers import HfArgumentParser
+        except ImportError as err:
+            raise ImportError("taskfit.hf.HfArgumentParser is transformers.HfArgumentParser: "
+                              "pip install transformers") from err
         return HfArgumentParser
     raise AttributeError(f"module 'taskfit.hf' has no attribute {name!r}")

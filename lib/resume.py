@@ -295,8 +295,9 @@ def load_best_model(fit: Fit) -> dict[str, Any]:
 
 def finish_checkpoints(fit: Fit, metrics: dict[str, Any], publisher: Any = None) -> dict[str, Any]:
     """End of ``fit``: wait for a background save (raising its failure), load the best model
-    (``load_best_model_at_end``), publish the final model (``push_to_hub``) and wait for every push. Returns the
-    metrics to add: the best checkpoint's step/metric/path and ``push_errors`` (failed pushes, never raised).
+    (``load_best_model_at_end``), with ``save_total_limit=1`` delete every checkpoint but the best one (HF: the
+    newest was kept during training for resuming), publish the final model (``push_to_hub``) and wait for every
+    push. Returns the metrics to add: the best checkpoint's step/metric/path and ``push_errors`` (failed pushes, never raised).
 
     Raises:
         CheckpointSaveError: a background checkpoint save failed.
@@ -305,6 +306,13 @@ def finish_checkpoints(fit: Fit, metrics: dict[str, Any], publisher: Any = None)
     out: dict[str, Any] = {}
     if fit.args.load_best_model_at_end:
         out.update(load_best_model(fit))
+    best = fit.state.best_model_checkpoint
+    if fit.args.save_total_limit == 1 and best:
+        from taskfit.checkpoint import is_writer
+        from taskfit.io.checkpoint_format import rotate_checkpoints
+
+        if is_writer(fit):  # HF: at the end, save_total_limit=1 keeps the best checkpoint alone
+            rotate_checkpoints(fit.strategy.checkpoint_io, fit.args.output_dir, 1, {best})
     weights = None
     if fit.args.push_to_hub:  # the full weights may be a gather: every rank takes part, rank 0 publishes
         from taskfit.checkpoint import exportable_model

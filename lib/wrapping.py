@@ -52,6 +52,28 @@ def extract_logits(outputs: Any, has_loss: bool) -> Any:
     return outputs
 
 
+def inference_ignore_keys(model: nn.Module, ignore_keys: list[str] | None) -> list[str]:
+    """``ignore_keys``, else HF's default: ``model.config.keys_to_ignore_at_inference`` (``["past_key_values"]``
+    when the config has none), or ``[]`` for a model without a ``config`` (HF ``Trainer.prediction_step``)."""
+    if ignore_keys is not None:
+        return list(ignore_keys)
+    config = getattr(model, "config", None)
+    return list(getattr(config, "keys_to_ignore_at_inference", ["past_key_values"])) if config is not None else []
+
+
+def prediction_logits(outputs: Any, has_loss: bool, ignore_keys: list[str]) -> Any:
+    """The predictions of one evaluation batch as HF ``Trainer.prediction_step`` takes them: from dict outputs
+    (a ``ModelOutput`` included) every value whose key is not in ``ignore_keys`` (nor ``"loss"`` when
+    ``has_loss``), in the outputs' order, one value unwrapped and several a tuple (``(logits, hidden_states)``
+    for a model asked for its hidden states); keys holding None are left out (a ``ModelOutput`` has none). Other
+    outputs as :func:`extract_logits`."""
+    if not isinstance(outputs, Mapping):
+        return extract_logits(outputs, has_loss)
+    skip = set(ignore_keys) | ({"loss"} if has_loss else set())
+    rest = tuple(v for k, v in outputs.items() if k not in skip and v is not None)
+    return None if not rest else rest[0] if len(rest) == 1 else rest
+
+
 def model_loss(fit: Any, model: nn.Module, inputs: Any, return_outputs: bool = False,
                num_items_in_batch: Any = None) -> Any:
     """The body of ``Fit.compute_loss`` (HF ``Trainer.compute_loss``): the model's own loss, or
@@ -94,8 +116,8 @@ class LabelSmoother:
     """``label_smoothing_factor`` for plain models, used as ``compute_loss_func`` (mirrors HF ``LabelSmoother``).
 
     Loss = ``(1 - epsilon) * NLL + epsilon * mean over classes of -log p``, averaged over labels that are not
-    ``-100``; the same as ``F.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=epsilon)``, which
-    computes it (in float32). Causal LMs (:func:`is_causal_lm`) predict the next token: logits ``[..., :-1, :]``
+    ``-100`` (or divided by ``num_items_in_batch`` when given); the value of ``F.cross_entropy(logits, labels,
+    ignore_index=-100, label_smoothing=epsilon)``, computed with HF's operations (the same bits in fp32). Causal LMs (:func:`is_causal_lm`) predict the next token: logits ``[..., :-1, :]``
     against labels ``[..., 1:]``.
 
     Args:
@@ -120,9 +142,20 @@ class LabelSmoother:
             raise ValueError(f"label_smoothing_factor needs the model to return logits, got {type(outputs).__name__}.")
         model = getattr(self.fit, "model", None)
         if model is not None and is_causal_lm(model):
-            logits, labels = logits[..., :-1, :], labels[..., 1:]
-        return F.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), labels.reshape(-1),
-                               ignore_index=IGNORE_INDEX, label_smoothing=self.epsilon)
+            logits, labels = logits[..., :-1, :].contiguous(), labels[..., 1:].contiguous()
+        # HF's LabelSmoother, operation for operation (F.cross_entropy's label_smoothing is the same value but
+        # rounds differently): the same bits as transformers in fp32
+        log_probs = -F.log_softmax(logits, dim=-1)
+        if labels.dim() == log_probs.dim() - 1:
+            labels = labels.unsqueeze(-1)
+        padding = labels.eq(IGNORE_INDEX)
+        nll = log_probs.gather(dim=-1, index=torch.clamp(labels, min=0))
+        smoothed = log_probs.sum(dim=-1, keepdim=True, dtype=torch.float32)
+        nll.masked_fill_(padding, 0.0)
+        smoothed.masked_fill_(padding, 0.0)
+        count = (padding.numel() - padding.long().sum() if num_items_in_batch is None
+                 else num_items_in_batch.to(nll.device) if torch.is_tensor(num_items_in_batch) else num_items_in_batch)
+        return (1 - self.epsilon) * (nll.sum() / count) + self.epsilon * (smoothed.sum() / (count * log_probs.shape[-1]))
 
 
 def default_label_names(model: nn.Module) -> list[str]:
@@ -147,6 +180,9 @@ class ModelTaskModule(TaskModule):
         # causal LMs shift labels inside forward: the loss averages over labels[..., 1:]
         self._shifted = is_causal_lm(model)
         self._checked = False
+        #: output keys left out of the predictions (HF ``ignore_keys``), set by the evaluation loop for its pass;
+        #: None = the model config's ``keys_to_ignore_at_inference``
+        self.ignore_keys: list[str] | None = None
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
@@ -194,12 +230,16 @@ class ModelTaskModule(TaskModule):
 
     def _loss_and_logits(self, batch: Any) -> tuple[torch.Tensor | None, Any]:
         """Loss through ``Fit.compute_loss`` when the batch has labels (so overrides and ``compute_loss_func``
-        shape ``eval_loss`` too, as in HF ``prediction_step``), and the predictions."""
+        shape ``eval_loss`` too, as in HF ``prediction_step``), and the predictions (:func:`prediction_logits`
+        with :attr:`ignore_keys`)."""
         if not self._checked:
             self._check_batch(batch)
+        ignore = inference_ignore_keys(self.model, self.ignore_keys)
         if self._labels(batch) is None:
-            return None, extract_logits(run_model(self.model, batch), has_loss=False)
+            return None, prediction_logits(run_model(self.model, batch), False, ignore)
         loss, outputs = self.fit.compute_loss(self.model, batch, return_outputs=True)
+        if isinstance(outputs, Mapping):  # HF: every output but the loss and ignore_keys
+            return loss, prediction_logits(outputs, True, ignore)
         return loss, extract_logits(outputs, has_loss=self.fit.compute_loss_func is None)
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Any]:

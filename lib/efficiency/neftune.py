@@ -7,7 +7,6 @@ Mirrors ``transformers.trainer_utils.neftune_post_forward_hook`` and the NEFTune
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -21,8 +20,8 @@ _HANDLE = "_taskfit_neftune_handle"
 def neftune_post_forward_hook(module: nn.Module, inputs: Any, output: torch.Tensor) -> torch.Tensor:
     """Forward hook: ``output + U(-m, m)`` with ``m = module.neftune_noise_alpha / sqrt(seq_len * hidden)`` when
     ``module.training``; the output unchanged in eval mode. ``output`` has shape ``(batch, seq_len, hidden)``."""
-    if module.training:
-        mag = module.neftune_noise_alpha / math.sqrt(output.size(1) * output.size(2))
+    if module.training:  # the bound in float32, as HF computes it (the same noise draws, bit for bit)
+        mag = float(module.neftune_noise_alpha / torch.sqrt(torch.tensor(output.size(1) * output.size(2))))
         output = output + torch.zeros_like(output).uniform_(-mag, mag)
     return output
 

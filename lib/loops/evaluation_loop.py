@@ -200,6 +200,9 @@ class EvaluationLoop:
         run_ = getattr(fit, "_run", None)  # schedule-free optimizers evaluate at their eval point (as HF)
         set_optimizer_mode(getattr(run_, "optimizers", None) if run_ is not None else fit.optimizers, "eval")
         prev_results, prev_defaults = module._results, module._log_defaults
+        prev_ignore = getattr(module, "ignore_keys", None)
+        if isinstance(module, ModelTaskModule):  # a plain model's predictions leave these outputs out (HF)
+            module.ignore_keys = self.ignore_keys
         # evaluation epoch values are full-set values across processes unless logged with sync_dist=False
         results = module._results = self.results or ResultCollection(infer_batch_size, strategy.reduce,
                                                                      sync_by_default=True)
@@ -315,6 +318,8 @@ class EvaluationLoop:
                 hooks.call(f"on_{hook_stage}_end", fit, module)
         finally:  # an exception inside a step must not leave the module in eval mode or with eval results
             module._results, module._log_defaults = prev_results, prev_defaults
+            if isinstance(module, ModelTaskModule):
+                module.ignore_keys = prev_ignore
             if was_training:
                 module.train()
         return metrics, all_preds, all_labels

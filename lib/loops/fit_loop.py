@@ -203,7 +203,9 @@ class FitLoop:
                     torch.nn.utils.clip_grad_value_(params, max_norm)
                 else:
                     sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
-            elif opt is optimizer and not strategy.engine_owns_step:  # HF 5 logs the norm without clipping too:
+            elif opt is optimizer and strategy.engine_owns_step:  # HF 5 logs the norm without clipping too: the
+                sums.grad_norm = strategy.clip_gradients(params, math.inf, optimizer)  # engine's norm of the step
+            elif opt is optimizer:  # HF 5 logs the norm without clipping too:
                 self._norm_due = (params, optimizer)  # computed in _after_step, only for a log row or a save
 
         # batch-size item counts are equal on every process when the loader splits evenly or is not split (tensor

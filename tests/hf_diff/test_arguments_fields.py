@@ -269,3 +269,63 @@ def test_hf5_data_and_ddp_options_are_applied():
     strategy.static_graph, strategy.args = False, FitArguments(ddp_static_graph=True)
     strategy.root_device = torch.device("cpu")
     assert strategy.ddp_kwargs()["static_graph"] is True
+
+
+def test_taskfit_hf_argument_parser_is_transformers_and_parses_lightning_switches_F_CORE_4(tmp_path):
+    """F-CORE-4: ``taskfit.hf.HfArgumentParser`` is transformers' class; over taskfit's ``TrainingArguments`` it
+    parses Lightning's two-type switches as the ``taskfit`` command line does (a count stays an int, a fraction a
+    float, ``--fast_dev_run`` alone is True), in every form a script uses (command line, dict, JSON file), and
+    ``--help`` lists them."""
+    import json
+
+    import taskfit.hf
+
+    assert taskfit.hf.HfArgumentParser is transformers.HfArgumentParser
+    parser = transformers.HfArgumentParser(taskfit.hf.TrainingArguments)
+    cases = {("--fast_dev_run", "5"): {"fast_dev_run": 5}, ("--fast_dev_run",): {"fast_dev_run": True},
+             ("--fast_dev_run", "false"): {"fast_dev_run": False},
+             ("--limit_train_batches", "10", "--limit_val_batches", "0.25", "--overfit_batches", "1"):
+                 {"limit_train_batches": 10, "limit_val_batches": 0.25, "overfit_batches": 1},
+             ("--limit-test-batches", "1.0", "--devices", "2"): {"limit_test_batches": 1.0, "devices": 2}}
+    for cli, expected in cases.items():
+        (a,) = parser.parse_args_into_dataclasses(["--output_dir", str(tmp_path), "--report_to", "none", *cli])
+        got = {k: getattr(a, k) for k in expected}
+        assert got == expected and {k: type(v) for k, v in got.items()} == {k: type(v) for k, v in
+                                                                             expected.items()}, cli
+    with pytest.raises(SystemExit):  # argparse's error for a value that is neither a flag nor a count
+        parser.parse_args_into_dataclasses(["--fast_dev_run", "many"])
+    values = {"output_dir": str(tmp_path), "fast_dev_run": 3, "limit_train_batches": 0.5, "learning_rate": 0.01}
+    (a,) = parser.parse_dict(values)
+    (path := tmp_path / "args.json").write_text(json.dumps(values))
+    (b,) = parser.parse_json_file(str(path))
+    for x in (a, b):
+        assert (x.fast_dev_run, x.limit_train_batches, x.learning_rate) == (3, 0.5, 0.01)
+    text = parser.format_help()
+    assert "--fast_dev_run [FAST_DEV_RUN]" in text and "--limit_train_batches" in text and "--optim" in text
+
+
+def test_hf_fields_parse_as_transformers_parses_them_F_CORE_4():
+    """F-CORE-4: for every field of transformers' ``TrainingArguments``, ``HfArgumentParser`` builds the same
+    option over taskfit's class as over transformers' own (spellings, nargs, const, default, whether choices are
+    checked while parsing), except the documented default difference; a choice option accepts what FitArguments
+    accepts: the values that differ from HF's lists are listed below."""
+    hf = {a.dest: a for a in transformers.HfArgumentParser(transformers.TrainingArguments)._actions}
+    ours = {a.dest: a for a in transformers.HfArgumentParser(FitArguments)._actions}
+    differing, choices = {}, {}
+    for f in dataclasses.fields(transformers.TrainingArguments):
+        x, y = hf[f.name], ours[f.name]
+        a = (sorted(x.option_strings), x.nargs, x.const, _value(x.default), x.choices is None)
+        b = (sorted(y.option_strings), y.nargs, y.const, y.default, y.choices is None)
+        if a != b:
+            differing[f.name] = (a, b)
+        if y.choices is not None:
+            theirs = {_value(c) for c in x.choices}
+            choices[f.name] = (sorted(set(y.choices) - theirs), sorted(theirs - set(y.choices)))
+    assert {k: (a[3], b[3]) for k, (a, b) in differing.items()} == {"report_to": ("none", None)}  # DIFFERENT_DEFAULTS
+    # (taskfit-only values, HF-only values) of the choice options: taskfit's extra optimizer names and its ccl
+    # backend; HF's "detail" log level, "greedy" schedule and cncl / mccl backends, which FitArguments refuses
+    assert {k: v for k, v in choices.items() if v != ([], [])} == {
+        "optim": (["adamw_apex_fused", "adamw_hf", "lion"], []), "lr_scheduler_type": ([], ["greedy"]),
+        "log_level": ([], ["detail"]), "log_level_replica": ([], ["detail"]), "ddp_backend": (["ccl"], ["cncl", "mccl"])}
+    with pytest.raises(SystemExit):  # a bad choice: argparse's error, as under HF
+        transformers.HfArgumentParser(FitArguments).parse_args_into_dataclasses(["--eval_strategy", "often"])

@@ -259,3 +259,30 @@ def test_include_for_metrics_inputs_and_loss_F_HF_1(tmp_path):
     np.testing.assert_array_equal(hf[1][0][0], EVAL.x)
     assert hf[1][0][1].shape == (16,) and hf[1][0][2] == 4
     assert_same(hf, tf)
+
+
+# ------------------------------------------------------------------------------- every override at once ---
+def _all_overrides(m, out):
+    """The subclass of the multi-process job (overrides_all_job.py) with every override point, single process."""
+    from overrides_all_job import subclass
+
+    m.set_seed(42)
+    calls: list = []
+    args = args_for(m, out, per_device_train_batch_size=4, per_device_eval_batch_size=4, num_train_epochs=1,
+                    logging_steps=2, eval_strategy="steps", eval_steps=2, learning_rate=0.01,
+                    lr_scheduler_type="constant", max_grad_norm=0.0)
+    t = subclass("override", calls, m)(model=RegressionModel(), args=args, train_dataset=RegressionDataset(length=16),
+                                       eval_dataset=RegressionDataset(length=8, seed=1))
+    r = t.train()
+    p = t.predict(RegressionDataset(length=4, seed=2))
+    return summary(t, r), calls, p.predictions
+
+
+def test_every_override_point_at_once_F_HF_1(tmp_path):
+    """F-HF-1: a subclass overriding every override point (the one the DDP / DeepSpeed jobs run) records the same
+    calls in the same order, with the same log rows as each log() override receives them, and trains, logs and
+    predicts as under transformers."""
+    hf, tf = both(_all_overrides, tmp_path)
+    assert_same(hf, tf)
+    assert [c[0] for c in hf[1]][:3] == ["get_train_dataloader", "create_optimizer", "create_scheduler"]
+    assert "create_optimizer_and_scheduler" not in [c[0] for c in hf[1]]
