@@ -43,6 +43,7 @@ class CSVLogger(Logger):
         self.columns: list[str] = ["step"]
         self.rows: list[dict[str, Any]] = []
         self._pending: list[dict[str, Any]] = []
+        self._read = False  # whether rows an earlier process wrote to metrics.csv were read (kept, never erased)
 
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         import yaml
@@ -67,11 +68,10 @@ class CSVLogger(Logger):
         """Keep the rows of ``metrics.csv`` up to the checkpoint: every row before ``step`` and, at ``step``,
         as many rows as the checkpoint's history has there (one row per logged dict)."""
         self.save()
+        self._read = True
         if not os.path.isfile(self.path):
             return
-        with open(self.path, newline="") as f:
-            reader = csv.DictReader(f)
-            header, rows = list(reader.fieldnames or ["step"]), list(reader)
+        header, rows = self._read_file()
         at_step = sum(1 for row in log_history if row.get("step") == step)
         kept: list[dict[str, Any]] = []
         for row in rows:
@@ -89,11 +89,25 @@ class CSVLogger(Logger):
             writer.writeheader()
             writer.writerows(kept)
 
+    def _read_file(self) -> tuple[list[str], list[dict[str, Any]]]:
+        with open(self.path, newline="") as f:
+            reader = csv.DictReader(f)
+            return list(reader.fieldnames or ["step"]), list(reader)
+
     def save(self) -> None:
-        """Write buffered rows (rewriting the file when new columns appeared)."""
+        """Write buffered rows (rewriting the file when new columns appeared). The first write of this logger
+        keeps the rows already in ``metrics.csv`` (an earlier process's run, e.g. before a resume in a script that
+        evaluates first): a log is appended to, never erased."""
         if not self._pending:
             return
         os.makedirs(self.save_dir, exist_ok=True)
+        if not self._read:
+            self._read = True
+            if os.path.isfile(self.path):
+                header, rows = self._read_file()
+                self.columns = [*(["step"] if "step" not in header else []), *header,
+                                *(c for c in self.columns if c not in header and c != "step")]
+                self.rows = [{k: v for k, v in row.items() if v not in (None, "")} for row in rows] + self.rows
         new_cols = [k for row in self._pending for k in row if k not in self.columns]
         rewrite = bool(new_cols) or not os.path.exists(self.path)
         for k in new_cols:

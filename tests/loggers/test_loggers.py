@@ -227,3 +227,29 @@ def test_user_train_loss_and_run_summary_keep_apart_F_OBS_6(tmp_path):
     acc.Reload()
     assert {e.step: e.value for e in acc.Scalars("train/train_loss")} == pytest.approx(user, rel=1e-6)
     assert [(e.step, e.value) for e in acc.Scalars("summary/train_loss")] == [(6, pytest.approx(out.training_loss))]
+
+
+def test_csv_rows_of_an_earlier_process_survive_an_evaluation_before_the_resume_F_OBS_6(tmp_path):
+    """F-OBS-6: a script that evaluates before resuming (``fit.test`` then ``fit.fit(resume_from_checkpoint=True)``,
+    as the demo does) keeps the stopped run's rows: its first row has new columns, and that rewrite of
+    ``metrics.csv`` used to hold only the new process's rows. The stopped run logged steps 1-6 (checkpoint at 3,
+    the newer one gone): after the resume every step 1-6 has exactly one loss row, the test rows are both there."""
+    import shutil
+
+    def fit_():
+        args = FitArguments(output_dir=str(tmp_path), max_steps=6, logging_steps=1, save_strategy="steps",
+                            save_steps=3, report_to="csv", disable_tqdm=True, per_device_train_batch_size=2,
+                            per_device_eval_batch_size=4, seed=0)
+        return Fit(args)
+
+    first = fit_()
+    first.test(Regression(), regression_data(8))
+    first.fit(Regression(), regression_data(12))
+    shutil.rmtree(tmp_path / "checkpoint-6")  # the run stopped after step 6, before its last checkpoint completed
+    second = fit_()
+    second.test(Regression(), regression_data(8))
+    second.fit(Regression(), regression_data(12), resume_from_checkpoint=True)
+    with open(tmp_path / "logs" / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in rows if r.get("loss")] == [1, 2, 3, 4, 5, 6]
+    assert len([r for r in rows if r.get("test_loss")]) == 2
