@@ -95,7 +95,8 @@ def feature_data(n: int) -> list[dict[str, torch.Tensor]]:
 
 
 class KillAfterStep(Callback):
-    """SIGKILL this process right after optimizer step ``step`` (when that step does not save)."""
+    """SIGKILL this process right after optimizer step ``step`` (when that step does not save), as a pre-empted
+    job dies; in a multi-process job every rank does. The resume tests restart the job from its newest checkpoint."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -103,3 +104,8 @@ class KillAfterStep(Callback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step and not control.should_save:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_callbacks(cfg: dict) -> list[Callback]:
+    """``[KillAfterStep(cfg["kill_after_step"])]`` when a job's config asks for a kill (a step > 0), else ``[]``."""
+    return [KillAfterStep(cfg["kill_after_step"])] if cfg.get("kill_after_step") else []

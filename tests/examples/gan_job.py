@@ -14,7 +14,7 @@ import torch
 from taskfit import Fit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobs_common import KillAfterStep  # noqa: E402
+from jobs_common import kill_callbacks  # noqa: E402
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SPEED = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
@@ -30,7 +30,7 @@ def load_example():
 
 def run(cfg: dict) -> dict:
     gan = load_example()
-    callbacks = [KillAfterStep(cfg["kill_after_step"])] if cfg.get("kill_after_step") else []
+    callbacks = kill_callbacks(cfg)
     fit = Fit(output_dir=cfg["output_dir"], max_steps=15, per_device_train_batch_size=32, logging_steps=2,
               save_strategy="steps", save_steps=4, seed=3, report_to="none", disable_tqdm=True, callbacks=callbacks)
     torch.manual_seed(0)

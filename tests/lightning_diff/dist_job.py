@@ -13,16 +13,18 @@ Scenarios (``cfg["scenario"]``):
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 from torch.utils.data import TensorDataset
 
-from taskfit import Callback, Fit, TaskModule
-from taskfit.callbacks import EarlyStopping
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jobs_common import kill_callbacks  # noqa: E402
+
+from taskfit import Callback, Fit, TaskModule  # noqa: E402
+from taskfit.callbacks import EarlyStopping  # noqa: E402
 
 SPEED = ("runtime", "per_second")
 
@@ -118,15 +120,6 @@ class TwoNets(TaskModule):
                                 torch.optim.lr_scheduler.StepLR(opt_d, 1, 0.7)]
 
 
-class KillAfterStep(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step and not control.should_save:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _history(fit: Fit) -> list[dict]:
     return [{k: v for k, v in r.items() if not any(s in k for s in SPEED)} for r in fit.state.log_history]
 
@@ -150,9 +143,8 @@ def run(cfg: dict) -> dict:
         return {"history": _history(fit), "seen": seen.seen, "reference": seen.reference, "best_metric": fit.state.best_metric,
                 "early_stopping_best": float(stop.best), "weights": module.state_dict(), "rank": fit.global_rank,
                 "eval": fit.validate(module, regression(cfg.get("n_eval", 18), 1))}
-    callbacks = [KillAfterStep(cfg["kill_after_step"])] if cfg.get("kill_after_step") else []
-    fit = Fit(callbacks=callbacks, max_steps=cfg.get("steps", 8), save_strategy="steps" if scenario == "resume" else "no",
-              save_steps=4, **common)
+    fit = Fit(callbacks=kill_callbacks(cfg), max_steps=cfg.get("steps", 8),
+              save_strategy="steps" if scenario == "resume" else "no", save_steps=4, **common)
     module = TwoNets(schedulers=scenario == "resume")
     fit.fit(module, regression(48, 2), resume_from_checkpoint=cfg.get("resume", True if scenario == "resume" else None))
     return {"weights": {k: v.detach().clone() for k, v in module.state_dict().items()},
