@@ -1,5 +1,5 @@
-"""Models, data and callbacks that several test job scripts share. The jobs run as fresh processes, so each puts
-this folder on ``sys.path`` before importing it::
+"""Models, data, callbacks and the ``__main__`` (:func:`job_main`) that several test job scripts share. The jobs run
+as fresh processes, so each puts this folder on ``sys.path`` before importing it::
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[N]))  # N: how deep the job sits below tests/
     from jobs_common import SumRegression, sum_data
@@ -10,8 +10,11 @@ Each builder keeps the exact computation, initialisation and logged names the jo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import sys
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -109,3 +112,14 @@ class KillAfterStep(Callback):
 def kill_callbacks(cfg: dict) -> list[Callback]:
     """``[KillAfterStep(cfg["kill_after_step"])]`` when a job's config asks for a kill (a step > 0), else ``[]``."""
     return [KillAfterStep(cfg["kill_after_step"])] if cfg.get("kill_after_step") else []
+
+
+def job_main(run: Callable[[dict], dict]) -> None:
+    """The ``__main__`` of a job script: read the JSON config named by the last command-line argument (launchers
+    may put their own flags first), one thread per process, ``result = run(config)``, saved (``torch.save``) as
+    ``config["result"]`` with ``.pt`` turned into ``.rank{result["rank"]}.pt``."""
+    with open(sys.argv[-1]) as f:
+        config = json.load(f)
+    torch.set_num_threads(1)
+    result = run(config)
+    torch.save(result, config["result"].replace(".pt", f".rank{result['rank']}.pt"))

@@ -12,27 +12,21 @@ Scenarios (``cfg["scenario"]``):
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import torch
 from torch.nn import functional as F
-from torch.utils.data import TensorDataset
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobs_common import kill_callbacks  # noqa: E402
+from harness import regression  # noqa: E402  (this folder: the job runs as a script from it)
+from jobs_common import job_main, kill_callbacks  # noqa: E402
 
 from taskfit import Callback, Fit, TaskModule  # noqa: E402
 from taskfit.callbacks import EarlyStopping  # noqa: E402
 
 SPEED = ("runtime", "per_second")
-
-
-def regression(n: int, seed: int) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 4, generator=g)
-    return TensorDataset(x, x.sum(1, keepdim=True) + 0.3 * torch.randn(n, 1, generator=g))
+NOISE = 0.3  # the scale of the targets' noise
 
 
 class Regressor(TaskModule):
@@ -138,15 +132,16 @@ def run(cfg: dict) -> dict:
                   per_device_eval_batch_size=cfg.get("eval_bs", 4), metric_for_best_model="val_mae",
                   greater_is_better=False, **common)
         module = Regressor()
-        fit.eval_reference = regression(cfg.get("n_eval", 18), 1)
-        fit.fit(module, regression(32, 0), fit.eval_reference)
+        fit.eval_reference = regression(cfg.get("n_eval", 18), seed=1, noise=NOISE)
+        fit.fit(module, regression(32, seed=0, noise=NOISE), fit.eval_reference)
         return {"history": _history(fit), "seen": seen.seen, "reference": seen.reference, "best_metric": fit.state.best_metric,
                 "early_stopping_best": float(stop.best), "weights": module.state_dict(), "rank": fit.global_rank,
-                "eval": fit.validate(module, regression(cfg.get("n_eval", 18), 1))}
+                "eval": fit.validate(module, regression(cfg.get("n_eval", 18), seed=1, noise=NOISE))}
     fit = Fit(callbacks=kill_callbacks(cfg), max_steps=cfg.get("steps", 8),
               save_strategy="steps" if scenario == "resume" else "no", save_steps=4, **common)
     module = TwoNets(schedulers=scenario == "resume")
-    fit.fit(module, regression(48, 2), resume_from_checkpoint=cfg.get("resume", True if scenario == "resume" else None))
+    fit.fit(module, regression(48, seed=2, noise=NOISE),
+            resume_from_checkpoint=cfg.get("resume", True if scenario == "resume" else None))
     return {"weights": {k: v.detach().clone() for k, v in module.state_dict().items()},
             "optimizers": [o.state_dict() for o in fit.optimizers],
             "schedulers": [c.scheduler.state_dict() for c in fit.lr_scheduler_configs],
@@ -155,7 +150,4 @@ def run(cfg: dict) -> dict:
 
 
 if __name__ == "__main__":
-    config = json.loads(open(sys.argv[-1]).read())
-    torch.set_num_threads(1)
-    result = run(config)
-    torch.save(result, config["result"].replace(".pt", f".rank{result['rank']}.pt"))
+    job_main(run)

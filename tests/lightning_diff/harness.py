@@ -19,12 +19,17 @@ OPTION_MAP = {"max_epochs": "num_train_epochs", "max_steps": "max_steps",
               "log_every_n_steps": "logging_steps"}
 
 
-def data(n: int = 16, dim: int = 4, batch_size: int = 4, seed: int = 0) -> DataLoader:
-    """A fixed, unshuffled regression loader (the same batches in both frameworks)."""
+def regression(n: int, dim: int = 4, seed: int = 0, noise: float = 0.1) -> TensorDataset:
+    """``n`` samples ``x ~ N(0, 1)^dim`` with target ``x.sum(1, keepdim=True) + noise * N(0, 1)`` (generator seeded
+    with ``seed``, drawn in that order)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, dim, generator=g)
-    y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
+    return TensorDataset(x, x.sum(dim=1, keepdim=True) + noise * torch.randn(n, 1, generator=g))
+
+
+def data(n: int = 16, dim: int = 4, batch_size: int = 4, seed: int = 0) -> DataLoader:
+    """A fixed, unshuffled loader of :func:`regression` (the same batches in both frameworks)."""
+    return DataLoader(regression(n, dim, seed), batch_size=batch_size, shuffle=False)
 
 
 def linear(base: type) -> type:

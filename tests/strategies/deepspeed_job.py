@@ -5,7 +5,6 @@ each rank's result: the full weights (gathered under ZeRO-3), the initial weight
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from ddp_job import Tagger  # the token tagger of the DDP tests
 from token_data import token_samples
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobs_common import kill_callbacks  # noqa: E402
+from jobs_common import job_main, kill_callbacks  # noqa: E402
 
 from taskfit import Fit  # noqa: E402
 
@@ -73,7 +72,4 @@ def run(cfg: dict) -> dict:
 
 
 if __name__ == "__main__":
-    cfg = json.load(open(sys.argv[1]))
-    torch.set_num_threads(1)
-    result = run(cfg)
-    torch.save(result, cfg["result"].replace(".pt", f".rank{result['rank']}.pt"))
+    job_main(run)
