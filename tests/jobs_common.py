@@ -1,5 +1,6 @@
-"""Models, data, callbacks and the ``__main__`` (:func:`job_main`) that several test job scripts share. The jobs run
-as fresh processes, so each puts this folder on ``sys.path`` before importing it::
+"""Models, data, callbacks, the ``__main__`` (:func:`job_main`) and the result checks that several test job
+scripts and their tests share. The jobs run as fresh processes, so each puts this folder on ``sys.path`` before
+importing it (their tests find it there already: pytest puts tests/ on the path for its conftest)::
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[N]))  # N: how deep the job sits below tests/
     from jobs_common import SumRegression, sum_data
@@ -123,3 +124,16 @@ def job_main(run: Callable[[dict], dict]) -> None:
     torch.set_num_threads(1)
     result = run(config)
     torch.save(result, config["result"].replace(".pt", f".rank{result['rank']}.pt"))
+
+
+def assert_same_state(ref: dict, got: dict) -> None:
+    """Two job results hold bitwise-equal ``weights`` (name -> tensor), equal state tensors in every optimizer of
+    ``optimizers`` (``state_dict()`` s, in order) and equal ``schedulers`` (``state_dict()`` s): what a resumed run
+    must end with. Raises AssertionError naming the first difference."""
+    for k, v in ref["weights"].items():
+        assert torch.equal(v, got["weights"][k]), k
+    for r, g in zip(ref["optimizers"], got["optimizers"], strict=True):
+        for pid, st in r["state"].items():
+            for k, v in st.items():
+                assert torch.equal(torch.as_tensor(v), torch.as_tensor(g["state"][pid][k])), (pid, k)
+    assert ref["schedulers"] == got["schedulers"]

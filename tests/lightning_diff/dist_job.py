@@ -19,7 +19,7 @@ import torch
 from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import regression  # noqa: E402  (this folder: the job runs as a script from it)
+from harness import linear, regression  # noqa: E402  (this folder: the job runs as a script from it)
 from jobs_common import job_main, kill_callbacks  # noqa: E402
 
 from taskfit import Callback, Fit, TaskModule  # noqa: E402
@@ -29,14 +29,8 @@ SPEED = ("runtime", "per_second")
 NOISE = 0.3  # the scale of the targets' noise
 
 
-class Regressor(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.mse_loss(self.layer(x), y)
+class Regressor(linear(TaskModule)):
+    """The Lightning scenarios' ``Linear(4, 1)`` regression, at ``lr=0.02``, logging its evaluation error."""
 
     def validation_step(self, batch, batch_idx):
         x, y = batch

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from jobs_common import assert_same_state
+
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # each case spawns processes (~1 min on 2 busy cores)
 JOB = Path(__file__).with_name("dist_job.py")
 TOL = 1e-6
@@ -114,11 +116,6 @@ def test_F_CKPT_2_ddp_two_optimizers_two_schedulers_sigkill_resume_is_exact(tmp_
     assert sorted(d for d in os.listdir(out) if d.startswith("checkpoint-"))[-1] == "checkpoint-8"
     got = run(tmp_path, "resumed", out=out, **cfg)[0]
     assert ref["global_step"] == got["global_step"] == 14
-    for k, v in ref["weights"].items():
-        assert torch.equal(v, got["weights"][k]), k
-    for r, g in zip(ref["optimizers"], got["optimizers"], strict=True):
-        for pid, st in r["state"].items():
-            for k, v in st.items():
-                assert torch.equal(torch.as_tensor(v), torch.as_tensor(g["state"][pid][k])), (pid, k)
-    assert ref["schedulers"] == got["schedulers"] and ref["schedulers"][0]["last_epoch"] == 2  # 6 batches/epoch
+    assert_same_state(ref, got)
+    assert ref["schedulers"][0]["last_epoch"] == 2  # 6 batches/epoch
     assert ref["history"] == got["history"]
