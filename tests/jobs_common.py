@@ -14,8 +14,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -137,3 +139,32 @@ def assert_same_state(ref: dict, got: dict) -> None:
             for k, v in st.items():
                 assert torch.equal(torch.as_tensor(v), torch.as_tensor(g["state"][pid][k])), (pid, k)
     assert ref["schedulers"] == got["schedulers"]
+
+
+#: what a launcher sets for its ranks: a test's own environment must not pass them on to the job it starts
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKFIT_LAUNCHED")
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """The environment for a job process: this one's without :data:`LAUNCH_VARS`, one thread per process
+    (2-core machines), DeepSpeed's shared-memory collectives off (CPU gloo runs), then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    return {**env, "OMP_NUM_THREADS": "1", "TASKFIT_DEEPSPEED_SHM_COMM": "0", **extra}
+
+
+def run_job(script: Path, tmp: Path, name: str, cfg: dict, *, expect_kill: bool = False,
+            timeout: float = 400) -> list[dict] | None:
+    """Run ``python script tmp/NAME.json`` in ``tmp`` (config ``{"out": tmp/NAME, "result": tmp/NAME.pt, **cfg}``;
+    the job re-launches itself per rank when ``cfg["devices"]`` > 1 and saves ``tmp/NAME.rank{r}.pt``, as
+    :func:`job_main` does). Returns every rank's result; with ``expect_kill`` asserts that the job died of SIGKILL
+    and returns None. Raises AssertionError (with the job's stderr) when it failed."""
+    cfg = {"out": str(tmp / name), "result": str(tmp / f"{name}.pt"), **cfg}
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=timeout,
+                          env=job_env(), cwd=tmp)
+    if expect_kill:
+        assert proc.returncode == -9, f"expected SIGKILL, got rc={proc.returncode}\n{proc.stderr[-3000:]}"
+        return None
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [torch.load(tmp / f"{name}.rank{r}.pt", weights_only=False) for r in range(cfg.get("devices", 1))]
