@@ -22,6 +22,7 @@ same batches).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -77,6 +78,26 @@ def loader(dataset: Any, batch: int, rank: int, world: int, seed: int = 0) -> An
     return DataLoader(dataset, batch_size=batch, sampler=sampler)
 
 
+def epochs(batches: Any, steps: int) -> Iterator[Any]:
+    """The first ``steps`` batches of ``batches`` over as many epochs as that takes, the sampler reseeded with the
+    epoch number at the start of each (as taskfit's training loader); no batch is drawn beyond the last step."""
+    done, epoch = 0, 0
+    while done < steps:
+        batches.sampler.set_epoch(epoch)
+        for batch in batches:
+            yield batch
+            done += 1
+            if done == steps:
+                return
+        epoch += 1
+
+
+def stamp(clock: list[float], cpu_clock: list[float]) -> None:
+    """Record the wall-clock and CPU instants of an optimizer step's end (where taskfit's ``on_step_end`` fires)."""
+    clock.append(time.perf_counter())
+    cpu_clock.append(time.process_time())
+
+
 def train_raw(kind: str, options: dict[str, Any], net: torch.nn.Module, dataset: Any, *, batch: int, steps: int,
               rank: int = 0, world: int = 1, clock: list[float] | None = None,
               cpu_clock: list[float] | None = None) -> torch.nn.Module:
@@ -103,38 +124,42 @@ def train_raw(kind: str, options: dict[str, Any], net: torch.nn.Module, dataset:
     cpu_clock = cpu_clock if cpu_clock is not None else []
     data_world, data_rank = (1, 0) if kind == "tensor_parallel" else (world, rank)
     batches = loader(dataset, batch, data_rank, data_world)
-    if kind == "deepspeed":
-        return _deepspeed(options, net, batches, steps, clock, cpu_clock)
+    if kind == "deepspeed":  # the engine owns the optimizer: its backward and step (which also zeroes gradients)
+        engine = _deepspeed_engine(options, net, batch)
+        engine.train()
+        for x, y in epochs(batches, steps):
+            loss = F.cross_entropy(engine(x), y)
+            engine.backward(loss)
+            engine.step()
+            stamp(clock, cpu_clock)
+        return engine.module
+    model = _wrap(kind, options, net, world)
+    opt = adamw(model)
+    model.train()
+    for x, y in epochs(batches, steps):
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        stamp(clock, cpu_clock)
+    return model.module if kind == "ddp" else model
+
+
+def _wrap(kind: str, options: dict[str, Any], net: torch.nn.Module, world: int) -> torch.nn.Module:
+    """``net`` as the plain-PyTorch kinds train it: itself, in ``DistributedDataParallel``, ``fully_shard``-ed, or
+    parallelised with :func:`tp_plan` on a ``(world,)`` mesh."""
     if kind == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
-        model = DistributedDataParallel(net)
-    elif kind == "fsdp":
-        model = _fully_shard(net, options, world)
-    elif kind == "tensor_parallel":
+        return DistributedDataParallel(net)
+    if kind == "fsdp":
+        return _fully_shard(net, options, world)
+    if kind == "tensor_parallel":
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor.parallel import parallelize_module
 
-        model = parallelize_module(net, init_device_mesh("cpu", (world,)), tp_plan(net))
-    else:
-        model = net
-    opt = adamw(model)
-    model.train()
-    done, epoch = 0, 0
-    while done < steps:
-        batches.sampler.set_epoch(epoch)
-        for x, y in batches:
-            loss = F.cross_entropy(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            clock.append(time.perf_counter())
-            cpu_clock.append(time.process_time())
-            done += 1
-            if done == steps:
-                break
-        epoch += 1
-    return model.module if kind == "ddp" else model
+        return parallelize_module(net, init_device_mesh("cpu", (world,)), tp_plan(net))
+    return net
 
 
 def _fully_shard(net: torch.nn.Module, options: dict[str, Any], world: int) -> torch.nn.Module:
@@ -169,30 +194,17 @@ def deepspeed_config(options: dict[str, Any], batch: int) -> dict[str, Any]:
     return cfg
 
 
-def _deepspeed(options: dict[str, Any], net: torch.nn.Module, batches: Any, steps: int,
-               clock: list[float], cpu_clock: list[float]) -> torch.nn.Module:
+def _deepspeed_engine(options: dict[str, Any], net: torch.nn.Module, batch: int) -> Any:
+    """``deepspeed.initialize`` of ``net`` with :func:`deepspeed_config`: the torch AdamW as the client optimizer,
+    or the config's own optimizer section when it has one (optimizer offload)."""
     import deepspeed
     import torch.distributed as dist
 
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend="gloo", auto_mpi_discovery=False)
-    cfg = deepspeed_config(options, batches.batch_size)
+    cfg = deepspeed_config(options, batch)
     if "optimizer" in cfg:
         engine, *_ = deepspeed.initialize(model=net, model_parameters=param_groups(net), config=cfg)
     else:
         engine, *_ = deepspeed.initialize(model=net, optimizer=adamw(net), config=cfg)
-    engine.train()
-    done, epoch = 0, 0
-    while done < steps:
-        batches.sampler.set_epoch(epoch)
-        for x, y in batches:
-            loss = F.cross_entropy(engine(x), y)
-            engine.backward(loss)
-            engine.step()
-            clock.append(time.perf_counter())
-            cpu_clock.append(time.process_time())
-            done += 1
-            if done == steps:
-                break
-        epoch += 1
-    return engine.module
+    return engine

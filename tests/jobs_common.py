@@ -1,5 +1,6 @@
-"""Models, data and callbacks that several test job scripts share. The jobs run as fresh processes, so each puts
-this folder on ``sys.path`` before importing it::
+"""Models, data, callbacks, the ``__main__`` (:func:`job_main`) and the result checks that several test job
+scripts and their tests share. The jobs run as fresh processes, so each puts this folder on ``sys.path`` before
+importing it (their tests find it there already: pytest puts tests/ on the path for its conftest)::
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[N]))  # N: how deep the job sits below tests/
     from jobs_common import SumRegression, sum_data
@@ -10,8 +11,13 @@ Each builder keeps the exact computation, initialisation and logged names the jo
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -95,7 +101,8 @@ def feature_data(n: int) -> list[dict[str, torch.Tensor]]:
 
 
 class KillAfterStep(Callback):
-    """SIGKILL this process right after optimizer step ``step`` (when that step does not save)."""
+    """SIGKILL this process right after optimizer step ``step`` (when that step does not save), as a pre-empted
+    job dies; in a multi-process job every rank does. The resume tests restart the job from its newest checkpoint."""
 
     def __init__(self, step: int) -> None:
         self.step = step
@@ -103,3 +110,61 @@ class KillAfterStep(Callback):
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step == self.step and not control.should_save:
             os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_callbacks(cfg: dict) -> list[Callback]:
+    """``[KillAfterStep(cfg["kill_after_step"])]`` when a job's config asks for a kill (a step > 0), else ``[]``."""
+    return [KillAfterStep(cfg["kill_after_step"])] if cfg.get("kill_after_step") else []
+
+
+def job_main(run: Callable[[dict], dict]) -> None:
+    """The ``__main__`` of a job script: read the JSON config named by the last command-line argument (launchers
+    may put their own flags first), one thread per process, ``result = run(config)``, saved (``torch.save``) as
+    ``config["result"]`` with ``.pt`` turned into ``.rank{result["rank"]}.pt``."""
+    with open(sys.argv[-1]) as f:
+        config = json.load(f)
+    torch.set_num_threads(1)
+    result = run(config)
+    torch.save(result, config["result"].replace(".pt", f".rank{result['rank']}.pt"))
+
+
+def assert_same_state(ref: dict, got: dict) -> None:
+    """Two job results hold bitwise-equal ``weights`` (name -> tensor), equal state tensors in every optimizer of
+    ``optimizers`` (``state_dict()`` s, in order) and equal ``schedulers`` (``state_dict()`` s): what a resumed run
+    must end with. Raises AssertionError naming the first difference."""
+    for k, v in ref["weights"].items():
+        assert torch.equal(v, got["weights"][k]), k
+    for r, g in zip(ref["optimizers"], got["optimizers"], strict=True):
+        for pid, st in r["state"].items():
+            for k, v in st.items():
+                assert torch.equal(torch.as_tensor(v), torch.as_tensor(g["state"][pid][k])), (pid, k)
+    assert ref["schedulers"] == got["schedulers"]
+
+
+#: what a launcher sets for its ranks: a test's own environment must not pass them on to the job it starts
+LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKFIT_LAUNCHED")
+
+
+def job_env(**extra: str) -> dict[str, str]:
+    """The environment for a job process: this one's without :data:`LAUNCH_VARS`, one thread per process
+    (2-core machines), DeepSpeed's shared-memory collectives off (CPU gloo runs), then ``extra``."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
+    return {**env, "OMP_NUM_THREADS": "1", "TASKFIT_DEEPSPEED_SHM_COMM": "0", **extra}
+
+
+def run_job(script: Path, tmp: Path, name: str, cfg: dict, *, expect_kill: bool = False,
+            timeout: float = 400) -> list[dict] | None:
+    """Run ``python script tmp/NAME.json`` in ``tmp`` (config ``{"out": tmp/NAME, "result": tmp/NAME.pt, **cfg}``;
+    the job re-launches itself per rank when ``cfg["devices"]`` > 1 and saves ``tmp/NAME.rank{r}.pt``, as
+    :func:`job_main` does). Returns every rank's result; with ``expect_kill`` asserts that the job died of SIGKILL
+    and returns None. Raises AssertionError (with the job's stderr) when it failed."""
+    cfg = {"out": str(tmp / name), "result": str(tmp / f"{name}.pt"), **cfg}
+    path = tmp / f"{name}.json"
+    path.write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, str(script), str(path)], capture_output=True, text=True, timeout=timeout,
+                          env=job_env(), cwd=tmp)
+    if expect_kill:
+        assert proc.returncode == -9, f"expected SIGKILL, got rc={proc.returncode}\n{proc.stderr[-3000:]}"
+        return None
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [torch.load(tmp / f"{name}.rank{r}.pt", weights_only=False) for r in range(cfg.get("devices", 1))]

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+
+from jobs_common import job_main, run_job
 
 HERE = Path(__file__)
 GLOBAL_BATCH = 8
@@ -104,15 +103,7 @@ def job(cfg: dict) -> dict:
 
 
 def _run(tmp_path: Path, name: str, cfg: dict) -> list[dict]:
-    cfg = {"out": str(tmp_path / name), "result": str(tmp_path / f"{name}.pt"), **cfg}
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(cfg))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                          "MASTER_PORT", "TASKFIT_LAUNCHED")}
-    proc = subprocess.run([sys.executable, str(HERE), str(path)], capture_output=True, text=True, timeout=500,
-                          env={**env, "OMP_NUM_THREADS": "1"}, cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [torch.load(tmp_path / f"{name}.rank{r}.pt", weights_only=False) for r in range(cfg.get("devices", 1))]
+    return run_job(HERE, tmp_path, name, cfg, timeout=500)
 
 
 def _exported(tmp_path: Path, name: str) -> dict:
@@ -185,7 +176,4 @@ def test_callbacks_under_deepspeed_equal_one_process_F_LIT_6(tmp_path, single):
 
 
 if __name__ == "__main__":
-    config = json.load(open(sys.argv[-1]))
-    torch.set_num_threads(1)
-    res = job(config)
-    torch.save(res, config["result"].replace(".pt", f".rank{res['rank']}.pt"))
+    job_main(job)

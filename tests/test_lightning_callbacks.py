@@ -240,29 +240,23 @@ def test_model_summary_rows_equal_lightnings_F_LIT_6(tmp_path, capsys):
     from lightning.pytorch.utilities.model_summary import ModelSummary as LitSummary
     from taskfit.callbacks import ModelSummary
 
-    class Net(TaskModule):
-        def __init__(self):
-            super().__init__()
-            self.encoder = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4))
-            self.head = nn.Linear(4, 1)
-            self.head.bias.requires_grad_(False)
-            self.example_input_array = torch.zeros(5, 3)
+    def net(base):  # the same module on either base
+        class Net(base):
+            def __init__(self):
+                super().__init__()
+                self.encoder = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4))
+                self.head = nn.Linear(4, 1)
+                self.head.bias.requires_grad_(False)
+                self.example_input_array = torch.zeros(5, 3)
 
-        def forward(self, x):
-            return self.head(self.encoder(x))
+            def forward(self, x):
+                return self.head(self.encoder(x))
 
-        def training_step(self, batch, batch_idx):
-            return nn.functional.mse_loss(self(batch[0]), batch[1])
+            def training_step(self, batch, batch_idx):
+                return nn.functional.mse_loss(self(batch[0]), batch[1])
+        return Net
 
-    class LitNet(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.encoder = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Linear(8, 4))
-            self.head = nn.Linear(4, 1)
-            self.head.bias.requires_grad_(False)
-            self.example_input_array = torch.zeros(5, 3)
-
-        forward = Net.forward
+    Net, LitNet = net(TaskModule), net(pl.LightningModule)
 
     for depth in (1, 2):
         cb = ModelSummary(max_depth=depth)

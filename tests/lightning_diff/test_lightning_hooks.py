@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from harness import data, run_lightning, run_taskfit, same_weights
+from harness import data, linear, run_lightning, run_taskfit, same_weights
 
 MODULE_HOOKS = (
     "prepare_data", "setup", "configure_model", "configure_optimizers", "on_fit_start", "on_train_start",
@@ -28,15 +28,7 @@ CALLBACK_HOOKS = (
 
 def recorder(calls, hooks=MODULE_HOOKS, scheduler=True):
     def make(base):
-        class Recorded(base):
-            def __init__(self):
-                super().__init__()
-                self.layer = torch.nn.Linear(4, 1)
-
-            def training_step(self, batch, batch_idx):
-                x, y = batch
-                return F.mse_loss(self.layer(x), y)
-
+        class Recorded(linear(base)):
             def validation_step(self, batch, batch_idx):
                 x, y = batch
                 self.log("val_loss", F.mse_loss(self.layer(x), y))
@@ -132,27 +124,18 @@ def test_F_LOOP_6_train_batch_end_outputs_and_datamodule_teardown(tmp_path):
     make = recorder([], hooks=())
     run_lightning(make, None, callbacks=[outputs_cb(L.Callback, seen_l)], fit_kwargs=dict(datamodule=dm(
         L.LightningDataModule, dm_l)))
-    from taskfit import Fit, TaskModule
-    from harness import build
-
-    fit = Fit(output_dir=str(tmp_path), report_to="none", disable_tqdm=True, save_strategy="no", max_grad_norm=0.0,
-              num_train_epochs=1, callbacks=[outputs_cb(Callback, seen_t)])
-    fit.fit(build(make, TaskModule), datamodule=dm(DataModule, dm_t))
+    run_taskfit(make, None, tmp_path=tmp_path, callbacks=[outputs_cb(Callback, seen_t)],
+                fit_kwargs=dict(datamodule=dm(DataModule, dm_t)))
     assert seen_l == seen_t and len(seen_t) == 2 and seen_t[0][0] == ["loss"] and not seen_t[0][2]
     assert dm_l == dm_t == ["prepare_data", "setup:fit", "teardown:fit"]
 
 
 def overriding(name):
     def make(base):
-        class Overrides(base):
+        class Overrides(linear(base)):
             def __init__(self):
                 super().__init__()
-                self.layer = torch.nn.Linear(4, 1)
                 self.events = []
-
-            def training_step(self, batch, batch_idx):
-                x, y = batch
-                return F.mse_loss(self.layer(x), y)
 
             def configure_optimizers(self):
                 opt = torch.optim.SGD(self.parameters(), lr=0.1)

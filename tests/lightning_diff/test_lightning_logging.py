@@ -2,19 +2,14 @@
 tests_pytorch/trainer/logging_/test_train_loop_logging.py and test_eval_loop_logging.py)."""
 
 import pytest
-import torch
 from torch.nn import functional as F
 
-from harness import data, run_lightning, run_taskfit
+from harness import data, linear, run_lightning, run_taskfit
 
 
 def logging_module(where):
     def make(base):
-        class Logs(base):
-            def __init__(self):
-                super().__init__()
-                self.layer = torch.nn.Linear(4, 1)
-
+        class Logs(linear(base)):
             def training_step(self, batch, batch_idx):
                 x, y = batch
                 loss = F.mse_loss(self.layer(x), y)
@@ -41,9 +36,6 @@ def logging_module(where):
             def on_validation_epoch_end(self):
                 if where == "validation_epoch_end":
                     self.log("metric", self.layer.weight.sum())
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.1)
         return Logs
     return make
 

@@ -8,15 +8,14 @@ import torch
 from torch.nn import functional as F
 from torch.optim import lr_scheduler as S
 
-from harness import data, run_lightning, run_taskfit, same_weights
+from harness import data, linear, run_lightning, run_taskfit, same_weights
 
 
 def module(configure, log_train=None, validate=False):
     def make(base):
-        class Net(base):
+        class Net(linear(base)):
             def __init__(self):
                 super().__init__()
-                self.layer = torch.nn.Linear(4, 1)
                 self.lrs = []
 
             def training_step(self, batch, batch_idx):

@@ -8,7 +8,7 @@ from torch import nn
 from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from harness import run_lightning, run_taskfit
+from harness import linear, run_lightning, run_taskfit
 
 
 def _loader(n: int = 16, batch_size: int = 4) -> DataLoader:
@@ -100,29 +100,13 @@ def test_swa_bad_arguments_F_LIT_6():
         StochasticWeightAveraging(-1)
 
 
-def linear_net(make_base=None):
-    def make(base):
-        class Lin(base):
-            def __init__(self):
-                super().__init__()
-                self.layer = nn.Linear(4, 1)
-
-            def training_step(self, batch, batch_idx):
-                return F.mse_loss(self.layer(batch[0]), batch[1])
-
-            def configure_optimizers(self):
-                return torch.optim.SGD(self.parameters(), lr=0.1)
-        return Lin
-    return make
-
-
 def test_gradient_accumulation_schedule_weights_equal_lightnings_F_LIT_6(tmp_path):
     from lightning.pytorch.callbacks import GradientAccumulationScheduler as LitGAS
     from taskfit.callbacks import GradientAccumulationScheduler
 
     loader = _loader(n=32, batch_size=4)  # 8 batches: windows of 4 in epochs 0-1, of 2 from epoch 2
-    lit, trainer = run_lightning(linear_net(), loader, max_epochs=4, callbacks=[LitGAS({0: 4, 2: 2})])
-    ours, fit = run_taskfit(linear_net(), loader, tmp_path=tmp_path, max_epochs=4,
+    lit, trainer = run_lightning(linear, loader, max_epochs=4, callbacks=[LitGAS({0: 4, 2: 2})])
+    ours, fit = run_taskfit(linear, loader, tmp_path=tmp_path, max_epochs=4,
                             callbacks=[GradientAccumulationScheduler({0: 4, 2: 2})])
     assert fit.state.global_step == trainer.global_step == 2 + 2 + 4 + 4
     assert fit.state.max_steps == 12  # the plan counts each epoch's windows
@@ -139,7 +123,7 @@ def test_gradient_accumulation_schedule_refusals_F_LIT_6(tmp_path):
     with pytest.raises(TypeError, match="non-empty"):
         GradientAccumulationScheduler({})
 
-    class Manual(linear_net()(TaskModule)):
+    class Manual(linear(TaskModule)):
         def __init__(self):
             super().__init__()
             self.automatic_optimization = False
@@ -151,4 +135,4 @@ def test_gradient_accumulation_schedule_refusals_F_LIT_6(tmp_path):
     fit = Fit(output_dir=str(tmp_path), report_to="none", disable_tqdm=True, save_strategy="no",
               gradient_accumulation_steps=2, callbacks=[GradientAccumulationScheduler({0: 2})])
     with pytest.raises(ValueError, match="remove one of them"):
-        fit.fit(linear_net()(TaskModule)(), _loader())
+        fit.fit(linear(TaskModule)(), _loader())

@@ -5,31 +5,22 @@ each rank's result: the full weights (gathered under ZeRO-3), the initial weight
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
+from pathlib import Path
 
 import torch
 from ddp_job import Tagger  # the token tagger of the DDP tests
 from token_data import token_samples
 
-from taskfit import Callback, Fit
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from jobs_common import job_main, kill_callbacks  # noqa: E402
+
+from taskfit import Fit  # noqa: E402
 
 
 def tokens(n: int = 48, seed: int = 0) -> list[dict[str, torch.Tensor]]:
     return token_samples(n, seed)
-
-
-class KillAfterStep(Callback):
-    """Every rank SIGKILLs itself right after optimizer step ``step`` (no save at that step)."""
-
-    def __init__(self, step: int) -> None:
-        self.step = step
-
-    def on_step_end(self, args, state, control, **kwargs):
-        if state.global_step == self.step and not control.should_save:
-            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def full_weights(fit: Fit, module: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -54,7 +45,7 @@ def run(cfg: dict) -> dict:
     if cfg.get("save_steps"):
         args.update(save_strategy="steps", save_steps=cfg["save_steps"])
     args.update(cfg.get("args", {}))
-    fit = Fit(callbacks=[KillAfterStep(cfg["kill_after_step"])] if cfg.get("kill_after_step") else [], **args)
+    fit = Fit(callbacks=kill_callbacks(cfg), **args)  # every rank dies after that step
     torch.manual_seed(cfg.get("init_seed", 0) + int(os.environ.get("RANK", "0")) * cfg.get("rank_seed", 0))
     module = Tagger()
     initial = {k: v.detach().clone() for k, v in module.state_dict().items()}
@@ -81,7 +72,4 @@ def run(cfg: dict) -> dict:
 
 
 if __name__ == "__main__":
-    cfg = json.load(open(sys.argv[1]))
-    torch.set_num_threads(1)
-    result = run(cfg)
-    torch.save(result, cfg["result"].replace(".pt", f".rank{result['rank']}.pt"))
+    job_main(run)

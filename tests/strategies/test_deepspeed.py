@@ -15,7 +15,6 @@ with gcc on first use) equal one process with the same optimizer within ``TOL`` 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,6 +28,8 @@ from taskfit import Fit, FitArguments  # noqa: E402
 from taskfit.connector import resolve_components  # noqa: E402
 from taskfit.strategies.deepspeed_config import finalize_config, resolve_config  # noqa: E402
 
+from jobs_common import job_env, run_job  # noqa: E402
+
 pytestmark = pytest.mark.deepspeed
 HERE = Path(__file__).parent
 JOB = HERE / "deepspeed_job.py"
@@ -41,24 +42,9 @@ OFFLOAD_TOL = 1e-5
 BASE = {"bs": 2, "accum": 3, "n": 40, "steps": 8, "max_grad_norm": 0.5, "args": {"warmup_steps": 2}}
 
 
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
-                                                          "MASTER_PORT", "TASKFIT_LAUNCHED")}
-    return {**env, "OMP_NUM_THREADS": "1", "TASKFIT_DEEPSPEED_SHM_COMM": "0"}
-
-
 def run(tmp: Path, cfg: dict, name: str, expect_kill: bool = False) -> list[dict] | None:
     """Run the job with ``cfg`` in fresh processes; returns every rank's result (None when it was killed)."""
-    cfg = {"out": str(tmp / name), "result": str(tmp / f"{name}.pt"), **cfg}
-    path = tmp / f"{name}.json"
-    path.write_text(json.dumps(cfg))
-    proc = subprocess.run([sys.executable, str(JOB), str(path)], capture_output=True, text=True, timeout=400,
-                          env=_env(), cwd=tmp)
-    if expect_kill:
-        assert proc.returncode == -9, f"expected SIGKILL, got rc={proc.returncode}\n{proc.stderr[-3000:]}"
-        return None
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return [torch.load(tmp / f"{name}.rank{r}.pt", weights_only=False) for r in range(cfg.get("devices", 1))]
+    return run_job(JOB, tmp, name, cfg, expect_kill=expect_kill)
 
 
 def assert_close(a: dict, b: dict, tol: float = TOL) -> None:
@@ -151,7 +137,7 @@ def test_F_PREC_3_fp16_is_refused_on_cpu_with_a_clear_error(tmp_path):
 
 def test_F_CKPT_5_convert_cli_refuses_a_folder_that_is_no_deepspeed_checkpoint(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "taskfit.cli", "convert", str(tmp_path / "nope"), str(tmp_path / "o")],
-                          capture_output=True, text=True, timeout=120, env=_env())
+                          capture_output=True, text=True, timeout=120, env=job_env())
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
 
@@ -333,7 +319,7 @@ def test_F_CKPT_5_checkpoint_converts_to_fp32_and_loads_into_a_single_device_mod
     (r0, _), (ref,) = runs(f"stage{stage}"), runs("single")
     ckpt = r0["dir"] / f"stage{stage}" / "checkpoint-8"
     proc = subprocess.run([sys.executable, "-m", "taskfit.cli", "convert", str(ckpt), str(tmp_path / "conv")],
-                          capture_output=True, text=True, timeout=300, env=_env())
+                          capture_output=True, text=True, timeout=300, env=job_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == str(tmp_path / "conv" / "model.safetensors")
     state = load_file(tmp_path / "conv" / "model.safetensors")
