@@ -286,7 +286,8 @@ def test_F_STRAT_6_fit_twice_on_one_fit_equals_a_fresh_fit(tmp_path):
     fresh = run(tmp_path, {**cfg, "args": {**BASE["args"], "learning_rate": 0.05}}, "fresh")
     for got, want in zip(twice, fresh):
         assert_close(want["weights"], got["weights"], 0.0)
-        assert got["log"] == want["log"] and got["loss"] == want["loss"] and got["lrs"][0] == pytest.approx(0.025)
+        # the rate each step used (HF 5): 0 at the first of 2 warm-up steps, then half of the second fit's 0.05
+        assert got["log"] == want["log"] and got["loss"] == want["loss"] and got["lrs"][:2] == pytest.approx([0, 0.025])
 
 
 @pytest.mark.slow
