@@ -343,7 +343,8 @@ def _check_compatible(a: Any, world_size: int, train_loader: Any, saved: dict[st
             else ""
         changes.append(f"world_size {world_before} -> {world_size}{dp_text}")
     if before_batches is not None and n_batches is not None and before_batches != n_batches:
-        changes.append(f"batches per epoch {before_batches} -> {n_batches} (the dataset or drop_last changed?)")
+        why = "" if changes else " (the dataset or drop_last changed?)"  # else the batch or world size explains it
+        changes.append(f"batches per epoch {before_batches} -> {n_batches}{why}")
     if changes and mid_epoch:
         raise CheckpointError(
             f"Cannot continue mid-epoch from {manifest.get('global_step')!r}: the checkpoint was taken "

@@ -105,7 +105,7 @@ class ModelParallelStrategy(FSDPStrategy):
         tensor_parallel_size (int | "auto"): processes in the tensor-parallel dimension (``"auto"``: processes per
             machine).
         context_parallel_size (int | None): reserved for context parallelism; only None or 1 (no context
-            parallelism) is accepted.
+            parallelism) is accepted: PyTorch's ``context_parallel`` shards only CUDA attention kernels.
         save_distributed_checkpoint (bool): each rank writes its shards with ``torch.distributed.checkpoint``
             (default), or False: rank 0 writes full ``model.safetensors`` / ``optimizer.pt`` (Lightning's option).
         parallelize_fn (Callable[[nn.Module, DeviceMesh], nn.Module] | None): Lightning Fabric's form: called at
@@ -137,8 +137,14 @@ class ModelParallelStrategy(FSDPStrategy):
             if size != "auto" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
                 raise ValueError(f"ModelParallelStrategy {what}={size!r} is not valid; give a positive int or 'auto'.")
         if context_parallel_size not in (None, 1):
-            raise ValueError(f"ModelParallelStrategy context_parallel_size={context_parallel_size!r} is not supported "
-                             "yet; use None (or 1): data x tensor parallelism only.")
+            # PyTorch's context_parallel() (ring attention over the sequence dimension) dispatches only CUDA's
+            # flash / memory-efficient / cuDNN attention kernels; on the CPU, SDPA runs
+            # aten._scaled_dot_product_flash_attention_for_cpu, which it cannot shard (it raises inside the first
+            # attention call), so it cannot be proven equal to one process here and is not offered.
+            raise ValueError(f"ModelParallelStrategy context_parallel_size={context_parallel_size!r} is not supported: "
+                             "PyTorch's context parallelism (torch.distributed.tensor.experimental.context_parallel) "
+                             "runs only CUDA's flash / memory-efficient / cuDNN attention kernels, not the CPU's, and "
+                             "taskfit does not offer it untested; use None (or 1): data x tensor parallelism only.")
         sizes = dict(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size,
                      context_parallel_size=context_parallel_size,
                      save_distributed_checkpoint=save_distributed_checkpoint, parallelize_fn=parallelize_fn)
