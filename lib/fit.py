@@ -350,7 +350,7 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         ckpt = resolve_checkpoint(self.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
         ckpt = self.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
         if ckpt:  # another number of steps per epoch than the checkpoint's run: the steps left are re-counted
-            max_steps, num_epochs = plan_resumed_run(self.strategy.checkpoint_io, ckpt, run.train_loader, args,
+            max_steps, num_epochs = plan_resumed_run(self.strategy, ckpt, run.train_loader, args,
                                                      schedule, (steps_per_epoch, max_steps, num_epochs), weights_only)
         st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
         st.logging_steps = resolve_interval(args.logging_steps, max_steps)

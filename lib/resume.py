@@ -150,7 +150,25 @@ def resume_position(state: dict[str, Any], loop: dict[str, Any], n_batches: int 
                                     ignore_data_skip)
 
 
-def plan_resumed_run(io: Any, path: str, loader: Any, args: Any, accumulation: Any,
+class _PlannedReader(CheckpointReader):
+    """The reader :func:`plan_resumed_run` reads the loop state with, handed on to :func:`read_checkpoint` (through
+    ``strategy._planned_reader``) with the bytes it read, so a resume still reads each file once."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kept: dict[str, bytes] = {}
+        self.keeping = True
+
+    def read_bytes(self, name: str) -> bytes:
+        if name in self.kept:
+            return self.kept.pop(name)
+        data = super().read_bytes(name)
+        if self.keeping:
+            self.kept[name] = data
+        return data
+
+
+def plan_resumed_run(strategy: Any, path: str, loader: Any, args: Any, accumulation: Any,
                      planned: tuple[int | None, int, int], weights_only: bool = True) -> tuple[int, int]:
     """``(max_steps, num_epochs)`` of a run that resumes from checkpoint ``path`` with a different number of
     optimizer steps per epoch than the run that wrote it (another data-parallel size with the same per-device
@@ -173,7 +191,8 @@ def plan_resumed_run(io: Any, path: str, loader: Any, args: Any, accumulation: A
       stops at once after half the epochs).
 
     Args:
-        io (CheckpointIO): the strategy's checkpoint IO.
+        strategy (Strategy): the run's strategy (its checkpoint IO reads the files; :func:`restore` then reads
+            them from the bytes kept here).
         path (str): the checkpoint folder the run resumes from.
         loader (DataLoader): the new run's training loader (this process's share).
         args (FitArguments): the new run's arguments (``max_steps``, ``num_train_epochs``,
@@ -187,12 +206,15 @@ def plan_resumed_run(io: Any, path: str, loader: Any, args: Any, accumulation: A
     """
     steps_per_epoch, max_steps, num_epochs = planned
     n = _batches_per_epoch(loader)
+    io = strategy.checkpoint_io
     if not n or not steps_per_epoch or is_hf_checkpoint(io, path):
         return max_steps, num_epochs
-    reader = CheckpointReader(io, path, weights_only=weights_only)
+    reader = _PlannedReader(io, path, weights_only=weights_only)
+    strategy._planned_reader = reader  # read_checkpoint continues with it: no file read twice
     if not {"training_state.pt", "fit_args.json"} <= set(reader.files):
         return max_steps, num_epochs  # save_only_model: restore refuses it with its own message
     ts, saved_args = reader.read("training_state.pt"), reader.read("fit_args.json")
+    reader.keeping = False
     state, loop = ts.get("state") or {}, ts.get("loop") or {}
     n_before, accum_before = state.get("batches_per_epoch"), saved_args.get("gradient_accumulation_steps")
     if n_before is None or (n_before == n and accum_before in (None, args.gradient_accumulation_steps)):
@@ -231,7 +253,11 @@ def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), 
         CheckpointError: a missing/corrupted file, a manifest lacking an entry the run needs, or (``full``) a
             ``save_only_model`` checkpoint.
     """
-    reader = open_checkpoint(strategy.checkpoint_io, path, weights_only=weights_only)
+    planned = strategy.__dict__.pop("_planned_reader", None)  # plan_resumed_run read the loop state already
+    if planned is not None and planned.folder == path and planned.weights_only == weights_only and full:
+        reader = planned
+    else:
+        reader = open_checkpoint(strategy.checkpoint_io, path, weights_only=weights_only)
     manifest = reader.manifest
     if full and manifest.get("save_only_model"):
         raise CheckpointError(f"{path!r} was saved with save_only_model=True: it holds the weights but no optimizer, "
