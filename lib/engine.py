@@ -268,8 +268,7 @@ class Engine(Topology):
         params = [p for group in opt.param_groups for p in group["params"]]
         if max_norm is not None:
             return self.strategy.clip_gradients(params, float(max_norm), opt)
-        self.strategy.precision.unscale_gradients(opt)
-        torch.nn.utils.clip_grad_value_(params, float(clip_val))
+        self.strategy.clip_gradients_value(params, float(clip_val), opt)  # unscales first
         return None
 
     def autocast(self) -> ContextManager:

@@ -297,7 +297,9 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
                   resume_from_checkpoint: str | bool | None, weights_only: bool) -> TrainOutput:
         from taskfit.optim.configure import configure_optimizers
         from taskfit.publish import make_publisher
-        from taskfit.resume import finish_checkpoints, resolve_checkpoint, restore, wait_for_saves_quietly
+        from taskfit.resume import (
+            finish_checkpoints, plan_resumed_run, resolve_checkpoint, restore, wait_for_saves_quietly,
+        )
 
         n_dev = fast_dev_run_batches(args)
         if n_dev:  # one short epoch of N batches, evaluated once at its end, no checkpoints (Lightning)
@@ -345,7 +347,14 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
                                   isinstance(module, ModelTaskModule), self.compute_metrics is not None,
                                   list(run.eval_loaders) == [None])
 
-        steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, args, accumulation_schedule(self.callbacks))
+        schedule = accumulation_schedule(self.callbacks)
+        steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, args, schedule)
+        self.strategy.setup_environment()
+        ckpt = resolve_checkpoint(self.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
+        ckpt = self.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
+        if ckpt:  # another number of steps per epoch than the checkpoint's run: the steps left are re-counted
+            max_steps, num_epochs = plan_resumed_run(self.strategy, ckpt, run.train_loader, args,
+                                                     schedule, (steps_per_epoch, max_steps, num_epochs), weights_only)
         st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
         st.logging_steps = resolve_interval(args.logging_steps, max_steps)
         st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,
@@ -354,7 +363,6 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         st.train_batch_size = args.per_device_train_batch_size
         st.batches_per_epoch = steps_per_epoch and len(run.train_loader)
 
-        self.strategy.setup_environment()
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
         self._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
         run.optimizers, run.schedulers = configure_optimizers(
@@ -368,8 +376,6 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
             st, run.control, run.sums, self.strategy.precision, self.callbacks, module, self.strategy.all_gather,
             self.global_rank, self.world_size, args.restore_callback_states_from_checkpoint,
             accelerator=self.strategy.accelerator)
-        ckpt = resolve_checkpoint(self.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
-        ckpt = self.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
         if ckpt:
             saved = restore(run, ckpt, self.strategy, args, weights_only)
             self._hooks.call("on_load_checkpoint", self, module, saved)

@@ -428,6 +428,6 @@ class LightningMembers:
         fit.strategy.precision.unscale_gradients(optimizer)
         params = [p for g in optimizer.param_groups for p in g["params"]]
         if algorithm == "value":
-            torch.nn.utils.clip_grad_value_(params, gradient_clip_val)
+            fit.strategy.clip_gradients_value(params, gradient_clip_val, optimizer)  # DTensor shards too
         else:
             fit.strategy.clip_gradients(params, gradient_clip_val, optimizer)

@@ -12,6 +12,7 @@ sampler (mirrors HF ``skip_first_batches``), not by replaying batches.
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING, Any
 
 from taskfit.checkpoint import exportable_model
@@ -116,18 +117,128 @@ def restore(run: Run, path: str, strategy: Any, args: Any, weights_only: bool = 
     if loaded["manifest"].get("format") == HF_FORMAT:  # HF records no position: derive it as HF does
         place_hf_position(run.state, _batches_per_epoch(run.train_loader), args.gradient_accumulation_steps)
         log.info(adopt_message(path, ts["state"]))
-    saved_batches, n_batches = ts["state"].get("batches_per_epoch"), _batches_per_epoch(run.train_loader)
-    if saved_batches is not None and n_batches is not None and run.state.batch_in_epoch >= saved_batches:
-        run.state.batch_in_epoch = n_batches  # the epoch was consumed: it stays consumed in the new layout
+    run.state.batch_in_epoch = _settled_position(run.state.batch_in_epoch, ts["state"].get("batches_per_epoch"),
+                                                 _batches_per_epoch(run.train_loader), args.ignore_data_skip)
     if run.training_state.rng is None:
         log.warning("%s has no RNG state for rank %d (saved with world_size=%s); RNG streams restart from the seed.",
                     path, strategy.global_rank, loaded["manifest"].get("world_size"))
-    if args.ignore_data_skip:
-        run.state.batch_in_epoch = 0  # HF: restart the current epoch from its first batch
     run.resume_from, run.start_step = path, run.state.global_step
     log.info("Resuming from %s: epoch %d, global_step %d, %d micro-batches into the epoch.", path,
              run.state.current_epoch, run.state.global_step, run.state.batch_in_epoch)
     return ts
+
+
+def _settled_position(position: int, saved_batches: int | None, n_batches: int | None,
+                      ignore_data_skip: bool) -> int:
+    """The micro-batch of the epoch a resumed run continues at: an epoch the checkpoint had consumed (saved after
+    its last batch) stays consumed in the new layout (``n_batches``: nothing left of it, HF counts it as
+    trained); otherwise the saved position, or 0 with ``ignore_data_skip`` (HF: restart the epoch)."""
+    if saved_batches is not None and n_batches is not None and position >= saved_batches:
+        return n_batches
+    return 0 if ignore_data_skip else position
+
+
+def resume_position(state: dict[str, Any], loop: dict[str, Any], n_batches: int | None,
+                    ignore_data_skip: bool) -> tuple[int, int]:
+    """``(epoch, micro-batch in it)`` where a run resumed from a checkpoint's saved ``state`` (``FitState``
+    fields) and ``loop`` (the loop sums, with ``epoch_done``) continues with ``n_batches`` micro-batches per epoch:
+    the next epoch's start after an epoch's end, else :func:`_settled_position` (what :func:`restore` sets)."""
+    epoch = int(state.get("current_epoch", 0))
+    if loop.get("epoch_done"):
+        return epoch + 1, 0
+    return epoch, _settled_position(int(state.get("batch_in_epoch", 0)), state.get("batches_per_epoch"), n_batches,
+                                    ignore_data_skip)
+
+
+class _PlannedReader(CheckpointReader):
+    """The reader :func:`plan_resumed_run` reads the loop state with, handed on to :func:`read_checkpoint` (through
+    ``strategy._planned_reader``) with the bytes it read, so a resume still reads each file once."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.kept: dict[str, bytes] = {}
+        self.keeping = True
+
+    def read_bytes(self, name: str) -> bytes:
+        if name in self.kept:
+            return self.kept.pop(name)
+        data = super().read_bytes(name)
+        if self.keeping:
+            self.kept[name] = data
+        return data
+
+
+def plan_resumed_run(strategy: Any, path: str, loader: Any, args: Any, accumulation: Any,
+                     planned: tuple[int | None, int, int], weights_only: bool = True) -> tuple[int, int]:
+    """``(max_steps, num_epochs)`` of a run that resumes from checkpoint ``path`` with a different number of
+    optimizer steps per epoch than the run that wrote it (another data-parallel size with the same per-device
+    batch, another ``per_device_train_batch_size``, ``gradient_accumulation_steps`` or dataset size); ``planned``
+    (``plan_steps`` on the new loader: ``(steps_per_epoch, max_steps, num_epochs)``) is returned unchanged when
+    the steps per epoch did not change, the loader has no length, or the checkpoint was written by
+    ``transformers.Trainer`` (HF's own rule applies: the position is derived from ``global_step``).
+
+    The rule (the loop state keeps ``global_step`` and the data position, epoch and micro-batch, of the
+    checkpoint; the steps still to take are counted on the new loader from that position):
+
+    - ``max_steps`` > 0: the run ends at ``global_step == max_steps`` as planned (HF and Lightning stop there
+      too); ``num_epochs`` becomes the epoch in which that step falls on the new layout.
+    - otherwise (``num_train_epochs``): the run trains the epochs that are left, each on the new layout, and
+      ends after the last one (Lightning's ``max_epochs`` rule); ``max_steps`` becomes ``global_step`` + the
+      steps those epochs take (a fractional ``num_train_epochs`` cuts the last one as a fresh plan would), so
+      the LR schedule, ratio intervals and the final save follow the steps actually left. HF instead keeps
+      ``ceil(num_train_epochs x new steps per epoch)`` total steps and re-derives the epoch from
+      ``global_step``, which trains more or fewer passes over the data than asked (with twice the processes it
+      stops at once after half the epochs).
+
+    Args:
+        strategy (Strategy): the run's strategy (its checkpoint IO reads the files; :func:`restore` then reads
+            them from the bytes kept here).
+        path (str): the checkpoint folder the run resumes from.
+        loader (DataLoader): the new run's training loader (this process's share).
+        args (FitArguments): the new run's arguments (``max_steps``, ``num_train_epochs``,
+            ``gradient_accumulation_steps``, ``ignore_data_skip``).
+        accumulation (Callable[[int], int] | None): an accumulation schedule (epoch -> micro-batches per step).
+        planned (tuple): ``plan_steps``' result for the new loader.
+        weights_only (bool): read the checkpoint's files with ``torch.load(weights_only=...)``.
+
+    Raises:
+        CheckpointError: a corrupted ``training_state.pt`` or ``fit_args.json`` (named).
+    """
+    steps_per_epoch, max_steps, num_epochs = planned
+    n = _batches_per_epoch(loader)
+    io = strategy.checkpoint_io
+    if not n or not steps_per_epoch or is_hf_checkpoint(io, path):
+        return max_steps, num_epochs
+    reader = _PlannedReader(io, path, weights_only=weights_only)
+    strategy._planned_reader = reader  # read_checkpoint continues with it: no file read twice
+    if not {"training_state.pt", "fit_args.json"} <= set(reader.files):
+        return max_steps, num_epochs  # save_only_model: restore refuses it with its own message
+    ts, saved_args = reader.read("training_state.pt"), reader.read("fit_args.json")
+    reader.keeping = False
+    state, loop = ts.get("state") or {}, ts.get("loop") or {}
+    n_before, accum_before = state.get("batches_per_epoch"), saved_args.get("gradient_accumulation_steps")
+    if n_before is None or (n_before == n and accum_before in (None, args.gradient_accumulation_steps)):
+        return max_steps, num_epochs
+    accum_at = accumulation or (lambda epoch: args.gradient_accumulation_steps)
+    epoch, position = resume_position(state, loop, n, args.ignore_data_skip)
+    step = int(state.get("global_step", 0))
+    # steps left in the epoch the run continues in (from its current micro-batch), then whole epochs
+    partial = math.ceil((n - position) / accum_at(epoch)) if position else 0
+    start = epoch + 1 if position else epoch
+    if args.max_steps and args.max_steps > 0:
+        left, end = max_steps - step - partial, start
+        while left > 0:
+            left -= math.ceil(n / accum_at(end))
+            end += 1
+        new_max, new_epochs = max_steps, end
+    else:
+        before = sum(math.ceil(n / accum_at(e)) for e in range(start))  # the fresh plan's steps before `start`
+        new_max, new_epochs = step + partial + max(0, max_steps - before), max(num_epochs, start)
+    log.info("Resuming with %d optimizer steps per epoch (the checkpoint's run took %s): %d steps left from "
+             "global_step %d (epoch %d, micro-batch %d); max_steps %d -> %d, epochs %d -> %d.",
+             steps_per_epoch, math.ceil(n_before / (accum_before or 1)), new_max - step, step, epoch, position,
+             max_steps, new_max, num_epochs, new_epochs)
+    return new_max, new_epochs
 
 
 def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), schedulers: Any = (),
@@ -142,7 +253,11 @@ def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), 
         CheckpointError: a missing/corrupted file, a manifest lacking an entry the run needs, or (``full``) a
             ``save_only_model`` checkpoint.
     """
-    reader = open_checkpoint(strategy.checkpoint_io, path, weights_only=weights_only)
+    planned = strategy.__dict__.pop("_planned_reader", None)  # plan_resumed_run read the loop state already
+    if planned is not None and planned.folder == path and planned.weights_only == weights_only and full:
+        reader = planned
+    else:
+        reader = open_checkpoint(strategy.checkpoint_io, path, weights_only=weights_only)
     manifest = reader.manifest
     if full and manifest.get("save_only_model"):
         raise CheckpointError(f"{path!r} was saved with save_only_model=True: it holds the weights but no optimizer, "
@@ -254,7 +369,8 @@ def _check_compatible(a: Any, world_size: int, train_loader: Any, saved: dict[st
             else ""
         changes.append(f"world_size {world_before} -> {world_size}{dp_text}")
     if before_batches is not None and n_batches is not None and before_batches != n_batches:
-        changes.append(f"batches per epoch {before_batches} -> {n_batches} (the dataset or drop_last changed?)")
+        why = "" if changes else " (the dataset or drop_last changed?)"  # else the batch or world size explains it
+        changes.append(f"batches per epoch {before_batches} -> {n_batches}{why}")
     if changes and mid_epoch:
         raise CheckpointError(
             f"Cannot continue mid-epoch from {manifest.get('global_step')!r}: the checkpoint was taken "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 from torch import nn
@@ -105,17 +105,23 @@ class ModelParallelStrategy(FSDPStrategy):
         tensor_parallel_size (int | "auto"): processes in the tensor-parallel dimension (``"auto"``: processes per
             machine).
         context_parallel_size (int | None): reserved for context parallelism; only None or 1 (no context
-            parallelism) is accepted.
+            parallelism) is accepted: PyTorch's ``context_parallel`` shards only CUDA attention kernels.
         save_distributed_checkpoint (bool): each rank writes its shards with ``torch.distributed.checkpoint``
             (default), or False: rank 0 writes full ``model.safetensors`` / ``optimizer.pt`` (Lightning's option).
+        parallelize_fn (Callable[[nn.Module, DeviceMesh], nn.Module] | None): Lightning Fabric's form: called at
+            set-up with the module and the mesh, parallelises the module in place and returns it (used when the
+            module does not override ``configure_model``). An ``Engine`` loop may instead parallelise the module
+            itself on ``engine.device_mesh`` (built by ``engine.launch()``) before ``engine.setup()``; a module
+            that already holds DTensor parameters is taken as it is.
         *args, **kwargs: the accelerator, devices, precision, ... (:class:`ParallelStrategy`), filled by ``Fit``
             for the object form.
 
     Raises:
         ValueError: a size that is not a positive int or ``"auto"``; ``context_parallel_size`` > 1; a precision
             outside ``32-true``, ``bf16-mixed``, ``bf16-true``, ``16-true``; at set-up: sizes whose product is not
-            the world size, a TaskModule that neither overrides ``configure_model`` nor has a model with a
-            ``tp_plan``.
+            the world size, a module that neither overrides ``configure_model``, nor was parallelised (DTensor
+            parameters, ``parallelize_fn``), nor has a model with a ``tp_plan``.
+        TypeError: ``parallelize_fn`` is not callable, or does not return the module it was given.
     """
 
     name = "model_parallel"
@@ -123,16 +129,25 @@ class ModelParallelStrategy(FSDPStrategy):
 
     def __init__(self, *args: Any, data_parallel_size: int | str = "auto", tensor_parallel_size: int | str = "auto",
                  context_parallel_size: int | None = None, save_distributed_checkpoint: bool = True,
-                 **kwargs: Any) -> None:
+                 parallelize_fn: Callable[[nn.Module, Any], nn.Module] | None = None, **kwargs: Any) -> None:
+        if parallelize_fn is not None and not callable(parallelize_fn):
+            raise TypeError(f"ModelParallelStrategy parallelize_fn must be a function (module, device_mesh) -> "
+                            f"module; got {type(parallelize_fn).__name__}.")
         for what, size in (("data_parallel_size", data_parallel_size), ("tensor_parallel_size", tensor_parallel_size)):
             if size != "auto" and (isinstance(size, bool) or not isinstance(size, int) or size < 1):
                 raise ValueError(f"ModelParallelStrategy {what}={size!r} is not valid; give a positive int or 'auto'.")
         if context_parallel_size not in (None, 1):
-            raise ValueError(f"ModelParallelStrategy context_parallel_size={context_parallel_size!r} is not supported "
-                             "yet; use None (or 1): data x tensor parallelism only.")
+            # PyTorch's context_parallel() (ring attention over the sequence dimension) dispatches only CUDA's
+            # flash / memory-efficient / cuDNN attention kernels; on the CPU, SDPA runs
+            # aten._scaled_dot_product_flash_attention_for_cpu, which it cannot shard (it raises inside the first
+            # attention call), so it cannot be proven equal to one process here and is not offered.
+            raise ValueError(f"ModelParallelStrategy context_parallel_size={context_parallel_size!r} is not supported: "
+                             "PyTorch's context parallelism (torch.distributed.tensor.experimental.context_parallel) "
+                             "runs only CUDA's flash / memory-efficient / cuDNN attention kernels, not the CPU's, and "
+                             "taskfit does not offer it untested; use None (or 1): data x tensor parallelism only.")
         sizes = dict(data_parallel_size=data_parallel_size, tensor_parallel_size=tensor_parallel_size,
                      context_parallel_size=context_parallel_size,
-                     save_distributed_checkpoint=save_distributed_checkpoint)
+                     save_distributed_checkpoint=save_distributed_checkpoint, parallelize_fn=parallelize_fn)
         if not args and "accelerator" not in kwargs:  # the object form: Fit builds the strategy with these sizes
             self.deferred, self.accelerator, self.model = sizes, None, None
             return
@@ -140,6 +155,7 @@ class ModelParallelStrategy(FSDPStrategy):
         kwargs.setdefault("state_dict_type", "sharded" if save_distributed_checkpoint else "full")
         super().__init__(*args, **kwargs)
         self.sizes = sizes
+        self.parallelize_fn = parallelize_fn
         name = getattr(self.precision, "name", "32-true")
         if name not in SUPPORTED_PRECISION:
             raise ValueError(f"strategy='model_parallel' does not support precision={name!r}; choose one of "
@@ -197,16 +213,33 @@ class ModelParallelStrategy(FSDPStrategy):
             ValueError: ``module`` neither overrides ``configure_model`` nor holds a model with a ``tp_plan``; a
                 ``tp_plan`` style taskfit cannot apply (:func:`check_plan`).
         """
-        from taskfit.module_hooks import overrides
-
-        if overrides(module, "configure_model"):
+        if self.parallelizer(module) != "tp_plan":
             return
         found = model_tp_plan(module)
         if found is None:
             raise ValueError(f"strategy='model_parallel' needs {type(module).__name__} to override "
                              "configure_model() and parallelise itself on self.device_mesh (parallelize_module / "
-                             "fully_shard), or a model that declares a tp_plan; it has neither.")
+                             "fully_shard), or a model that declares a tp_plan; it has neither. With your own loop "
+                             "(Engine), parallelise the module on engine.device_mesh before engine.setup(), or give "
+                             "ModelParallelStrategy(parallelize_fn=...).")
         check_plan(found[1])
+
+    def parallelizer(self, module: nn.Module) -> str:
+        """Who parallelises ``module``: ``"configure_model"`` (a TaskModule that overrides it), ``"parallelize_fn"``
+        (given to this strategy: Lightning Fabric's form), ``"done"`` (it already holds DTensor parameters: the
+        user parallelised it on the mesh before set-up, e.g. in an ``Engine`` loop), else ``"tp_plan"`` (the
+        model's own plan, when it declares one)."""
+        from torch.distributed.tensor import DTensor
+
+        from taskfit.module_hooks import LightningHooks, overrides
+
+        if isinstance(module, LightningHooks) and overrides(module, "configure_model"):
+            return "configure_model"
+        if self.parallelize_fn is not None:
+            return "parallelize_fn"
+        if any(isinstance(p, DTensor) for p in module.parameters()):
+            return "done"
+        return "tp_plan"
 
     def prepare_for_configure_model(self, module: nn.Module) -> None:
         """Called at the start of a stage, before the TaskModule's ``configure_model()``: check ``module``
@@ -244,15 +277,19 @@ class ModelParallelStrategy(FSDPStrategy):
             ValueError: neither ``configure_model`` nor a ``tp_plan`` (nothing would be parallelised), or a plan
                 style taskfit cannot apply.
         """
-        from taskfit.module_hooks import overrides
-
         self.check_module(module)
         if self._device_mesh is None:
             self.setup_environment()
         self._params_before = list(module.named_parameters())
         self._names_before = {id(p): n for n, p in self._params_before}
         module = self.precision.convert_module(module).to(self.root_device)
-        if not overrides(module, "configure_model"):
+        how = self.parallelizer(module)
+        if how == "parallelize_fn":
+            returned = self.parallelize_fn(module, self._device_mesh)
+            if returned is not module:  # the optimizers and the run keep the module object they were given
+                raise TypeError(f"parallelize_fn must parallelise the module in place and return it (as "
+                                f"parallelize_module / fully_shard do); it returned {type(returned).__name__}.")
+        elif how == "tp_plan":
             self.apply_tp_plan(module, *model_tp_plan(module))
         dp, _ = self.mesh_shape()
         if dp == 1:
@@ -294,3 +331,14 @@ class ModelParallelStrategy(FSDPStrategy):
 
         self.precision.unscale_gradients(optimizer)
         return clip_grad_norm(parameters, max_norm)
+
+    def clip_gradients_value(self, parameters: list[torch.Tensor], clip_value: float,
+                             optimizer: torch.optim.Optimizer) -> None:
+        """Clamp every gradient to ``[-clip_value, clip_value]``: plain gradients and DTensor shards alike (value
+        clipping is elementwise, so each process clamps its own shard; a pending ``Partial`` sum is reduced
+        first), equal to clamping the full gradients on one process (:func:`~taskfit.strategies.tp_clip.
+        clip_grad_value`)."""
+        from taskfit.strategies.tp_clip import clip_grad_value
+
+        self.precision.unscale_gradients(optimizer)
+        clip_grad_value(parameters, clip_value)

@@ -217,6 +217,14 @@ class Strategy:
         self.precision.unscale_gradients(optimizer)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
+    def clip_gradients_value(self, parameters: list[torch.Tensor], clip_value: float,
+                             optimizer: torch.optim.Optimizer) -> None:
+        """Unscale, then clamp every gradient of ``parameters`` to ``[-clip_value, clip_value]`` in place
+        (``gradient_clip_algorithm="value"``; mirrors ``torch.nn.utils.clip_grad_value_``, which it calls here;
+        tensor-parallel strategies clamp DTensor shards)."""
+        self.precision.unscale_gradients(optimizer)
+        torch.nn.utils.clip_grad_value_(parameters, clip_value)
+
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Step ``optimizer`` through the precision plugin; False when the step was skipped."""
         return self.precision.optimizer_step(optimizer)

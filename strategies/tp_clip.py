@@ -1,6 +1,8 @@
-"""Gradient-norm clipping over DTensor shards mixed with plain tensors (tensor parallelism leaves the parameters
-outside its plan plain). ``torch.nn.utils.clip_grad_norm_`` stacks the per-tensor norms, which fails when DTensors
-of different meshes or placements meet plain tensors; here each kind is reduced on its own and combined."""
+"""Gradient clipping over DTensor shards mixed with plain tensors (tensor parallelism leaves the parameters outside
+its plan plain). ``torch.nn.utils.clip_grad_norm_`` stacks the per-tensor norms, which fails when DTensors of
+different meshes or placements meet plain tensors; here each kind is reduced on its own and combined. Clipping by
+value is elementwise, so it clamps each process's local shard (a pending-sum ``Partial`` gradient is summed
+first: clamping its addends would not clamp the sum)."""
 
 from __future__ import annotations
 
@@ -53,3 +55,39 @@ def clip_grad_norm(parameters: list[torch.Tensor], max_norm: float) -> torch.Ten
         for p in parameters:
             p.grad.mul_(coef.to(p.grad.device))
     return norm
+
+
+def clip_grad_value(parameters: list[torch.Tensor], clip_value: float) -> None:
+    """Clamp every gradient of ``parameters`` to ``[-clip_value, clip_value]`` in place
+    (``torch.nn.utils.clip_grad_value_``'s rule), equal to clamping the full, unsharded gradients: plain gradients
+    and the local shards of DTensor gradients (``Shard`` / ``Replicate`` placements) are clamped as they are, in
+    one ``foreach`` call per device and dtype; a DTensor gradient with a ``Partial`` placement (a sum still
+    pending across processes) is first reduced to ``Replicate`` on those mesh dimensions and put back as the
+    parameter's gradient.
+
+    Args:
+        parameters (list[Tensor]): the parameters whose ``.grad`` to clamp (those without one are skipped).
+        clip_value (float): the bound (> 0).
+    """
+    from torch.distributed.tensor import DTensor, Replicate
+
+    v = float(clip_value)
+    local: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    with torch.no_grad():
+        for p in parameters:
+            g = p.grad
+            if g is None:
+                continue
+            if isinstance(g, DTensor):
+                if any(pl.is_partial() for pl in g.placements):
+                    g = g.redistribute(g.device_mesh, [Replicate() if pl.is_partial() else pl for pl in g.placements])
+                    p.grad = g
+                g = g.to_local()  # under no_grad: the DTensor's own storage, so the clamp lands in it
+            local.setdefault((g.device, g.dtype), []).append(g)
+        for (device, _), grads in local.items():
+            if device.type in ("cpu", "cuda") and all(type(t) is torch.Tensor for t in grads):
+                torch._foreach_clamp_min_(grads, -v)
+                torch._foreach_clamp_max_(grads, v)
+            else:  # tensor subclasses and devices without foreach kernels: one by one, as torch's slow path
+                for t in grads:
+                    t.clamp_(-v, v)

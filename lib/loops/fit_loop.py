@@ -200,7 +200,7 @@ class FitLoop:
                 module.configure_gradient_clipping(opt, clip, ("value" if clip_by_value else "norm") if clip else None)
             elif max_norm and max_norm > 0 and opt is optimizer:
                 if clip_by_value:  # gradients already unscaled above; elementwise, so exact on shards
-                    torch.nn.utils.clip_grad_value_(params, max_norm)
+                    strategy.clip_gradients_value(params, max_norm, optimizer)
                 else:
                     sums.grad_norm = strategy.clip_gradients(params, max_norm, optimizer)
             elif opt is optimizer and strategy.engine_owns_step:  # HF 5 logs the norm without clipping too: the

@@ -106,7 +106,8 @@ def main(cfg: dict) -> None:
                 precision="16-mixed")
     fit = Fit(callbacks=[DeviceStatsMonitor(), ThroughputMonitor()], **args)
     fit.fit(Regression(), data(), data(8))
-    again = Fit(**{**args, "max_steps": 6, "bf16_full_eval": True})
+    # the resumed run clips by value (clip_gradients_value), the first by norm (clip_gradients)
+    again = Fit(**{**args, "max_steps": 6, "bf16_full_eval": True, "gradient_clip_algorithm": "value"})
     again.fit(Regression(), data(), data(8), resume_from_checkpoint=True)
     again.predict(data=data(8))
     again.validate()  # bf16_full_eval: the strategy switches its precision for a stand-alone evaluation

@@ -14,14 +14,15 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOL = 1e-5
 
 
-def run_job(tmp_path, name: str, expect_kill: bool = False, **cfg) -> dict:
-    """Run ``mp_job.py`` with ``cfg`` (``devices`` processes); rank 0's result (``{}`` when killed)."""
+def run_job(tmp_path, name: str, expect_kill: bool = False, script: str = "mp_job.py", **cfg) -> dict:
+    """Run ``script`` (``mp_job.py``) with ``cfg`` (``devices`` processes); rank 0's result (``{"stderr"}`` when
+    it failed as expected)."""
     out = tmp_path / name
     cfg = {"out": str(out), "result": str(tmp_path / f"{name}.pt"), **cfg}
     path = tmp_path / f"{name}.json"
     path.write_text(json.dumps(cfg))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE}
-    proc = subprocess.run([sys.executable, os.path.join(HERE, "mp_job.py"), str(path)], env=env,
+    proc = subprocess.run([sys.executable, os.path.join(HERE, script), str(path)], env=env,
                           capture_output=True, text=True, timeout=400)
     if expect_kill:
         assert proc.returncode != 0, proc.stdout[-2000:]

@@ -149,7 +149,9 @@ def run(cfg: dict) -> dict:
             "strategy": type(s).__name__, "param_types": obs.param_types, "positions": obs.positions,
             "mesh": tuple(mesh.shape) if mesh is not None else None,
             "mesh_names": tuple(mesh.mesh_dim_names) if mesh is not None else None,
-            "module_mesh": getattr(fit._last_fit.module, "device_mesh", None) is mesh, "optim": osd if fit.is_global_zero else None}
+            "module_mesh": getattr(fit._last_fit.module, "device_mesh", None) is mesh, "optim": osd if fit.is_global_zero else None,
+            "plan": {k: getattr(fit.state, k) for k in ("global_step", "max_steps", "num_train_epochs", "epoch",
+                                                       "samples_seen")}}
 
 
 if __name__ == "__main__":

@@ -200,3 +200,110 @@ def test_F_SCALE_1_unknown_tp_plan_style_fails_before_the_mesh():
     assert isinstance(s, ModelParallelStrategy)
     with pytest.raises(ValueError, match="'packed_colwise' is not a style taskfit applies; use one of"):
         s.check_module(Planned())
+
+
+# -- clipping by value ---------------------------------------------------------------------------------------
+VALUE = {"gradient_clip_algorithm": "value"}
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_F_SCALE_1_clip_by_value_tensor_parallel_two_processes_equal_one_process(tmp_path):
+    """F-SCALE-1: ``gradient_clip_algorithm="value"`` (each gradient element to [-0.01, 0.01]) under 2-process
+    tensor parallelism, where the block gradients are DTensor shards and the embedding/head ones plain tensors,
+    equals one process on the same global batch within 1e-5 (weights, AdamW state, losses); the clamp engaged (the
+    one-process run without it ends elsewhere)."""
+    import mp_job
+
+    ref = mp_job.run({"out": str(tmp_path / "ref"), "bs": 4, "steps": STEPS, "max_grad_norm": 0.01, "args": VALUE})
+    free = mp_job.run({"out": str(tmp_path / "free"), "bs": 4, "steps": STEPS, "max_grad_norm": 0.0})
+    assert max_diff(ref["weights"], free["weights"]) > 1e-3  # the clamp changed the trajectory
+    got = run_job(tmp_path, "tp2_value", bs=4, mesh=[1, 2], devices=2, steps=STEPS, max_grad_norm=0.01, args=VALUE)
+    assert got["param_types"]["lm.blocks.0.up.weight"] == "DTensor"
+    assert got["param_types"]["lm.embed.weight"] == "Parameter"
+    assert max_diff(got["weights"], ref["weights"]) < TOL
+    assert optim_diff(got["optim"], ref["optim"]) < TOL
+    assert losses(got) == pytest.approx(losses(ref), abs=2e-6)
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_F_SCALE_1_clip_helpers_on_every_dtensor_placement_equal_torch_on_the_full_gradients(tmp_path):
+    """F-SCALE-1: ``clip_grad_value`` and ``clip_grad_norm`` on 2 processes, over gradients placed ``Shard(0)``,
+    ``Shard(1)``, ``Replicate``, ``Partial`` (a pending sum: reduced before the clamp) and plain, equal torch's
+    ``clip_grad_value_`` / ``clip_grad_norm_`` on the full gradients in one process."""
+    import subprocess
+
+    out = tmp_path / "clip.pt"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": HERE}
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "tp_clip_job.py"), str(out)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    results = torch.load(str(out))
+    for mode in ("value", "norm"):
+        r = results[mode]
+        assert "Partial(sum)" in r["placements"][3] or "Replicate" in r["placements"][3]
+        for got, ref in zip(r["got"], r["ref"]):
+            assert torch.allclose(got, ref, atol=1e-6), mode
+    assert results["value"]["ref"][0].abs().max() == pytest.approx(0.3)  # the bound engaged
+    assert results["norm"]["norm"] == pytest.approx(results["norm"]["ref_norm"], rel=1e-6)
+
+
+def test_F_SCALE_1_clip_grad_value_on_plain_tensors_matches_torch():
+    """The value helper on plain tensors alone equals ``clip_grad_value_`` exactly."""
+    from taskfit.strategies.tp_clip import clip_grad_value
+
+    torch.manual_seed(0)
+    a = [torch.nn.Parameter(torch.randn(3, 4)) for _ in range(3)]
+    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
+    for p, q in zip(a, b):
+        p.grad = torch.randn_like(p)
+        q.grad = p.grad.clone()
+    clip_grad_value(a, 0.5)
+    torch.nn.utils.clip_grad_value_(b, 0.5)
+    assert all(torch.equal(p.grad, q.grad) for p, q in zip(a, b))
+
+
+# -- the own loop (Engine) ---------------------------------------------------------------------------------------
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["own_code", "parallelize_fn"])
+def test_F_SCALE_1_engine_mesh_after_launch_and_user_parallelize_equal_one_process(how, tmp_path):
+    """F-SCALE-1 / F-ENGINE-2: under ``Engine(strategy=ModelParallelStrategy(1, 2))`` the mesh exists right after
+    ``engine.launch()`` (``engine.device_mesh`` is ``engine.strategy.device_mesh``, Lightning Fabric's
+    ``fabric.strategy.device_mesh``), so the loop parallelises the model itself before ``engine.setup`` (or hands
+    ``parallelize_fn`` to the strategy, Fabric's form); 4 clipped AdamW steps on 2 processes equal the plain loop
+    in one process within 1e-5 (weights, losses, gradient norms), and the value clamp too."""
+    ref = run_job(tmp_path, "ref", script="mp_engine_job.py", tp=1, bs=4, steps=STEPS)
+    got = run_job(tmp_path, how, script="mp_engine_job.py", tp=2, how=how, bs=4, steps=STEPS)
+    assert got["mesh"] == (1, 2) and got["mesh_names"] == ("data_parallel", "tensor_parallel")
+    assert got["strategy_mesh"]
+    assert got["param_types"]["blocks.0.up.weight"] == "DTensor" and got["param_types"]["head.weight"] == "Parameter"
+    assert max_diff(got["weights"], ref["weights"]) < TOL
+    assert got["losses"] == pytest.approx(ref["losses"], abs=2e-6)
+    assert got["norms"] == pytest.approx(ref["norms"], abs=TOL) and max(ref["norms"]) > 1.0
+    if how == "own_code":
+        ref_v = run_job(tmp_path, "ref_v", script="mp_engine_job.py", tp=1, bs=4, steps=STEPS, clip="value")
+        got_v = run_job(tmp_path, "tp_v", script="mp_engine_job.py", tp=2, bs=4, steps=STEPS, clip="value")
+        assert max_diff(got_v["weights"], ref_v["weights"]) < TOL
+        assert max_diff(got_v["weights"], ref["weights"]) > 1e-3  # the clamp engaged
+
+
+def test_F_SCALE_1_engine_module_neither_parallelised_nor_planned_is_refused():
+    """A plain module under ``model_parallel`` with no ``configure_model``, no DTensor parameters, no
+    ``parallelize_fn`` and no ``tp_plan`` is refused, naming the ways to parallelise it; one with DTensor-free
+    parameters but a ``parallelize_fn`` is accepted."""
+    from torch import nn
+
+    from taskfit.strategies import ModelParallelStrategy
+
+    s = _fit(strategy="model_parallel").strategy
+    with pytest.raises(ValueError, match=r"needs Linear to override configure_model\(\).*engine.device_mesh.*"
+                                         r"parallelize_fn"):
+        s.check_module(nn.Linear(2, 2))
+    assert s.parallelizer(nn.Linear(2, 2)) == "tp_plan"
+    s.parallelize_fn = lambda module, mesh: module
+    assert s.parallelizer(nn.Linear(2, 2)) == "parallelize_fn"
+    s.check_module(nn.Linear(2, 2))
+    with pytest.raises(TypeError, match="parallelize_fn must be a function"):
+        ModelParallelStrategy(parallelize_fn=3)
