@@ -173,11 +173,14 @@ class ParallelStrategy(Strategy):
         return distributed_loader(dataloader, self.world_size, self.global_rank)
 
     def step_function(self, module: torch.nn.Module, name: str) -> Callable[..., Any]:
-        """``module.<name>`` routed through the wrapper's ``forward`` once ``setup`` wrapped it."""
+        """``module.<name>`` routed through the wrapper's ``forward`` once ``setup`` wrapped it. The wrapper's
+        forward may run collectives (DDP rebuilds its buckets on the second step, FSDP all-gathers shards), so a
+        stopped or vanished peer there is a :class:`DistributedError` too."""
         model = self.model
         if model is None or module is not self._module or model is module:
             return getattr(module, name)
-        return lambda *args: model(name, *args)
+        what = f"{name} (the wrapper's forward collectives)"
+        return lambda *args: self._check(what, lambda: model(name, *args))
 
     # -- collectives ------------------------------------------------------------------------------------
     def check_collective(self, what: str, fn: Callable[[], Any]) -> Any:
