@@ -486,11 +486,9 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "epoch":
                 control.should_save = True
-        due, self._norm_due = self._norm_due, None
-        if due is not None and (control.should_log or control.should_save):  # the gradients of this step are
-            sums.grad_norm = self.strategy.clip_gradients(due[0], math.inf, due[1])  # intact until the next window
-        elif due is not None:
-            self._norm_due = due  # an epoch-end log row may still read it
+        if self._norm_due is not None and (control.should_log or control.should_save):  # kept otherwise: an
+            (params, optimizer), self._norm_due = self._norm_due, None  # epoch-end log row may still read it; the
+            sums.grad_norm = self.strategy.clip_gradients(params, math.inf, optimizer)  # step's gradients are intact
         if control.should_log and sums.steps_since_log:
             tr_loss = float(self._global_tr_loss())
             loss = tr_loss / sums.steps_since_log

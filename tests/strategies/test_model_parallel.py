@@ -150,17 +150,23 @@ def test_F_SCALE_1_module_without_configure_model_or_tp_plan_fails_before_traini
     assert fit.strategy.device_mesh is None  # refused before the process group and the mesh
 
 
-def test_F_SCALE_1_clip_grad_norm_over_mixed_dtensor_and_plain_gradients_matches_torch():
-    """The norm helper on plain tensors alone equals ``clip_grad_norm_`` (the DTensor cases run in the
-    multi-process tests above)."""
-    from taskfit.strategies.tp_clip import clip_grad_norm
-
+def _twin_parameters() -> tuple[list[torch.nn.Parameter], list[torch.nn.Parameter]]:
+    """Two lists of equal plain parameters with equal gradients (one for the helper, one for torch)."""
     torch.manual_seed(0)
     a = [torch.nn.Parameter(torch.randn(3, 4)) for _ in range(3)]
     b = [torch.nn.Parameter(p.detach().clone()) for p in a]
     for p, q in zip(a, b):
         p.grad = torch.randn_like(p)
         q.grad = p.grad.clone()
+    return a, b
+
+
+def test_F_SCALE_1_clip_grad_norm_over_mixed_dtensor_and_plain_gradients_matches_torch():
+    """The norm helper on plain tensors alone equals ``clip_grad_norm_`` (the DTensor cases run in the
+    multi-process tests above)."""
+    from taskfit.strategies.tp_clip import clip_grad_norm
+
+    a, b = _twin_parameters()
     assert clip_grad_norm(a, 1.0) == pytest.approx(torch.nn.utils.clip_grad_norm_(b, 1.0).item(), rel=1e-6)
     assert all(torch.allclose(p.grad, q.grad, atol=1e-7) for p, q in zip(a, b))
 
@@ -253,12 +259,7 @@ def test_F_SCALE_1_clip_grad_value_on_plain_tensors_matches_torch():
     """The value helper on plain tensors alone equals ``clip_grad_value_`` exactly."""
     from taskfit.strategies.tp_clip import clip_grad_value
 
-    torch.manual_seed(0)
-    a = [torch.nn.Parameter(torch.randn(3, 4)) for _ in range(3)]
-    b = [torch.nn.Parameter(p.detach().clone()) for p in a]
-    for p, q in zip(a, b):
-        p.grad = torch.randn_like(p)
-        q.grad = p.grad.clone()
+    a, b = _twin_parameters()
     clip_grad_value(a, 0.5)
     torch.nn.utils.clip_grad_value_(b, 0.5)
     assert all(torch.equal(p.grad, q.grad) for p, q in zip(a, b))
