@@ -12,9 +12,9 @@ from typing import Any
 from taskfit.__about__ import __version__
 
 _EXPORTS = {
-    "Fit": "taskfit.fit", "TrainOutput": "taskfit.fit",
-    "FitArguments": "taskfit.arguments",
-    "TaskModule": "taskfit.module",
+    "Fit": "taskfit.fit.fit", "TrainOutput": "taskfit.fit.fit",
+    "FitArguments": "taskfit.arguments.fit_arguments",
+    "TaskModule": "taskfit.core.module",
     "Callback": "taskfit.callbacks.base", "EarlyStopping": "taskfit.callbacks.early_stopping",
     "EarlyStoppingCallback": "taskfit.callbacks.early_stopping", "ProgressBar": "taskfit.callbacks.progress",
     "ThroughputMonitor": "taskfit.callbacks.throughput",
@@ -28,7 +28,7 @@ _EXPORTS = {
     "seed_everything": "taskfit.seed",
     "CheckpointError": "taskfit.io.checkpoint_io", "UnsafeCheckpointError": "taskfit.io.checkpoint_io",
     "NonFiniteError": "taskfit.loops.finite",
-    "Engine": "taskfit.engine",
+    "Engine": "taskfit.engine.engine",
     "estimate_memory": "taskfit.efficiency.estimate", "MemoryEstimate": "taskfit.efficiency.estimate",
 }
 

@@ -13,10 +13,10 @@ from typing import Any, Callable
 
 from torch import nn
 
-from taskfit.arguments import FitArguments
+from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.callbacks.base import Callback
 from taskfit.callbacks.early_stopping import EarlyStopping
-from taskfit.fit import Fit
+from taskfit.fit.fit import Fit
 from taskfit.loops.state import FitControl, FitState
 from taskfit.metrics import EvalPrediction, PredictionOutput, TrainOutput
 from taskfit.seed import enable_full_determinism, seed_everything
@@ -63,7 +63,7 @@ class Trainer(Fit):
             as HF's ``Trainer`` (see :class:`taskfit.Fit`).
         **kwargs: any other ``Fit`` keyword (``strategy=``, ``loggers=``, ...).
 
-    Subclass override points, called where ``transformers.Trainer`` calls them (see :mod:`taskfit.fit_hf`):
+    Subclass override points, called where ``transformers.Trainer`` calls them (see :mod:`taskfit.fit.hf_overrides`):
     ``get_train_dataloader``, ``get_eval_dataloader``, ``get_test_dataloader``, ``create_optimizer``,
     ``create_scheduler``, ``create_optimizer_and_scheduler``, ``training_step``, ``compute_loss``,
     ``prediction_step``, ``evaluate`` (also for the evaluations during training), ``predict`` and ``log``.

@@ -230,3 +230,12 @@ class MemoryTracker:
             if "peak_allocated" in stats:
                 out[f"{stage}_mem_{self.kind}_peaked_delta"] = max(0, stats["peak_allocated"] - end_dev)
         return out
+
+
+_PREFIXES = ("val_", "eval_", "test_")
+
+
+def metric_key(name: str, prefix: str) -> str:
+    """``name`` if it already carries a stage prefix (``val_``, ``eval_``, ``test_``, ``{prefix}_``), else
+    ``{prefix}_{name}`` (HF's ``metric_key_prefix`` rule)."""
+    return name if name.startswith(_PREFIXES + (f"{prefix}_",)) else f"{prefix}_{name}"

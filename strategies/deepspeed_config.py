@@ -46,7 +46,7 @@ def load_config(config: Any) -> dict[str, Any]:
         ValueError: text that is not a JSON object.
         TypeError: any other type.
     """
-    from taskfit.arguments_setters import load_json_object
+    from taskfit.json_options import load_json_object
 
     return load_json_object(config, "DeepSpeed config")
 

@@ -95,7 +95,7 @@ def read_fsdp_config(config: dict | str | None) -> dict[str, Any]:
     Raises:
         ValueError: an unreadable file, JSON that is not an object, or an unknown key (naming the valid keys).
     """
-    from taskfit.arguments_setters import load_json_object
+    from taskfit.json_options import load_json_object
 
     config = load_json_object(config, "fsdp_config")
     out = {}

@@ -231,7 +231,7 @@ class ModelParallelStrategy(FSDPStrategy):
         model's own plan, when it declares one)."""
         from torch.distributed.tensor import DTensor
 
-        from taskfit.module_hooks import LightningHooks, overrides
+        from taskfit.core.hooks import LightningHooks, overrides
 
         if isinstance(module, LightningHooks) and overrides(module, "configure_model"):
             return "configure_model"

@@ -287,11 +287,11 @@ class Strategy:
     def save_checkpoint(self, source: Any, training_state: dict[str, Any], path: str | None = None) -> str:
         """Write ``output_dir/checkpoint-{global_step}/`` of the run ``source`` describes (a ``Fit``: its
         arguments and its current run's model, optimizers, schedulers and state) with ``training_state`` (the run's
-        ``TrainingState.state_dict()``), in the checkpoint format (:mod:`taskfit.checkpoint`): every rank writes
+        ``TrainingState.state_dict()``), in the checkpoint format (:mod:`taskfit.checkpoint.writer`): every rank writes
         its files (this strategy's shards through :meth:`save_checkpoint_shards`), the writing rank the manifest
         last. The only way from the loops to checkpoint files. Every process must call it. Returns the path.
         ``path`` names another folder (``ModelCheckpoint``): same format, no ``save_total_limit`` rotation."""
-        from taskfit.checkpoint import save_checkpoint
+        from taskfit.checkpoint.writer import save_checkpoint
 
         return save_checkpoint(source, training_state, path)
 
@@ -308,7 +308,7 @@ class Strategy:
                 ``full``.
             UnsafeCheckpointError: a file needs full unpickling and ``weights_only`` is True.
         """
-        from taskfit.resume import read_checkpoint
+        from taskfit.checkpoint.resume import read_checkpoint
 
         return read_checkpoint(self, path, model, optimizers, schedulers, weights_only=weights_only, full=full)
 

@@ -77,6 +77,6 @@ class GradientAccumulationScheduler(Callback):
 
 
 def _base_hook(name: str) -> Any:
-    from taskfit.module import TaskModule
+    from taskfit.core.module import TaskModule
 
     return getattr(TaskModule, name, None)

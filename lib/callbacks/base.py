@@ -37,8 +37,8 @@ import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
-    from taskfit.fit import Fit
-    from taskfit.module import TaskModule
+    from taskfit.fit.fit import Fit
+    from taskfit.core.module import TaskModule
 
 LIGHTNING_HOOKS = (
     "setup", "teardown", "on_fit_start", "on_fit_end", "on_train_start", "on_train_end",
@@ -155,7 +155,7 @@ class HookRunner:
     """
 
     def __init__(self, callbacks: list[Any], module: Any = None) -> None:
-        from taskfit.module import MODULE_HOOKS, TaskModule
+        from taskfit.core.module import MODULE_HOOKS, TaskModule
 
         self.lightning: dict[str, list[tuple[Callable, bool]]] = {n: [] for n in LIGHTNING_HOOKS}
         self.hf: dict[str, list[Callable]] = {n: [] for n in HF_HOOKS + ("on_train_end",)}

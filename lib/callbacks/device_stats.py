@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any
 from taskfit.callbacks.base import Callback
 
 if TYPE_CHECKING:
-    from taskfit.fit import Fit
-    from taskfit.module import TaskModule
+    from taskfit.fit.fit import Fit
+    from taskfit.core.module import TaskModule
 
 
 class DeviceStatsMonitor(Callback):

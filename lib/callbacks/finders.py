@@ -1,5 +1,5 @@
 """Tuner callbacks (mirror Lightning's ``LearningRateFinder`` and ``BatchSizeFinder``): run the
-:mod:`taskfit.tuner` search at fit start, put the weights, optimizer state and random state back exactly, then
+:mod:`taskfit.tuner.tuner` search at fit start, put the weights, optimizer state and random state back exactly, then
 train with the value found."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def _train_dataset(fit: Any, who: str) -> Any:
 
 
 class LearningRateFinder(Callback):
-    """At fit start, :func:`taskfit.tuner.lr_find` on the run's module, arguments and training data; the weights
+    """At fit start, :func:`taskfit.tuner.tuner.lr_find` on the run's module, arguments and training data; the weights
     come back exactly (the search trains on its own run: the run's optimizer state is untouched) and the random
     state too; with ``update_attr`` the suggestion is set on the module's ``lr`` / ``learning_rate`` (or
     ``attr_name``; without one, on ``fit.args.learning_rate``) and on every parameter group of the run's
@@ -55,7 +55,7 @@ class LearningRateFinder(Callback):
         attr_name (str): the module attribute to set (empty: ``lr`` or ``learning_rate``).
 
     Attributes:
-        optimal_lr (taskfit.tuner.LRFinder | None): the search's result (``results``, ``suggestion()``).
+        optimal_lr (taskfit.tuner.tuner.LRFinder | None): the search's result (``results``, ``suggestion()``).
 
     Raises:
         ValueError: a bad ``mode``, range or ``num_training_steps`` (at construction).
@@ -78,7 +78,7 @@ class LearningRateFinder(Callback):
 
     def lr_find(self, fit: Any, module: Any) -> None:
         """Run the search now (``on_fit_start`` calls it; a subclass may call it at other epochs)."""
-        from taskfit.tuner import lr_find
+        from taskfit.tuner.tuner import lr_find
 
         with _Isolated(fit, module):
             self.optimal_lr = lr_find(fit, module, _train_dataset(fit, "LearningRateFinder"), min_lr=self._min_lr,
@@ -96,7 +96,7 @@ class LearningRateFinder(Callback):
 
 
 class BatchSizeFinder(Callback):
-    """At fit start, :func:`taskfit.tuner.scale_batch_size` on the run's module, arguments and training dataset;
+    """At fit start, :func:`taskfit.tuner.tuner.scale_batch_size` on the run's module, arguments and training dataset;
     the weights and random state come back exactly; then the run's train loader is rebuilt with the batch size
     found and the step plan (``max_steps``, logging/eval/save intervals) recomputed, so training uses it
     (Lightning's ``BatchSizeFinder``). The result is ``fit.args.per_device_train_batch_size`` and, when the module
@@ -135,7 +135,7 @@ class BatchSizeFinder(Callback):
     def scale_batch_size(self, fit: Any, module: Any) -> None:
         """Run the search now and rebuild the run's train loader (``on_fit_start`` calls it)."""
         from taskfit.loops.fit_loop import accumulation_schedule, plan_steps, resolve_interval
-        from taskfit.tuner import scale_batch_size
+        from taskfit.tuner.tuner import scale_batch_size
 
         if fit.args.max_steps and fit.args.max_steps > 0:
             raise ValueError(f"BatchSizeFinder with max_steps={fit.args.max_steps}: the epochs of a max_steps run "

@@ -219,7 +219,7 @@ class ModelCheckpoint(Callback):
         fit._save_checkpoint(fit._run.training_state.state_dict(), path)
 
     def _remove(self, fit: Any, path: str) -> None:
-        from taskfit.checkpoint import MANIFEST_NAME
+        from taskfit.checkpoint.writer import MANIFEST_NAME
         from taskfit.io.checkpoint_io import join
 
         if fit.is_global_zero:

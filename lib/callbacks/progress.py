@@ -103,7 +103,7 @@ class ProgressBar(Callback):
         evaluation = [k for k in logs if not k.endswith(_SPEED) and k != "epoch"] if any(
             k.endswith("_runtime") and k != "train_runtime" for k in logs) else []
         if evaluation:  # every evaluation: one line above the bar (or on its own), its values in the postfix
-            from taskfit.console import format_logs
+            from taskfit.callbacks.console import format_logs
 
             self._write(format_logs(logs))
             if self.train_bar is not None:

@@ -170,7 +170,7 @@ class StochasticWeightAveraging(WeightAveraging):
         """Recompute BatchNorm running statistics of the averaged weights: reset them, then one forward pass of
         ``training_step`` over the train loader with momentum None (a cumulative mean), as Lightning's extra
         epoch and ``torch.optim.swa_utils.update_bn``."""
-        from taskfit.module_hooks import batch_mover
+        from taskfit.core.hooks import batch_mover
 
         momenta = {}
         for m in module.modules():

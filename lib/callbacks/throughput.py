@@ -9,11 +9,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from taskfit.callbacks.base import Callback
 from taskfit.metrics import MemoryTracker
-from taskfit.module import infer_batch_size
+from taskfit.core.module import infer_batch_size
 
 if TYPE_CHECKING:
-    from taskfit.fit import Fit
-    from taskfit.module import TaskModule
+    from taskfit.fit.fit import Fit
+    from taskfit.core.module import TaskModule
 
 #: Dense (no sparsity) peak FLOP/s per device from NVIDIA's data sheets, by compute dtype: ``fp64`` (tensor
 #: core where there is one), ``fp32`` (CUDA cores), ``tf32``/``bf16``/``fp16`` (tensor cores). Keys are matched

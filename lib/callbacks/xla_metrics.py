@@ -10,8 +10,8 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 from taskfit.callbacks.base import Callback
 
 if TYPE_CHECKING:
-    from taskfit.fit import Fit
-    from taskfit.module import TaskModule
+    from taskfit.fit.fit import Fit
+    from taskfit.core.module import TaskModule
 
 
 def check_xla_metrics_option(args: object, accelerator_name: str) -> bool:

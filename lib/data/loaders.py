@@ -168,7 +168,7 @@ def num_tokens(loader: Any, max_steps: int | None = None) -> int:
 def floating_point_ops(model: torch.nn.Module, inputs: Any) -> int:
     """Training FLOPs of one batch: 6 x parameters x tokens (``input_ids`` elements) or x samples (the HF
     ``floating_point_ops`` estimate)."""
-    from taskfit.module import infer_batch_size
+    from taskfit.core.module import infer_batch_size
 
     n = sum(p.numel() for p in model.parameters())
     if isinstance(inputs, Mapping) and "input_ids" in inputs:
@@ -287,7 +287,7 @@ def data_options(args: Any) -> dict[str, Any]:
         ValueError: an unknown key, ``even_batches=False``, or text/a file that is not a JSON object.
         FileNotFoundError: a path that does not exist.
     """
-    from taskfit.arguments_setters import load_json_object
+    from taskfit.json_options import load_json_object
 
     cfg = load_json_object(args.accelerator_config, "accelerator_config")
     unknown = sorted(set(cfg) - set(ACCELERATOR_CONFIG_KEYS))

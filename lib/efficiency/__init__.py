@@ -1,5 +1,5 @@
 """The memory and speed techniques of the single-GPU efficiency guide (F-MEM-1..5, F-LOOP-7, F-PREC-2), applied
-to a ``Fit`` run from a few call sites in ``taskfit.fit`` (the logic lives here, not in ``Fit``).
+to a ``Fit`` run from a few call sites in ``taskfit.fit.fit`` (the logic lives here, not in ``Fit``).
 
 Order of application: :func:`check_run` when ``Fit`` is built (TF32, option checks: before any work),
 :func:`setup_techniques` once per module after the strategy placed it (gradient checkpointing, then
@@ -26,7 +26,7 @@ from taskfit.precision import apply_tf32
 from taskfit.registry import invalid_choice
 
 if TYPE_CHECKING:
-    from taskfit.fit import Fit
+    from taskfit.fit.fit import Fit
 
 log = logging.getLogger("taskfit")
 
@@ -41,7 +41,7 @@ def check_run(fit: Fit) -> dict[str, bool] | None:
     """Checks and switches at ``Fit(...)`` time, before any work (called once from ``Fit.__init__``).
 
     Sets the TF32 flags (:func:`taskfit.precision.apply_tf32`, logged), checks the compile backend/mode and the
-    ``gradient_checkpointing_kwargs`` keys, installs :class:`~taskfit.wrapping.LabelSmoother` as
+    ``gradient_checkpointing_kwargs`` keys, installs :class:`~taskfit.core.wrapping.LabelSmoother` as
     ``compute_loss_func`` for ``label_smoothing_factor > 0`` (plain models; a TaskModule computes its own loss)
     and adds :class:`TechniquesCallback` when NEFTune or a full-eval precision needs switching around training.
 
@@ -64,7 +64,7 @@ def check_run(fit: Fit) -> dict[str, bool] | None:
             if key not in (*CHECKPOINT_OPTIONS, "layers"):
                 raise invalid_choice("gradient_checkpointing_kwargs key", key, (*CHECKPOINT_OPTIONS, "layers"))
     if args.label_smoothing_factor:
-        from taskfit.wrapping import LabelSmoother
+        from taskfit.core.wrapping import LabelSmoother
 
         if fit.compute_loss_func is not None:
             raise ValueError(f"label_smoothing_factor={args.label_smoothing_factor!r} and compute_loss_func are both "

@@ -33,8 +33,8 @@ def check_compile_options(backend: str | None, mode: str | None) -> None:
 def compile_targets(module: nn.Module) -> list[nn.Module]:
     """What gets compiled: the wrapped model of a plain-model run (``ModelTaskModule.model``); a TaskModule that
     defines ``forward`` itself; otherwise each direct child of the TaskModule that holds parameters."""
-    from taskfit.module import TaskModule
-    from taskfit.wrapping import ModelTaskModule
+    from taskfit.core.module import TaskModule
+    from taskfit.core.wrapping import ModelTaskModule
 
     if isinstance(module, ModelTaskModule):
         return [module.model]

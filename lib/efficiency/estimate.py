@@ -124,9 +124,9 @@ def optimizer_state_bytes(name: str, param: torch.Tensor, optim_args: dict[str, 
 
 def _saved_activation_bytes(module: nn.Module, batch: Any, precision: Any, device: torch.device) -> int:
     """Bytes of the distinct storages autograd saves for backward in one training forward of ``batch``."""
-    from taskfit.module import TaskModule, infer_batch_size
-    from taskfit.results import ResultCollection
-    from taskfit.wrapping import extract_loss, run_model
+    from taskfit.core.module import TaskModule, infer_batch_size
+    from taskfit.core.results import ResultCollection
+    from taskfit.core.wrapping import extract_loss, run_model
 
     param_ptrs = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
@@ -188,7 +188,7 @@ def estimate_memory(module: nn.Module, args: Any = None, batch: Any = None, *, w
         TypeError: ``module`` is not an ``nn.Module``.
         ValueError: bad arguments (as ``FitArguments``), or an optimizer without an estimate rule.
     """
-    from taskfit.arguments import FitArguments
+    from taskfit.arguments.fit_arguments import FitArguments
     from taskfit.precision import PRECISIONS
 
     if not isinstance(module, nn.Module):

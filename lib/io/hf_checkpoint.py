@@ -7,7 +7,7 @@ the folder's listing: the model weights, ``optimizer.pt`` and ``scheduler.pt`` a
 them with ``torch.save`` of plain state dicts, as taskfit does), and the entries taskfit's resume path asks for
 are made from HF's files: ``training_state.pt`` from ``trainer_state.json`` (step, epoch, log history, best metric,
 callback states), ``rng_state_{rank}.pt`` from HF's ``rng_state.pth`` (``rng_state_{rank}.pth`` for several
-processes). So a resume from an HF folder is the ordinary resume (:func:`taskfit.resume.restore`) with another
+processes). So a resume from an HF folder is the ordinary resume (:func:`taskfit.checkpoint.resume.restore`) with another
 reader. HF's files carry no hashes, so they are not verified; every file is still loaded with
 ``torch.load(weights_only=True)`` (HF's RNG file needs numpy's array and dtype classes, allowed for that file
 only), and ``training_args.bin`` (a full pickle) is never read.
@@ -237,16 +237,15 @@ def hf_trainer_state(state: dict[str, Any], control: Any, callbacks: list[Any]) 
 _PER_GROUP_KEYS = ("base_lrs", "_last_lr", "lr_lambdas", "min_lrs")
 
 
-def hf_missing_groups(optimizer: Any, model: Any, weight_decay: float) -> list[tuple[int, float]]:
+def hf_missing_groups(optimizer: Any, model: Any, weight_decay: float,
+                      decay_names: set[str]) -> list[tuple[int, float]]:
     """The empty parameter groups HF's optimizer would have and taskfit's does not: HF ``create_optimizer`` always
     makes two groups (decay, then no-decay with ``weight_decay=0``) and keeps an empty one; taskfit drops it. Returns
     ``[(index, weight_decay)]`` to insert, empty when ``optimizer`` is not one group that is exactly HF's decay or
-    no-decay group of ``model`` (a user's optimizer is left as it is)."""
-    from taskfit.optim.optimizers import get_decay_parameter_names
-
+    no-decay group of ``model`` (a user's optimizer is left as it is). ``decay_names`` are the parameter names HF
+    decays (``get_decay_parameter_names``)."""
     if optimizer is None or model is None or len(optimizer.param_groups) != 1:
         return []
-    decay_names = set(get_decay_parameter_names(model))
     decay = [p for n, p in model.named_parameters() if p.requires_grad and n in decay_names]
     no_decay = [p for n, p in model.named_parameters() if p.requires_grad and n not in decay_names]
     group = optimizer.param_groups[0]

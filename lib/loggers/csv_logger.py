@@ -23,7 +23,7 @@ class CSVLogger(Logger):
     it are dropped, so ``metrics.csv`` covers the whole run once.
 
     At :meth:`finalize` (the end of ``fit``) it draws ``training_curves.png`` next to ``metrics.csv``: every
-    logged scalar against ``global_step`` (see :func:`taskfit.plots.plot_history`), when matplotlib (extra
+    logged scalar against ``global_step`` (see :func:`taskfit.loggers.plots.plot_history`), when matplotlib (extra
     ``plots``) is installed and ``plot`` is True. A failed drawing is logged as a warning, never raised.
 
     Args:
@@ -124,7 +124,7 @@ class CSVLogger(Logger):
     def finalize(self, status: str) -> None:
         self.save()
         if self.plot and os.path.exists(self.path) and RequirementCache(module="matplotlib"):
-            from taskfit.plots import plot_run
+            from taskfit.loggers.plots import plot_run
 
             try:
                 self.plot_path = plot_run(self.path)

@@ -16,23 +16,17 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from taskfit.loops.gather import gather_in_dataset_order, loader_indices
+from taskfit.metrics import metric_key
 from taskfit.metrics import EvalPrediction, MemoryTracker, nested_concat, speed_metrics, to_numpy
-from taskfit.module import infer_batch_size
-from taskfit.module_hooks import batch_mover
+from taskfit.core.module import infer_batch_size
+from taskfit.core.hooks import batch_mover
 from taskfit.optim.hf_optimizers import set_optimizer_mode
-from taskfit.results import ResultCollection
-from taskfit.wrapping import ModelTaskModule
+from taskfit.core.results import ResultCollection
+from taskfit.core.wrapping import ModelTaskModule
 
 if TYPE_CHECKING:
-    from taskfit.fit import Fit
+    from taskfit.fit.fit import Fit
 
-_PREFIXES = ("val_", "eval_", "test_")
-
-
-def metric_key(name: str, prefix: str) -> str:
-    """``name`` if it already carries a stage prefix (``val_``, ``eval_``, ``test_``, ``{prefix}_``), else
-    ``{prefix}_{name}`` (HF's ``metric_key_prefix`` rule)."""
-    return name if name.startswith(_PREFIXES + (f"{prefix}_",)) else f"{prefix}_{name}"
 
 
 def is_loader_list(data: Any) -> bool:

@@ -13,15 +13,15 @@ import torch
 
 from taskfit.data.loaders import set_loader_epoch, skip_first_batches, splits_evenly
 from taskfit.loops.finite import check_finite
-from taskfit.module import TaskModule, infer_batch_size
-from taskfit.module_hooks import batch_mover, overrides
+from taskfit.core.module import TaskModule, infer_batch_size
+from taskfit.core.hooks import batch_mover, overrides
 from taskfit.optim.hf_optimizers import fused_backward_of, optimizers_with_modes
 from taskfit.optim.layerwise import check_layer_wise_run
-from taskfit.optim.manual import LightningOptimizer, manual_outer_forward
+from taskfit.core.manual import LightningOptimizer, manual_outer_forward
 from taskfit.seed import set_rng_states
 
 if TYPE_CHECKING:
-    from taskfit.run import Run
+    from taskfit.fit.run import Run
 
 
 def _extract_training_loss(out: Any) -> torch.Tensor:
@@ -148,7 +148,7 @@ class FitLoop:
         self._log, self._evaluate, self._save = log, evaluate, save
         self.sums = run.sums
         self._norm_due: Any = None  # (params, optimizer) of a step whose gradient norm is not computed yet
-        self.stop: Any = None  # taskfit.signals.GracefulStop: read once per optimizer step
+        self.stop: Any = None  # taskfit.fit.signals.GracefulStop: read once per optimizer step
 
     def run_epochs(self, loader: Any, steps_per_epoch: int | None, num_epochs: int) -> None:
         """Train until ``state.max_steps`` or ``num_epochs`` or a stop flag; a restored run continues where its

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from taskfit.loops.evaluation_loop import metric_key
+from taskfit.metrics import metric_key
 from taskfit.optim.layerwise import LayerWiseOptimizer
 from taskfit.optim.optimizers import create_optimizer
 from taskfit.optim.schedulers import create_scheduler, is_metric_scheduler
 
 if TYPE_CHECKING:
-    from taskfit.module import TaskModule
+    from taskfit.core.module import TaskModule
 
 
 @dataclass

@@ -13,7 +13,7 @@ from lightning_utilities.core.imports import RequirementCache
 
 from taskfit import Fit, TaskModule
 from taskfit.accelerators import CPUAccelerator, CUDAAccelerator, MPSAccelerator, XLAAccelerator
-from taskfit.arguments import FitArguments
+from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.connector import resolve_components
 from taskfit.precision import (
     PRECISIONS, DeepSpeedPrecision, FSDPPrecision, MixedPrecision, Precision, XLAPrecision, build_precision,

@@ -16,10 +16,10 @@ from taskfit import Fit
 from taskfit.accelerators import (ACCELERATORS, CPUAccelerator, CUDAAccelerator, MPSAccelerator, XLAAccelerator,
                                   choose_accelerator)
 from taskfit.accelerators.mps import FALLBACK_HINT
-from taskfit.arguments import FitArguments
+from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.connector import resolve_components
 from taskfit.precision import PRECISIONS, MixedPrecision
-from taskfit.summary import format_summary
+from taskfit.fit.summary import format_summary
 
 HAS_XLA = bool(RequirementCache(module="torch_xla"))
 

@@ -1,10 +1,9 @@
-"""Import layering of DESIGN.md (issue 13, item 6), parsed from the sources with ``ast``:
+"""The layer order of DESIGN.md, parsed from the sources with ``ast``: a package imports only packages below it,
+at module level, inside functions and under ``TYPE_CHECKING`` alike, and no import cycle exists, counting lazy
+imports and the edges to a package's ``__init__`` that importing one of its modules runs first.
 
-- ``taskfit.accelerators`` imports no ``taskfit.strategies`` (any import: module level, inside functions or for
-  type checking);
-- ``taskfit.strategies`` imports neither ``taskfit.fit`` nor ``taskfit.loops`` (any import);
-- nothing below ``Fit`` imports ``taskfit.fit`` at run time (type-checking-only imports are fine); above it are
-  only ``Fit``'s own modules, the package's lazy exports and the command line.
+A "package" here is a top-level unit of ``taskfit``: a sub-package (``taskfit.loops``), a top-level module
+(``taskfit.seed``) or one of the two sibling packages (``taskfit.strategies``, ``taskfit.accelerators``).
 """
 
 from __future__ import annotations
@@ -14,8 +13,31 @@ import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PACKAGES = {"lib": "taskfit", "strategies": "taskfit.strategies", "accelerators": "taskfit.accelerators"}
-#: modules allowed to import taskfit.fit at run time: Fit itself and what sits above it
-ABOVE_FIT = {"taskfit", "taskfit.fit", "taskfit.fit_mixins", "taskfit.cli", "taskfit.hf", "taskfit.tuner"}
+
+#: bottom up; a unit imports only units of a lower layer (or itself)
+LAYERS: list[tuple[str, ...]] = [
+    ("__about__", "registry", "json_options", "protocols", "loggers", "debugging"),
+    ("io", "precision", "accelerators"),
+    ("core", "seed", "metrics"),
+    ("optim",),
+    ("arguments",),
+    ("data",),
+    ("strategies", "loops"),
+    ("checkpoint", "connector"),
+    ("callbacks",),
+    ("efficiency",),
+    ("fit",),
+    ("engine", "cli", "tuner", "hf", "lightning", "<root>"),
+]
+LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
+
+#: deliberate upward imports, ``(importer module, imported module): reason``; at most a handful
+EXCEPTIONS: dict[tuple[str, str], str] = {
+    ("taskfit.callbacks.finders", "taskfit.tuner"): "Lightning's LearningRateFinder / BatchSizeFinder callbacks "
+    "run the tuner's search inside fit, as Lightning's do",
+    ("taskfit.callbacks.finders", "taskfit.tuner.tuner"): "the same: the finder callbacks call lr_find / "
+    "scale_batch_size",
+}
 
 
 def module_files(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
@@ -36,9 +58,9 @@ def _is_type_checking(test: ast.expr) -> bool:
 
 
 def imports(module: str, path: pathlib.Path) -> list[tuple[str, int, str]]:
-    """``(imported module, line, kind)`` for every import in ``path``; kind is ``"module"`` (top level),
+    """``(imported name, line, kind)`` for every import in ``path``; kind is ``"module"`` (top level),
     ``"lazy"`` (inside a function or class) or ``"typecheck"`` (under ``if TYPE_CHECKING:``). Relative imports
-    are resolved; ``from taskfit import Fit`` counts as importing ``taskfit.fit``."""
+    are resolved; ``from pkg import name`` yields ``pkg.name`` (resolved to a module later when it is one)."""
     tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
     is_package = path.name == "__init__.py"
     out: list[tuple[str, int, str]] = []
@@ -62,8 +84,8 @@ def imports(module: str, path: pathlib.Path) -> list[tuple[str, int, str]]:
                 pkg = module.split(".") if is_package else module.split(".")[:-1]
                 pkg = pkg[: len(pkg) - (child.level - 1)]
                 base = ".".join([*pkg, base] if base else pkg)
-            for alias in child.names:
-                out.append((f"{base}.{alias.name}" if base == "taskfit" else base, child.lineno, kind))
+            out.append((base, child.lineno, kind))
+            out.extend((f"{base}.{alias.name}", child.lineno, kind) for alias in child.names)
         inner = "lazy" if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)) \
             and kind == "module" else kind
         if not isinstance(child, (ast.Import, ast.ImportFrom)):
@@ -73,60 +95,131 @@ def imports(module: str, path: pathlib.Path) -> list[tuple[str, int, str]]:
     return out
 
 
-def _under(name: str, prefix: str) -> bool:
-    return name == prefix or name.startswith(prefix + ".")
+def unit(module: str) -> str:
+    """The top-level unit a module belongs to (``taskfit.loops.state`` -> ``loops``; ``taskfit`` -> ``<root>``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "<root>"
+
+
+def edges(root: pathlib.Path = ROOT) -> list[tuple[str, str, str, int, str]]:
+    """``(importer, imported module, file, line, kind)`` for every import of a taskfit module, the imported name
+    resolved to the deepest module that exists, plus the package ``__init__`` edges that importing runs."""
+    mods = module_files(root)
+    out = []
+    for module, path in sorted(mods.items()):
+        where = path.relative_to(root).as_posix()
+        found: dict[str, tuple[int, str]] = {}
+        for name, line, kind in imports(module, path):
+            if not name.startswith("taskfit"):
+                continue
+            parts = name.split(".")
+            target = next((".".join(parts[:i]) for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in mods),
+                          None)
+            if target is None or target == module:
+                continue
+            chain = [".".join(target.split(".")[:i]) for i in range(2, len(target.split(".")) + 1)]
+            for imported in chain:  # importing a.b.c runs a.b's __init__ first (the root package excepted)
+                if imported in mods and imported != module and not module.startswith(imported + "."):
+                    found.setdefault(imported, (line, kind))
+        out += [(module, imported, where, line, kind) for imported, (line, kind) in sorted(found.items())]
+    return out
 
 
 def violations(root: pathlib.Path = ROOT) -> list[str]:
-    """Every import that breaks one of the three rules, as ``"file:line: importer -> imported (kind): rule"``."""
+    """Every import of a unit that is not below the importer's, as ``"file:line: importer -> imported (kind)"``."""
     bad = []
-    lexicon = {"taskfit.Fit": "taskfit.fit", "taskfit.TrainOutput": "taskfit.fit"}
-    for module, path in sorted(module_files(root).items()):
-        where = path.relative_to(root).as_posix()
-        for imported, line, kind in imports(module, path):
-            imported = lexicon.get(imported, imported)
-            if _under(module, "taskfit.accelerators") and _under(imported, "taskfit.strategies"):
-                bad.append(f"{where}:{line}: {module} -> {imported} ({kind}): accelerators import no strategy")
-            if _under(module, "taskfit.strategies") and (
-                    _under(imported, "taskfit.fit") or _under(imported, "taskfit.loops")):
-                bad.append(f"{where}:{line}: {module} -> {imported} ({kind}): strategies import neither Fit nor "
-                           "the loops")
-            if module not in ABOVE_FIT and _under(imported, "taskfit.fit") and kind != "typecheck":
-                bad.append(f"{where}:{line}: {module} -> {imported} ({kind}): nothing below Fit imports it at "
-                           "run time")
+    for module, imported, where, line, kind in edges(root):
+        a, b = unit(module), unit(imported)
+        if a == b or (module, imported) in EXCEPTIONS:
+            continue
+        if a not in LAYER or b not in LAYER:
+            bad.append(f"{where}:{line}: {module} -> {imported} ({kind}): unit {a if a not in LAYER else b!r} has "
+                       "no layer in LAYERS")
+        elif LAYER[b] >= LAYER[a]:
+            bad.append(f"{where}:{line}: {module} -> {imported} ({kind}): {a} (layer {LAYER[a] + 1}) imports {b} "
+                       f"(layer {LAYER[b] + 1})")
     return bad
 
 
-def test_import_layering_of_the_design():
+def cycles(root: pathlib.Path = ROOT) -> list[list[str]]:
+    """Strongly connected components (size > 1) of the module graph with every kind of edge."""
+    graph: dict[str, set[str]] = {}
+    for module, imported, *_ in edges(root):
+        if (module, imported) not in EXCEPTIONS:  # a listed upward import is deliberate (and lazy)
+            graph.setdefault(module, set()).add(imported)
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def strong(v: str) -> None:  # Tarjan
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                strong(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            strong(v)
+    return found
+
+
+def test_every_package_imports_only_packages_below_it():
     bad = violations()
-    assert not bad, "imports that point up:\n" + "\n".join(bad)
+    assert not bad, "imports that do not point down:\n" + "\n".join(bad)
 
 
-def test_the_layering_check_sees_every_kind_of_import(tmp_path):
-    """The checker finds module-level, lazy and relative imports and exempts only TYPE_CHECKING ones from the
-    run-time rule (so the test above can fail)."""
+def test_no_import_cycle_counting_lazy_imports_and_package_inits():
+    found = cycles()
+    assert not found, "import cycles:\n" + "\n".join(" -> ".join(c) for c in found)
+
+
+def test_every_unit_has_a_layer():
+    units = {unit(m) for m in module_files() if m.startswith("taskfit")}
+    assert units <= set(LAYER), f"units without a layer: {sorted(units - set(LAYER))}"
+
+
+def test_the_checks_see_every_kind_of_import(tmp_path):
+    """The checker finds module-level, lazy, TYPE_CHECKING and relative imports, package ``__init__`` edges and
+    a cycle (so the tests above can fail)."""
     for folder in PACKAGES:
         (tmp_path / folder).mkdir()
-    (tmp_path / "lib" / "fit.py").write_text("")
-    (tmp_path / "lib" / "helper.py").write_text(
+    (tmp_path / "lib" / "seed.py").write_text(
         "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from taskfit.fit import Fit\n"
-        "def f():\n    from taskfit import Fit\n")
+        "def f():\n    from taskfit.loops.state import S\n")
+    (tmp_path / "lib" / "fit").mkdir()
+    (tmp_path / "lib" / "fit" / "__init__.py").write_text("")
     (tmp_path / "lib" / "loops").mkdir()
-    (tmp_path / "lib" / "loops" / "fit_loop.py").write_text("")
+    (tmp_path / "lib" / "loops" / "__init__.py").write_text("")
+    (tmp_path / "lib" / "loops" / "state.py").write_text("from ..seed import f\n")
     (tmp_path / "accelerators" / "gpu.py").write_text("import taskfit.strategies.ddp\n")
     (tmp_path / "strategies" / "__init__.py").write_text("")
-    (tmp_path / "strategies" / "ddp.py").write_text(
-        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from taskfit.loops.fit_loop import FitLoop\n"
-        "class S:\n    def m(self):\n        from ..fit import Fit\n")
+    (tmp_path / "strategies" / "ddp.py").write_text("")
     found = violations(tmp_path)
     assert found == [
-        "accelerators/gpu.py:1: taskfit.accelerators.gpu -> taskfit.strategies.ddp (module): accelerators import "
-        "no strategy",
-        "lib/helper.py:5: taskfit.helper -> taskfit.fit (lazy): nothing below Fit imports it at run time",
-        "strategies/ddp.py:3: taskfit.strategies.ddp -> taskfit.loops.fit_loop (typecheck): strategies import "
-        "neither Fit nor the loops",
-        "strategies/ddp.py:6: taskfit.strategies.ddp -> taskfit.fit (lazy): strategies import neither Fit nor the "
-        "loops",
-        "strategies/ddp.py:6: taskfit.strategies.ddp -> taskfit.fit (lazy): nothing below Fit imports it at run "
-        "time",
+        "accelerators/gpu.py:1: taskfit.accelerators.gpu -> taskfit.strategies (module): accelerators (layer 2) "
+        "imports strategies (layer 7)",
+        "accelerators/gpu.py:1: taskfit.accelerators.gpu -> taskfit.strategies.ddp (module): accelerators "
+        "(layer 2) imports strategies (layer 7)",
+        "lib/seed.py:3: taskfit.seed -> taskfit.fit (typecheck): seed (layer 3) imports fit (layer 11)",
+        "lib/seed.py:5: taskfit.seed -> taskfit.loops (lazy): seed (layer 3) imports loops (layer 7)",
+        "lib/seed.py:5: taskfit.seed -> taskfit.loops.state (lazy): seed (layer 3) imports loops (layer 7)",
     ], found
+    assert cycles(tmp_path) == [["taskfit.loops", "taskfit.loops.state", "taskfit.seed"]] or \
+        cycles(tmp_path) == [["taskfit.loops.state", "taskfit.seed"]], cycles(tmp_path)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from taskfit import Callback, EarlyStopping, Fit, FitArguments
-from taskfit.checkpoint import CheckpointError, is_writer, list_checkpoints, rotate_checkpoints
+from taskfit.checkpoint.writer import CheckpointError, is_writer, list_checkpoints, rotate_checkpoints
 from taskfit.io import TorchCheckpointIO, UnsafeCheckpointError
 
 sys.path.insert(0, str(Path(__file__).parent))

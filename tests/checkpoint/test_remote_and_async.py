@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from taskfit import Callback, Fit
-from taskfit.checkpoint import list_checkpoints
+from taskfit.checkpoint.writer import list_checkpoints
 from taskfit.io import AsyncCheckpointIO, CheckpointSaveError, TorchCheckpointIO
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from taskfit import CSVLogger, Engine, Fit, TaskModule
-from taskfit.checkpoint import CheckpointError
-from taskfit.engine_wrappers import EngineDataLoader, EngineModule, EngineOptimizer
+from taskfit.checkpoint.writer import CheckpointError
+from taskfit.engine.wrappers import EngineDataLoader, EngineModule, EngineOptimizer
 
 
 def mlp(seed: int = 0) -> nn.Module:

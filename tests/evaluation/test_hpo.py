@@ -8,7 +8,7 @@ import os
 import pytest
 import torch
 from taskfit import Fit
-from taskfit.hpo import BestRun, default_compute_objective
+from taskfit.fit.hpo import BestRun, default_compute_objective
 
 from eval_digits_data import DigitClassifier, digits
 

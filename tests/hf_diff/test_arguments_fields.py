@@ -13,9 +13,9 @@ import pytest
 
 transformers = pytest.importorskip("transformers")
 
-from taskfit.arguments import FitArguments  # noqa: E402
-from taskfit.arguments_legacy import LegacyFields  # noqa: E402
-from taskfit.arguments_taskfit import TaskfitFields  # noqa: E402
+from taskfit.arguments.fit_arguments import FitArguments  # noqa: E402
+from taskfit.arguments.legacy import LegacyFields  # noqa: E402
+from taskfit.arguments.taskfit_fields import TaskfitFields  # noqa: E402
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "hf.md"
 

@@ -96,7 +96,7 @@ def test_taskfit_folder_has_hf_files_F_HF_8(tmp_path):
     # an interrupted taskfit save (no manifest yet) is never taken for a transformers checkpoint
     from taskfit.io import CheckpointError, TorchCheckpointIO
     from taskfit.io.hf_checkpoint import is_hf_checkpoint
-    from taskfit.resume import resolve_checkpoint
+    from taskfit.checkpoint.resume import resolve_checkpoint
 
     (folder / "manifest.json").unlink()
     assert not is_hf_checkpoint(TorchCheckpointIO(), str(folder))

@@ -8,8 +8,8 @@ import inspect
 import pytest
 import torch
 
-from taskfit.module import infer_batch_size
-from taskfit.results import ResultCollection
+from taskfit.core.module import infer_batch_size
+from taskfit.core.results import ResultCollection
 
 
 class Recorder:

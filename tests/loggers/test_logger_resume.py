@@ -137,7 +137,7 @@ def test_F_OBS_6_wandb_resumes_its_run(runs):
 
 
 def test_F_OBS_6_plot_covers_the_whole_run(runs):
-    from taskfit.plots import panels, read_metrics_csv
+    from taskfit.loggers.plots import panels, read_metrics_csv
 
     _, resumed, _, proc = runs
     rows = read_metrics_csv(os.path.join(resumed, "logs", "metrics.csv"))

@@ -17,7 +17,7 @@ import torch
 from fsspec.implementations.memory import MemoryFileSystem
 
 from taskfit import Callback, Fit, FitArguments
-from taskfit.publish import Publisher, hub_storage_options, hub_target
+from taskfit.checkpoint.publish import Publisher, hub_storage_options, hub_target
 
 CKPT_TESTS = Path(__file__).parents[1] / "checkpoint"
 sys.path.insert(0, str(CKPT_TESTS))

@@ -17,7 +17,7 @@ from fsspec.implementations.memory import MemoryFileSystem
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checkpoint"))
 import job  # noqa: E402
 
-from taskfit.checkpoint import list_checkpoints  # noqa: E402
+from taskfit.checkpoint.writer import list_checkpoints  # noqa: E402
 from taskfit.io import CheckpointError, TorchCheckpointIO  # noqa: E402
 
 BASE = {"save_steps": 4, "args": {"max_steps": 10}}

@@ -15,7 +15,7 @@ import torch
 from hostile import edit_manifest, replace_file
 
 from taskfit import Fit
-from taskfit.checkpoint import CheckpointError, list_checkpoints, rotate_checkpoints
+from taskfit.checkpoint.writer import CheckpointError, list_checkpoints, rotate_checkpoints
 from taskfit.io import TorchCheckpointIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checkpoint"))
@@ -123,7 +123,7 @@ def test_F_REL_3_garbage_with_a_matching_manifest_entry_names_the_file(ck, name)
 
 
 def test_F_REL_3_publishing_refuses_manifest_names_that_leave_the_checkpoint(ck, tmp_path):
-    from taskfit.publish import Publisher, push_checkpoint
+    from taskfit.checkpoint.publish import Publisher, push_checkpoint
 
     secret = tmp_path / "secret.txt"
     secret.write_text("private")

@@ -18,7 +18,7 @@ import torch
 
 from taskfit import Callback, Fit, TaskModule
 from taskfit.io import TorchCheckpointIO
-from taskfit.resume import resolve_checkpoint
+from taskfit.checkpoint.resume import resolve_checkpoint
 from taskfit.strategies.environments import elastic_restart, find_free_port
 
 _RESTART_VARS = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS", "SLURM_RESTART_COUNT")

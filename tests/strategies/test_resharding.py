@@ -103,7 +103,7 @@ def test_F_SCALE_2_model_parallel_checkpoint_converts_to_full_weights(tmp_path, 
     ``model.safetensors`` (single-device keys) equal to the run's final weights."""
     from safetensors.torch import load_file
 
-    from taskfit.cli_checkpoints import convert_main
+    from taskfit.cli.checkpoints import convert_main
 
     ref, folder = sources("mesh2x2")
     manifest = json.loads(open(os.path.join(folder, "checkpoint-8", "manifest.json")).read())

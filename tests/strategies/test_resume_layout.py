@@ -1,6 +1,6 @@
 """F-SCALE-2: resuming at an epoch boundary with another global batch (another number of data-parallel processes
 with the same per-device batch, or another ``gradient_accumulation_steps``) and so another number of optimizer
-steps per epoch. The rule (``taskfit.resume.plan_resumed_run``): the loop keeps ``global_step`` and the data
+steps per epoch. The rule (``taskfit.checkpoint.resume.plan_resumed_run``): the loop keeps ``global_step`` and the data
 position of the checkpoint; under ``max_steps`` the run ends at ``global_step == max_steps`` (as HF and
 Lightning); under ``num_train_epochs`` it trains the epochs that are left on the new layout (Lightning's
 ``max_epochs`` rule) and ``max_steps`` - the LR schedule's length - becomes the steps actually left. Before, the

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from taskfit.accelerators import ACCELERATORS, CPUAccelerator
-from taskfit.arguments import FitArguments
+from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.connector import resolve_components
 from taskfit.io import TorchCheckpointIO
 from taskfit.precision import PRECISIONS, MixedPrecision, Precision

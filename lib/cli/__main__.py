@@ -1,0 +1,7 @@
+"""``python -m taskfit.cli ...`` is the ``taskfit`` command."""
+
+import sys
+
+from taskfit.cli.main import main
+
+sys.exit(main())

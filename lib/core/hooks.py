@@ -1,0 +1,118 @@
+"""The ``LightningModule`` hooks a ``TaskModule`` may override beyond the ``on_*`` observers: lifecycle
+(``prepare_data``, ``setup``, ``configure_model``, ``configure_callbacks``, ``teardown``), the optimization steps
+(``optimizer_step``, ``optimizer_zero_grad``, ``lr_scheduler_step``, ``configure_gradient_clipping``,
+``backward``) and batch transfer. The defaults do what the loops do without them; the loops call an override
+exactly where Lightning calls it."""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+
+class LightningHooks:
+    """Mixin of :class:`taskfit.TaskModule` with Lightning's overridable hooks."""
+
+    _fit: Any
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Download or preprocess data once per machine (local rank 0), before :meth:`setup`."""
+
+    def setup(self, stage: str) -> None:
+        """Called on every process at the start of ``stage`` (``"fit"``, ``"validate"``, ``"test"``,
+        ``"predict"``), after the callbacks' ``setup`` and before the loaders and optimizers are built."""
+
+    def configure_model(self) -> None:
+        """Build layers once the strategy is known (after :meth:`setup`, before the optimizers and the wrapping);
+        may be called again in later stages, so make it idempotent."""
+
+    @property
+    def device_mesh(self) -> Any:
+        """The run's ``torch.distributed.DeviceMesh`` (``strategy="model_parallel"``: dimensions
+        ``("data_parallel", "tensor_parallel")``) for :meth:`configure_model`; None under other strategies or
+        outside a run (Lightning's ``LightningModule.device_mesh``)."""
+        fit = getattr(self, "_fit", None)
+        return getattr(getattr(fit, "strategy", None), "device_mesh", None)
+
+    def configure_callbacks(self) -> Any:
+        """Callbacks this module needs (a callback or a list); they join the ``Fit``'s at the start of ``fit``
+        and replace callbacks of the same type, as in Lightning."""
+        return []
+
+    def teardown(self, stage: str) -> None:
+        """Called on every process at the end of ``stage``, after the callbacks' ``teardown``."""
+
+    # -- optimization -----------------------------------------------------------------------------------
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` (already scaled by the precision plugin); default ``loss.backward()``."""
+        loss.backward(*args, **kwargs)
+
+    def optimizer_zero_grad(self, epoch: int, batch_idx: int, optimizer: Any) -> None:
+        """Clear the gradients at the start of an accumulation window; default ``optimizer.zero_grad()``."""
+        optimizer.zero_grad()
+
+    def optimizer_step(self, epoch: int, batch_idx: int, optimizer: Any,
+                       optimizer_closure: Callable[[], Any] | None = None) -> None:
+        """Step ``optimizer`` (a handle whose ``step`` runs the hooks, clipping and the precision plugin) at the
+        end of an accumulation window; default ``optimizer.step(closure=optimizer_closure)``. Override it for a
+        hand-written warm-up or to skip steps. The closure returns the window's loss (training_step and backward
+        have already run, a difference from Lightning, where the closure runs them)."""
+        optimizer.step(closure=optimizer_closure)
+
+    def lr_scheduler_step(self, scheduler: Any, metric: Any) -> None:
+        """Step ``scheduler``; default ``scheduler.step()`` (``scheduler.step(metric)`` for a metric scheduler)."""
+        if metric is None:
+            scheduler.step()
+        else:
+            scheduler.step(metric)
+
+    def configure_gradient_clipping(self, optimizer: Any, gradient_clip_val: float | None = None,
+                                    gradient_clip_algorithm: str | None = None) -> None:
+        """Clip before each optimizer step; default :meth:`clip_gradients` with ``max_grad_norm`` by norm."""
+        self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
+                            gradient_clip_algorithm=gradient_clip_algorithm)
+
+    # -- batch transfer -----------------------------------------------------------------------------------
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch before it moves to the device (runs on the host); return it."""
+        return batch
+
+    def transfer_batch_to_device(self, batch: Any, device: torch.device, dataloader_idx: int) -> Any:
+        """Move ``batch`` to ``device``; default: every tensor in it (and the precision plugin's input cast)."""
+        return self._fit.strategy.batch_to_device(batch)
+
+    def on_after_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """Change a batch after it moved to the device (e.g. GPU augmentations); return it."""
+        return batch
+
+
+TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_after_batch_transfer")
+
+
+def overrides(module: Any, name: str) -> bool:
+    """True when ``module``'s class overrides Lightning hook ``name`` of :class:`LightningHooks`."""
+    return getattr(type(module), name, None) is not getattr(LightningHooks, name)
+
+
+def batch_mover(module: Any, strategy: Any) -> Callable[..., Any]:
+    """``(batch, dataloader_idx=0) -> batch`` on the device: the strategy's, or the module's transfer hooks when it
+    overrides any of them (before -> transfer -> after, as Lightning)."""
+    if not any(overrides(module, n) for n in TRANSFER_HOOKS):
+        return lambda batch, dataloader_idx=0: strategy.batch_to_device(batch)
+
+    def move(batch: Any, dataloader_idx: int = 0) -> Any:
+        batch = module.on_before_batch_transfer(batch, dataloader_idx)
+        batch = module.transfer_batch_to_device(batch, strategy.root_device, dataloader_idx)
+        return module.on_after_batch_transfer(batch, dataloader_idx)
+    return move
+
+
+def module_loader(module: Any, name: str) -> Any:
+    """What the module's own ``name`` hook (``train_dataloader``, ``val_dataloader``, ``test_dataloader``,
+    ``predict_dataloader``, as on a ``LightningModule``) returns; None when the module defines no such method."""
+    fn = getattr(module, name, None)
+    return fn() if callable(fn) else None
+
+

@@ -1,0 +1,433 @@
+"""The ``LightningModule`` members a ``TaskModule`` offers so Lightning code moves over unchanged: ``self.trainer``,
+``save_hyperparameters``/``hparams``, ``print``, ``logger``/``loggers``, ``load_from_checkpoint``,
+``example_input_array``, ``dtype``, and the manual-optimization helpers (``optimizers()``, ``lr_schedulers()``,
+``manual_backward``, ``toggle_optimizer``, ``clip_gradients``)."""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import json
+from argparse import Namespace
+from collections.abc import Mapping
+import contextlib
+from contextlib import contextmanager
+from typing import Any, Iterator
+
+import torch
+
+
+class AttributeDict(dict):
+    """A dict whose keys read as attributes (``hparams.lr``), as Lightning's ``AttributeDict``."""
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self[key]
+        except KeyError as exc:
+            raise AttributeError(f"hparams has no {key!r}; it holds {sorted(self)}.") from exc
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        self[key] = value
+
+
+def _init_args(frame: Any) -> dict[str, Any]:
+    """The arguments of the ``__init__`` running in ``frame`` (``**kwargs`` flattened, ``self`` dropped)."""
+    info = inspect.getargvalues(frame)
+    out: dict[str, Any] = {}
+    for name in info.args:
+        if name in ("self", "__class__"):
+            continue
+        out[name] = info.locals[name]
+    if info.varargs and info.locals.get(info.varargs):
+        out[info.varargs] = info.locals[info.varargs]
+    if info.keywords:
+        out.update(info.locals.get(info.keywords) or {})
+    return out
+
+
+class TrainerView:
+    """What ``self.trainer`` returns: the running ``Fit`` with the names Lightning's ``Trainer`` uses.
+
+    Every attribute of the ``Fit`` is readable through it too (``self.trainer.args``...).
+    """
+
+    def __init__(self, fit: Any) -> None:
+        object.__setattr__(self, "fit", fit)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.fit, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self.fit, name, value)
+
+    @property
+    def current_epoch(self) -> int:
+        """Zero-based index of the running epoch."""
+        return self.fit.state.current_epoch
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self.fit.state.global_step
+
+    @property
+    def max_steps(self) -> int:
+        """The run's optimizer steps (``FitArguments.max_steps`` or the steps of ``num_train_epochs``)."""
+        return self.fit.state.max_steps
+
+    @property
+    def max_epochs(self) -> int:
+        """The epochs the run may start (``num_train_epochs`` rounded up)."""
+        return self.fit.state.num_train_epochs
+
+    @property
+    def estimated_stepping_batches(self) -> int:
+        """Optimizer steps of the whole run (what ``OneCycleLR(total_steps=...)`` needs), as Lightning's."""
+        return self.fit.state.max_steps
+
+    @property
+    def num_training_batches(self) -> int | float:
+        """Batches per training epoch on this process (``inf`` for a loader without length)."""
+        n = self.fit.state.batches_per_epoch
+        return n if n else float("inf")
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """``FitArguments.gradient_accumulation_steps``."""
+        return self.fit.args.gradient_accumulation_steps
+
+    @property
+    def logger(self) -> Any:
+        """The first logger, None without any."""
+        return self.fit.loggers[0] if self.fit.loggers else None
+
+    @property
+    def lr_scheduler_configs(self) -> list[Any]:
+        """The running fit's schedulers with their ``interval``, ``frequency`` and ``monitor``."""
+        run = self.fit._run
+        return list(run.schedulers) if run is not None else []
+
+    @property
+    def optimizers(self) -> list[Any]:
+        """The running fit's optimizers."""
+        run = self.fit._run
+        return list(run.optimizers) if run is not None else []
+
+    @property
+    def training(self) -> bool:
+        """True while the training loop runs (not during evaluation inside ``fit``)."""
+        run = self.fit._run
+        return run is not None and run.stage == "fit" and run.module.training
+
+    @property
+    def sanity_checking(self) -> bool:
+        """Always False: taskfit runs no sanity validation before training."""
+        return False
+
+    @property
+    def num_devices(self) -> int:
+        """Processes taking part."""
+        return self.fit.world_size
+
+
+class LightningMembers:
+    """Mixin of :class:`taskfit.TaskModule` with Lightning's ``LightningModule`` members."""
+
+    _fit: Any
+
+    # -- hyperparameters ---------------------------------------------------------------------------------
+    def save_hyperparameters(self, *args: Any, ignore: str | list[str] | None = None, frame: Any = None,
+                             logger: bool = True) -> None:
+        """Record the ``__init__`` arguments in :attr:`hparams` (mirrors Lightning's ``save_hyperparameters``).
+
+        Called in ``__init__`` without arguments, every argument is saved; with names, only those; with one dict
+        or ``argparse.Namespace``, its items. ``ignore`` drops names (modules and other objects that need not be
+        rebuilt). Checkpoints store the JSON-serialisable ones, so :meth:`load_from_checkpoint` rebuilds the
+        module without constructor arguments.
+
+        Raises:
+            ValueError: a name in ``args`` that is not an ``__init__`` argument.
+        """
+        frame = frame or inspect.currentframe().f_back
+        if len(args) == 1 and isinstance(args[0], (Mapping, Namespace)):
+            values = dict(vars(args[0]) if isinstance(args[0], Namespace) else args[0])
+        else:
+            init = _init_args(frame)
+            if args:
+                unknown = [a for a in args if a not in init]
+                if unknown:
+                    raise ValueError(f"save_hyperparameters got {unknown}, which are not __init__ arguments; "
+                                     f"choose from {sorted(init)}.")
+                values = {a: init[a] for a in args}
+            else:
+                values = init
+        ignored = [ignore] if isinstance(ignore, str) else list(ignore or [])
+        values = {k: v for k, v in values.items() if k not in ignored}
+        hp = self.__dict__.get("_hparams") or AttributeDict()
+        hp.update(values)
+        object.__setattr__(self, "_hparams", hp)
+        object.__setattr__(self, "_hparams_initial", copy.deepcopy(AttributeDict(hp)))
+        object.__setattr__(self, "_log_hyperparams", logger)
+
+    @property
+    def hparams(self) -> AttributeDict:
+        """The saved hyperparameters (an ``AttributeDict``; empty before :meth:`save_hyperparameters`)."""
+        if "_hparams" not in self.__dict__:
+            object.__setattr__(self, "_hparams", AttributeDict())
+        return self.__dict__["_hparams"]
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        """A copy of :attr:`hparams` as they were when saved."""
+        return copy.deepcopy(self.__dict__.get("_hparams_initial") or AttributeDict())
+
+    def hparams_for_checkpoint(self) -> dict[str, Any]:
+        """The JSON-serialisable hyperparameters (what a checkpoint's ``config.json`` stores)."""
+        out = {}
+        for k, v in self.hparams.items():
+            try:
+                json.dumps(v)
+            except (TypeError, ValueError):
+                continue
+            out[k] = v
+        return out
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: str, map_location: Any = None, hparams_file: str | None = None,
+                             strict: bool | None = None, **kwargs: Any) -> Any:
+        """Build the module from the hyperparameters saved in a checkpoint and load its weights (mirrors
+        Lightning's ``LightningModule.load_from_checkpoint``).
+
+        Args:
+            checkpoint_path (str): a checkpoint folder (``checkpoint-<step>``) or a folder written by
+                ``save_model``, local or a URL.
+            map_location (str | torch.device | None): where to put the weights (default: CPU).
+            hparams_file (str | None): a JSON or YAML file of hyperparameters used instead of the saved ones.
+            strict (bool | None): ``load_state_dict`` strictness (default True).
+            **kwargs: constructor arguments that override the saved hyperparameters.
+
+        Returns:
+            the module, in eval mode, on ``map_location``.
+
+        Raises:
+            FileNotFoundError: no weights in ``checkpoint_path``.
+            RuntimeError: the weights do not fit the module and ``strict`` is not False.
+        """
+        from taskfit.io.checkpoint_io import TorchCheckpointIO, deserialize, join
+
+        io = TorchCheckpointIO()
+        config: dict[str, Any] = {}
+        if io.exists(join(checkpoint_path, "config.json")):
+            config = json.loads(io.read_bytes(join(checkpoint_path, "config.json")))
+        hparams = dict(config.get("hyper_parameters") or {})
+        if hparams_file is not None:
+            text = io.read_bytes(hparams_file).decode()
+            if hparams_file.endswith((".yaml", ".yml")):
+                import yaml
+
+                hparams = dict(yaml.safe_load(text) or {})
+            else:
+                hparams = dict(json.loads(text))
+        hparams.update(kwargs)
+        weights = None
+        for name in ("model.safetensors", "pytorch_model.bin"):
+            path = join(checkpoint_path, name)
+            if io.exists(path):
+                weights = deserialize(name, io.read_bytes(path), map_location="cpu")
+                break
+        if weights is None:
+            raise FileNotFoundError(f"{checkpoint_path!r} holds no model.safetensors or pytorch_model.bin.")
+        model = cls(**hparams)
+        if hparams_file is not None or not model.hparams:
+            model.hparams.update(hparams)
+        model.on_load_checkpoint({"state_dict": weights, "hyper_parameters": hparams})
+        model.load_state_dict(weights, strict=True if strict is None else strict)
+        if map_location is not None:
+            model.to(torch.device(map_location) if isinstance(map_location, str) else map_location)
+        return model.eval()
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Called with the checkpoint's contents when a run resumes or :meth:`load_from_checkpoint` loads it."""
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        """Called with the training state about to be saved."""
+
+    # -- run information --------------------------------------------------------------------------------
+    @property
+    def trainer(self) -> TrainerView:
+        """The running ``Fit`` seen through Lightning's ``Trainer`` names (``current_epoch``, ``global_step``,
+        ``max_epochs``, ``estimated_stepping_batches``, ``callback_metrics``, ``loggers``...).
+
+        Raises:
+            RuntimeError: the module is not attached to a run.
+        """
+        if self._fit is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a Fit run.")
+        return TrainerView(self._fit)
+
+    @property
+    def logger(self) -> Any:
+        """The run's first logger (None without a run or loggers)."""
+        return self._fit.loggers[0] if self._fit is not None and self._fit.loggers else None
+
+    @property
+    def loggers(self) -> list[Any]:
+        """The run's loggers (empty without a run)."""
+        return list(self._fit.loggers) if self._fit is not None else []
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the first floating-point parameter (``torch.get_default_dtype()`` without one)."""
+        for p in self.parameters():
+            if p.is_floating_point():
+                return p.dtype
+        return torch.get_default_dtype()
+
+    @property
+    def example_input_array(self) -> Any:
+        """An example input for summaries and tracing (None unless set)."""
+        return self.__dict__.get("_example_input_array")
+
+    @example_input_array.setter
+    def example_input_array(self, value: Any) -> None:
+        object.__setattr__(self, "_example_input_array", value)
+
+    def print(self, *args: Any, **kwargs: Any) -> None:
+        """``print`` on the process of global rank 0 only (mirrors Lightning's ``self.print``)."""
+        if self._fit is None or self._fit.is_global_zero:
+            print(*args, **kwargs)
+
+    # -- manual optimization ------------------------------------------------------------------------------
+    @property
+    def automatic_optimization(self) -> bool:
+        """False lets ``training_step`` run backward and the optimizer steps itself (Lightning's manual
+        optimization); the loop then only calls ``training_step``."""
+        return self.__dict__.get("_automatic_optimization", True)
+
+    @automatic_optimization.setter
+    def automatic_optimization(self, value: bool) -> None:
+        object.__setattr__(self, "_automatic_optimization", bool(value))
+
+    def optimizers(self, use_pl_optimizer: bool = True) -> Any:
+        """The run's optimizer, or the list of them when there are several (as Lightning's). With
+        ``use_pl_optimizer`` (default) each comes in a handle whose ``step`` goes through the precision plugin
+        and calls ``on_before_optimizer_step``.
+
+        Raises:
+            RuntimeError: the module is not attached to a run.
+        """
+        from taskfit.core.manual import LightningOptimizer
+
+        opts = self.trainer.optimizers
+        if use_pl_optimizer:
+            cache = self.__dict__.setdefault("_lightning_optimizers", {})
+            handles = []
+            for o in opts:
+                handle = cache.get(id(o))
+                if handle is None or handle.optimizer is not o:
+                    handle = cache[id(o)] = LightningOptimizer(o, self)
+                handles.append(handle)
+            opts = handles
+        return opts[0] if len(opts) == 1 else opts
+
+    def lr_schedulers(self) -> Any:
+        """The run's LR scheduler, the list of them when there are several, or None (as Lightning's)."""
+        scheds = [c.scheduler for c in self.trainer.lr_scheduler_configs]
+        if not scheds:
+            return None
+        return scheds[0] if len(scheds) == 1 else scheds
+
+    def manual_backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backward through the strategy (precision loss scaling, DDP gradient sync), for manual optimization.
+
+        Raises:
+            RuntimeError: the module is not attached to a run.
+        """
+        from taskfit.core.hooks import overrides
+
+        from taskfit.core.manual import prepare_ddp_backward
+
+        fit = self.trainer.fit
+        self._call_hook("on_before_backward", loss)
+        if not self.__dict__.get("_block_backward_sync", False):
+            prepare_ddp_backward(fit.strategy, loss)  # this backward all-reduces (DDP)
+        if overrides(self, "backward"):
+            scaler = getattr(fit.strategy.precision, "scaler", None)
+            self.backward(scaler.scale(loss) if scaler is not None else loss, *args, **kwargs)
+        else:
+            fit.strategy.backward(loss, *args, **kwargs)
+        self._call_hook("on_after_backward")
+
+    @contextmanager
+    def no_backward_sync(self, enabled: bool = True) -> Iterator[None]:
+        """Inside (with ``enabled``), :meth:`manual_backward` accumulates gradients locally without the
+        all-reduce (DDP) or reduce-scatter (FSDP): use it on every micro-batch of a manual accumulation window
+        but the last. A no-op on one process. Mirrors ``Fabric.no_backward_sync`` (Lightning:
+        ``optimizer.toggle_model(sync_grad=False)``, which uses it).
+
+        Raises:
+            RuntimeError: the module is not attached to a run.
+        """
+        strategy = self.trainer.fit.strategy
+        previous = self.__dict__.get("_block_backward_sync", False)
+        object.__setattr__(self, "_block_backward_sync", bool(enabled))
+        try:
+            ddp = type(getattr(strategy, "model", None)).__name__ == "DistributedDataParallel"
+            # DDP: manual_backward does not arm the reducer; others (FSDP): the strategy's own switch
+            with contextlib.nullcontext() if ddp else strategy.no_sync(not enabled):
+                yield
+        finally:
+            object.__setattr__(self, "_block_backward_sync", previous)
+
+    def _call_hook(self, name: str, *args: Any) -> None:
+        fit = self._fit
+        if fit is not None and fit._hooks.lightning.get(name):
+            fit._hooks.call(name, fit, self, *args)
+
+    def toggle_optimizer(self, optimizer: Any) -> None:
+        """Make only ``optimizer``'s parameters require grad (others are frozen until :meth:`untoggle_optimizer`),
+        as Lightning's ``toggle_optimizer``."""
+        own = {id(p) for g in optimizer.param_groups for p in g["params"]}
+        saved = {}
+        for opt in self.trainer.optimizers:
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if id(p) not in own and id(p) not in saved:
+                        saved[id(p)] = (p, p.requires_grad)
+                        p.requires_grad = False
+        object.__setattr__(self, "_param_requires_grad_state", saved)
+
+    def untoggle_optimizer(self, optimizer: Any) -> None:
+        """Undo :meth:`toggle_optimizer`."""
+        for p, flag in (self.__dict__.get("_param_requires_grad_state") or {}).values():
+            p.requires_grad = flag
+        object.__setattr__(self, "_param_requires_grad_state", {})
+
+    @contextmanager
+    def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
+        """:meth:`toggle_optimizer` for the duration of a ``with`` block."""
+        self.toggle_optimizer(optimizer)
+        try:
+            yield
+        finally:
+            self.untoggle_optimizer(optimizer)
+
+    def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
+                       gradient_clip_algorithm: str | None = None) -> None:
+        """Clip the gradients of ``optimizer``'s parameters by norm (default) or by value (mirrors Lightning).
+
+        Raises:
+            ValueError: an algorithm other than ``"norm"`` or ``"value"``.
+        """
+        if gradient_clip_val is None or gradient_clip_val <= 0:
+            return
+        algorithm = gradient_clip_algorithm or "norm"
+        if algorithm not in ("norm", "value"):
+            raise ValueError(f"gradient_clip_algorithm={algorithm!r} is not valid; choose 'norm' or 'value'.")
+        fit = self.trainer.fit
+        fit.strategy.precision.unscale_gradients(optimizer)
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        if algorithm == "value":
+            fit.strategy.clip_gradients_value(params, gradient_clip_val, optimizer)  # DTensor shards too
+        else:
+            fit.strategy.clip_gradients(params, gradient_clip_val, optimizer)

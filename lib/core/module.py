@@ -1,0 +1,205 @@
+"""``TaskModule``: what to compute. The user's one class (F-CORE-1); mirrors Lightning's ``LightningModule``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from taskfit.core.hooks import LightningHooks
+from taskfit.core.lightning_members import LightningMembers
+
+if TYPE_CHECKING:
+    from taskfit.fit.fit import Fit
+    from taskfit.core.results import ResultCollection
+
+#: Lightning-style model hooks the loops call when a TaskModule overrides them (and only then).
+MODULE_HOOKS = (
+    "on_fit_start", "on_fit_end", "on_train_start", "on_train_end", "on_train_epoch_start", "on_train_epoch_end",
+    "on_train_batch_start", "on_train_batch_end", "on_validation_start", "on_validation_end",
+    "on_validation_epoch_start", "on_validation_epoch_end", "on_validation_batch_start",
+    "on_validation_batch_end", "on_test_start", "on_test_end", "on_test_epoch_start", "on_test_epoch_end",
+    "on_test_batch_start", "on_test_batch_end", "on_predict_start", "on_predict_end",
+    "on_predict_epoch_start", "on_predict_epoch_end", "on_predict_batch_start", "on_predict_batch_end",
+    "on_before_backward", "on_after_backward", "on_before_optimizer_step", "on_before_zero_grad",
+    "on_save_checkpoint", "on_load_checkpoint", "setup", "teardown",
+)
+
+IGNORE_INDEX = -100
+
+
+def infer_batch_size(batch: Any) -> int:
+    """Size of the first dimension of the first tensor found in ``batch`` (dict, list, tuple or tensor).
+
+    Raises:
+        ValueError: the batch holds no tensor.
+    """
+    if isinstance(batch, torch.Tensor):
+        return batch.shape[0] if batch.dim() else 1
+    if type(batch) is dict:  # the common case, without the Mapping ABC check (hot path: once per micro-batch)
+        first = next(iter(batch.values()), None)
+        if isinstance(first, torch.Tensor):
+            return first.shape[0] if first.dim() else 1
+    if isinstance(batch, Mapping):
+        items = batch.values()
+    elif isinstance(batch, (list, tuple)):
+        items = batch
+    else:
+        items = ()
+    for v in items:
+        try:
+            return infer_batch_size(v)
+        except ValueError:
+            continue
+    if isinstance(batch, (list, tuple)) and batch:
+        return len(batch)  # e.g. a list of strings a training_step tokenises itself
+    if isinstance(batch, Mapping):
+        sized = [v for v in batch.values() if isinstance(v, (list, tuple))]
+        if sized:
+            return len(sized[0])
+    raise ValueError(f"Cannot infer the batch size of a {type(batch).__name__}: it holds no tensor.")
+
+
+class TaskModule(LightningMembers, LightningHooks, nn.Module):
+    """A ``torch.nn.Module`` that says how to train, evaluate and predict (F-CORE-1).
+
+    Override :meth:`training_step` (required) and any of :meth:`validation_step`, :meth:`test_step`,
+    :meth:`predict_step`, :meth:`configure_optimizers`, :meth:`num_items` and the ``on_*`` hooks listed in
+    :data:`MODULE_HOOKS`. Talk back to the run only through :meth:`log`/:meth:`log_dict` and :attr:`fit`.
+
+    Step methods receive the batch already on the module's device and the index of the batch in the epoch.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._fit: Fit | None = None
+        self._results: ResultCollection | None = None
+        self._log_defaults: tuple[bool, bool] = (True, False)  # (on_step, on_epoch) for the running stage
+
+    # -- what to compute --------------------------------------------------------------------------------
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor | Mapping[str, Any]:
+        """Return the loss of one micro-batch: a scalar tensor or a dict with key ``"loss"``.
+
+        For exact gradient accumulation the loss must be a *mean* over the items :meth:`num_items` counts
+        (samples, or non-ignored tokens); the loop re-weights micro-batches by their item counts.
+        """
+        raise NotImplementedError(f"{type(self).__name__} must implement training_step(batch, batch_idx).")
+
+    def validation_step(self, batch: Any, batch_idx: int) -> Any:
+        """Evaluate one batch. Log metrics with ``self.log``; optionally return a loss tensor or a dict with
+        ``"loss"``, ``"logits"`` (or ``"predictions"``) and ``"labels"`` for ``compute_metrics``."""
+
+    def test_step(self, batch: Any, batch_idx: int) -> Any:
+        """Like :meth:`validation_step`, for ``Fit.test``; defaults to :meth:`validation_step`."""
+        return self.validation_step(batch, batch_idx)
+
+    def predict_step(self, batch: Any, batch_idx: int) -> Any:
+        """Return predictions for one batch. Default: ``self(**inputs)`` for dict batches (label keys removed),
+        ``self(batch[0])`` for ``(inputs, labels)`` tuples, ``self(batch)`` otherwise."""
+        if isinstance(batch, Mapping):
+            return self(**{k: v for k, v in batch.items() if k not in ("labels", "label", "label_ids")})
+        if isinstance(batch, (list, tuple)):
+            return self(batch[0])
+        return self(batch)
+
+    def configure_optimizers(self) -> Any:
+        """Return an optimizer, ``(optimizer, scheduler)``, ``{"optimizer": ..., "lr_scheduler": ...}`` or None.
+
+        None (the default) builds the optimizer and LR schedule named by ``FitArguments`` (``optim``,
+        ``learning_rate``, ``weight_decay``, ``lr_scheduler_type``, ``warmup_steps``...), as the HF Trainer does.
+        A scheduler returned here is stepped once per optimizer step.
+        """
+        return None
+
+    def num_items(self, batch: Any) -> int | torch.Tensor | None:
+        """Number of items the training loss averages over in ``batch`` (used for exact accumulation).
+
+        Default: for a dict batch with ``"labels"`` of 2+ dimensions (token labels), the count of labels that
+        are not ``-100`` (a 0-dim tensor, so counting forces no host sync); otherwise the batch size. Return
+        an int or a 0-dim integer tensor, or None to weight micro-batches equally.
+        """
+        if isinstance(batch, Mapping):
+            labels = batch.get("labels")
+            if isinstance(labels, torch.Tensor) and labels.dim() >= 2:
+                return (labels != IGNORE_INDEX).sum()  # a 0-dim tensor: no host sync
+        return infer_batch_size(batch)
+
+    # -- logging ----------------------------------------------------------------------------------------
+    def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool = True, on_step: bool | None = None,
+            on_epoch: bool | None = None, reduce_fx: str = "mean", sync_dist: bool | None = None,
+            batch_size: int | None = None, add_dataloader_idx: bool = True) -> None:
+        """Log a scalar (number, 0-dim/1-element tensor or ``torchmetrics.Metric``) under ``name``.
+
+        Mirrors ``LightningModule.log``. Defaults mirror Lightning: in ``training_step`` ``on_step=True,
+        on_epoch=False``; in validation/test steps ``on_step=False, on_epoch=True`` (a batch-size-weighted mean
+        over the epoch). Tensors are kept on their device and converted to floats only on steps where something
+        is written. A ``torchmetrics.Metric`` gives the batch value of its last ``forward()`` on the step and
+        ``compute()`` on the epoch.
+
+        ``sync_dist``: whether an epoch value is reduced over processes (for ``"mean"`` weighted by batch size,
+        so it equals the value over the whole data set). None (the default) means True for values logged during
+        evaluation and False during training; Lightning's default is False everywhere. The reduction runs once
+        at the end of the epoch. ``add_dataloader_idx``: with several evaluation loaders given as a list, append
+        ``/dataloader_idx_N`` to the name (Lightning's rule); with False, every loader adds to one value.
+
+        Raises:
+            RuntimeError: called outside a running ``Fit`` stage.
+            ValueError: a non-scalar tensor, an unknown ``reduce_fx``, or ``/dataloader_idx_`` in ``name`` with
+                ``add_dataloader_idx=True``.
+        """
+        results = self._results
+        if results is None:
+            raise RuntimeError(f"self.log({name!r}) was called outside a Fit stage; call it from a *_step or hook.")
+        if add_dataloader_idx and "/dataloader_idx_" in name:
+            raise ValueError(f"self.log({name!r}) with add_dataloader_idx=True: the name must not contain "
+                             "'/dataloader_idx_'; it is appended for you (or pass add_dataloader_idx=False).")
+        d_step, d_epoch = self._log_defaults
+        results.log(name, value, on_step=d_step if on_step is None else on_step,
+                    on_epoch=d_epoch if on_epoch is None else on_epoch, prog_bar=prog_bar, logger=logger,
+                    reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size,
+                    add_dataloader_idx=add_dataloader_idx)
+
+    def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
+        """Call :meth:`log` for every item of ``dictionary`` with the same options."""
+        for k, v in dictionary.items():
+            self.log(k, v, **kwargs)
+
+    # -- run information --------------------------------------------------------------------------------
+    @property
+    def fit(self) -> Fit:
+        """The ``Fit`` running this module.
+
+        Raises:
+            RuntimeError: the module is not attached to a run.
+        """
+        if self._fit is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to a Fit run.")
+        return self._fit
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the first parameter (CPU for a module without parameters)."""
+        p = next(self.parameters(), None)
+        return p.device if p is not None else torch.device("cpu")
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far (0 when detached)."""
+        return self._fit.state.global_step if self._fit is not None else 0
+
+    @property
+    def current_epoch(self) -> int:
+        """Zero-based index of the running epoch (0 when detached)."""
+        return self._fit.state.current_epoch if self._fit is not None else 0
+
+    def num_parameters(self, only_trainable: bool = False) -> int:
+        """Count of parameter elements (F-CORE-7), mirrors HF ``PreTrainedModel.num_parameters``."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad or not only_trainable)
+
+
+def overridden_hooks(obj: Any, base: type, names: tuple[str, ...]) -> list[str]:
+    """Names in ``names`` whose implementation on ``type(obj)`` differs from ``base``'s."""
+    cls = type(obj)
+    return [n for n in names if getattr(cls, n, None) is not getattr(base, n, None)]

@@ -1,0 +1,42 @@
+"""Lightning's order of the user's set-up and tear-down hooks around a stage (``configure_callbacks``,
+``prepare_data``, ``setup``, ``configure_model``; ``teardown``), run by the facade."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from taskfit.core.hooks import overrides
+
+
+def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
+    """Lightning's order at the start of a stage: ``configure_callbacks`` (fit), ``prepare_data`` (datamodule,
+    then module, on local rank 0), ``setup`` (datamodule, callbacks, module), ``configure_model``."""
+    from taskfit.callbacks.base import HookRunner
+
+    if stage == "fit" and overrides(module, "configure_callbacks"):
+        extra = module.configure_callbacks()
+        extra = list(extra) if isinstance(extra, (list, tuple)) else [extra] if extra else []
+        if extra:
+            types = {type(cb) for cb in extra}
+            fit.callbacks = [cb for cb in fit.callbacks if type(cb) not in types] + extra
+            fit._hooks = HookRunner(fit.callbacks, module)
+    if fit.strategy.local_rank == 0:
+        if datamodule is not None:
+            datamodule.prepare_data()
+        module.prepare_data()
+    if fit.strategy.world_size > 1:
+        fit.strategy.barrier("prepare_data")  # the other processes wait for the data local rank 0 prepared
+    if datamodule is not None:
+        datamodule.setup(stage)
+    fit._hooks.call("setup", fit, module, stage)
+    prepare = getattr(fit.strategy, "prepare_for_configure_model", None)
+    if prepare is not None:  # model parallel: checks the module, builds the device mesh configure_model uses
+        prepare(module)
+    module.configure_model()
+
+
+def end_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
+    """Lightning's order at the end of a stage: ``teardown`` of the datamodule, the callbacks, the module."""
+    if datamodule is not None and hasattr(datamodule, "teardown"):
+        datamodule.teardown(stage)
+    fit._hooks.call("teardown", fit, module, stage)
