@@ -4,20 +4,10 @@ produce fails before training when that is knowable, else at the first evaluatio
 from __future__ import annotations
 
 import pytest
-import torch
+from helpers.models import HFClassifier, hf_rows
 from torch import nn
 
 from taskfit import Fit, TaskModule
-
-
-class Plain(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(3, 2)
-
-    def forward(self, x, labels=None):
-        logits = self.linear(x)
-        return {"loss": nn.functional.cross_entropy(logits, labels), "logits": logits}
 
 
 class Logged(TaskModule):
@@ -34,11 +24,6 @@ class Logged(TaskModule):
         return nn.functional.cross_entropy(logits, batch["labels"])
 
 
-def _rows(n=32):
-    x = torch.randn(n, 3, generator=torch.Generator().manual_seed(0))
-    return [{"x": x[i], "labels": int(x[i, 0] > 0)} for i in range(n)]
-
-
 def _fit(tmp_path, **kw):
     return Fit(output_dir=str(tmp_path), max_steps=6, eval_strategy="steps", eval_steps=3, report_to="none",
                disable_tqdm=True, per_device_train_batch_size=4, **kw)
@@ -48,15 +33,15 @@ def test_unknowable_metric_fails_before_training_F_EVAL_2(tmp_path):
     fit = _fit(tmp_path, metric_for_best_model="accuracy")
     with pytest.raises(ValueError, match=r"metric_for_best_model='accuracy' \('eval_accuracy'\) can never be "
                                          r"computed.*only 'eval_loss'.*compute_metrics"):
-        fit.fit(Plain(), _rows(), _rows(8))
+        fit.fit(HFClassifier(features=3, classes=2, seed=None), hf_rows(), hf_rows(8))
     assert fit.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))
-    _fit(tmp_path, metric_for_best_model="loss").fit(Plain(), _rows(), _rows(8))  # the one it reports works
+    _fit(tmp_path, metric_for_best_model="loss").fit(HFClassifier(features=3, classes=2, seed=None), hf_rows(), hf_rows(8))  # the one it reports works
 
 
 def test_missing_metric_fails_at_the_first_evaluation_naming_the_keys_F_EVAL_2(tmp_path):
     fit = _fit(tmp_path, metric_for_best_model="acc")
     with pytest.raises(KeyError) as err:
-        fit.fit(Logged(), _rows(), _rows(8))
+        fit.fit(Logged(), hf_rows(), hf_rows(8))
     msg = str(err.value)
     assert "metric_for_best_model='acc' ('eval_acc') is not among the evaluation metrics ['eval_loss', 'val_acc']" in msg
     assert "Did you mean 'val_acc'" in msg and "runtime" not in msg

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.models import Regression, regression_data
 from taskfit import (
     Callback,
     EarlyStopping,
@@ -21,34 +22,12 @@ from taskfit import (
 )
 from taskfit.callbacks.base import HF_HOOKS, LIGHTNING_HOOKS, HookRunner
 from taskfit.core.module import MODULE_HOOKS
-from torch import nn
 from torch.utils.data import TensorDataset
 
 
 # ------------------------------------------------------------------------------------------------ helpers ---
 def _data(n: int, seed: int = 0) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 3, generator=g)
-    return TensorDataset(x, x.sum(-1, keepdim=True))
-
-
-class Regression(TaskModule):
-    """A 3 -> 1 linear regression with an optional validation_step."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.mse_loss(self.layer(x), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        loss = nn.functional.mse_loss(self.layer(x), y)
-        self.log("val_loss", loss)
-        return loss
+    return regression_data(n, seed=seed)
 
 
 def _fit(tmp_path, **kwargs) -> Fit:

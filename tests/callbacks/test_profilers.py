@@ -7,29 +7,9 @@ import json
 import os
 
 import pytest
-import torch
-from taskfit import Fit, FitArguments, TaskModule
+from helpers.models import Regression, regression_data
+from taskfit import Fit, FitArguments
 from taskfit.callbacks.profilers import AdvancedProfiler, PyTorchProfiler, SimpleProfiler
-from torch import nn
-from torch.utils.data import TensorDataset
-
-
-def _data(n: int = 32) -> TensorDataset:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(n, 3, generator=g)
-    return TensorDataset(x, x.sum(-1, keepdim=True))
-
-
-class Reg(TaskModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = nn.Linear(3, 1)
-
-    def training_step(self, batch, batch_idx):
-        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-    def validation_step(self, batch, batch_idx):
-        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
 
 
 def _fit(tmp_path, **kw):
@@ -39,7 +19,7 @@ def _fit(tmp_path, **kw):
 
 def test_simple_profiler_option_counts_every_action_F_LIT_7(tmp_path):
     fit = _fit(tmp_path, profiler="simple", gradient_accumulation_steps=2, eval_strategy="epoch")
-    fit.fit(Reg(), _data(), _data(16))
+    fit.fit(Regression(seed=None), regression_data(32), regression_data(16))
     prof = [cb for cb in fit.callbacks if isinstance(cb, SimpleProfiler)][0]
     d = prof.recorded_durations
     assert len(d["training_step"]) == len(d["backward"]) == len(d["training_batch"]) == 16  # 8 batches x 2 epochs
@@ -60,7 +40,7 @@ def test_no_profiler_adds_no_callback_F_LIT_7(tmp_path):
 def test_advanced_and_pytorch_profilers_as_objects_F_LIT_7(tmp_path):
     adv = AdvancedProfiler(filename="adv")
     torch_prof = PyTorchProfiler(skip_first=2, active=2)
-    _fit(tmp_path, callbacks=[adv, torch_prof]).fit(Reg(), _data())
+    _fit(tmp_path, callbacks=[adv, torch_prof]).fit(Regression(seed=None), regression_data(32))
     assert "training_step" in adv.summary() and "Profile stats for: backward" in adv.summary()
     assert os.path.exists(tmp_path / "adv-fit.txt")
     assert torch_prof.trace_path is not None

@@ -7,7 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from taskfit import EvalPrediction, Fit, PredictionOutput, TaskModule
+from helpers.models import Classifier, classification_data
+from taskfit import EvalPrediction, Fit, PredictionOutput
 from torch import nn
 from torch.utils.data import TensorDataset
 
@@ -23,29 +24,7 @@ def _fit(tmp_path, **kwargs) -> Fit:
 
 
 def _data(n: int, seed: int) -> TensorDataset:
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(n, 4, generator=g)
-    return TensorDataset(x, x[:, :N_CLASSES].argmax(-1))
-
-
-class Classifier(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(4, N_CLASSES)
-
-    def forward(self, x):
-        return self.layer(x)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self(x), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        logits = self(x)
-        self.log("acc", (logits.argmax(-1) == y).float().mean())
-        return {"loss": nn.functional.cross_entropy(logits, y), "logits": logits, "labels": y}
+    return classification_data(n, features=4, classes=N_CLASSES, seed=seed)
 
 
 def _expected(module: Classifier, data: TensorDataset) -> tuple[np.ndarray, np.ndarray, float, float]:
@@ -64,7 +43,7 @@ def _drop_speed(m: dict) -> dict:
 @pytest.fixture
 def trained(tmp_path):
     """A classifier trained for 3 steps; evaluation data is 10 samples (batches 4, 4, 2)."""
-    module = Classifier()
+    module = Classifier(features=4, classes=N_CLASSES)
     fit = _fit(tmp_path, max_steps=3, learning_rate=0.1)
     fit.fit(module, _data(12, 0))
     return fit, module, _data(10, 1)
@@ -74,7 +53,7 @@ def trained(tmp_path):
 def test_validate_and_evaluate_are_aliases_F_EVAL_1(tmp_path):
     """F-EVAL-1: ``validate(module, data)``, HF-style ``evaluate(eval_dataset)`` and ``evaluate()`` on the eval
     data given to fit return the same metrics: ``eval_loss``, logged names, speed metrics."""
-    module = Classifier()
+    module = Classifier(features=4, classes=N_CLASSES)
     ev = _data(10, 1)
     fit = _fit(tmp_path, max_steps=3, eval_strategy="steps", eval_steps=3)
     fit.fit(module, _data(12, 0), ev)
@@ -93,7 +72,7 @@ def test_validate_and_evaluate_are_aliases_F_EVAL_1(tmp_path):
 
 def test_validate_before_fit_F_EVAL_1(tmp_path):
     """F-EVAL-1: a module can be evaluated without training first; ``epoch`` is 0 then (as HF 5 reports it)."""
-    module = Classifier()
+    module = Classifier(features=4, classes=N_CLASSES)
     ev = _data(10, 1)
     m = _fit(tmp_path).validate(module, ev)
     assert m["eval_loss"] == pytest.approx(_expected(module, ev)[2], rel=1e-6) and m["epoch"] == 0
@@ -103,7 +82,7 @@ def test_validate_before_fit_F_EVAL_1(tmp_path):
 def test_named_eval_datasets_F_EVAL_1(tmp_path):
     """F-EVAL-1: a dict of named eval sets gives ``eval_<name>_<metric>`` keys, in fit and in validate; each
     equals the metric of that set on its own."""
-    module = Classifier()
+    module = Classifier(features=4, classes=N_CLASSES)
     sets = {"small": _data(6, 2), "large": _data(10, 3)}
     fit = _fit(tmp_path, max_steps=4, eval_strategy="steps", eval_steps=2)
     fit.fit(module, _data(16, 0), sets)

@@ -6,6 +6,7 @@ import os
 
 import pytest
 import torch
+from helpers.models import Classifier
 from safetensors.torch import load_file
 
 from taskfit import Fit, TaskModule
@@ -49,21 +50,11 @@ def test_safetensors_weights_with_tied_tensors(tmp_path):
     assert torch.equal(back["a"], w) and torch.equal(back["b"], w)
 
 
-class Lin(TaskModule):
-    def __init__(self):
-        super().__init__()
-        self.lin = torch.nn.Linear(3, 2)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.cross_entropy(self.lin(x), y)
-
-
 def test_F_CORE_7_checkpoint_folders_and_save_model(tmp_path):
     ds = torch.utils.data.TensorDataset(torch.randn(40, 3), torch.randint(0, 2, (40,)))
     fit = Fit(output_dir=str(tmp_path), max_steps=6, save_strategy="steps", save_steps=4,
               per_device_train_batch_size=4, disable_tqdm=True, report_to="none")
-    module = Lin()
+    module = Classifier(features=3, classes=2, seed=None)
     fit.fit(module, ds)
     assert sorted(p for p in os.listdir(tmp_path) if p.startswith("checkpoint-")) == ["checkpoint-4", "checkpoint-6"]
     ck = tmp_path / "checkpoint-6"
@@ -71,13 +62,13 @@ def test_F_CORE_7_checkpoint_folders_and_save_model(tmp_path):
             "rng_state_0.pt", "trainer_state.json", "fit_args.json", "manifest.json",
             "rng_state.pth"} == set(os.listdir(ck))  # one process: HF's RNG file too
     weights = load_file(str(ck / "model.safetensors"))
-    assert torch.equal(weights["lin.weight"], module.lin.weight.detach())
+    assert torch.equal(weights["layer.weight"], module.layer.weight.detach())
     ts = torch.load(ck / "training_state.pt", weights_only=True)
     assert ts["state"]["global_step"] == 6 and "python" in torch.load(ck / "rng_state_0.pt", weights_only=True)
     assert torch.load(ck / "optimizer.pt", weights_only=True)["state"]
     assert json.loads((ck / "fit_args.json").read_text())["save_steps"] == 4
     out = fit.save_model(str(tmp_path / "final"))
-    assert torch.equal(load_file(os.path.join(out, "model.safetensors"))["lin.bias"], module.lin.bias.detach())
+    assert torch.equal(load_file(os.path.join(out, "model.safetensors"))["layer.bias"], module.layer.bias.detach())
     assert json.loads((tmp_path / "final" / "config.json").read_text())["num_parameters"] == 8
 
 
