@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 from helpers.models import HFClassifier, hf_rows
-from torch import nn
-
 from taskfit import Fit, TaskModule
+from torch import nn
 
 
 class Logged(TaskModule):

@@ -8,7 +8,6 @@ import pytest
 import torch
 from helpers.models import Classifier
 from safetensors.torch import load_file
-
 from taskfit import Fit, TaskModule
 from taskfit.io import TorchCheckpointIO, write_bytes_atomic
 
