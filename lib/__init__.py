@@ -2,6 +2,10 @@
 run it); ``FitArguments`` holds every option under its Hugging Face ``TrainingArguments`` name.
 
 Imports are lazy so that ``import taskfit`` stays fast; ``from taskfit import Fit`` loads what ``Fit`` needs.
+
+``__all__`` lists the handful of names users import first. The other names below still resolve from ``taskfit``
+(so no older import breaks), but their documented home is their package: ``taskfit.callbacks.EarlyStopping``,
+``taskfit.loggers.CSVLogger``, ``taskfit.io.CheckpointError``, ``taskfit.efficiency.estimate.estimate_memory``, ...
 """
 
 from __future__ import annotations
@@ -32,7 +36,10 @@ _EXPORTS = {
     "estimate_memory": "taskfit.efficiency.estimate", "MemoryEstimate": "taskfit.efficiency.estimate",
 }
 
-__all__ = ["__version__", *_EXPORTS]
+#: The names users import first: a run (Fit, FitArguments, TrainOutput), the code they write (TaskModule,
+#: DataModule, Callback), their own loop (Engine), seeding and the HF metric types of compute_metrics.
+__all__ = ["Callback", "DataModule", "Engine", "EvalPrediction", "Fit", "FitArguments", "PredictionOutput", "TaskModule",
+           "TrainOutput", "__version__", "seed_everything"]
 
 
 def __getattr__(name: str) -> Any:
@@ -41,3 +48,7 @@ def __getattr__(name: str) -> Any:
         globals()[name] = value
         return value
     raise AttributeError(f"module 'taskfit' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_EXPORTS})
