@@ -41,8 +41,9 @@ def test_F_OBS_7_python_block_runs(name, code, tmp_path):
 
 def test_F_OBS_7_docs_exist_and_blocks_found():
     names = {p.name for p in DOCS}
-    for page in ("quickstart.md", "checkpoints.md", "strategies.md", "cli.md", "logging.md",
-                 "migrating-from-lightning.md", "migrating-from-hf-trainer.md"):
+    for page in ("quickstart.md", "checkpoints.md", "strategies.md", "cli.md", "logging.md", "lightning.md", "hf.md",
+                 "engine.md", "accelerators.md", "publishing.md", "tuning.md", "examples.md", "testing.md",
+                 "architecture.md", "migrating-from-lightning.md", "migrating-from-hf-trainer.md"):
         assert page in names, page
     assert len([n for n, _ in BLOCKS if n.startswith("README.md")]) >= 3
 
