@@ -9,7 +9,8 @@ and
 summarised as median (min-max). Full runs start one process per (runner, workload, repetition); ``--quick``
 runs one process per (runner, repetition) for all workloads, raw and taskfit only. Also reported: the
 whole-call time (set-up + all steps, seconds), ``import torch`` and framework import times (seconds), the
-peak RSS (bytes) and the largest absolute difference of the final weights from the hand-written loop's
+minor page faults per step over the timed steps (``ru_minflt``: memory the step path takes fresh), the peak RSS
+(bytes) and the largest absolute difference of the final weights from the hand-written loop's
 (exactly 0 expected in fp32).
 
 ``--check`` exits with status 1 when taskfit's ratio on the larger workloads (``mlp``, ``transformer``)
@@ -54,7 +55,7 @@ REPS, QUICK_REPS = 5, 3
 def worker(spec: dict[str, Any]) -> dict[str, Any]:
     """One fresh process: import torch and the runner's framework (timed, seconds), then train each workload
     in ``spec["workloads"]`` for ``spec["steps"][name]`` steps; returns per-workload step statistics
-    (seconds), whole-call time (seconds), peak RSS (bytes), and saves the final weights to
+    (seconds), minor page faults per timed step, whole-call time (seconds), peak RSS (bytes), and saves the final weights to
     ``spec["weights_dir"]/<runner>-<workload>-<rep>.pt``."""
     start = time.perf_counter()
     import torch
@@ -75,6 +76,9 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     }
     for name in spec["workloads"]:
         job = build_job(name, spec["steps"][name], device=spec.get("device", "cpu"))
+        # the timed window: from the fetch after the warm-up to the last fetch (as step_times)
+        first, last = min(spec["warmup"], job.steps - 1), job.steps - 1
+        job.data.fault_at = frozenset((first, last))
         call_s = runners.run(runner, job, os.path.join(spec["tmp"], name))
         times = step_times(job.data.stamps, spec["warmup"])
         weights = os.path.join(spec["weights_dir"], f"{runner}-{name}-{spec['rep']}.pt")
@@ -84,6 +88,7 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
             "measured_steps": len(times),
             "step_median_s": _median(times),
             "step_mean_s": sum(times) / len(times),
+            "minor_faults_per_step": job.data.faults_per_step(first, last),
             "call_s": call_s,
             "peak_rss_bytes": peak_rss_bytes(),
             "weights": weights,
@@ -253,6 +258,9 @@ def _aggregate(results: dict, per_process: dict, runners: list[str], workloads: 
                 "step_s": summary([x["step_median_s"] for x in ok]),
                 "call_s": summary([x["call_s"] for x in ok]),
                 "peak_rss_bytes": summary([x["peak_rss_bytes"] for x in ok]),
+                "minor_faults_per_step": summary(
+                    [x["minor_faults_per_step"] for x in ok if x.get("minor_faults_per_step") is not None]
+                ),
                 "ratio": summary([x["step_median_s"] / y["step_median_s"] for x, y in pairs]),
                 # best-of-repetitions: other processes on the machine only ever add time, so the fastest
                 # repetition of each runner is the least disturbed estimate
@@ -363,6 +371,17 @@ def markdown(data: dict) -> str:
     ]
     lines += [
         "Whole call (framework set-up + all steps + tear-down), s:",
+        "",
+        md_table(["workload"] + labels, rows),
+        "",
+    ]
+    rows = [
+        [WORKLOADS[w]["title"]] + [fmt_range(per[r].get("minor_faults_per_step"), 1, 1) for r in runners]
+        for w, per in data["workloads"].items()
+    ]
+    lines += [
+        "Minor page faults per step over the timed steps (`getrusage(RUSAGE_SELF).ru_minflt`; fresh memory the "
+        "step path touched):",
         "",
         md_table(["workload"] + labels, rows),
         "",

@@ -10,6 +10,7 @@ every runner's per-step time comes from the same clock without a framework-speci
 from __future__ import annotations
 
 import itertools
+import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,19 +67,31 @@ def _identity(batch: Any) -> Any:
 
 class TimedBatches(Dataset):
     """``length`` items served cyclically from ``batches``; ``stamps[i]`` is the ``time.perf_counter()`` (s)
-    at
-    which item ``i`` was fetched (the start of step ``i`` in every runner)."""
+    at which item ``i`` was fetched (the start of step ``i`` in every runner). ``faults[i]`` is the process's
+    minor page fault count (``getrusage(RUSAGE_SELF).ru_minflt``) at the fetch of item ``i`` for the items in
+    ``fault_at`` (set it before the run; read at those fetches only, so other steps pay nothing)."""
 
     def __init__(self, batches: list[dict[str, torch.Tensor]], length: int) -> None:
         self.batches, self.length = batches, length
         self.stamps = [0.0] * length
+        self.fault_at: frozenset[int] = frozenset()
+        self.faults: dict[int, int] = {}
 
     def __len__(self) -> int:
         return self.length
 
     def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         self.stamps[i] = time.perf_counter()
+        if i in self.fault_at:
+            self.faults[i] = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         return self.batches[i % len(self.batches)]
+
+    def faults_per_step(self, first: int, last: int) -> float | None:
+        """Minor page faults per step between the fetches of items ``first`` and ``last`` (both in
+        ``fault_at``); None when either was not fetched."""
+        if first not in self.faults or last not in self.faults or last <= first:
+            return None
+        return (self.faults[last] - self.faults[first]) / (last - first)
 
 
 class TokenClassifier(nn.Module):

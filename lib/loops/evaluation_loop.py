@@ -128,6 +128,22 @@ def _padding_free_limit(loader: Any) -> int | None:
     return None
 
 
+class _Pass:
+    """The working state of one evaluation pass (what ``EvaluationLoop.run``'s steps share)."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()  # dataset indices already given to batch_eval_metrics (drops sampler repeats)
+        self.batch_bounds = [0]
+        self.returned_metrics: dict[str, Any] = {}
+        self.loss_sum: Any = None
+        self.n_samples = self.n_real = self.n_batches = 0
+        self.batch_metrics: Any = None
+        self.results: Any = None
+        self.idx: int | None = None
+        self.extra: tuple = ()
+        self.start = 0.0
+
+
 class EvaluationLoop:
     """Run one pass over a loader in evaluation mode.
 
@@ -162,33 +178,8 @@ class EvaluationLoop:
             TypeError: a step returned something that is neither None, a tensor nor a dict.
             ValueError: ``predict_with_generate`` with a model that has no ``generate`` (before any batch).
         """
-        fit, stage = self.fit, self.stage
-        module, strategy, args, hooks = fit.module, fit.strategy, fit.args, self.hooks
-        # through the DDP/FSDP wrapper's forward (FSDP all-gathers the root's parameters in its hooks)
-        step_fn = strategy.step_function(module, {"validate": "validation_step", "test": "test_step",
-                                                  "predict": "predict_step"}[stage])
-        hf_step = fit._hf_prediction_step(fit._run, stage, self.ignore_keys)  # a prediction_step override (HF)
-        hook_stage = "validation" if stage == "validate" else stage
-        compute_metrics = fit.compute_metrics
-        collect = not args.prediction_loss_only and (stage == "predict" or compute_metrics is not None)
-        generate = self._generation_setup() if collect and args.predict_with_generate else None
-        preprocess = fit.preprocess_logits_for_metrics
-        include = set(getattr(args, "include_for_metrics", None) or ())
-        with_inputs = "inputs" in include or args.include_inputs_for_metrics
-        with_losses = "loss" in include
-        main_input = getattr(fit.model, "main_input_name", "input_ids")
-        strict_inputs = isinstance(module, ModelTaskModule)  # a plain model: HF's KeyError
-        label_names = args.label_names or getattr(module, "label_names", None) or ["labels"]
-        batch_metrics_mode = args.batch_eval_metrics and compute_metrics is not None and stage != "predict"
-        distributed = strategy.world_size > 1
-        indices = loader_indices(loader) if distributed else None
-        real_limit = _padding_free_limit(loader) if distributed else None
-        # the sampler's split: over the data-parallel ranks (tensor-parallel ranks read the same samples)
-        rank = getattr(strategy, "data_parallel_rank", strategy.global_rank)
-        world = getattr(strategy, "data_parallel_size", strategy.world_size)
-        seen: set[int] = set()  # dataset indices already given to batch_eval_metrics (drops sampler repeats)
-        batch_bounds = [0]
-
+        fit, module = self.fit, self.fit.module
+        p = self._plan(loader)
         was_training = module.training
         module.eval()
         run_ = getattr(fit, "_run", None)  # schedule-free optimizers evaluate at their eval point (as HF)
@@ -198,125 +189,175 @@ class EvaluationLoop:
         if isinstance(module, ModelTaskModule):  # a plain model's predictions leave these outputs out (HF)
             module.ignore_keys = self.ignore_keys
         # evaluation epoch values are full-set values across processes unless logged with sync_dist=False
-        results = module._results = self.results or ResultCollection(infer_batch_size, strategy.reduce,
-                                                                     sync_by_default=True)
-        results.dataloader_idx = idx = self.dataloader_idx
-        extra = () if idx is None else (idx,)  # Lightning passes dataloader_idx only with several loaders
+        p.results = module._results = self.results or ResultCollection(infer_batch_size, fit.strategy.reduce,
+                                                                       sync_by_default=True)
+        p.results.dataloader_idx = p.idx = self.dataloader_idx
+        p.extra = () if p.idx is None else (p.idx,)  # Lightning passes dataloader_idx only with several loaders
         module._log_defaults = (False, True)
-        preds, labels, inputs, losses = (_Collector(args.eval_accumulation_steps) for _ in range(4))
-        returned_metrics: dict[str, Any] = {}
-        loss_sum, n_samples, n_real, n_batches, batch_metrics = None, 0, 0, 0, None
-        memory = None if args.skip_memory_metrics else MemoryTracker(strategy.root_device, strategy.accelerator)
         try:
             fit.num_eval_batches = len(loader) if hasattr(loader, "__len__") else None
         except TypeError:
             fit.num_eval_batches = None
         try:
-            if memory is not None:
-                memory.start()
-            start = time.perf_counter()
+            if p.memory is not None:
+                p.memory.start()
+            p.start = time.perf_counter()
             if self.first:
-                hooks.call(f"on_{hook_stage}_start", fit, module)
-                hooks.call(f"on_{hook_stage}_epoch_start", fit, module)
-            move = batch_mover(module, strategy)
+                self.hooks.call(f"on_{p.hook_stage}_start", fit, module)
+                self.hooks.call(f"on_{p.hook_stage}_epoch_start", fit, module)
             with torch.no_grad():
-                for batch_idx, batch in enumerate(loader):
-                    batch = move(batch, idx or 0)
-                    results.set_batch(batch)
-                    bs = infer_batch_size(batch)
-                    weight = bs
-                    if real_limit is not None:  # the sampler's padding repeats count nowhere (loss, logged means)
-                        weight = sum(1 for i in range(n_samples, n_samples + bs) if rank + i * world < real_limit)
-                        results._batch_size = weight
-                    hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx)
-                    with strategy.forward_context():
-                        out = step_fn(batch, batch_idx, *extra) if hf_step is None else hf_step(batch)
-                    loss, logits, lab = self._unpack(out, batch, label_names, returned_metrics)
-                    if loss is not None:
-                        loss_sum = loss.detach().float() * weight if loss_sum is None else loss_sum + loss.detach().float() * weight
-                    if collect:
-                        if generate is not None:
-                            logits = generate(batch, label_names)
-                        elif preprocess is not None and logits is not None:  # in predict() too (HF)
-                            logits = preprocess(logits, lab)
-                        preds.add(logits)
-                        labels.add(lab)
-                        if with_inputs:
-                            inputs.add(_batch_inputs(batch, main_input, strict_inputs))
-                        if with_losses and loss is not None:  # HF: the batch's loss once per sample
-                            losses.add(loss.detach().reshape(()).repeat(bs))
-                        if batch_metrics_mode:
-                            rows = indices[n_samples:n_samples + bs] if indices is not None else None
-                            before = set(seen)  # the first gather adds this batch's kept indices to `seen`
-                            parts = [gather_in_dataset_order(strategy, to_numpy(v), rows, set(before) if i else seen)
-                                     for i, v in enumerate((logits, lab, _batch_inputs(
-                                         batch, main_input, strict_inputs) if with_inputs else None))]
-                            batch_metrics = compute_metrics(EvalPrediction(*parts),
-                                                            compute_result=batch_idx + 1 == fit.num_eval_batches)
-                            preds.clear(), labels.clear(), inputs.clear(), losses.clear()
-                    n_samples += bs
-                    n_real += weight
-                    n_batches += 1
-                    batch_bounds.append(n_samples)
-                    if memory is not None:
-                        memory.sample()
-                    hooks.call(f"on_{hook_stage}_batch_end", fit, module, out, batch, batch_idx)
-                    if hooks.hf["on_prediction_step"]:
-                        hooks.call_hf("on_prediction_step", args, fit.state, fit.control)
-            concat = args.eval_do_concat_batches
-            self.peak_device_bytes = preds.peak_device_bytes
-            all_preds, all_labels = preds.result(concat), labels.result(concat)
-            all_inputs = inputs.result(concat) if with_inputs else None
-            all_losses = losses.result(concat) if with_losses else None
-            if distributed:
-                all_preds, all_labels, all_inputs, all_losses = (
-                    self._gather(x, indices, batch_bounds, concat) for x in (all_preds, all_labels, all_inputs,
-                                                                             all_losses))
-
-            logged: dict[str, Any] = {}
-            aliases: dict[str, Any] = {}  # callback_metrics only: `name` for `name_epoch` (Lightning)
-            if self.last:
-                results.dataloader_idx = None  # values logged in on_*_epoch_end get no suffix (Lightning)
-                hooks.call(f"on_{hook_stage}_epoch_end", fit, module)  # may still log epoch values (Lightning)
-                logged = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
-                self.hidden = {metric_key(k, prefix) for k in results.hidden_names()}  # logger=False: no loggers
-                aliases = {metric_key(k, prefix): logged[metric_key(f, prefix)]
-                           for k, f in results.epoch_aliases().items() if metric_key(f, prefix) in logged}
-                results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
-            metrics: dict[str, Any] = {}
-            for name, metric in returned_metrics.items():  # returned torchmetrics objects: compute, then reset
-                metrics[metric_key(name, prefix)] = float(metric.compute())
-                metric.reset()
-            if loss_sum is not None:
-                total = strategy.reduce(torch.tensor(float(n_samples if real_limit is None else n_real),
-                                                     device=loss_sum.device), "sum")
-                # a float32 mean, as HF's (numpy float32 mean of the per-sample losses)
-                metrics[f"{prefix}_loss"] = float(strategy.reduce(loss_sum, "sum") / total.clamp(min=1.0))
-            if compute_metrics is not None and (stage != "predict" or all_labels is not None):
-                if batch_metrics_mode:
-                    extra = batch_metrics or {}
-                elif all_preds is not None:
-                    extra = compute_metrics(EvalPrediction(all_preds, all_labels, all_inputs, all_losses))
-                else:
-                    extra = {}
-                metrics.update({metric_key(k, prefix): float(v) if isinstance(v, (int, float)) else v
-                                for k, v in (extra or {}).items()})
-            metrics.update(speed_metrics(prefix, start, time.perf_counter(), n_samples, n_batches))
-            if memory is not None:
-                metrics.update(memory.stop(prefix))
-            if idx is not None:  # this loader's own values (loss, compute_metrics, speed) keep apart
-                metrics = {f"{k}/dataloader_idx_{idx}": v for k, v in metrics.items()}
-            metrics = {**logged, **metrics}
-            fit.callback_metrics.update({**metrics, **aliases})
-            if self.last:
-                hooks.call(f"on_{hook_stage}_end", fit, module)
+                self._run_batches(p, loader)
+            return self._finish(p, prefix)
         finally:  # an exception inside a step must not leave the module in eval mode or with eval results
             module._results, module._log_defaults = prev_results, prev_defaults
             if isinstance(module, ModelTaskModule):
                 module.ignore_keys = prev_ignore
             if was_training:
                 module.train()
+
+    def _plan(self, loader: Any) -> _Pass:
+        """What the pass decides before its first batch (the step, what it collects, the sampler split)."""
+        fit, stage, p = self.fit, self.stage, _Pass()
+        module, strategy, args = fit.module, fit.strategy, fit.args
+        # through the DDP/FSDP wrapper's forward (FSDP all-gathers the root's parameters in its hooks)
+        p.step_fn = strategy.step_function(module, {"validate": "validation_step", "test": "test_step",
+                                                    "predict": "predict_step"}[stage])
+        p.hf_step = fit._hf_prediction_step(fit._run, stage, self.ignore_keys)  # a prediction_step override (HF)
+        p.hook_stage = "validation" if stage == "validate" else stage
+        p.compute_metrics = fit.compute_metrics
+        p.collect = not args.prediction_loss_only and (stage == "predict" or p.compute_metrics is not None)
+        p.generate = self._generation_setup() if p.collect and args.predict_with_generate else None
+        p.preprocess = fit.preprocess_logits_for_metrics
+        include = set(getattr(args, "include_for_metrics", None) or ())
+        p.with_inputs = "inputs" in include or args.include_inputs_for_metrics
+        p.with_losses = "loss" in include
+        p.main_input = getattr(fit.model, "main_input_name", "input_ids")
+        p.strict_inputs = isinstance(module, ModelTaskModule)  # a plain model: HF's KeyError
+        p.label_names = args.label_names or getattr(module, "label_names", None) or ["labels"]
+        p.batch_metrics_mode = args.batch_eval_metrics and p.compute_metrics is not None and stage != "predict"
+        p.distributed = strategy.world_size > 1
+        p.indices = loader_indices(loader) if p.distributed else None
+        p.real_limit = _padding_free_limit(loader) if p.distributed else None
+        # the sampler's split: over the data-parallel ranks (tensor-parallel ranks read the same samples)
+        p.rank = getattr(strategy, "data_parallel_rank", strategy.global_rank)
+        p.world = getattr(strategy, "data_parallel_size", strategy.world_size)
+        p.preds, p.labels, p.inputs, p.losses = (_Collector(args.eval_accumulation_steps) for _ in range(4))
+        p.memory = None if args.skip_memory_metrics else MemoryTracker(strategy.root_device, strategy.accelerator)
+        return p
+
+    def _run_batches(self, p: _Pass, loader: Any) -> None:
+        """The pass's steps: per batch the step, its loss sum and the collected outputs, and the hooks."""
+        fit, hooks, strategy = self.fit, self.hooks, self.fit.strategy
+        module, args = fit.module, fit.args
+        move, results, hook_stage = batch_mover(module, strategy), p.results, p.hook_stage
+        for batch_idx, batch in enumerate(loader):
+            batch = move(batch, p.idx or 0)
+            results.set_batch(batch)
+            bs = infer_batch_size(batch)
+            weight = bs
+            if p.real_limit is not None:  # the sampler's padding repeats count nowhere (loss, logged means)
+                weight = sum(1 for i in range(p.n_samples, p.n_samples + bs) if p.rank + i * p.world < p.real_limit)
+                results._batch_size = weight
+            hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx)
+            with strategy.forward_context():
+                out = p.step_fn(batch, batch_idx, *p.extra) if p.hf_step is None else p.hf_step(batch)
+            loss, logits, lab = self._unpack(out, batch, p.label_names, p.returned_metrics)
+            if loss is not None:
+                weighted = loss.detach().float() * weight
+                p.loss_sum = weighted if p.loss_sum is None else p.loss_sum + weighted
+            if p.collect:
+                self._collect(p, batch, batch_idx, bs, loss, logits, lab)
+            p.n_samples += bs
+            p.n_real += weight
+            p.n_batches += 1
+            p.batch_bounds.append(p.n_samples)
+            if p.memory is not None:
+                p.memory.sample()
+            hooks.call(f"on_{hook_stage}_batch_end", fit, module, out, batch, batch_idx)
+            if hooks.hf["on_prediction_step"]:
+                hooks.call_hf("on_prediction_step", args, fit.state, fit.control)
+
+    def _collect(self, p: _Pass, batch: Any, batch_idx: int, bs: int, loss: Any, logits: Any, lab: Any) -> None:
+        """Keep one batch's predictions, labels, inputs and losses (or feed ``batch_eval_metrics``)."""
+        if p.generate is not None:
+            logits = p.generate(batch, p.label_names)
+        elif p.preprocess is not None and logits is not None:  # in predict() too (HF)
+            logits = p.preprocess(logits, lab)
+        p.preds.add(logits)
+        p.labels.add(lab)
+        if p.with_inputs:
+            p.inputs.add(_batch_inputs(batch, p.main_input, p.strict_inputs))
+        if p.with_losses and loss is not None:  # HF: the batch's loss once per sample
+            p.losses.add(loss.detach().reshape(()).repeat(bs))
+        if p.batch_metrics_mode:
+            strategy, seen = self.fit.strategy, p.seen
+            rows = p.indices[p.n_samples:p.n_samples + bs] if p.indices is not None else None
+            before = set(seen)  # the first gather adds this batch's kept indices to `seen`
+            parts = [gather_in_dataset_order(strategy, to_numpy(v), rows, set(before) if i else seen)
+                     for i, v in enumerate((logits, lab, _batch_inputs(
+                         batch, p.main_input, p.strict_inputs) if p.with_inputs else None))]
+            p.batch_metrics = p.compute_metrics(EvalPrediction(*parts),
+                                                compute_result=batch_idx + 1 == self.fit.num_eval_batches)
+            p.preds.clear(), p.labels.clear(), p.inputs.clear(), p.losses.clear()
+
+    def _finish(self, p: _Pass, prefix: str) -> tuple[dict[str, float], Any, Any]:
+        """After the last batch: gathered outputs, the epoch-end hooks and logged values, the metrics."""
+        fit, hooks, module, stage = self.fit, self.hooks, self.fit.module, self.stage
+        concat = fit.args.eval_do_concat_batches
+        self.peak_device_bytes = p.preds.peak_device_bytes
+        all_preds, all_labels = p.preds.result(concat), p.labels.result(concat)
+        all_inputs = p.inputs.result(concat) if p.with_inputs else None
+        all_losses = p.losses.result(concat) if p.with_losses else None
+        if p.distributed:
+            all_preds, all_labels, all_inputs, all_losses = (
+                self._gather(x, p.indices, p.batch_bounds, concat) for x in (all_preds, all_labels, all_inputs,
+                                                                             all_losses))
+        logged: dict[str, Any] = {}
+        aliases: dict[str, Any] = {}  # callback_metrics only: `name` for `name_epoch` (Lightning)
+        if self.last:
+            results = p.results
+            results.dataloader_idx = None  # values logged in on_*_epoch_end get no suffix (Lightning)
+            hooks.call(f"on_{p.hook_stage}_epoch_end", fit, module)  # may still log epoch values (Lightning)
+            logged = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
+            self.hidden = {metric_key(k, prefix) for k in results.hidden_names()}  # logger=False: no loggers
+            aliases = {metric_key(k, prefix): logged[metric_key(f, prefix)]
+                       for k, f in results.epoch_aliases().items() if metric_key(f, prefix) in logged}
+            results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
+        metrics = self._metrics(p, prefix, all_preds, all_labels, all_inputs, all_losses)
+        metrics = {**logged, **metrics}
+        fit.callback_metrics.update({**metrics, **aliases})
+        if self.last:
+            hooks.call(f"on_{p.hook_stage}_end", fit, module)
         return metrics, all_preds, all_labels
+
+    def _metrics(self, p: _Pass, prefix: str, all_preds: Any, all_labels: Any, all_inputs: Any,
+                 all_losses: Any) -> dict[str, Any]:
+        """The pass's own values: returned torchmetrics, the loss, ``compute_metrics``, speed and memory."""
+        strategy, stage = self.fit.strategy, self.stage
+        metrics: dict[str, Any] = {}
+        for name, metric in p.returned_metrics.items():  # returned torchmetrics objects: compute, then reset
+            metrics[metric_key(name, prefix)] = float(metric.compute())
+            metric.reset()
+        if p.loss_sum is not None:
+            total = strategy.reduce(torch.tensor(float(p.n_samples if p.real_limit is None else p.n_real),
+                                                 device=p.loss_sum.device), "sum")
+            # a float32 mean, as HF's (numpy float32 mean of the per-sample losses)
+            metrics[f"{prefix}_loss"] = float(strategy.reduce(p.loss_sum, "sum") / total.clamp(min=1.0))
+        if p.compute_metrics is not None and (stage != "predict" or all_labels is not None):
+            if p.batch_metrics_mode:
+                extra = p.batch_metrics or {}
+            elif all_preds is not None:
+                extra = p.compute_metrics(EvalPrediction(all_preds, all_labels, all_inputs, all_losses))
+            else:
+                extra = {}
+            metrics.update({metric_key(k, prefix): float(v) if isinstance(v, (int, float)) else v
+                            for k, v in (extra or {}).items()})
+        metrics.update(speed_metrics(prefix, p.start, time.perf_counter(), p.n_samples, p.n_batches))
+        if p.memory is not None:
+            metrics.update(p.memory.stop(prefix))
+        if p.idx is not None:  # this loader's own values (loss, compute_metrics, speed) keep apart
+            metrics = {f"{k}/dataloader_idx_{p.idx}": v for k, v in metrics.items()}
+        return metrics
 
     def _gather(self, value: Any, indices: list[int] | None, bounds: list[int], concat: bool) -> Any:
         """Outputs of every process in dataset order (per batch when ``eval_do_concat_batches=False``)."""

@@ -1,0 +1,331 @@
+"""One optimizer step of the fit loop: one window of micro-batches (F-LOOP-1, F-LOOP-2).
+
+What the window's step does, in order: the weight of each micro-batch's loss (:func:`window_weights`), the
+training closure per micro-batch (``training_step``, ``zero_grad`` on the first micro-batch, backward), then once
+per window the unscale / ``on_before_optimizer_step`` / clipping and the optimizer step. :class:`AutomaticStep`
+does it for automatic optimization (mirrors Lightning's ``_AutomaticOptimization``), :class:`ManualStep` for
+manual optimization (``training_step`` steps the optimizers itself; Lightning's ``_ManualOptimization``).
+
+The optimizer specialities (LOMO's fused backward, layer-wise GaLore/APOLLO, schedule-free train/eval mode, an
+HF ``training_step`` override) are one :class:`StepPolicy` chosen once per run by :func:`choose_policy`: the step
+calls the policy's ``backward``/``optimizer_step`` and never branches on the optimizer kind.
+
+The step objects are built once per run and reused for every window: no closure, dict or handle is made per
+micro-batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from taskfit.core.hooks import overrides
+from taskfit.core.manual import LightningOptimizer, manual_outer_forward
+from taskfit.optim.hf_optimizers import fused_backward_of, optimizers_with_modes
+from taskfit.optim.layerwise import check_layer_wise_run
+
+
+def extract_training_loss(out: Any) -> torch.Tensor:
+    """The scalar loss of a ``training_step`` result (a tensor or a dict with ``"loss"``).
+
+    Raises:
+        TypeError: neither a tensor nor a dict with a tensor ``"loss"``.
+        ValueError: not a scalar, or it does not require grad.
+    """
+    loss = out if isinstance(out, torch.Tensor) else out.get("loss") if isinstance(out, Mapping) else out
+    if not isinstance(loss, torch.Tensor):
+        raise TypeError(f"training_step must return a scalar loss tensor or a dict with key 'loss'; it returned "
+                        f"{type(out).__name__}{' without a loss' if isinstance(out, Mapping) else ''}.")
+    if loss.numel() != 1:
+        raise ValueError(f"training_step must return a scalar loss; got a tensor of shape {tuple(loss.shape)}. "
+                         "Reduce it (e.g. .mean()) first.")
+    if not loss.requires_grad:
+        raise ValueError("training_step returned a loss that does not require grad (computed under no_grad, "
+                         "detached, or the module has no trainable parameters).")
+    return loss
+
+
+def manual_loss(out: Any, device: torch.device) -> torch.Tensor:
+    """The loss a manual-optimization ``training_step`` returned (a tensor, a dict with ``"loss"``, or None:
+    then 0), only for the logged running loss; a 0-dim tensor on ``device``."""
+    loss = out.get("loss") if isinstance(out, Mapping) else out
+    if isinstance(loss, torch.Tensor) and loss.numel() == 1:
+        return loss.detach().reshape(())
+    return torch.zeros((), device=device)
+
+
+def batch_outputs(out: Any, loss: torch.Tensor) -> dict[str, Any]:
+    """What ``on_train_batch_end`` receives as ``outputs`` (Lightning): ``{"loss": <detached, accumulation-scaled
+    loss>}`` plus the other items of a dict ``training_step`` result."""
+    extra = {k: v for k, v in out.items() if k != "loss"} if isinstance(out, Mapping) else {}
+    return {"loss": loss, **extra}
+
+
+def precision_scaled(precision: Any, loss: torch.Tensor) -> torch.Tensor:
+    """``loss`` times the precision plugin's loss scale (what a module's own ``backward`` receives)."""
+    scaler = getattr(precision, "scaler", None)
+    return scaler.scale(loss) if scaler is not None else loss
+
+
+def window_weights(counts: list[Any], world: int = 1, even_counts: bool = False,
+                   reduce: Callable[[torch.Tensor, str], torch.Tensor] | None = None,
+                   device: torch.device | None = None) -> list[Any]:
+    """The weight of each micro-batch's loss in one accumulation window, so that the window's loss equals the
+    loss of the same items as one batch (DESIGN.md "Loop semantics"; HF's ``num_items_in_batch`` rule).
+
+    Args:
+        counts (list[int | Tensor | None]): the item count of each micro-batch of the window on this process
+            (``TaskModule.num_items``: samples, or e.g. non-ignored tokens; a 0-dim tensor stays a tensor, so no
+            host sync); a None anywhere means "not countable": every micro-batch weighs ``1 / len(counts)``.
+        world (int): processes whose gradients are averaged (DDP divides by it).
+        even_counts (bool): the counts are equal on every process (plain batch sizes of a loader that splits
+            evenly): no all-reduce, ``c / sum(counts)``.
+        reduce (Callable[[Tensor, str], Tensor] | None): the strategy's ``reduce`` (``"sum"`` over processes);
+            needed when ``world > 1`` and not ``even_counts``.
+        device (torch.device | None): where the all-reduced total lives.
+
+    Returns:
+        list: one weight per micro-batch (floats, or 0-dim tensors when counts are tensors or all-reduced):
+        ``c / total`` on one process, ``c * world / total_over_processes`` on several (the total at least 1).
+    """
+    if any(c is None for c in counts):
+        return [1.0 / len(counts)] * len(counts)
+    if even_counts and all(isinstance(c, int) for c in counts):
+        return [c / sum(counts) for c in counts]  # = c * W / (W * sum): same on every rank
+    if world > 1:  # the window's items on every rank; DDP then averages over the W ranks
+        total = reduce(torch.as_tensor(sum(counts), dtype=torch.float32, device=device), "sum").clamp(min=1)
+        return [c * world / total for c in counts]
+    total = sum(counts)
+    total = total.clamp(min=1) if isinstance(total, torch.Tensor) else max(total, 1)
+    return [c / total for c in counts]
+
+
+def _no_step(optimizer: Any) -> bool:
+    """The optimizer step of an optimizer that updated the parameters during backward (LOMO): nothing left."""
+    return True
+
+
+@dataclass(frozen=True)
+class StepPolicy:
+    """How the optimizer of a run steps, chosen once before the loop (:func:`choose_policy`).
+
+    Attributes:
+        name (str): ``"default"`` or ``"fused_backward"`` (LOMO / AdaLomo update inside backward, as accelerate's
+            ``lomo_backward``; their ``step`` is a no-op). Layer-wise GaLore / APOLLO step each parameter in its
+            backward hook and present a no-op optimizer: they run under ``"default"`` once checked.
+        backward (Callable[[Tensor], None]): the backward of a weighted micro-batch loss.
+        optimizer_step (Callable[[Optimizer], bool]): the first optimizer's step; False when skipped (overflow).
+        mode_optimizers (tuple): schedule-free optimizers, switched to ``train()`` before every training step
+            (an evaluation switched them to ``eval()``, as HF); empty for any other optimizer.
+        hf_step (HFTrainingStep | None): a ``Fit`` subclass's HF ``training_step`` override, which runs forward
+            and backward itself; None otherwise.
+    """
+
+    name: str
+    backward: Callable[[torch.Tensor], Any]
+    optimizer_step: Callable[[Any], bool]
+    mode_optimizers: tuple = ()
+    hf_step: Any = None
+
+
+def choose_policy(owner: Any, run: Any, strategy: Any, manual: bool, accumulation_scheduled: bool) -> StepPolicy:
+    """The :class:`StepPolicy` of ``run``.
+
+    Args:
+        owner (Fit): asked for an HF ``training_step`` override (``_hf_training_step(run)``).
+        run (Run): its ``optimizers`` (the first decides the policy).
+        strategy (Strategy): ``backward``/``optimizer_step``; an engine that owns the step keeps them.
+        manual (bool): manual optimization (no fused backward: the module runs backward itself).
+        accumulation_scheduled (bool): a callback changes the accumulation per epoch (layer-wise refuses it).
+
+    Raises:
+        ValueError / NotImplementedError: a LOMO or layer-wise optimizer in a run it cannot do (several
+            processes, a wrapping strategy, a gradient scaler, an accumulation schedule), as HF refuses.
+    """
+    optimizers = run.optimizers
+    fused = None if manual or strategy.engine_owns_step else fused_backward_of(optimizers[0], strategy)
+    check_layer_wise_run(optimizers[0], strategy, accumulation_scheduled)
+    modes = tuple(optimizers_with_modes(optimizers))
+    hf_step = getattr(owner, "_hf_training_step", lambda _run: None)(run)
+    if fused is not None:
+        return StepPolicy("fused_backward", fused, _no_step, modes, hf_step)
+    return StepPolicy("default", strategy.backward, strategy.optimizer_step, modes, hf_step)
+
+
+class ManualStep:
+    """The step of manual optimization: ``training_step`` runs backward and steps the optimizers itself
+    (Lightning's ``_ManualOptimization``); windows hold one micro-batch.
+
+    Args:
+        loop (FitLoop): the loop (its run, strategy).
+    """
+
+    def __init__(self, loop: Any) -> None:
+        self.strategy = strategy = loop.strategy
+        self.train_fx = strategy.step_function(loop.run.module, "training_step")
+        self.fwd_ctx, self.device = strategy.forward_context, strategy.root_device
+
+    def start_window(self, window: list[Any], weights: list[Any] | None, epoch: int) -> None:
+        """Nothing to prepare: manual optimization has no window weights."""
+
+    def micro_batch(self, i: int, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
+        """``(training_step output, its loss or 0)`` of one batch."""
+        with self.fwd_ctx(), manual_outer_forward(self.strategy):
+            out = self.train_fx(batch, batch_idx)
+        return out, manual_loss(out, self.device)
+
+    def finish_window(self) -> bool:
+        """False: the loop's schedulers of interval ``"step"`` are the module's to step."""
+        return False
+
+
+class AutomaticStep:
+    """The step of automatic optimization over one window (Lightning's ``_AutomaticOptimization``): per
+    micro-batch the closure (``training_step`` with the loss times its window weight, ``zero_grad`` on the first,
+    backward with the gradient sync on the last only), then unscale, ``on_before_optimizer_step``, clipping and
+    the step of every optimizer. A module's own ``optimizer_step`` runs the last micro-batch's closure itself.
+
+    Args:
+        loop (FitLoop): the loop (run, owner, args, strategy, hooks, sums; ``_norm_due`` is set on it when the
+            step's gradient norm is only computed if a log row or a save needs it).
+        policy (StepPolicy): the run's optimizer speciality.
+    """
+
+    def __init__(self, loop: Any, policy: StepPolicy) -> None:
+        run, args, strategy = loop.run, loop.args, loop.strategy
+        self.loop, self.policy, self.strategy, self.hooks, self.owner = loop, policy, strategy, loop.hooks, loop.owner
+        self.args, self.state, self.control, self.sums = args, run.state, run.control, loop.sums
+        self.module = module = run.module
+        self.optimizers = run.optimizers
+        self.optimizer, self.other_optimizers = run.optimizers[0], run.optimizers[1:]
+        self.train_fx = strategy.step_function(module, "training_step")  # through the wrapper's forward
+        self.fwd_ctx, self.precision = strategy.forward_context, strategy.precision
+        self.L, self.H = loop.hooks.lightning, loop.hooks.hf
+        engine = strategy.engine_owns_step
+        self.own_zero_grad = overrides(module, "optimizer_zero_grad")
+        self.own_backward = overrides(module, "backward") and not engine
+        self.own_clipping = overrides(module, "configure_gradient_clipping") and not engine
+        self.max_norm, self.clip_by_value = args.max_grad_norm, args.gradient_clip_algorithm == "value"
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.hf_step = policy.hf_step
+        self.forward_backward = self._hf_forward_backward if policy.hf_step is not None else self._forward_backward
+        own_step = overrides(module, "optimizer_step") and not engine
+        self._last_micro_batch = self._own_optimizer_step if own_step else self.closure
+        self.finish_window = self._own_step_result if own_step else self._step_optimizers
+        # Lightning keeps one LightningOptimizer per optimizer for the run; `stepped` is reset per window
+        self.handles = [LightningOptimizer(opt, module, self.after_closure) for opt in self.optimizers]
+        self.weights: list[Any] | None = None
+        self.items: Any = None
+        self.last, self.epoch, self.stepped = 0, 0, False
+        self._i, self._batch, self._batch_idx = 0, None, 0
+        self._out: Any = None
+        self._loss: Any = None
+
+    def start_window(self, window: list[Any], weights: list[Any] | None, epoch: int) -> None:
+        """Prepare the window's micro-batches (``window``: the batches as loaded; ``weights``: from
+        :func:`window_weights`, None for 1)."""
+        self.last, self.weights, self.epoch = len(window) - 1, weights, epoch
+        self.items = self.hf_step.items(window) if self.hf_step is not None else None  # HF num_items_in_batch
+
+    def micro_batch(self, i: int, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
+        """Run micro-batch ``i`` of the window (on the device); returns ``(training_step output, weighted
+        loss)``. The last one also steps the optimizers when the module overrides ``optimizer_step``."""
+        self._i, self._batch, self._batch_idx, self._loss = i, batch, batch_idx, None
+        if i == self.last:
+            self._last_micro_batch()
+        else:
+            self.closure()
+        return self._out, self._loss
+
+    def closure(self) -> torch.Tensor:
+        """Lightning's training closure: training_step, zero_grad (first micro-batch of a window), backward;
+        returns the detached weighted loss."""
+        with self.strategy.no_sync(self._i == self.last):
+            self.forward_backward()
+        return self._loss.detach()
+
+    def _hf_forward_backward(self) -> None:
+        """An HF ``training_step`` override: zero_grad first, the override runs backward itself."""
+        i = self._i
+        if i == 0:
+            for opt in self.optimizers:
+                opt.zero_grad(set_to_none=True)
+        with self.fwd_ctx():
+            self._out = self._loss = self.hf_step(self._batch, self.weights[i] if self.weights is not None else None,
+                                                  self.items)
+
+    def _forward_backward(self) -> None:
+        i, module, hooks, L = self._i, self.module, self.hooks, self.L
+        with self.fwd_ctx():
+            out = self.train_fx(self._batch, self._batch_idx)
+        loss = extract_training_loss(out)
+        if self.weights is not None:
+            loss = loss * self.weights[i]
+        if i == 0:
+            for opt in self.optimizers:
+                L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", self.owner, module, opt)
+                if self.own_zero_grad:
+                    module.optimizer_zero_grad(self.epoch, self._batch_idx, opt)
+                else:
+                    opt.zero_grad(set_to_none=True)
+        L["on_before_backward"] and hooks.call("on_before_backward", self.owner, module, loss)
+        if self.own_backward:
+            module.backward(precision_scaled(self.precision, loss))
+        else:
+            self.policy.backward(loss)
+        L["on_after_backward"] and hooks.call("on_after_backward", self.owner, module)
+        self._out, self._loss = out, loss
+
+    def _detached_loss(self) -> torch.Tensor:
+        """The closure of the second and later optimizers: the loss the first one's closure computed."""
+        return self._loss.detach()
+
+    def _own_optimizer_step(self) -> None:
+        """The module's ``optimizer_step`` runs the closure (Lightning), once per optimizer."""
+        self.H["on_pre_optimizer_step"] and self.hooks.call_hf("on_pre_optimizer_step", self.args, self.state,
+                                                               self.control)
+        for j, handle in enumerate(self.handles):
+            handle.__dict__["stepped"] = False
+            self.module.optimizer_step(self.epoch, self._batch_idx, handle,
+                                       self.closure if j == 0 else self._detached_loss)
+        if self._loss is None:
+            raise RuntimeError("optimizer_step did not call optimizer_closure: call "
+                               "optimizer.step(closure=optimizer_closure) or the closure itself.")
+        self.stepped = any(h.stepped for h in self.handles)
+
+    def _own_step_result(self) -> bool:
+        return self.stepped
+
+    def _step_optimizers(self) -> bool:
+        """Unscale, hooks and clipping per optimizer, then every optimizer's step; False when the first one's
+        step was skipped (overflow)."""
+        for opt in self.optimizers:
+            self.after_closure(opt)
+        self.H["on_pre_optimizer_step"] and self.hooks.call_hf("on_pre_optimizer_step", self.args, self.state,
+                                                               self.control)
+        stepped = self.policy.optimizer_step(self.optimizer)
+        for opt in self.other_optimizers:
+            self.strategy.optimizer_step(opt)
+        return stepped
+
+    def after_closure(self, opt: Any) -> None:
+        """Between backward and the optimizer step (Lightning): unscale, hooks, then clipping."""
+        self.precision.unscale_gradients(opt)
+        module, max_norm, optimizer, strategy = self.module, self.max_norm, self.optimizer, self.strategy
+        self.L["on_before_optimizer_step"] and self.hooks.call("on_before_optimizer_step", self.owner, module, opt)
+        if self.own_clipping:
+            clip = max_norm if max_norm and max_norm > 0 else None
+            module.configure_gradient_clipping(opt, clip, ("value" if self.clip_by_value else "norm") if clip else None)
+        elif max_norm and max_norm > 0 and opt is optimizer:
+            if self.clip_by_value:  # gradients already unscaled above; elementwise, so exact on shards
+                strategy.clip_gradients_value(self.params, max_norm, optimizer)
+            else:
+                self.sums.grad_norm = strategy.clip_gradients(self.params, max_norm, optimizer)
+        elif opt is optimizer and strategy.engine_owns_step:  # HF 5 logs the norm without clipping too: the
+            self.sums.grad_norm = strategy.clip_gradients(self.params, math.inf, optimizer)  # engine's norm
+        elif opt is optimizer:  # HF 5 logs the norm without clipping too: computed in the loop's _after_step,
+            self.loop._norm_due = True  # only for a log row or a save
