@@ -303,7 +303,7 @@ class DeepSpeedStrategy(ParallelStrategy):
     # -- checkpoints ------------------------------------------------------------------------------------
     def _prefix(self, module: torch.nn.Module) -> str:
         """Where the exported model sits inside the engine's module (``"module."``, ``"module.model."``, ...)."""
-        from taskfit.checkpoint.writer import exportable_model
+        from taskfit.strategies.checkpointing import exportable_model
 
         target = exportable_model(module)
         for name, sub in self.engine.module.named_modules():

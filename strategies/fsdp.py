@@ -342,7 +342,7 @@ class FSDPStrategy(ParallelStrategy):
             return None
         io = self.checkpoint_io
         if self.options.state_dict_type == "full":
-            from taskfit.checkpoint.writer import exportable_model  # the same module save_model exports
+            from taskfit.strategies.checkpointing import exportable_model  # the same module save_model exports
 
             target = exportable_model(module)
             weights = self._full_model_state(target)
@@ -398,7 +398,7 @@ class FSDPStrategy(ParallelStrategy):
             if optimizer is not None:
                 set_optimizer_state_dict(module, optimizer, state["optim"])
             return True
-        from taskfit.checkpoint.writer import exportable_model
+        from taskfit.strategies.checkpointing import exportable_model
 
         manifest = reader.manifest
         weights = next((n for n in ("model.safetensors", "pytorch_model.bin") if n in manifest["files"]), None)

@@ -284,33 +284,46 @@ class Strategy:
         load_full_into(module, optimizer, state)
         return True
 
-    def save_checkpoint(self, source: Any, training_state: dict[str, Any], path: str | None = None) -> str:
-        """Write ``output_dir/checkpoint-{global_step}/`` of the run ``source`` describes (a ``Fit``: its
-        arguments and its current run's model, optimizers, schedulers and state) with ``training_state`` (the run's
-        ``TrainingState.state_dict()``), in the checkpoint format (:mod:`taskfit.checkpoint.writer`): every rank writes
-        its files (this strategy's shards through :meth:`save_checkpoint_shards`), the writing rank the manifest
-        last. The only way from the loops to checkpoint files. Every process must call it. Returns the path.
-        ``path`` names another folder (``ModelCheckpoint``): same format, no ``save_total_limit`` rotation."""
-        from taskfit.checkpoint.writer import save_checkpoint
+    def save_checkpoint(self, folder: str, files: dict[str, Any], module: torch.nn.Module | None = None,
+                        optimizers: Sequence[Any] = (), *, plan: Any = None) -> str:
+        """Write checkpoint ``folder`` in the checkpoint format (:mod:`taskfit.strategies.checkpointing`): the
+        writing rank clears it, every rank writes ``files`` (its ``{name: object}``, chosen by the caller) plus
+        ``module``'s and ``optimizers``' states (this strategy's shards through :meth:`save_checkpoint_shards`, else
+        the full weights and ``optimizer.pt``...), the writing rank the manifest last. The only way to checkpoint
+        files. Every process must call it. Returns ``folder``.
 
-        return save_checkpoint(source, training_state, path)
-
-    def load_checkpoint(self, path: str, model: torch.nn.Module, optimizers: Sequence[Any] = (),
-                        schedulers: Sequence[Any] = (), *, weights_only: bool = True,
-                        full: bool = True) -> dict[str, Any]:
-        """Read checkpoint ``path`` (verified against its manifest) into ``model`` (this strategy's shards through
-        :meth:`load_checkpoint_shards`, else the full weights) and, with ``full``, into ``optimizers`` and
-        ``schedulers``; returns ``{"manifest", "args", "training_state"}`` (the last two with ``full``). The only
-        way from the loops to checkpoint files.
+        Args:
+            folder (str): the checkpoint folder (path or fsspec URL).
+            files (dict): this rank's files besides the model and optimizer states.
+            module (nn.Module | None): the model (unwrapped); None: no weights.
+            optimizers (Sequence[Optimizer]): their states go into the folder (not with ``save_only_model``).
+            plan (FolderPlan | None): manifest header, writing rank, rotation; None:
+                :meth:`~taskfit.strategies.checkpointing.FolderPlan.default`.
 
         Raises:
-            CheckpointError: a missing, corrupted or incompatible file; a ``save_only_model`` checkpoint with
-                ``full``.
-            UnsafeCheckpointError: a file needs full unpickling and ``weights_only`` is True.
+            ValueError: several optimizers under a strategy that shards the optimizer state; a remote folder for
+                a backend that writes local files.
         """
-        from taskfit.checkpoint.resume import read_checkpoint
+        from taskfit.strategies.checkpointing import FolderPlan, save_folder
 
-        return read_checkpoint(self, path, model, optimizers, schedulers, weights_only=weights_only, full=full)
+        plan = plan or FolderPlan.default(self, folder)
+        return save_folder(self, folder, files, module, optimizers, plan)
+
+    def load_checkpoint(self, folder: str, module: torch.nn.Module, optimizers: Sequence[Any] = (),
+                        reader: Any = None) -> Any:
+        """Restore ``module`` (this strategy's shards through :meth:`load_checkpoint_shards`, else the full weights)
+        and ``optimizers`` from checkpoint ``folder``, every file verified against the manifest on the bytes loaded.
+        ``reader`` (a :class:`~taskfit.io.checkpoint_format.CheckpointReader` of ``folder``, e.g. the one a resume
+        plan read the loop state with) is opened here when None (``weights_only=True``). Returns
+        :class:`~taskfit.strategies.checkpointing.LoadedStates` (the reader, to read the other files from).
+
+        Raises:
+            CheckpointError: a missing, corrupted or unlisted file; weights that do not match ``module``.
+            UnsafeCheckpointError: a file needs full unpickling and the reader is ``weights_only``.
+        """
+        from taskfit.strategies.checkpointing import load_states
+
+        return load_states(self, folder, module, optimizers, reader)
 
     def teardown(self) -> None:
         """End of a stage (``fit``, ``validate``, ``test``, ``predict``; always runs, also after an error): wait for

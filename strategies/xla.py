@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import pickle
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -189,10 +190,12 @@ class XLAStrategy(Strategy):
         _sync()
         return to_cpu(module.state_dict())
 
-    def save_checkpoint(self, source: Any, training_state: dict[str, Any], path: str | None = None) -> str:
-        """Run pending XLA work, then write as every strategy does (device tensors reach the files on the CPU)."""
+    def save_checkpoint(self, folder: str, files: dict[str, Any], module: torch.nn.Module | None = None,
+                        optimizers: Sequence[Any] = (), *, plan: Any = None) -> str:
+        """Run pending XLA work, then write as every strategy does (device tensors in ``files`` reach the files on
+        the CPU)."""
         _sync()
-        return super().save_checkpoint(source, to_cpu(training_state), path)
+        return super().save_checkpoint(folder, to_cpu(files), module, optimizers, plan=plan)
 
     def teardown(self) -> None:
         """Run pending XLA work, then release IO and the device."""

@@ -15,20 +15,18 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from taskfit.checkpoint.writer import exportable_model
 from taskfit.io.checkpoint_format import (
-    MANIFEST_NAME, WEIGHTS_NAME, WEIGHTS_NAME_PT, CheckpointError, CheckpointReader, list_checkpoints,
-    read_manifest, require_entries, shard_names,
+    MANIFEST_NAME, CheckpointError, CheckpointReader, list_checkpoints, read_manifest, require_entries, shard_names,
 )
-from taskfit.io.checkpoint_io import join
 from taskfit.io.hf_checkpoint import (
-    HF_FORMAT, HFCheckpointReader, adopt_message, drop_empty_groups, is_hf_checkpoint, place_hf_position,
-    select_scheduler_groups,
+    HF_FORMAT, adopt_message, is_hf_checkpoint, place_hf_position, select_scheduler_groups,
+)
+from taskfit.strategies.checkpointing import (  # noqa: F401  (load_model_weights, open_checkpoint: re-exported)
+    load_model_weights, open_checkpoint, require_model_entries,
 )
 
 if TYPE_CHECKING:
-    from taskfit.fit.fit import Fit
-    from taskfit.fit.run import Run
+    from taskfit.checkpoint.source import CheckpointSource, ResumableRun
 
 log = logging.getLogger("taskfit")
 
@@ -84,32 +82,20 @@ def _newest_complete(io: Any, out: str, value: str | bool) -> str | None:
     return done[-1][1]
 
 
-def open_checkpoint(io: Any, path: str, weights_only: bool = True) -> CheckpointReader:
-    """The reader of checkpoint ``path``: a taskfit checkpoint (verified against its manifest), or one written by
-    ``transformers.Trainer`` (:class:`~taskfit.io.hf_checkpoint.HFCheckpointReader`, which makes the entries a
-    resume reads from HF's files).
-
-    Raises:
-        CheckpointError: neither a complete taskfit checkpoint nor a transformers one.
-    """
-    if is_hf_checkpoint(io, path):
-        return HFCheckpointReader(io, path, weights_only=weights_only)
-    return CheckpointReader(io, path, weights_only=weights_only)
-
-
-def restore(run: Run, path: str, strategy: Any, args: Any, weights_only: bool = True) -> dict[str, Any]:
+def restore(run: ResumableRun, path: str, strategy: Any, args: Any, weights_only: bool = True,
+            reader: CheckpointReader | None = None) -> dict[str, Any]:
     """Load the checkpoint at ``path`` into ``run`` (already set up: the strategy returned its optimizers and
-    schedulers): model, optimizers and schedulers through ``strategy.load_checkpoint``, then the run's
-    :class:`~taskfit.loops.state.TrainingState` whole. Returns the training state dict (for
-    ``on_load_checkpoint``).
+    schedulers): model and optimizers through ``strategy.load_checkpoint``, the schedulers, then the run's
+    :class:`~taskfit.loops.state.TrainingState` whole. ``reader``: the one :func:`plan_resumed_run` returned (each
+    file is then read once). Returns the training state dict (for ``on_load_checkpoint``).
 
     Raises:
         CheckpointError: missing/corrupted files (naming the file), a ``save_only_model`` checkpoint, or a
             batch-size / world-size / dataset change that would put a mid-epoch resume at the wrong sample.
         UnsafeCheckpointError: a file needs full unpickling and ``weights_only`` is True.
     """
-    loaded = strategy.load_checkpoint(path, run.model, run.optimizers, [c.scheduler for c in run.schedulers],
-                                      weights_only=weights_only)
+    loaded = read_checkpoint(strategy, path, run.model, run.optimizers, [c.scheduler for c in run.schedulers],
+                             weights_only=weights_only, reader=reader)
     ts = loaded["training_state"]
     _check_compatible(args, strategy.world_size, run.train_loader, loaded["args"], ts, loaded["manifest"],
                       getattr(strategy, "data_parallel_size", strategy.world_size))
@@ -151,8 +137,8 @@ def resume_position(state: dict[str, Any], loop: dict[str, Any], n_batches: int 
 
 
 class _PlannedReader(CheckpointReader):
-    """The reader :func:`plan_resumed_run` reads the loop state with, handed on to :func:`read_checkpoint` (through
-    ``strategy._planned_reader``) with the bytes it read, so a resume still reads each file once."""
+    """The reader :func:`plan_resumed_run` reads the loop state with, returned to be handed on to :func:`restore`
+    with the bytes it read, so a resume still reads each file once."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -168,9 +154,10 @@ class _PlannedReader(CheckpointReader):
         return data
 
 
-def plan_resumed_run(strategy: Any, path: str, loader: Any, args: Any, accumulation: Any,
-                     planned: tuple[int | None, int, int], weights_only: bool = True) -> tuple[int, int]:
-    """``(max_steps, num_epochs)`` of a run that resumes from checkpoint ``path`` with a different number of
+def plan_resumed_run(io: Any, path: str, loader: Any, args: Any, accumulation: Any,
+                     planned: tuple[int | None, int, int],
+                     weights_only: bool = True) -> tuple[int, int, CheckpointReader | None]:
+    """``(max_steps, num_epochs, reader)`` of a run that resumes from checkpoint ``path`` with a different number of
     optimizer steps per epoch than the run that wrote it (another data-parallel size with the same per-device
     batch, another ``per_device_train_batch_size``, ``gradient_accumulation_steps`` or dataset size); ``planned``
     (``plan_steps`` on the new loader: ``(steps_per_epoch, max_steps, num_epochs)``) is returned unchanged when
@@ -191,8 +178,8 @@ def plan_resumed_run(strategy: Any, path: str, loader: Any, args: Any, accumulat
       stops at once after half the epochs).
 
     Args:
-        strategy (Strategy): the run's strategy (its checkpoint IO reads the files; :func:`restore` then reads
-            them from the bytes kept here).
+        io (CheckpointIO): the run's checkpoint IO (reads the files; pass the returned ``reader``, None when no
+            file was read, to :func:`restore`, which then reads them from the bytes kept here).
         path (str): the checkpoint folder the run resumes from.
         loader (DataLoader): the new run's training loader (this process's share).
         args (FitArguments): the new run's arguments (``max_steps``, ``num_train_epochs``,
@@ -206,19 +193,17 @@ def plan_resumed_run(strategy: Any, path: str, loader: Any, args: Any, accumulat
     """
     steps_per_epoch, max_steps, num_epochs = planned
     n = _batches_per_epoch(loader)
-    io = strategy.checkpoint_io
     if not n or not steps_per_epoch or is_hf_checkpoint(io, path):
-        return max_steps, num_epochs
-    reader = _PlannedReader(io, path, weights_only=weights_only)
-    strategy._planned_reader = reader  # read_checkpoint continues with it: no file read twice
+        return max_steps, num_epochs, None
+    reader = _PlannedReader(io, path, weights_only=weights_only)  # restore continues with it: no file read twice
     if not {"training_state.pt", "fit_args.json"} <= set(reader.files):
-        return max_steps, num_epochs  # save_only_model: restore refuses it with its own message
+        return max_steps, num_epochs, reader  # save_only_model: restore refuses it with its own message
     ts, saved_args = reader.read("training_state.pt"), reader.read("fit_args.json")
     reader.keeping = False
     state, loop = ts.get("state") or {}, ts.get("loop") or {}
     n_before, accum_before = state.get("batches_per_epoch"), saved_args.get("gradient_accumulation_steps")
     if n_before is None or (n_before == n and accum_before in (None, args.gradient_accumulation_steps)):
-        return max_steps, num_epochs
+        return max_steps, num_epochs, reader
     accum_at = accumulation or (lambda epoch: args.gradient_accumulation_steps)
     epoch, position = resume_position(state, loop, n, args.ignore_data_skip)
     step = int(state.get("global_step", 0))
@@ -238,25 +223,25 @@ def plan_resumed_run(strategy: Any, path: str, loader: Any, args: Any, accumulat
              "global_step %d (epoch %d, micro-batch %d); max_steps %d -> %d, epochs %d -> %d.",
              steps_per_epoch, math.ceil(n_before / (accum_before or 1)), new_max - step, step, epoch, position,
              max_steps, new_max, num_epochs, new_epochs)
-    return new_max, new_epochs
+    return new_max, new_epochs, reader
 
 
 def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), schedulers: Any = (),
-                    weights_only: bool = True, full: bool = True) -> dict[str, Any]:
-    """Read checkpoint ``path`` through ``strategy``'s checkpoint IO (``Strategy.load_checkpoint`` calls this):
-    load the model weights (the strategy's shards, or the full file), with ``full`` also the optimizers'
-    (``optimizer.pt``, ``optimizer_{i}.pt``) and schedulers' states, and return ``{"manifest", "args" (the saved
-    arguments), "training_state"}`` (with ``full``; the training state dict holds this rank's ``rng``). Every file
-    is read once: verified against the manifest and loaded from the same bytes.
+                    weights_only: bool = True, full: bool = True,
+                    reader: CheckpointReader | None = None) -> dict[str, Any]:
+    """Read checkpoint ``path``: the model weights and, with ``full``, the optimizers' states through
+    ``strategy.load_checkpoint`` (its shards, or the full files), then the schedulers' states; returns
+    ``{"manifest", "args" (the saved arguments), "training_state"}`` (the last two with ``full``; the training state
+    dict holds this rank's ``rng``). Every file is read once: verified against the manifest and loaded from the
+    same bytes. ``reader``: a reader of ``path`` that already read some files (:func:`plan_resumed_run`); used when
+    it matches ``weights_only`` and ``full``, else one is opened here.
 
     Raises:
         CheckpointError: a missing/corrupted file, a manifest lacking an entry the run needs, or (``full``) a
             ``save_only_model`` checkpoint.
+        UnsafeCheckpointError: a file needs full unpickling and ``weights_only`` is True.
     """
-    planned = strategy.__dict__.pop("_planned_reader", None)  # plan_resumed_run read the loop state already
-    if planned is not None and planned.folder == path and planned.weights_only == weights_only and full:
-        reader = planned
-    else:
+    if reader is None or reader.folder != path or reader.weights_only != weights_only or not full:
         reader = open_checkpoint(strategy.checkpoint_io, path, weights_only=weights_only)
     manifest = reader.manifest
     if full and manifest.get("save_only_model"):
@@ -265,41 +250,22 @@ def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), 
                               "weights into the model instead, or resume from a full checkpoint.")
     optimizers = list(optimizers) if full else []
     schedulers = [s for s in schedulers if s is not None] if full else []
-    shards = shard_names(manifest)
-    _require_entries(reader, shards, full, len(optimizers), len(schedulers))
-
-    def read(name: str) -> Any:
-        return reader.read(name)
-
-    # the strategy restores model and optimizer itself from its shards (or, FSDP, from full files it re-shards),
-    # verifying each shard against the manifest as it reads it
-    restored = strategy.load_checkpoint_shards(model, optimizers[0] if optimizers else None, path, shards,
-                                               reader=reader)
-    if not restored:
-        load_model_weights(strategy, model, path, reader=reader)
+    _require_entries(reader, shard_names(manifest), full, len(optimizers), len(schedulers))
+    loaded = strategy.load_checkpoint(path, model, optimizers, reader=reader)
     out: dict[str, Any] = {"manifest": manifest}
     if not full:
         return out
-    kept: dict[int, tuple[list[int] | None, int]] = {}
-    for i, opt in enumerate(optimizers):
-        name = "optimizer.pt" if i == 0 else f"optimizer_{i}.pt"
-        if name in manifest["files"] and not (restored and i == 0):
-            saved = read(name)
-            n_saved = len(saved.get("param_groups", ())) if isinstance(saved, dict) else 0
-            saved, keep = drop_empty_groups(saved, len(opt.param_groups))  # HF keeps an empty group; taskfit not
-            kept[i] = (keep, n_saved)
-            opt.load_state_dict(saved)
     for i, sched in enumerate(schedulers):
         name = "scheduler.pt" if i == 0 else f"scheduler_{i}.pt"
         if name in manifest["files"]:
-            sched.load_state_dict(select_scheduler_groups(read(name), *kept.get(i, (None, 0))))
-    out["args"] = read("fit_args.json")
-    ts = read("training_state.pt")
+            sched.load_state_dict(select_scheduler_groups(reader.read(name), *loaded.groups.get(i, (None, 0))))
+    out["args"] = reader.read("fit_args.json")
+    ts = reader.read("training_state.pt")
     if not isinstance(ts, dict) or not {"state", "control", "precision"} <= set(ts):
         raise CheckpointError(f"{path!r}: training_state.pt does not hold the training state (keys state, control, "
                               "precision).")
     rng_name = f"rng_state_{strategy.global_rank}.pt"
-    ts["rng"] = read(rng_name) if rng_name in manifest["files"] else None
+    ts["rng"] = reader.read(rng_name) if rng_name in manifest["files"] else None
     out["training_state"] = ts
     return out
 
@@ -308,14 +274,8 @@ def _require_entries(reader: CheckpointReader, shards: list[str], full: bool, n_
                      n_schedulers: int) -> None:
     """Refuse a manifest that lacks a file this run needs to continue exactly (instead of silently starting with
     a fresh optimizer or schedule)."""
-    from taskfit.io.checkpoint_format import check_entry_name
-
-    path, files = reader.folder, reader.files
-    for name in shards:
-        check_entry_name(name, repr(path))
-    if not shards and not any(n in files for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT)):
-        raise CheckpointError(f"{path!r} holds no model weights: its manifest lists neither {WEIGHTS_NAME} nor "
-                              f"{WEIGHTS_NAME_PT} nor shards/.")
+    path = reader.folder
+    require_model_entries(reader, shards)
     if not full:
         return
     require_entries(reader.manifest, path, ["fit_args.json", "training_state.pt"], "every full checkpoint has it")
@@ -324,25 +284,6 @@ def _require_entries(reader: CheckpointReader, shards: list[str], full: bool, n_
     require_entries(reader.manifest, path, names, "the run has an optimizer to restore")
     names = ["scheduler.pt" if i == 0 else f"scheduler_{i}.pt" for i in range(n_schedulers)]
     require_entries(reader.manifest, path, names, "the run has an LR scheduler to restore")
-
-
-def load_model_weights(strategy: Any, model: Any, path: str, manifest: dict[str, Any] | None = None,
-                       weights_only: bool = True, reader: CheckpointReader | None = None) -> None:
-    """Load the checkpoint's full weights into ``model`` (strict: every key must match).
-
-    Raises:
-        CheckpointError: no weights file, or keys that do not match the model.
-    """
-    reader = reader or CheckpointReader(strategy.checkpoint_io, path, manifest, weights_only=weights_only)
-    name = next((n for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT) if n in reader.files), None)
-    if name is None:
-        raise CheckpointError(f"{path!r} holds no model weights ({WEIGHTS_NAME} or {WEIGHTS_NAME_PT}).")
-    state = reader.read(name)
-    model = exportable_model(model)
-    result = model.load_state_dict(state, strict=False)
-    if result.missing_keys or result.unexpected_keys:
-        raise CheckpointError(f"{join(path, name)!r} does not match {type(model).__name__}: missing keys "
-                              f"{result.missing_keys[:5]}, unexpected keys {result.unexpected_keys[:5]}.")
 
 
 def _check_compatible(a: Any, world_size: int, train_loader: Any, saved: dict[str, Any], ts: dict[str, Any],
@@ -392,7 +333,7 @@ def _batches_per_epoch(loader: Any) -> int | None:
         return None
 
 
-def load_best_model(fit: Fit) -> dict[str, Any]:
+def load_best_model(fit: CheckpointSource) -> dict[str, Any]:
     """``load_best_model_at_end``: load the weights of ``state.best_model_checkpoint`` into the model; returns
     ``{"best_global_step", "best_metric", "best_model_checkpoint"}`` for the train metrics (empty when no best
     checkpoint was recorded)."""
@@ -402,14 +343,14 @@ def load_best_model(fit: Fit) -> dict[str, Any]:
         return {}
     fit.strategy.checkpoint_io.wait()
     # sharded strategies restore their own shards (or cut full weights into shards); others load the full file
-    fit.strategy.load_checkpoint(st.best_model_checkpoint, fit.model, full=False)
+    fit.strategy.load_checkpoint(st.best_model_checkpoint, fit.model)
     log.info("Loaded the best model from %s (global_step %s, %s=%s).", st.best_model_checkpoint,
              st.best_global_step, fit.args.metric_for_best_model, st.best_metric)
     return {"best_global_step": st.best_global_step, "best_metric": st.best_metric,
             "best_model_checkpoint": st.best_model_checkpoint}
 
 
-def finish_checkpoints(fit: Fit, metrics: dict[str, Any], publisher: Any = None) -> dict[str, Any]:
+def finish_checkpoints(fit: CheckpointSource, metrics: dict[str, Any], publisher: Any = None) -> dict[str, Any]:
     """End of ``fit``: wait for a background save (raising its failure), load the best model
     (``load_best_model_at_end``), with ``save_total_limit=1`` delete every checkpoint but the best one (HF: the
     newest was kept during training for resuming), publish the final model (``push_to_hub``) and wait for every
@@ -431,8 +372,8 @@ def finish_checkpoints(fit: Fit, metrics: dict[str, Any], publisher: Any = None)
             rotate_checkpoints(fit.strategy.checkpoint_io, fit.args.output_dir, 1, {best})
     weights = None
     if fit.args.push_to_hub:  # the full weights may be a gather: every rank takes part, rank 0 publishes
-        from taskfit.checkpoint.writer import exportable_model
         from taskfit.checkpoint.publish import push_final
+        from taskfit.strategies.checkpointing import exportable_model
 
         weights = fit.strategy.model_state_dict(exportable_model(fit.model))
     if publisher is not None:

@@ -55,7 +55,9 @@ def _value_state(value: Any) -> Any:
 
 
 def save(strategy: Any, args: Any, path: str, state: dict[str, Any]) -> str:
-    """Write ``state`` to the checkpoint folder ``path`` (replacing a complete one there). Every process calls it.
+    """Write ``state`` to the checkpoint folder ``path`` (replacing a complete one there) through
+    ``strategy.save_checkpoint`` (which adds the module's and optimizers' states: shards or full files). Every
+    process calls it.
 
     Returns:
         str: ``path``.
@@ -64,73 +66,54 @@ def save(strategy: Any, args: Any, path: str, state: dict[str, Any]) -> str:
         TypeError, ValueError: see :func:`split_state`; ValueError also for several optimizers under a strategy
             that writes its optimizer state as shards.
     """
-    from taskfit.__about__ import __version__
-    from taskfit.checkpoint.writer import exportable_model, states_on_cpu
-    from taskfit.io.checkpoint_format import (
-        FORMAT, FORMAT_VERSION, MANIFEST_NAME, WEIGHTS_NAME, WEIGHTS_NAME_PT, ManifestWriter,
-        hash_files_in_background, part_writer,
-    )
-    from taskfit.io.checkpoint_io import join
-    from taskfit.loops.state import FitControl, FitState
-    from taskfit.seed import rng_states
+    from taskfit.strategies.checkpointing import FolderPlan, manifest_header
 
     modules, optimizers, schedulers, values = split_state(state)
-    io, rank, writer = strategy.checkpoint_io, strategy.global_rank, strategy.is_global_zero
     step = next((int(state[k]) for k in _STEP_KEYS if k in values and _is_int_like(state[k])), 0)
-    target = path.rstrip("/") + ".tmp" if io.is_local(path) else path
-    if writer:
-        io.wait()
-        io.remove_checkpoint(join(path, MANIFEST_NAME))  # never leave an old manifest over new files
-        io.remove_checkpoint(target)
-    strategy.barrier("engine-save-prepare")
     module = unwrap_module(state[modules[0]]) if modules else None
-    opts = [unwrap_optimizer(state[k]) for k in optimizers]
-    shards = strategy.save_checkpoint_shards(module, opts[0] if opts else None, target) if module is not None \
-        else None
-    if shards is not None and len(opts) > 1:
-        raise ValueError(f"strategy={strategy.name!r} writes the optimizer state as shards, one optimizer per "
-                         f"checkpoint; state has {len(opts)} optimizers {optimizers}.")
-    exported = exportable_model(module) if module is not None else None
-    weights = strategy.model_state_dict(exported) if module is not None and shards is None else None
+    plan = FolderPlan.default(strategy, path)
+    plan.manifest = manifest_header(step, strategy.world_size)
+    plan.timeout = float(getattr(args, "ddp_timeout", None) or 1800)
+    if getattr(args, "save_safetensors", True) is False:
+        plan.weights_name = "pytorch_model.bin"
+    files = _files(strategy, args, state, step, module, (modules, optimizers, schedulers, values)) \
+        if plan.writer else {}
+    from taskfit.seed import rng_states
 
-    files: dict[str, Any] = {f"rng_state_{rank}.pt": rng_states(strategy.accelerator)}
-    if writer:
-        if module is not None:
-            if weights is not None:
-                files[WEIGHTS_NAME if getattr(args, "save_safetensors", True) is not False else WEIGHTS_NAME_PT] = \
-                    weights
-            config = getattr(exported, "config", None)
-            files["config.json"] = config.to_json_string() if hasattr(config, "to_json_string") else {
-                "class": f"{type(exported).__module__}.{type(exported).__qualname__}",
-                "num_parameters": sum(p.numel() for p in exported.parameters()), "taskfit_version": __version__}
-        if shards is None:
-            for i, opt in enumerate(opts):
-                files["optimizer.pt" if i == 0 else f"optimizer_{i}.pt"] = states_on_cpu(strategy, opt.state_dict())
-        for i, key in enumerate(schedulers):
-            files["scheduler.pt" if i == 0 else f"scheduler_{i}.pt"] = state[key].state_dict()
-        fit_state = FitState(global_step=step)
-        files["training_state.pt"] = {
-            "version": 2, "state": fit_state.state_dict(), "control": FitControl().state_dict(),
-            "precision": strategy.precision.state_dict(), "callbacks": {}, "results": {},
-            "engine": {"modules": modules, "optimizers": optimizers, "schedulers": schedulers,
-                       "values": states_on_cpu(strategy, {k: _value_state(state[k]) for k in values})},
-            "taskfit_version": __version__}
-        files["trainer_state.json"] = fit_state.state_dict()
-        files["fit_args.json"] = args.to_json_string(redact=True)
-    manifest = {"format": FORMAT, "version": FORMAT_VERSION, "global_step": step, "world_size": strategy.world_size,
-                "save_only_model": False, "taskfit_version": __version__, "torch_version": torch.__version__}
-    timeout = float(getattr(args, "ddp_timeout", None) or 1800)
-    # backend-written shards are hashed (and synced) on a background thread while the other files are written
-    hashes = hash_files_in_background(io, target, list(shards)) if shards else None
-    if writer:
-        parent = path.rstrip("/").rsplit("/", 1)[0] if "/" in path.rstrip("/") else "."
-        finalize: Any = ManifestWriter(io, target, path, manifest, list(range(strategy.world_size)), rank, parent,
-                                       None, set(), timeout, hashes)
-    else:
-        finalize = part_writer(io, target, rank, hashes, timeout)
-    io.save_files(files, target, finalize)
+    files[f"rng_state_{strategy.global_rank}.pt"] = rng_states(strategy.accelerator)
+    strategy.save_checkpoint(path, files, module, [unwrap_optimizer(state[k]) for k in optimizers], plan=plan)
     strategy.barrier("engine-save-done")
     return path
+
+
+def _files(strategy: Any, args: Any, state: dict[str, Any], step: int, module: nn.Module | None,
+           kinds: tuple[list[str], list[str], list[str], list[str]]) -> dict[str, Any]:
+    """The writing rank's files besides the RNG and the model/optimizer states: ``config.json``, schedulers, the
+    loop state with the plain values (``training_state.pt``), ``trainer_state.json`` and ``fit_args.json``."""
+    from taskfit.__about__ import __version__
+    from taskfit.loops.state import FitControl, FitState
+    from taskfit.strategies.checkpointing import exportable_model, states_on_cpu
+
+    modules, optimizers, schedulers, values = kinds
+    files: dict[str, Any] = {}
+    if module is not None:
+        exported = exportable_model(module)
+        config = getattr(exported, "config", None)
+        files["config.json"] = config.to_json_string() if hasattr(config, "to_json_string") else {
+            "class": f"{type(exported).__module__}.{type(exported).__qualname__}",
+            "num_parameters": sum(p.numel() for p in exported.parameters()), "taskfit_version": __version__}
+    for i, key in enumerate(schedulers):
+        files["scheduler.pt" if i == 0 else f"scheduler_{i}.pt"] = state[key].state_dict()
+    fit_state = FitState(global_step=step)
+    files["training_state.pt"] = {
+        "version": 2, "state": fit_state.state_dict(), "control": FitControl().state_dict(),
+        "precision": strategy.precision.state_dict(), "callbacks": {}, "results": {},
+        "engine": {"modules": modules, "optimizers": optimizers, "schedulers": schedulers,
+                   "values": states_on_cpu(strategy, {k: _value_state(state[k]) for k in values})},
+        "taskfit_version": __version__}
+    files["trainer_state.json"] = fit_state.state_dict()
+    files["fit_args.json"] = args.to_json_string(redact=True)
+    return files
 
 
 def _is_int_like(value: Any) -> bool:
@@ -154,6 +137,7 @@ def load(strategy: Any, path: str, state: dict[str, Any], strict: bool = True,
         KeyError: with ``strict``, a value key of ``state`` that the checkpoint lacks (names the keys it has).
         UnsafeCheckpointError: a file needs full unpickling and ``weights_only`` is True.
     """
+    from taskfit.checkpoint.resume import read_checkpoint
     from taskfit.io.checkpoint_format import CheckpointReader
     from taskfit.seed import set_rng_states
 
@@ -165,8 +149,8 @@ def load(strategy: Any, path: str, state: dict[str, Any], strict: bool = True,
     full = not manifest.get("save_only_model")
     if modules:
         module = unwrap_module(state[modules[0]])
-        loaded = strategy.load_checkpoint(path, module, [unwrap_optimizer(state[k]) for k in optimizers],
-                                          [state[k] for k in schedulers], weights_only=weights_only, full=full)
+        loaded = read_checkpoint(strategy, path, module, [unwrap_optimizer(state[k]) for k in optimizers],
+                                 [state[k] for k in schedulers], weights_only=weights_only, full=full, reader=reader)
         ts = loaded.get("training_state")
     elif full:
         ts = reader.read("training_state.pt")

@@ -4,7 +4,7 @@ users who write the training loop themselves (mirrors Lightning Fabric and Huggi
 The Engine is a second client of the Strategy contract next to ``Fit``: the same connector builds the same
 strategy, accelerator and precision objects from the same names, and the Engine calls only the contract
 (``launch``, ``setup``, ``no_sync``, ``backward``, ``clip_gradients``, ``optimizer_step``, collectives,
-``save_checkpoint_shards``/``load_checkpoint``, ``teardown``).
+``save_checkpoint``/``load_checkpoint``, ``teardown``).
 """
 
 from __future__ import annotations

@@ -69,5 +69,5 @@ def load_ckpt_path(fit: Any, run: Any, ckpt_path: str) -> str:
     """
     path = resolve_ckpt_path(ckpt_path, fit.args.output_dir, fit.strategy.checkpoint_io, fit.callbacks,
                              run.state.best_model_checkpoint)
-    fit.strategy.load_checkpoint(path, run.model, full=False)
+    fit.strategy.load_checkpoint(path, run.model)
     return path

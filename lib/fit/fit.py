@@ -21,7 +21,7 @@ from taskfit.callbacks.base import HookRunner
 from taskfit.debugging import batch_limit, fast_dev_run_batches, limit_batches, sanity_check
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
-from taskfit.checkpoint.writer import checkpoint_path
+from taskfit.checkpoint.writer import checkpoint_path, save_checkpoint
 from taskfit.connector import resolve_components
 from taskfit.fit.hf_overrides import HFOverridePoints, default_collator, hf_overrides
 from taskfit.fit.mixins import CallbackManagement, ProcessInfo, RunAttributes
@@ -353,9 +353,11 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         self.strategy.setup_environment()
         ckpt = resolve_checkpoint(self.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
         ckpt = self.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
+        reader = None  # the checkpoint's reader: restore reads each file once
         if ckpt:  # another number of steps per epoch than the checkpoint's run: the steps left are re-counted
-            max_steps, num_epochs = plan_resumed_run(self.strategy, ckpt, run.train_loader, args,
-                                                     schedule, (steps_per_epoch, max_steps, num_epochs), weights_only)
+            max_steps, num_epochs, reader = plan_resumed_run(
+                self.strategy.checkpoint_io, ckpt, run.train_loader, args, schedule,
+                (steps_per_epoch, max_steps, num_epochs), weights_only)
         st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
         st.logging_steps = resolve_interval(args.logging_steps, max_steps)
         st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,
@@ -378,7 +380,7 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
             self.global_rank, self.world_size, args.restore_callback_states_from_checkpoint,
             accelerator=self.strategy.accelerator)
         if ckpt:
-            saved = restore(run, ckpt, self.strategy, args, weights_only)
+            saved = restore(run, ckpt, self.strategy, args, weights_only, reader)
             self._hooks.call("on_load_checkpoint", self, module, saved)
             if self.is_global_zero:  # every logger continues the same run from the checkpoint's step
                 resume_loggers(self.loggers, st.global_step, st.log_history)
@@ -521,7 +523,7 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
             self.state.best_model_checkpoint = checkpoint_path(self)
             training_state["state"]["best_model_checkpoint"] = self.state.best_model_checkpoint
         self._hooks.call("on_save_checkpoint", self, run.module, training_state)
-        written = self.strategy.save_checkpoint(self, training_state, path)
+        written = save_checkpoint(self, training_state, path)
         if path is None and run.publisher is not None:
             from taskfit.checkpoint.publish import push_checkpoint
 

@@ -192,7 +192,7 @@ def test_validate_test_predict_score_the_checkpoint_named_by_ckpt_path_F_LIT_6(t
 
     def weights_of(path):
         fresh = Scripted()
-        fit.strategy.load_checkpoint(path, fresh, full=False)
+        fit.strategy.load_checkpoint(path, fresh)
         return [p.detach().clone() for p in fresh.parameters()]
 
     best_w, last_w = weights_of(ck.best_model_path), weights_of(ck.last_model_path)

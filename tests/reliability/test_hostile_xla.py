@@ -1,5 +1,5 @@
 """No code runs when an XLA run loads a checkpoint (F-REL-3). ``XLAStrategy`` and ``XLAFSDPStrategy`` read
-checkpoints with the code every strategy shares (``Strategy.load_checkpoint`` -> ``read_checkpoint`` and
+checkpoints with the code every strategy shares (``read_checkpoint`` -> ``Strategy.load_checkpoint`` and
 ``Strategy.load_checkpoint_shards``; asserted below: they override neither).
 
 torch_xla is absent from the main environment (it pins its own torch), so the default-run tests exercise that
@@ -27,6 +27,7 @@ if _REAL_XLA:
 from hostile import default_adamw, evil_pickle, evil_torch_file, replace_file  # noqa: E402
 
 from taskfit import Fit  # noqa: E402
+from taskfit.checkpoint.resume import read_checkpoint  # noqa: E402
 from taskfit.accelerators.cpu import CPUAccelerator  # noqa: E402
 from taskfit.io import UnsafeCheckpointError  # noqa: E402
 from taskfit.precision.precision import Precision  # noqa: E402
@@ -58,7 +59,7 @@ def _load(ck: Path) -> None:
     model = job.Net()
     opt = default_adamw(model)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda step: 1.0)
-    _XLAReaderOnCPU().load_checkpoint(str(ck), model, [opt], [sched])
+    read_checkpoint(_XLAReaderOnCPU(), str(ck), model, [opt], [sched])
 
 
 def test_F_REL_3_xla_strategies_use_the_shared_checkpoint_reader():
