@@ -21,7 +21,7 @@ from taskfit.core.manual import LightningOptimizer, manual_outer_forward
 from taskfit.seed import set_rng_states
 
 if TYPE_CHECKING:
-    from taskfit.fit.run import Run
+    from taskfit.protocols import RunView
 
 
 def _extract_training_loss(out: Any) -> torch.Tensor:
@@ -142,7 +142,7 @@ class FitLoop:
         save (Callable[[dict], str]): writes a checkpoint of the given training state; returns its path.
     """
 
-    def __init__(self, run: Run, owner: Any, args: Any, strategy: Any, hooks: Any, log: Callable[[dict], None],
+    def __init__(self, run: RunView, owner: Any, args: Any, strategy: Any, hooks: Any, log: Callable[[dict], None],
                  evaluate: Callable[[], dict], save: Callable[[dict], str]) -> None:
         self.run, self.owner, self.args, self.strategy, self.hooks = run, owner, args, strategy, hooks
         self._log, self._evaluate, self._save = log, evaluate, save
