@@ -1,7 +1,9 @@
 """``Fit``: how to run a TaskModule (F-CORE-3). Holds the configuration: the strategy (and through it
 accelerator, precision and checkpoint IO), callbacks, loggers and arguments; every ``fit``/``validate``/``test``/
-``predict`` call works on a run of its own (:mod:`taskfit.fit.run`) driven by the loops. Mirrors Lightning's ``Trainer`` plus the HF
-``Trainer`` API (``evaluate``, ``predict``, ``save_model``, ``log_metrics``, ``save_metrics``, ``compute_loss``)."""
+``predict`` call works on a run of its own (:mod:`taskfit.fit.run`, public as ``fit.run``) driven by the loops. Fit
+owns a few objects its public methods delegate to: the run launcher (:class:`~taskfit.fit.run.RunLauncher`), the
+training stage (:mod:`taskfit.fit.training`), the evaluation stages (:mod:`taskfit.fit.stages`) and the HF override
+adapter (:mod:`taskfit.fit.hf_overrides`). Mirrors Lightning's ``Trainer`` plus the HF ``Trainer`` API."""
 
 from __future__ import annotations
 

@@ -4,7 +4,9 @@
 :class:`Run` that owns the model, the module, the optimizers and schedulers the strategy returned from
 ``setup``, the loaders, the loop state and the resume point. Nothing of one run leaks into the next, so calling
 ``fit`` twice, ``auto_find_batch_size`` retries and hyperparameter-search trials start clean by construction.
-``Fit``'s HF-style attributes (``fit.model``, ``fit.optimizer``, ``fit.state``...) read the current (or last) run.
+``Fit``'s HF-style attributes (``fit.model``, ``fit.optimizer``, ``fit.state``...) read the current (or last) run;
+``fit.run`` is the run of the call in progress. :class:`RunLauncher` (owned by ``Fit``) starts the calls and sets
+their runs up.
 """
 
 from __future__ import annotations
