@@ -481,9 +481,7 @@ class Fit(Topology):
         """Training FLOPs of one batch (see :func:`taskfit.data.loaders.floating_point_ops`)."""
         return floating_point_ops(self.model or nn.Module(), inputs)
 
-    # ------------------------------------------------------------------------- HF override points ---
-    # Called where transformers.Trainer calls them (see taskfit.fit.hf_overrides); the defaults live in the
-    # adapter, a subclass's override is found by comparing with these.
+    # ------------------------------- HF override points (defaults in the adapter; see taskfit.fit.hf_overrides) ---
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
         """Build the optimizer and the LR schedule (HF ``Trainer.create_optimizer_and_scheduler``): calls
         :meth:`create_optimizer` then :meth:`create_scheduler`. Not called by ``train()`` (HF 5 neither)."""
