@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 from taskfit.callbacks.base import Callback
 
 if TYPE_CHECKING:
-    from taskfit.fit.fit import Fit
+    from taskfit.protocols import FitView
     from taskfit.core.module import TaskModule
 
 
@@ -24,9 +24,9 @@ class DeviceStatsMonitor(Callback):
 
     def __init__(self, prefix: str = "device/") -> None:
         self.prefix = prefix
-        self._fit: Fit | None = None
+        self._fit: FitView | None = None
 
-    def on_fit_start(self, fit: Fit, module: TaskModule) -> None:
+    def on_fit_start(self, fit: FitView, module: TaskModule) -> None:
         self._fit = fit
 
     def stats(self) -> dict[str, float]:

@@ -32,7 +32,7 @@ class _Isolated:
 
 
 def _train_dataset(fit: Any, who: str) -> Any:
-    loader = fit._run.train_loader
+    loader = fit.run.train_loader
     dataset = getattr(loader, "dataset", None)
     if dataset is None:
         raise ValueError(f"{who} needs train data with a dataset (a Dataset or a DataLoader over one).")
@@ -87,7 +87,7 @@ class LearningRateFinder(Callback):
                                       update_attr=self._update_attr, attr_name=self._attr_name)
         lr = self.optimal_lr.suggestion()
         if self._update_attr and lr is not None:
-            for opt in fit._run.optimizers:  # the run's optimizers were built with the old rate (Lightning too)
+            for opt in fit.run.optimizers:  # the run's optimizers were built with the old rate (Lightning too)
                 for group in opt.param_groups:
                     group["lr"] = lr
 
@@ -140,7 +140,7 @@ class BatchSizeFinder(Callback):
         if fit.args.max_steps and fit.args.max_steps > 0:
             raise ValueError(f"BatchSizeFinder with max_steps={fit.args.max_steps}: the epochs of a max_steps run "
                              "depend on the batch size; set num_train_epochs instead.")
-        run, state = fit._run, fit.state
+        run, state = fit.run, fit.state
         dataset = _train_dataset(fit, "BatchSizeFinder")
         collate = getattr(run.train_loader, "collate_fn", None)
         with _Isolated(fit, module):

@@ -45,9 +45,9 @@ class LearningRateMonitor(Callback):
         self._last_step = -1
 
     def on_train_start(self, fit: Any, module: Any) -> None:
-        self.lrs = {name: [] for name in self._names(fit._run.optimizers)}
+        self.lrs = {name: [] for name in self._names(fit.run.optimizers)}
         self._last_step = -1
-        self._step_interval = {id(c.scheduler.optimizer) for c in fit._run.schedulers
+        self._step_interval = {id(c.scheduler.optimizer) for c in fit.run.schedulers
                                if c.interval == "step" and hasattr(c.scheduler, "optimizer")}
 
     @staticmethod
@@ -69,7 +69,7 @@ class LearningRateMonitor(Callback):
 
     def _values(self, fit: Any, which: str) -> dict[str, float]:
         out: dict[str, float] = {}
-        optimizers = fit._run.optimizers
+        optimizers = fit.run.optimizers
         for prefix, opt in zip(self._prefixes(optimizers), optimizers):
             if self.logging_interval is None:
                 per_step = id(opt) in self._step_interval

@@ -95,7 +95,7 @@ class ModelCheckpoint(Callback):
 
             self.dirpath = join(fit.args.output_dir, "checkpoints")
         self._on_epoch_end = (self.save_on_train_epoch_end if self.save_on_train_epoch_end is not None
-                              else not (fit._run.eval_loaders and fit.args.eval_strategy != "no"))
+                              else not (fit.run.eval_loaders and fit.args.eval_strategy != "no"))
         self._last_time = time.monotonic()
 
     def on_train_end(self, fit: Any, module: Any) -> None:
@@ -114,7 +114,7 @@ class ModelCheckpoint(Callback):
 
     def on_train_epoch_end(self, fit: Any, module: Any) -> None:
         if self._on_epoch_end and self._epoch_due(fit):
-            sums = fit._run.sums
+            sums = fit.run.sums
             # the loop marks the epoch done right after this hook; the checkpoint must resume at the next epoch
             done, sums.epoch_done = sums.epoch_done, True
             try:
@@ -216,7 +216,7 @@ class ModelCheckpoint(Callback):
         return pick(self.best_k_models, key=self.best_k_models.__getitem__)
 
     def _save(self, fit: Any, path: str) -> None:
-        fit._save_checkpoint(fit._run.training_state.state_dict(), path)
+        fit.save_checkpoint(path)
 
     def _remove(self, fit: Any, path: str) -> None:
         from taskfit.checkpoint.writer import MANIFEST_NAME

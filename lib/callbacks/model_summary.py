@@ -85,7 +85,7 @@ class ModelSummary(Callback):
     def on_fit_start(self, fit: Any, module: Any) -> None:
         if not self.max_depth:
             return
-        model = fit._run.model if fit._run is not None else module
+        model = fit.run.model if fit.run is not None else module
         self.rows = summarize(model, self.max_depth)
         self.total_params = sum(p.numel() for p in model.parameters())
         self.trainable_params = sum(p.numel() for p in model.parameters() if p.requires_grad)

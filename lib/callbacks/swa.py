@@ -105,7 +105,7 @@ class StochasticWeightAveraging(WeightAveraging):
         self._initialized = False
 
     def on_fit_start(self, fit: Any, module: Any) -> None:
-        run = fit._run
+        run = fit.run
         if len(run.optimizers) != 1:
             raise ValueError(f"StochasticWeightAveraging works with 1 optimizer; the module has {len(run.optimizers)}.")
         if len(run.schedulers) > 1:
@@ -135,7 +135,7 @@ class StochasticWeightAveraging(WeightAveraging):
 
         from taskfit.optim.configure import SchedulerConfig
 
-        run = fit._run
+        run = fit.run
         optimizer = run.optimizers[0]
         lrs = list(self._swa_lrs) if isinstance(self._swa_lrs, (list, tuple)) else (
             [self._swa_lrs] * len(optimizer.param_groups))
@@ -185,7 +185,7 @@ class StochasticWeightAveraging(WeightAveraging):
         module.train()
         try:
             with torch.no_grad():
-                for batch_idx, batch in enumerate(fit._run.train_loader):
+                for batch_idx, batch in enumerate(fit.run.train_loader):
                     batch = move(batch)
                     module._results.set_batch(batch)
                     module.training_step(batch, batch_idx)

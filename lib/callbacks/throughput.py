@@ -12,7 +12,7 @@ from taskfit.metrics import MemoryTracker
 from taskfit.core.module import infer_batch_size
 
 if TYPE_CHECKING:
-    from taskfit.fit.fit import Fit
+    from taskfit.protocols import FitView
     from taskfit.core.module import TaskModule
 
 #: Dense (no sparsity) peak FLOP/s per device from NVIDIA's data sheets, by compute dtype: ``fp64`` (tensor
@@ -127,13 +127,13 @@ class ThroughputMonitor(Callback):
         self.track_tokens_seen, self.memory = track_tokens_seen, memory
         self.peak: float | None = None
         self.flops_per_sample: float | None = None
-        self._fit: Fit | None = None
+        self._fit: FitView | None = None
         self._counter: Any = None
         self._tracker: MemoryTracker | None = None
         self._eval_start: float | None = None
 
     # ---------------------------------------------------------------------------------------- set-up ---
-    def on_train_start(self, fit: Fit, module: TaskModule) -> None:
+    def on_train_start(self, fit: FitView, module: TaskModule) -> None:
         self._fit = fit
         device = fit.strategy.root_device
         self.peak = self.user_peak
@@ -155,14 +155,14 @@ class ThroughputMonitor(Callback):
             self._tracker.start()
 
     # ------------------------------------------------------------------------------------- per batch ---
-    def on_train_batch_start(self, fit: Fit, module: TaskModule, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(self, fit: FitView, module: TaskModule, batch: Any, batch_idx: int) -> None:
         if self.flops_per_sample is None and self._given is None and self.measure_flops and self._counter is None:
             from torch.utils.flop_counter import FlopCounterMode
 
             self._counter = FlopCounterMode(display=False)
             self._counter.__enter__()
 
-    def on_train_batch_end(self, fit: Fit, module: TaskModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(self, fit: FitView, module: TaskModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         bs = infer_batch_size(batch)
         if self.flops_per_sample is None:
             flops = None
@@ -184,16 +184,16 @@ class ThroughputMonitor(Callback):
         if self._tracker is not None:
             self._tracker.sample()
 
-    def on_exception(self, fit: Fit, module: TaskModule, exception: BaseException) -> None:
+    def on_exception(self, fit: FitView, module: TaskModule, exception: BaseException) -> None:
         if self._counter is not None:
             self._counter.__exit__(None, None, None)
             self._counter = None
 
     # evaluation time is left out of the training speed
-    def on_validation_start(self, fit: Fit, module: TaskModule) -> None:
+    def on_validation_start(self, fit: FitView, module: TaskModule) -> None:
         self._eval_start = time.perf_counter()
 
-    def on_validation_end(self, fit: Fit, module: TaskModule) -> None:
+    def on_validation_end(self, fit: FitView, module: TaskModule) -> None:
         if self._fit is not None and self._eval_start is not None:
             spent = time.perf_counter() - self._eval_start
             self.eval_time += spent

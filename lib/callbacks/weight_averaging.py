@@ -73,11 +73,11 @@ class WeightAveraging(Callback):
                 cur.data.copy_(avg.data)
 
     def on_validation_epoch_start(self, fit: Any, module: Any) -> None:
-        if self._average_model is not None and fit._run is not None and fit._run.stage == "fit":
+        if self._average_model is not None and fit.run is not None and fit.run.stage == "fit":
             self._swap(module)
 
     def on_validation_epoch_end(self, fit: Any, module: Any) -> None:
-        if self._average_model is not None and fit._run is not None and fit._run.stage == "fit":
+        if self._average_model is not None and fit.run is not None and fit.run.stage == "fit":
             self._swap(module)
 
     def _pairs(self, module: Any) -> Any:

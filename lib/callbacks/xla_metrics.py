@@ -10,7 +10,7 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 from taskfit.callbacks.base import Callback
 
 if TYPE_CHECKING:
-    from taskfit.fit.fit import Fit
+    from taskfit.protocols import FitView
     from taskfit.core.module import TaskModule
 
 
@@ -34,7 +34,7 @@ class XLAMetricsReport(Callback):
     def __init__(self) -> None:
         self.reports: list[str] = []
 
-    def on_train_epoch_end(self, fit: Fit, module: TaskModule) -> None:
+    def on_train_epoch_end(self, fit: FitView, module: TaskModule) -> None:
         import torch_xla.debug.metrics as met
 
         self.reports.append(met.metrics_report())

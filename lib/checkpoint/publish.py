@@ -39,7 +39,7 @@ from taskfit.io.async_checkpoint_io import snapshot
 from taskfit.io.checkpoint_io import file_entry, filesystem, join, serialize, write_bytes_atomic
 
 if TYPE_CHECKING:
-    from taskfit.checkpoint.source import CheckpointSource
+    from taskfit.protocols import FitView
 
 log = logging.getLogger("taskfit")
 DEFAULT_ROOT = os.path.join("~", ".cache", "taskfit", "hub")
@@ -69,9 +69,9 @@ def hub_storage_options(args: Any, target: str) -> dict[str, Any]:
     return options
 
 
-def create_model_card(fit: CheckpointSource, model_name: str | None = None,
-                      dataset: str | list[str] | None = None, finetuned_from: str | None = None,
-                      tags: list[str] | None = None, metrics: dict[str, Any] | None = None) -> str:
+def create_model_card(fit: FitView, model_name: str | None = None, dataset: str | list[str] | None = None,
+                      finetuned_from: str | None = None, tags: list[str] | None = None,
+                      metrics: dict[str, Any] | None = None) -> str:
     """Markdown model card (``README.md``): model class and parameter count, the arguments that matter, final
     (``metrics``, default: the ``train_*`` values logged so far) and best metrics, the last evaluation, the datasets
     named, the taskfit version. Mirrors HF ``Trainer.create_model_card``; no credential is ever included."""
@@ -240,7 +240,7 @@ class Publisher:
         write_bytes_atomic(join(dest, MANIFEST_NAME), read(join(source, MANIFEST_NAME)), self.storage_options)
 
 
-def make_publisher(fit: CheckpointSource) -> Publisher | None:
+def make_publisher(fit: FitView) -> Publisher | None:
     """The publisher for ``fit.args`` (None without ``push_to_hub``); only the global-zero process publishes."""
     a = fit.args
     if not a.push_to_hub or not fit.is_global_zero:
@@ -249,7 +249,7 @@ def make_publisher(fit: CheckpointSource) -> Publisher | None:
     return Publisher(target, hub_storage_options(a, target), always_push=bool(a.hub_always_push))
 
 
-def push_checkpoint(fit: CheckpointSource, publisher: Publisher, path: str) -> None:
+def push_checkpoint(fit: FitView, publisher: Publisher, path: str) -> None:
     """After the save of checkpoint ``path``: queue what ``hub_strategy`` publishes at a save."""
     strategy = fit.args.hub_strategy
     if strategy == "end":
@@ -274,7 +274,7 @@ def push_checkpoint(fit: CheckpointSource, publisher: Publisher, path: str) -> N
     publisher.submit(name, job, optional=True)
 
 
-def push_final(fit: CheckpointSource, publisher: Publisher, metrics: dict[str, Any], dataset: Any = None,
+def push_final(fit: FitView, publisher: Publisher, metrics: dict[str, Any], dataset: Any = None,
                weights: dict[str, Any] | None = None) -> None:
     """Queue the end-of-training push: final model (``weights``: the full state dict, gathered by every rank
     beforehand under sharded strategies), model card, metrics and arguments (a snapshot is taken now)."""

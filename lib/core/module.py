@@ -12,7 +12,7 @@ from taskfit.core.hooks import LightningHooks
 from taskfit.core.lightning_members import LightningMembers
 
 if TYPE_CHECKING:
-    from taskfit.fit.fit import Fit
+    from taskfit.protocols import FitView
     from taskfit.core.results import ResultCollection
 
 #: Lightning-style model hooks the loops call when a TaskModule overrides them (and only then).
@@ -74,7 +74,7 @@ class TaskModule(LightningMembers, LightningHooks, nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self._fit: Fit | None = None
+        self._fit: FitView | None = None
         self._results: ResultCollection | None = None
         self._log_defaults: tuple[bool, bool] = (True, False)  # (on_step, on_epoch) for the running stage
 
@@ -168,7 +168,7 @@ class TaskModule(LightningMembers, LightningHooks, nn.Module):
 
     # -- run information --------------------------------------------------------------------------------
     @property
-    def fit(self) -> Fit:
+    def fit(self) -> FitView:
         """The ``Fit`` running this module.
 
         Raises:

@@ -26,7 +26,7 @@ from taskfit.precision import apply_tf32
 from taskfit.registry import invalid_choice
 
 if TYPE_CHECKING:
-    from taskfit.fit.fit import Fit
+    from taskfit.protocols import FitView
 
 log = logging.getLogger("taskfit")
 
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-def check_run(fit: Fit) -> dict[str, bool] | None:
+def check_run(fit: FitView) -> dict[str, bool] | None:
     """Checks and switches at ``Fit(...)`` time, before any work (called once from ``Fit.__init__``).
 
     Sets the TF32 flags (:func:`taskfit.precision.apply_tf32`, logged), checks the compile backend/mode and the
@@ -83,17 +83,17 @@ class TechniquesCallback(Callback):
     """Internal callback: :func:`start_training` on ``on_train_start``, :func:`end_training` on ``on_train_end``
     and ``on_exception`` (so the NEFTune hook never outlives training)."""
 
-    def on_train_start(self, fit: Fit, module: nn.Module) -> None:
+    def on_train_start(self, fit: FitView, module: nn.Module) -> None:
         start_training(fit, module)
 
-    def on_train_end(self, fit: Fit, module: nn.Module) -> None:
+    def on_train_end(self, fit: FitView, module: nn.Module) -> None:
         end_training(fit, module)
 
-    def on_exception(self, fit: Fit, module: nn.Module, exception: BaseException) -> None:
+    def on_exception(self, fit: FitView, module: nn.Module, exception: BaseException) -> None:
         end_training(fit, module)
 
 
-def setup_techniques(fit: Fit, module: nn.Module) -> None:
+def setup_techniques(fit: FitView, module: nn.Module) -> None:
     """Once per module, after the strategy placed it: gradient checkpointing, ``debug="underflow_overflow"``
     hooks (:class:`~taskfit.efficiency.debug.DebugUnderflowOverflow`), then ``torch.compile``."""
     args = fit.args
@@ -107,20 +107,20 @@ def setup_techniques(fit: Fit, module: nn.Module) -> None:
         compile_module(module, args.torch_compile_backend, args.torch_compile_mode)
 
 
-def start_training(fit: Fit, module: nn.Module) -> None:
+def start_training(fit: FitView, module: nn.Module) -> None:
     """Before the fit loop: undo a previous full-eval cast, switch NEFTune on (``neftune_noise_alpha``)."""
     fit.strategy.use_eval_precision(module, None)  # undo a previous full-eval cast
     if fit.args.neftune_noise_alpha is not None:
         fit._neftune_embedding = activate_neftune(module, fit.args.neftune_noise_alpha)
 
 
-def end_training(fit: Fit, module: nn.Module) -> None:
+def end_training(fit: FitView, module: nn.Module) -> None:
     """After the fit loop (also on errors): remove the NEFTune hook, leaving the embedding layer as before."""
     deactivate_neftune(getattr(fit, "_neftune_embedding", None))
     fit._neftune_embedding = None
 
 
-def prepare_full_eval(fit: Fit, module: nn.Module) -> None:
+def prepare_full_eval(fit: FitView, module: nn.Module) -> None:
     """``fp16_full_eval`` / ``bf16_full_eval``: a stand-alone validate/test/predict runs in ``16-true`` /
     ``bf16-true`` (module and inputs cast), as HF casts the model for evaluation outside training. The module
     stays cast until the next ``fit``, which casts it back to its training precision (values rounded to 16 bits,

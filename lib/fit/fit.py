@@ -1,14 +1,13 @@
 """``Fit``: how to run a TaskModule (F-CORE-3). Holds the configuration: the strategy (and through it
 accelerator, precision and checkpoint IO), callbacks, loggers and arguments; every ``fit``/``validate``/``test``/
-``predict`` call works on a run of its own (:mod:`taskfit.fit.run`) driven by the loops. Mirrors Lightning's ``Trainer`` plus the HF
-``Trainer`` API (``evaluate``, ``predict``, ``save_model``, ``log_metrics``, ``save_metrics``, ``compute_loss``)."""
+``predict`` call works on a run of its own (:mod:`taskfit.fit.run`, public as ``fit.run``) driven by the loops. Fit
+owns a few objects its public methods delegate to: the run launcher (:class:`~taskfit.fit.run.RunLauncher`), the
+training stage (:mod:`taskfit.fit.training`), the evaluation stages (:mod:`taskfit.fit.stages`) and the HF override
+adapter (:mod:`taskfit.fit.hf_overrides`). Mirrors Lightning's ``Trainer`` plus the HF ``Trainer`` API."""
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
-import time
 from collections.abc import Mapping
 from typing import Any, Callable
 
@@ -16,42 +15,79 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 import torch
 from torch import nn
 
+from taskfit import efficiency
 from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.callbacks.base import HookRunner
-from taskfit.debugging import batch_limit, fast_dev_run_batches, limit_batches, sanity_check
+from taskfit.callbacks.console import LogPrinter, configure_console
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
-from taskfit.checkpoint.writer import checkpoint_path, save_checkpoint
 from taskfit.connector import resolve_components
-from taskfit.fit.hf_overrides import HFOverridePoints, default_collator, hf_overrides
-from taskfit.fit.mixins import CallbackManagement, ProcessInfo, RunAttributes
-from taskfit.fit.outputs import ModelOutputs
-from taskfit.fit.stages import EvaluationStages
-from taskfit.data.loaders import DataModule, build_dataloader, per_process_batch_size, floating_point_ops, forward_parameter_names, num_examples, num_tokens
-from taskfit.loggers import Logger, build_loggers, resume_loggers, send_summary
-from taskfit.loops.evaluation_loop import EvaluationLoop, is_loader_list, metric_key
-from taskfit.loops.fit_loop import FitLoop, accumulation_schedule, plan_steps, resolve_interval
-from taskfit.loops.state import FitControl, FitState, TrainingState
-from taskfit.fit.metric_checks import check_before_training, missing_metric_error
-from taskfit.metrics import TrainOutput, speed_metrics
-from taskfit.core.module import TaskModule, infer_batch_size
-from taskfit.core.hooks import module_loader
-from taskfit.fit.stage_hooks import end_stage, start_stage
-from taskfit.core.results import ResultCollection
-from taskfit.fit.run import Run, RunLifecycle
-from taskfit.callbacks.console import LogPrinter, configure_console
-from taskfit.seed import enable_full_determinism, seed_everything
-from taskfit.fit.signals import install_graceful_stop
-from taskfit.fit.summary import log_summary
-from taskfit.core.wrapping import ModelTaskModule, model_loss
-from taskfit import efficiency
+from taskfit.core.wrapping import model_loss
+from taskfit.data.loaders import DataModule, floating_point_ops, num_examples, num_tokens
+from taskfit.fit import outputs
+from taskfit.fit.hf_overrides import HFAdapter, default_collator
+from taskfit.fit.hpo import hyperparameter_search
+from taskfit.fit.mixins import Topology
+from taskfit.fit.run import Run, RunLauncher
+from taskfit.fit.stages import EvaluationStages, _hf_positional
+from taskfit.fit.training import TrainingStage
+from taskfit.loggers import Logger, build_loggers, send_summary
+from taskfit.loops.state import FitControl, FitState
+from taskfit.metrics import PredictionOutput, TrainOutput
 
 log = logging.getLogger("taskfit")
 _COMPONENT_KEYS = ("accelerator", "strategy", "devices", "num_nodes", "precision")
 
 
-class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunLifecycle, EvaluationStages,
-          ModelOutputs):
+def _arguments(args: FitArguments | Mapping | None, components: tuple[Any, ...], plugins: list[Any],
+               kwargs: dict[str, Any]) -> tuple[FitArguments, list[Any], dict[str, Any]]:
+    """``Fit(...)``'s options as one ``FitArguments`` (component names and keywords override ``args``), plus the
+    plugin and component instances given.
+
+    Raises:
+        TypeError: ``args`` of another type. ValueError / NotImplementedError: as ``FitArguments``.
+    """
+    if args is None:
+        args = FitArguments()
+    elif isinstance(args, Mapping):
+        args = FitArguments.from_dict(dict(args))
+    elif not isinstance(args, FitArguments):
+        raise TypeError(f"args must be FitArguments, a dict or None; got {type(args).__name__}.")
+    instances: dict[str, Any] = {}
+    overrides = dict(kwargs)
+    for key, value in zip(_COMPONENT_KEYS, components):
+        if value is None:
+            continue
+        if isinstance(value, (str, int, list, tuple)):
+            overrides[key] = list(value) if isinstance(value, tuple) else value
+        elif key == "precision":
+            plugins.append(value)
+        else:
+            instances[key] = value
+    if overrides:
+        args = args.replace(**overrides)
+    args.check_implemented()
+    return args, plugins, instances
+
+
+def _default_callbacks(args: FitArguments, callbacks: list[Any] | None) -> list[Any]:
+    """The user's callbacks plus the ones ``args`` asks for (throughput monitor, profiler) and the console view
+    (a progress bar, or one line per log with ``disable_tqdm``); a user's own bar replaces the default one."""
+    out = with_throughput_monitor(args, list(callbacks or []))
+    if args.profiler:  # a callback: a run without a profiler pays nothing for it
+        from taskfit.callbacks.profilers import profiler_from_args
+
+        out.append(profiler_from_args(args))
+    if any(isinstance(cb, ProgressBar) for cb in out):
+        pass  # the user's bar (tqdm or rich) replaces the default console view, as in Lightning
+    elif args.disable_tqdm:  # the console view: one line per log, or the bar
+        out.append(LogPrinter())
+    else:
+        out.insert(0, ProgressBar())
+    return out
+
+
+class Fit(Topology):
     """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
 
     Args:
@@ -102,27 +138,8 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
                  processing_class: Any = None, tokenizer: Any = None, model_init: Callable | None = None,
                  model: nn.Module | None = None, train_dataset: Any = None, eval_dataset: Any = None,
                  optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None, **kwargs: Any) -> None:
-        if args is None:
-            args = FitArguments()
-        elif isinstance(args, Mapping):
-            args = FitArguments.from_dict(dict(args))
-        elif not isinstance(args, FitArguments):
-            raise TypeError(f"args must be FitArguments, a dict or None; got {type(args).__name__}.")
-        plugins = list(plugins or [])
-        instances: dict[str, Any] = {}
-        overrides = dict(kwargs)
-        for key, value in zip(_COMPONENT_KEYS, (accelerator, strategy, devices, num_nodes, precision)):
-            if value is None:
-                continue
-            if isinstance(value, (str, int, list, tuple)):
-                overrides[key] = list(value) if isinstance(value, tuple) else value
-            elif key == "precision":
-                plugins.append(value)
-            else:
-                instances[key] = value
-        if overrides:
-            args = args.replace(**overrides)
-        args.check_implemented()
+        args, plugins, instances = _arguments(args, (accelerator, strategy, devices, num_nodes, precision),
+                                              list(plugins or []), kwargs)
         self.args = args
         self.strategy = resolve_components(args, plugins, **instances)
         rank_zero_only.rank = self.strategy.global_rank  # one rank-zero gate for every side effect
@@ -133,33 +150,24 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         self.processing_class = processing_class if processing_class is not None else tokenizer
         self.data_collator = default_collator(data_collator, self.processing_class)  # as HF: never None
         self.model_init = model_init
-        self._model_preparation_time: float | None = None
         self._given_model = model
         self.train_dataset = train_dataset
         self.eval_dataset = eval_dataset
         self.optimizer_cls_and_kwargs = optimizer_cls_and_kwargs
         self.is_in_train = False  # True while fit() trains (HF's flag; evaluate() then runs inside that run)
         self._ignore_keys_for_eval: list[str] | None = None
-        self._creating: list[Any] | None = None  # the optimizer/scheduler slots while create_optimizer runs
-        self._loader_run: Run | None = None  # the run whose loaders an HF get_*_dataloader override builds
-
-        self.callbacks: list[Any] = with_throughput_monitor(args, list(callbacks or []))
-        if args.profiler:  # a callback: a run without a profiler pays nothing for it
-            from taskfit.callbacks.profilers import profiler_from_args
-
-            self.callbacks.append(profiler_from_args(args))
-        if any(isinstance(cb, ProgressBar) for cb in self.callbacks):
-            pass  # the user's bar (tqdm or rich) replaces the default console view, as in Lightning
-        elif args.disable_tqdm:  # the console view: one line per log, or the bar
-            self.callbacks.append(LogPrinter())
-        else:
-            self.callbacks.insert(0, ProgressBar())
+        # the objects Fit owns: run launch and set-up, the stages' bodies, the HF override points
+        self._launcher = RunLauncher(self)
+        self._training = TrainingStage(self)
+        self._stages = EvaluationStages(self)
+        self._hf = HFAdapter(self, Fit)
+        self.callbacks: list[Any] = _default_callbacks(args, callbacks)
         efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
         self.loggers: list[Logger] = build_loggers(args, loggers)
         self._idle_state = FitState(is_local_process_zero=self.strategy.local_rank == 0,
                                     is_world_process_zero=self.strategy.is_global_zero)
         self._idle_control = FitControl()
-        self._run: Run | None = None       # the run of the latest stage call (see taskfit.fit.run)
+        self._run: Run | None = None       # the run of the latest stage call (see taskfit.fit.run; public: .run)
         self._last_fit: Run | None = None  # the run of the latest fit()
         self.callback_metrics: dict[str, Any] = {}
         self.sanity_checking = False  # True while num_sanity_val_steps runs (Lightning's trainer.sanity_checking)
@@ -169,53 +177,119 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         configure_console(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
+
+    # ------------------------------------------------------------------------------- the current run ---
+    @property
+    def run(self) -> Run | None:
+        """The run of the ``fit``/``validate``/``test``/``predict`` call in progress on this process (read-only;
+        None outside a call): its model, module, optimizers, schedulers, loaders, state and the state a checkpoint
+        saves (:class:`taskfit.fit.run.Run`). Callbacks read the run through it."""
+        return self._run if self._launcher.depth else None
+
+    @property
+    def model(self) -> Any:
+        """The model of the current or last run; before any, the constructor's ``model`` (None without one)."""
+        return self._run.model if self._run is not None else self._given_model
+
+    @property
+    def module(self) -> Any:
+        """The TaskModule the loops drive (the model itself, or the ``ModelTaskModule`` around a plain model)."""
+        return self._run.module if self._run is not None else None
+
+    @property
+    def state(self) -> Any:
+        """The loop state (HF ``TrainerState`` fields) of the current or last run."""
+        return self._run.state if self._run is not None else self._idle_state
+
+    @property
+    def control(self) -> Any:
+        """The control flags (HF ``TrainerControl``) of the current or last run."""
+        return self._run.control if self._run is not None else self._idle_control
+
+    @property
+    def optimizers(self) -> list[Any]:
+        """The optimizers of the last ``fit`` (as the strategy returned them: DeepSpeed's own, ...)."""
+        return list(self._last_fit.optimizers) if self._last_fit is not None else []
+
+    @property
+    def optimizer(self) -> Any:
+        """The optimizer (HF ``Trainer.optimizer``): while a ``train()`` builds its optimizer, the one being built
+        (None until ``create_optimizer`` sets it); after, the last ``fit``'s; before any, ``optimizers[0]`` given
+        to the constructor. Settable, as in HF: inside ``create_optimizer`` it is the run's optimizer, outside it
+        the optimizer the next ``train()`` starts from."""
+        return self._hf.optimizer()
+
+    @optimizer.setter
+    def optimizer(self, value: Any) -> None:
+        self._hf.set_optimizer(value)
+
+    @property
+    def lr_scheduler(self) -> Any:
+        """The LR scheduler (HF ``Trainer.lr_scheduler``), with the same timing rules as :attr:`optimizer`."""
+        return self._hf.lr_scheduler()
+
+    @lr_scheduler.setter
+    def lr_scheduler(self, value: Any) -> None:
+        self._hf.set_lr_scheduler(value)
+
+    @property
+    def lr_scheduler_configs(self) -> list[Any]:
+        """The LR schedulers of the last ``fit`` with their step interval and monitor (Lightning's name)."""
+        return list(self._last_fit.schedulers) if self._last_fit is not None else []
+
+    @property
+    def scheduler_interval(self) -> str:
+        """When the first scheduler steps: ``"step"``, ``"epoch"`` or ``"eval"``."""
+        configs = self.lr_scheduler_configs
+        return configs[0].interval if configs else "step"
+
     @property
     def scheduler_monitor(self) -> str | None:
         """The metric the first (metric) scheduler watches, if any."""
         configs = self.lr_scheduler_configs
         return configs[0].monitor if configs else None
 
-    def _collator(self, data_collator: Callable | None) -> Callable | None:
-        collator = data_collator or self.data_collator
-        if collator is None and self.processing_class is not None and hasattr(self.processing_class, "pad"):
-            from transformers import DataCollatorWithPadding
+    @property
+    def train_loader(self) -> Any:
+        """The training DataLoader of the last ``fit`` (this process's share)."""
+        return self._last_fit.train_loader if self._last_fit is not None else None
 
-            collator = DataCollatorWithPadding(self.processing_class)
-        return collator
+    @property
+    def should_stop(self) -> bool:
+        """Lightning alias of ``control.should_training_stop`` (settable)."""
+        return self.control.should_training_stop
 
-    def _loader(self, data: Any, *, train: bool, collator: Callable | None, what: str,
-                run: Run | None = None) -> Any:
-        run = run or self._run
-        keep = None
-        if run is not None and isinstance(run.module, ModelTaskModule) and self.args.remove_unused_columns:
-            names = forward_parameter_names(run.model)
-            if names is not None:
-                keep = names | set(run.module.label_names) | {"label", "label_ids"}
-        bs = per_process_batch_size(self.args, self.world_size, train)  # split_batches: global size / world
-        a = self.args
-        stage = run.stage if run is not None else "fit"
-        loader = self.strategy.process_dataloader(
-            build_dataloader(data, a, train=train and not (a.overfit_batches and stage == "fit"), batch_size=bs,
-                             collate_fn=self._collator(collator), keep_columns=keep, what=what,
-                             pin_memory_supported=self.strategy.accelerator.supports_pin_memory()))
-        limit = batch_limit(a, stage, train)
-        if limit is not None:  # Lightning's fast_dev_run / overfit_batches / limit_*_batches
-            loader = limit_batches(loader, limit, "limit_train_batches" if train else f"limit for {what}")
-        return loader
+    @should_stop.setter
+    def should_stop(self, value: bool) -> None:
+        self.control.should_training_stop = bool(value)
 
-    def _eval_loader_dict(self, data: Any, collator: Callable | None, run: Run | None = None) -> dict[str | None, Any]:
-        if data is None:
-            return {}
-        if isinstance(data, Mapping):
-            return {name: self._loader(d, train=False, collator=collator, what=f"eval dataset {name!r}", run=run)
-                    for name, d in data.items()}
-        if is_loader_list(data):  # Lightning's list of loaders: keyed by dataloader_idx
-            if len(data) == 1:
-                data = data[0]
-            else:
-                return {i: self._loader(d, train=False, collator=collator, what=f"eval dataset {i}", run=run)
-                        for i, d in enumerate(data)}
-        return {None: self._loader(data, train=False, collator=collator, what="eval dataset", run=run)}
+    def is_world_process_zero(self) -> bool:
+        """HF alias of :attr:`is_global_zero`."""
+        return self.strategy.is_global_zero
+
+    def is_local_process_zero(self) -> bool:
+        """True on the first process of each machine."""
+        return self.strategy.local_rank == 0
+
+    # ------------------------------------------------------------------------------------- callbacks ---
+    def add_callback(self, callback: Any) -> None:
+        """Add a callback instance or class (instantiated without arguments), as HF ``add_callback``."""
+        self.callbacks.append(callback() if isinstance(callback, type) else callback)
+        self._hooks = HookRunner(self.callbacks, self.module)
+
+    def pop_callback(self, callback: Any) -> Any:
+        """Remove and return the first callback equal to ``callback`` or of that class (None if absent), as HF
+        ``pop_callback``."""
+        for cb in self.callbacks:
+            if cb is callback or (isinstance(callback, type) and isinstance(cb, callback)):
+                self.callbacks.remove(cb)
+                self._hooks = HookRunner(self.callbacks, self.module)
+                return cb
+        return None
+
+    def remove_callback(self, callback: Any) -> None:
+        """Remove the first callback equal to ``callback`` or of that class (HF ``remove_callback``)."""
+        self.pop_callback(callback)
 
     # ----------------------------------------------------------------------------------------- fitting ---
     def fit(self, model: nn.Module | None = None, train_data: Any = None, eval_data: Any = None, *,
@@ -247,10 +321,10 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         if datamodule is None:
             train_data = train_data if train_data is not None else self.train_dataset
             eval_data = eval_data if eval_data is not None else self.eval_dataset
-        return self._launch("fit", model, dict(train_data=train_data, eval_data=eval_data,
-                                               data_collator=data_collator, datamodule=datamodule,
-                                               resume_from_checkpoint=resume_from_checkpoint,
-                                               weights_only=weights_only))
+        return self._launcher.launch("fit", model, dict(train_data=train_data, eval_data=eval_data,
+                                                         data_collator=data_collator, datamodule=datamodule,
+                                                         resume_from_checkpoint=resume_from_checkpoint,
+                                                         weights_only=weights_only))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
               ignore_keys_for_eval: list[str] | None = None, **kwargs: Any) -> TrainOutput:
@@ -276,173 +350,87 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         self._ignore_keys_for_eval = ignore_keys_for_eval
         return self.fit(resume_from_checkpoint=resume_from_checkpoint)
 
-    def _hf_optimizers(self, model: nn.Module) -> tuple[Any, Any]:
-        """``optimizers=`` as given; else an optimizer from ``optimizer_cls_and_kwargs`` (HF's param groups)."""
-        opt, sched = self._optimizers
-        if opt is None and self.optimizer_cls_and_kwargs is not None:
-            from taskfit.optim.optimizers import _split_params
 
-            cls, kwargs = self.optimizer_cls_and_kwargs
-            opt = cls(_split_params(model, float(self.args.weight_decay)), **dict(kwargs))
-        return opt, sched
+    # ------------------------------------------------------------------------------------- evaluation ---
+    def validate(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
+                 datamodule: DataModule | None = None, metric_key_prefix: str = "eval",
+                 ckpt_path: str | None = None, ignore_keys: list[str] | None = None) -> dict[str, float]:
+        """Evaluate on ``data`` (default: the eval data given to ``fit``); returns metrics such as
+        ``eval_loss``, logged names (``val_acc``), ``compute_metrics`` results, ``eval_runtime`` (s),
+        ``eval_samples_per_second``. A dict of datasets gives ``{prefix}_{name}_{metric}`` keys. ``ckpt_path``
+        (``"best"``, ``"last"`` or a checkpoint folder; Lightning's argument) loads those weights first.
+        ``ignore_keys``: output keys of a plain model left out of the predictions (HF's argument).
 
-    def _fit_stage(self, model: nn.Module | None, **kwargs: Any) -> TrainOutput:
-        if not self.args.auto_find_batch_size:
-            return self._fit_once(self.args, model, **kwargs)
-        return efficiency.fit_with_auto_batch_size(  # halve the batch on out-of-memory, retry
-            lambda args: self._fit_once(args, model, **kwargs), self.args, model, kwargs.get("train_data"),
-            self.strategy.accelerator)
+        Raises:
+            ValueError: no data, empty data, a module without ``validation_step``, or no checkpoint for
+                ``ckpt_path``.
+        """
+        model, data, ignore_keys = _hf_positional(model, data, ignore_keys)  # HF-style fit.evaluate(eval_dataset)
+        return self._launcher.launch("validate", model, dict(
+            data=data, data_collator=data_collator, datamodule=datamodule, metric_key_prefix=metric_key_prefix,
+            ckpt_path=ckpt_path, ignore_keys=ignore_keys))
 
-    def _fit_once(self, args: FitArguments, model: nn.Module | None, train_data: Any, eval_data: Any,
-                  data_collator: Callable | None, datamodule: DataModule | None,
-                  resume_from_checkpoint: str | bool | None, weights_only: bool) -> TrainOutput:
-        from taskfit.optim.configure import configure_optimizers
-        from taskfit.checkpoint.publish import make_publisher
-        from taskfit.checkpoint.resume import (
-            finish_checkpoints, plan_resumed_run, resolve_checkpoint, restore, wait_for_saves_quietly,
-        )
+    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
+                 metric_key_prefix: str = "eval", *, model: Any = None, data: Any = None,
+                 **kwargs: Any) -> dict[str, float]:
+        """Evaluate and return the metrics (HF ``Trainer.evaluate(eval_dataset, ignore_keys, metric_key_prefix)``);
+        outside training :meth:`validate` (``fit.evaluate(model, data)`` and its keywords work too); called while
+        training (by the loop, a callback or an override) it evaluates inside that run, as HF's does. A subclass
+        override is what the evaluations during training call (as HF's ``_maybe_log_save_evaluate``)."""
+        if isinstance(eval_dataset, nn.Module):  # Fit-style evaluate(model, data)
+            model, eval_dataset, ignore_keys = eval_dataset, ignore_keys if data is None else data, None
+        data = data if data is not None else eval_dataset
+        if self.is_in_train or self._stages.eval_in_progress:
+            return self._stages.hf_evaluate(data, ignore_keys, metric_key_prefix)
+        return self.validate(model, data, metric_key_prefix=metric_key_prefix, ignore_keys=ignore_keys, **kwargs)
 
-        n_dev = fast_dev_run_batches(args)
-        if n_dev:  # one short epoch of N batches, evaluated once at its end, no checkpoints (Lightning)
-            args = dataclasses.replace(args, max_steps=math.ceil(n_dev / args.gradient_accumulation_steps),
-                                       num_train_epochs=1, save_strategy="no", load_best_model_at_end=False,
-                                       eval_strategy="epoch" if args.eval_strategy != "no" else "no")
-        self.args = args  # a retry or a trial brings new arguments: the strategy re-derives its settings too
-        self.strategy.configure(args)
-        if resume_from_checkpoint is None:
-            resume_from_checkpoint = args.resume_from_checkpoint
-        # seed first: model_init and the module's own initialisation must see the run's seed (HF order)
-        (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
-        model, module = self._resolve_model(model, "fit")
-        start_stage(self, module, datamodule, "fit")  # configure_callbacks, prepare_data, setup, configure_model
-        if datamodule is not None:
-            train_data = train_data if train_data is not None else datamodule.train_dataloader()
-            eval_data = eval_data if eval_data is not None else datamodule.val_dataloader()
-        else:  # a LightningModule-style module may define its own loaders
-            train_data = train_data if train_data is not None else module_loader(module, "train_dataloader")
-            if eval_data is None and self._can_validate(module):
-                eval_data = module_loader(module, "val_dataloader")
-        if train_data is None:
-            raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")
-        if args.eval_strategy != "no" and eval_data is None:
-            raise ValueError(f"eval_strategy={args.eval_strategy!r} needs eval data; pass eval_data or set "
-                             "eval_strategy='no'.")
-        if eval_data is not None and not self._can_validate(module):
-            raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
-        if not module.automatic_optimization:  # Lightning refuses these too
-            if args.gradient_accumulation_steps > 1:
-                raise ValueError(f"gradient_accumulation_steps={args.gradient_accumulation_steps} is not supported "
-                                 "with manual optimization (automatic_optimization = False): accumulate in "
-                                 "training_step by stepping the optimizers every N batches.")
-            if self.strategy.engine_owns_step:
-                raise ValueError(f"manual optimization (automatic_optimization = False) is not supported by "
-                                 f"{type(self.strategy).__name__}, whose engine runs backward and the step.")
-        st = FitState(is_local_process_zero=self.is_local_process_zero(), is_world_process_zero=self.is_global_zero)
-        run = Run("fit", model, module, st, FitControl())
-        run.train_loader = self._train_dataloader(run, train_data, data_collator)  # get_train_dataloader (HF)
-        run.eval_loaders = self._eval_loader_dict(eval_data, data_collator, run=run)
-        run.eval_data, run.data_collator = eval_data, data_collator
-        if (run.eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model
-                and type(self).evaluate is EvaluationStages.evaluate):  # an evaluate override may add the metric
-            check_before_training(args.metric_for_best_model, metric_key(args.metric_for_best_model, "eval"),
-                                  isinstance(module, ModelTaskModule), self.compute_metrics is not None,
-                                  list(run.eval_loaders) == [None])
+    def test(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
+             datamodule: DataModule | None = None, metric_key_prefix: str = "test",
+             ckpt_path: str | None = None) -> dict[str, float]:
+        """Like :meth:`validate` with ``test_step`` and ``test_`` keys (``ckpt_path`` as there; Lightning's
+        ``Trainer.test``).
 
-        schedule = accumulation_schedule(self.callbacks)
-        steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, args, schedule)
-        self.strategy.setup_environment()
-        ckpt = resolve_checkpoint(self.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
-        ckpt = self.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
-        reader = None  # the checkpoint's reader: restore reads each file once
-        if ckpt:  # another number of steps per epoch than the checkpoint's run: the steps left are re-counted
-            max_steps, num_epochs, reader = plan_resumed_run(
-                self.strategy.checkpoint_io, ckpt, run.train_loader, args, schedule,
-                (steps_per_epoch, max_steps, num_epochs), weights_only)
-        st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
-        st.logging_steps = resolve_interval(args.logging_steps, max_steps)
-        st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,
-                                         max_steps)
-        st.save_steps = resolve_interval(args.save_steps, max_steps)
-        st.train_batch_size = args.per_device_train_batch_size
-        st.batches_per_epoch = steps_per_epoch and len(run.train_loader)
+        Raises:
+            ValueError: no or empty data.
+        """
+        if model is not None and not isinstance(model, nn.Module) and data is None:
+            model, data = None, model
+        return self._launcher.launch("test", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
+                                                         metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
 
-        run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
-        self._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
-        run.optimizers, run.schedulers = configure_optimizers(
-            module, model, args, max_steps, self._run_optimizers(run, max_steps) or self._hf_optimizers(model),
-            strategy_builds_optimizer=self.strategy.builds_own_optimizer)
-        self._setup_run(run, max_steps)
-        self._run = self._last_fit = run
-        module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
-        module._log_defaults = (True, False)
-        run.training_state = TrainingState(
-            st, run.control, run.sums, self.strategy.precision, self.callbacks, module, self.strategy.all_gather,
-            self.global_rank, self.world_size, args.restore_callback_states_from_checkpoint,
-            accelerator=self.strategy.accelerator)
-        if ckpt:
-            saved = restore(run, ckpt, self.strategy, args, weights_only, reader)
-            self._hooks.call("on_load_checkpoint", self, module, saved)
-            if self.is_global_zero:  # every logger continues the same run from the checkpoint's step
-                resume_loggers(self.loggers, st.global_step, st.log_history)
-        run.publisher = make_publisher(self)  # push_to_hub: uploads on a background thread
-        start_samples, start_step = st.samples_seen, st.global_step
-        log_summary(self, module, max_steps, steps_per_epoch)
-        hooks, ctl = self._hooks, run.control
-        ctl._new_training()
-        if self.is_global_zero and not n_dev:
-            for lg in self.loggers:
-                lg.log_hyperparams(args.to_sanitized_dict())
-        hooks.call("on_fit_start", self, module)
-        hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
-        hooks.call("on_train_start", self, module)
-        module.train()
-        loop = FitLoop(run, self, args, self.strategy, hooks, self._log, self._evaluate_during_fit,
-                       self._save_checkpoint)
-        loop.stop = install_graceful_stop(  # SIGTERM / Ctrl-C / SLURM
-            args.save_on_interrupt, self.world_size, getattr(self.strategy, "check_collective", None))
-        start = time.perf_counter()
-        try:
-            if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
-                sanity_check(self, run)
-            self.is_in_train = True  # HF's flag: evaluate() called now evaluates inside this run
-            if args.eval_on_start and run.eval_loaders:
-                self._evaluate_during_fit(skip_scheduler=True)  # HF: no ReduceLROnPlateau step before training
-            if args.detect_anomaly:
-                with torch.autograd.detect_anomaly():
-                    loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
-            else:
-                loop.run_epochs(run.train_loader, steps_per_epoch, num_epochs)
-            loop.stop.finish()  # the stop flag's last all-reduce: no collective left in flight after the loop
-        except BaseException as exc:
-            wait_for_saves_quietly(self.strategy.checkpoint_io)
-            hooks.call("on_exception", self, module, exc)
-            self._finalize_loggers("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
-            raise
-        finally:
-            loop.stop.uninstall()
-            self.is_in_train = False
-        metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
-                                st.global_step - start_step)
-        metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss)  # log() adds epoch
-        for cb in self.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
-            metrics.update(getattr(cb, "train_metrics", dict)())
-        metrics.update(finish_checkpoints(self, metrics, run.publisher))  # best model, final push
-        self._log(metrics)  # the same dict, as HF: a log() override that edits it edits the TrainOutput
-        hooks.call("on_train_end", self, module)
-        hooks.call_hf("on_train_end", args, st, ctl, **run.hf_kwargs())
-        hooks.call("on_fit_end", self, module)
-        end_stage(self, module, datamodule, "fit")
-        self._finalize_loggers("success")
-        return TrainOutput(st.global_step, loop.training_loss, metrics)
+    def predict(self, test_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test",
+                *, model: nn.Module | None = None, data: Any = None, data_collator: Callable | None = None,
+                datamodule: DataModule | None = None, ckpt_path: str | None = None) -> PredictionOutput:
+        """Run ``predict_step`` over ``data``; returns ``PredictionOutput(predictions, label_ids, metrics)``
+        with numpy arrays concatenated over batches (mirrors HF ``Trainer.predict``; ``ckpt_path`` as in
+        :meth:`validate`). HF's signature ``predict(test_dataset, ignore_keys, metric_key_prefix)``; Fit's
+        ``predict(model, data)`` and ``model=``/``data=`` keywords work too. A plain model's
+        run builds its loader with :meth:`get_test_dataloader` and applies ``preprocess_logits_for_metrics``, as HF.
 
-    @staticmethod
-    def _can_validate(module: TaskModule) -> bool:
-        return type(module).validation_step is not TaskModule.validation_step
+        Raises:
+            ValueError: no or empty data.
+        """
+        if isinstance(test_dataset, nn.Module):  # Fit-style predict(model, data)
+            model, test_dataset, ignore_keys = test_dataset, ignore_keys if data is None else data, None
+        data = data if data is not None else test_dataset
+        return self._launcher.launch("predict", model, dict(
+            data=data, data_collator=data_collator, datamodule=datamodule, metric_key_prefix=metric_key_prefix,
+            ckpt_path=ckpt_path, ignore_keys=ignore_keys))
 
-    def _finalize_loggers(self, status: str) -> None:
-        if self.is_global_zero:
-            for lg in self.loggers:
-                lg.finalize(status)
+    def save_checkpoint(self, filepath: str | None = None) -> str:
+        """Write a checkpoint of the training run in progress (or, after it, of the last ``fit``) to the folder
+        ``filepath`` (mirrors Lightning's ``Trainer.save_checkpoint``; ``ModelCheckpoint`` calls it); without
+        ``filepath`` to ``output_dir/checkpoint-{global_step}`` as the run's own saves do (HF's folder, recorded as
+        the best checkpoint and pushed with ``push_to_hub``). Every process must call it (the strategy gathers the
+        shards and writes the manifest last). Returns the folder's path.
+
+        Raises:
+            RuntimeError: no ``fit`` ran yet (there is no training state to save).
+        """
+        run = self._run if self._run is not None and self._run.training_state is not None else self._last_fit
+        if run is None or run.training_state is None:
+            raise RuntimeError("save_checkpoint() needs a training run: call it during or after fit().")
+        return self._training.write_checkpoint(run.training_state.state_dict(), filepath, run)
 
     def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
         """Send ``logs`` to every logger and ``on_log`` callbacks; append to ``state.log_history`` with the
@@ -463,83 +451,10 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
         if self._hooks.hf["on_log"]:
             self._hooks.call_hf("on_log", self.args, st, self.control, logs=logs)
 
-    def _run_eval(self, loaders: dict[str | None, Any], stage: str, prefix: str,
-                  ignore_keys: list[str] | None = None) -> tuple[dict, set[str]]:
-        """Evaluate every named loader; returns the metrics and the keys logged with ``logger=False``."""
-        metrics: dict[str, float] = {}
-        hidden: set[str] = set()
-        indexed = len(loaders) > 1 and all(isinstance(n, int) for n in loaders)  # a list: one evaluation epoch
-        shared = ResultCollection(infer_batch_size, self.strategy.reduce, sync_by_default=True) if indexed else None
-        for i, (name, loader) in enumerate(loaders.items()):
-            loop = EvaluationLoop(self, stage, self._hooks, ignore_keys, **(dict(
-                dataloader_idx=name, results=shared, first=i == 0, last=i == len(loaders) - 1) if indexed else {}))
-            key = prefix if name is None or indexed else f"{prefix}_{name}"
-            metrics.update(loop.run(loader, key)[0])
-            if self._model_preparation_time is not None:
-                metrics[f"{key}_model_preparation_time"] = self._model_preparation_time
-            hidden |= loop.hidden
-        return metrics, hidden
-
-    def _evaluate_during_fit(self, skip_scheduler: bool = False) -> dict[str, float]:
-        """An evaluation during training, in HF's order: evaluate (log row, ``on_evaluate``), the metric
-        schedulers' step, then the best metric. A subclass overriding ``evaluate`` or ``get_eval_dataloader`` is
-        called here as HF's ``_maybe_log_save_evaluate`` calls it (``self.evaluate(ignore_keys=...)``)."""
-        run = self._run
-        if hf_overrides(self, "get_eval_dataloader") or type(self).evaluate is not EvaluationStages.evaluate:
-            with self._loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):
-                metrics = self.evaluate(ignore_keys=self._ignore_keys_for_eval)
-        else:
-            metrics = self._evaluate_in_run(run.eval_loaders, "eval", self._ignore_keys_for_eval)
-        for cfg in () if skip_scheduler else run.schedulers:
-            if cfg.interval != "eval":
-                continue
-            if cfg.monitor not in metrics:
-                raise KeyError(f"ReduceLROnPlateau monitors {cfg.monitor!r}, which evaluation did not "
-                               f"return; available: {sorted(metrics)}.")
-            cfg.scheduler.step(metrics[cfg.monitor])
-        self._track_best(metrics)
-        return metrics
-
-    def _track_best(self, metrics: dict[str, float]) -> None:
-        name = self.args.metric_for_best_model
-        if not name:
-            return
-        key = metric_key(name, "eval")
-        if key not in metrics:
-            raise missing_metric_error(name, key, metrics)
-        value, best = metrics[key], self.state.best_metric
-        greater = self.args.greater_is_better if self.args.greater_is_better is not None else not key.endswith("loss")
-        if best is None or (value > best if greater else value < best):
-            self.state.best_metric = value
-            if self.args.save_strategy in ("steps", "epoch", "best"):  # HF: the step only when checkpoints exist
-                self.state.best_global_step = self.state.global_step
-            self.control.should_save = self.control.should_save or self.args.save_strategy == "best"
-
-    def _save_checkpoint(self, training_state: dict[str, Any], path: str | None = None) -> str:
-        """Write a checkpoint of the current run: ``output_dir/checkpoint-{step}`` or, with ``path``, that folder
-        (``ModelCheckpoint``; not pushed, not the HF best-model record). Returns the folder's path."""
-        run = self._run
-        if path is None and self.state.best_global_step == self.state.global_step:  # recorded before writing
-            self.state.best_model_checkpoint = checkpoint_path(self)
-            training_state["state"]["best_model_checkpoint"] = self.state.best_model_checkpoint
-        self._hooks.call("on_save_checkpoint", self, run.module, training_state)
-        written = save_checkpoint(self, training_state, path)
-        if path is None and run.publisher is not None:
-            from taskfit.checkpoint.publish import push_checkpoint
-
-            push_checkpoint(self, run.publisher, written)
-        self._hooks.call_hf("on_save", self.args, self.state, self.control)
-        return written
-
-    def _log(self, logs: dict[str, Any]) -> None:
-        self.log(logs)  # through self: a subclass's log() override sees every row, as in HF
-
     def hyperparameter_search(self, hp_space: Callable | None = None, compute_objective: Callable | None = None,
                               n_trials: int = 20, direction: Any = "minimize", **kw: Any) -> Any:
         """Optuna search returning ``BestRun`` (F-HPO-1, HF ``Trainer.hyperparameter_search``); arguments
         (``backend``, ``train_data``, ``model_init``...): :func:`taskfit.fit.hpo.hyperparameter_search`."""
-        from taskfit.fit.hpo import hyperparameter_search
-
         runs = self._run, self._last_fit  # every trial is a run of its own; afterwards the Fit is as before
         try:
             return hyperparameter_search(self, hp_space, compute_objective, n_trials, direction, **kw)
@@ -565,3 +480,120 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
     def floating_point_ops(self, inputs: Any) -> int:
         """Training FLOPs of one batch (see :func:`taskfit.data.loaders.floating_point_ops`)."""
         return floating_point_ops(self.model or nn.Module(), inputs)
+
+    # ------------------------------- HF override points (defaults in the adapter; see taskfit.fit.hf_overrides) ---
+    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
+        """Build the optimizer and the LR schedule (HF ``Trainer.create_optimizer_and_scheduler``): calls
+        :meth:`create_optimizer` then :meth:`create_scheduler`. Not called by ``train()`` (HF 5 neither)."""
+        self.create_optimizer()
+        self.create_scheduler(num_training_steps=num_training_steps)
+
+    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
+        """Set :attr:`optimizer` unless one is set already (the constructor's ``optimizers[0]``), and return it
+        (HF ``Trainer.create_optimizer``): ``optimizer_cls_and_kwargs`` over HF's decay / no-decay parameter
+        groups, else the optimizer ``args.optim`` names. Override it in a subclass to build your own."""
+        return self._hf.create_optimizer(model)
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
+        """Set :attr:`lr_scheduler` unless one is set already, and return it (HF ``Trainer.create_scheduler``): the
+        schedule ``args.lr_scheduler_type`` names over ``num_training_steps`` optimizer steps, for ``optimizer``
+        (default :attr:`optimizer`)."""
+        return self._hf.create_scheduler(num_training_steps, optimizer)
+
+    def get_train_dataloader(self) -> Any:
+        """The training loader over ``self.train_dataset`` (HF ``Trainer.get_train_dataloader``): per-process batch
+        size, shuffled (distributed sampler under several processes), ``data_collator``, unused columns removed.
+
+        Raises:
+            ValueError: no ``train_dataset``.
+        """
+        return self._hf.get_train_dataloader()
+
+    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
+        """The evaluation loader (HF ``Trainer.get_eval_dataloader``): over ``eval_dataset``, a key of a dict
+        ``self.eval_dataset`` (a ``str``), or ``self.eval_dataset``.
+
+        Raises:
+            ValueError: neither ``eval_dataset`` nor ``self.eval_dataset``.
+        """
+        return self._hf.get_eval_dataloader(eval_dataset)
+
+    def get_test_dataloader(self, test_dataset: Any) -> Any:
+        """The prediction loader over ``test_dataset`` (HF ``Trainer.get_test_dataloader``)."""
+        return self._hf.get_test_dataloader(test_dataset)
+
+    def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
+        """One micro-batch of a plain model (HF ``Trainer.training_step``): ``model.train()``, the loss from
+        :meth:`compute_loss`, weighted by the micro-batch's share of the accumulation window (HF: divided by
+        ``gradient_accumulation_steps``), backward through the strategy; returns the weighted loss, detached.
+        Override it in a subclass (e.g. to add a penalty or scale the loss); call ``loss.backward()`` or
+        ``super().training_step``. ``num_items_in_batch`` is what HF passes (see
+        :class:`~taskfit.fit.hf_overrides.HFTrainingStep`), for an override's own use; this default step leaves it
+        out of :meth:`compute_loss` (which gets None), since the window weight already normalises the loss (HF
+        instead skips its division by the accumulation steps when the model or ``compute_loss_func`` takes the
+        count: the same gradients, a documented difference)."""
+        return self._hf.training_step(model, inputs)
+
+    def prediction_step(self, model: nn.Module, inputs: Any, prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None) -> tuple[Any, Any, Any]:
+        """``(loss, logits, labels)`` of one evaluation batch (HF ``Trainer.prediction_step``): the loss from
+        :meth:`compute_loss` when the batch has every label (None otherwise), the outputs other than the loss and
+        ``ignore_keys`` (default the model config's ``keys_to_ignore_at_inference``) as logits (a single one
+        unwrapped), the labels; with ``prediction_loss_only`` ``(loss, None, None)``. Runs under ``no_grad``."""
+        return self._hf.prediction_step(model, inputs, prediction_loss_only, ignore_keys)
+
+    def _prepare_inputs(self, inputs: Any) -> Any:
+        # HF's private Trainer._prepare_inputs, which step overrides often call (the batch is on the device already)
+        return self._hf.prepare_inputs(inputs)
+
+    # ----------------------------------------------------------------------------------------- outputs ---
+    def save_model(self, output_dir: str | None = None) -> str:
+        """Write the trained model (safetensors weights + config, and the processing class) to ``output_dir``
+        (default ``args.output_dir``) on rank zero; returns the folder (F-CORE-7, HF ``save_model``).
+
+        Raises:
+            ValueError: no model attached yet.
+        """
+        return outputs.save_model(self, output_dir)
+
+    def log_metrics(self, split: str, metrics: dict[str, Any]) -> None:
+        """Print ``metrics`` as an aligned table on rank zero (HF ``log_metrics`` with ``metrics_format``)."""
+        outputs.log_metrics(split, metrics)
+
+    def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
+        """Write ``{split}_results.json`` (and merge into ``all_results.json``) under ``output_dir`` on rank zero
+        (HF ``save_metrics``)."""
+        outputs.save_metrics(self.args.output_dir, split, metrics, combined)
+
+    def save_state(self) -> None:
+        """Write ``trainer_state.json`` (the loop state, HF ``save_state``) under ``output_dir`` (path or URL) on
+        rank zero."""
+        outputs.save_state(self)
+
+    def create_model_card(self, model_name: str | None = None, dataset: str | list[str] | None = None,
+                          finetuned_from: str | None = None, tags: list[str] | None = None) -> str:
+        """Write ``README.md`` (the model card, see :func:`taskfit.checkpoint.publish.create_model_card`) under
+        ``output_dir`` on rank zero and return its text (HF ``create_model_card``)."""
+        return outputs.create_model_card(self, model_name, dataset, finetuned_from, tags)
+
+    def push_to_hub(self, dataset: str | list[str] | None = None) -> list[str]:
+        """Publish the model, card and metrics now to ``hub_model_id`` (HF ``push_to_hub``; see
+        :mod:`taskfit.checkpoint.publish`) and wait for it; returns the failed pushes (empty when it worked)."""
+        return outputs.push_to_hub(self, dataset)
+
+    # ------------------------------------------------------ private members the loops and tests use ---
+    def _loader(self, data: Any, *, train: bool, collator: Callable | None, what: str, run: Run | None = None) -> Any:
+        return self._launcher.loader(data, train=train, collator=collator, what=what, run=run)
+
+    def _eval_entry(self, model: Any, data: Any, stage: str, ckpt_path: str | None = None) -> Any:
+        return self._stages.eval_entry(model, data, stage, ckpt_path)
+
+    def _run_eval(self, loaders: dict[Any, Any], stage: str, prefix: str,
+                  ignore_keys: list[str] | None = None) -> tuple[dict, set[str]]:
+        return self._stages.run_eval(loaders, stage, prefix, ignore_keys)
+
+    def _hf_training_step(self, run: Run) -> Any:
+        return self._hf.hf_training_step(run)
+
+    def _hf_prediction_step(self, run: Run, stage: str, ignore_keys: list[str] | None) -> Any:
+        return self._hf.hf_prediction_step(run, stage, ignore_keys)

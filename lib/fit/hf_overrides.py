@@ -52,14 +52,8 @@ def default_collator(data_collator: Any, processing_class: Any) -> Any:
     return default_collate_with_labels
 
 
-def hf_overrides(fit: Any, *names: str) -> bool:
-    """True when ``type(fit)`` overrides any of the HF override points ``names`` of :class:`HFOverridePoints`."""
-    cls = type(fit)
-    return any(getattr(cls, n) is not getattr(HFOverridePoints, n) for n in names)
-
-
 class _EnginePlaceholder:
-    """What :attr:`HFOverridePoints.optimizer` / ``lr_scheduler`` hold while the override points run for a strategy
+    """What ``Fit.optimizer`` / ``lr_scheduler`` hold while the override points run for a strategy
     that builds both itself (HF: accelerate's ``DummyOptim`` / ``DummyScheduler``)."""
 
     def __init__(self, what: str) -> None:
@@ -107,82 +101,92 @@ class RoutedModel:
         setattr(self._model, name, value)
 
 
-class HFOverridePoints:
-    """Mixin of :class:`taskfit.Fit` with HF ``Trainer``'s subclass override points (see the module text)."""
+#: the HF override points a subclass of ``Fit`` may replace (plus ``evaluate``, which the evaluations during training
+#: call through the Fit as HF's ``_maybe_log_save_evaluate`` does)
+OVERRIDE_POINTS = ("get_train_dataloader", "get_eval_dataloader", "get_test_dataloader", "create_optimizer",
+                   "create_scheduler", "create_optimizer_and_scheduler", "training_step", "prediction_step",
+                   "evaluate")
 
-    args: Any
-    strategy: Any
-    train_dataset: Any
-    eval_dataset: Any
-    data_collator: Any
-    optimizer_cls_and_kwargs: Any
-    _optimizers: tuple[Any, Any]
-    _run: Any
-    _last_fit: Any
+
+class HFAdapter:
+    """The HF ``Trainer`` override points of one :class:`taskfit.Fit` (owned by it; see the module text): which of
+    them the Fit's class overrides, the optimizer slots while ``create_optimizer`` runs, the context a loader
+    override runs in, and the defaults the Fit's public methods delegate to.
+
+    Args:
+        fit (Fit): the owner; overrides are called through it.
+        base (type): the class whose methods are the defaults (``Fit``): a method of ``type(fit)`` that is not
+            ``base``'s is an override.
+    """
+
+    def __init__(self, fit: Any, base: type) -> None:
+        self.fit, self.base = fit, base
+        self.creating: list[Any] | None = None  # the optimizer/scheduler slots while create_optimizer runs
+        self.loader_run: Any = None  # the run whose loaders an HF get_*_dataloader override builds
+
+    def overrides(self, *names: str) -> bool:
+        """True when the Fit's class overrides any of the override points ``names``."""
+        cls = type(self.fit)
+        return any(getattr(cls, n) is not getattr(self.base, n) for n in names)
 
     # ------------------------------------------------------------------------------------ optimizer slots ---
-    @property
     def optimizer(self) -> Any:
-        """The optimizer (HF ``Trainer.optimizer``): while a ``train()`` builds its optimizer, the one being built
-        (None until ``create_optimizer`` sets it); after, the last ``fit``'s; before any, ``optimizers[0]`` given
-        to the constructor. Settable, as in HF: inside ``create_optimizer`` it is the run's optimizer, outside it
-        the optimizer the next ``train()`` starts from."""
-        slots = getattr(self, "_creating", None)
-        if slots is not None:
-            return slots[0]
-        if self._last_fit is not None:
-            return self._last_fit.optimizer
-        return self._optimizers[0]
+        """``Fit.optimizer``: while a ``train()`` builds its optimizer, the one being built; after, the last
+        ``fit``'s; before any, ``optimizers[0]`` given to the constructor."""
+        fit = self.fit
+        if self.creating is not None:
+            return self.creating[0]
+        if fit._last_fit is not None:
+            return fit._last_fit.optimizer
+        return fit._optimizers[0]
 
-    @optimizer.setter
-    def optimizer(self, value: Any) -> None:
-        slots = getattr(self, "_creating", None)
-        if slots is not None:
-            slots[0] = value
+    def set_optimizer(self, value: Any) -> None:
+        """Set the optimizer being built, or (outside ``create_optimizer``) the one the next ``train()`` uses."""
+        if self.creating is not None:
+            self.creating[0] = value
         else:
-            self._optimizers = (value, self._optimizers[1])
+            self.fit._optimizers = (value, self.fit._optimizers[1])
 
-    @property
     def lr_scheduler(self) -> Any:
-        """The LR scheduler (HF ``Trainer.lr_scheduler``), with the same timing rules as :attr:`optimizer`."""
-        slots = getattr(self, "_creating", None)
-        if slots is not None:
-            return slots[1]
-        if self._last_fit is not None:
-            return self._last_fit.lr_scheduler
-        return self._optimizers[1]
+        """``Fit.lr_scheduler``, with the timing rules of :meth:`optimizer`."""
+        fit = self.fit
+        if self.creating is not None:
+            return self.creating[1]
+        if fit._last_fit is not None:
+            return fit._last_fit.lr_scheduler
+        return fit._optimizers[1]
 
-    @lr_scheduler.setter
-    def lr_scheduler(self, value: Any) -> None:
-        slots = getattr(self, "_creating", None)
-        if slots is not None:
-            slots[1] = value
+    def set_lr_scheduler(self, value: Any) -> None:
+        """Set the scheduler being built, or the one the next ``train()`` uses."""
+        if self.creating is not None:
+            self.creating[1] = value
         else:
-            self._optimizers = (self._optimizers[0], value)
+            self.fit._optimizers = (self.fit._optimizers[0], value)
 
-    def _run_optimizers(self, run: Any, max_steps: int) -> tuple[Any, Any] | None:
+    def run_optimizers(self, run: Any, max_steps: int) -> tuple[Any, Any] | None:
         """``(optimizer, scheduler)`` for a new run of a plain model whose class overrides ``create_optimizer`` or
         ``create_scheduler`` (HF order: ``create_optimizer()``, then ``create_scheduler(num_training_steps=
         max_steps)``); None otherwise (the arguments' optimizer is built as without overrides).
 
         When the strategy builds its own optimizer (a DeepSpeed config with an ``optimizer`` section), the two are
-        called with :attr:`optimizer` / :attr:`lr_scheduler` holding placeholders, as HF holds accelerate's
+        called with ``fit.optimizer`` / ``fit.lr_scheduler`` holding placeholders, as HF holds accelerate's
         ``DummyOptim`` / ``DummyScheduler`` there: the defaults return them and DeepSpeed builds both.
 
         Raises:
             ValueError: under such a config, an override that set an optimizer or a scheduler of its own (HF's
                 accelerate refuses that combination too).
         """
-        if not (isinstance(run.module, ModelTaskModule) and hf_overrides(self, "create_optimizer", "create_scheduler")):
+        fit = self.fit
+        if not (isinstance(run.module, ModelTaskModule) and self.overrides("create_optimizer", "create_scheduler")):
             return None
-        engine_builds = bool(getattr(self.strategy, "builds_own_optimizer", False))
-        self._creating = [_PLACEHOLDER_OPTIMIZER, _PLACEHOLDER_SCHEDULER] if engine_builds else list(self._optimizers)
+        engine_builds = bool(getattr(fit.strategy, "builds_own_optimizer", False))
+        self.creating = [_PLACEHOLDER_OPTIMIZER, _PLACEHOLDER_SCHEDULER] if engine_builds else list(fit._optimizers)
         try:
-            self.create_optimizer()
-            self.create_scheduler(num_training_steps=max_steps)
-            made = tuple(self._creating)
+            fit.create_optimizer()
+            fit.create_scheduler(num_training_steps=max_steps)
+            made = tuple(self.creating)
         finally:
-            self._creating = None
+            self.creating = None
         if not engine_builds:
             return made
         own = [what for what, got, placeholder in (("an optimizer", made[0], _PLACEHOLDER_OPTIMIZER),
@@ -190,172 +194,158 @@ class HFOverridePoints:
                if got is not placeholder]
         if own:
             raise ValueError(f"The DeepSpeed config has an 'optimizer' section, so DeepSpeed builds the optimizer "
-                             f"and its schedule, but {type(self).__name__}'s create_optimizer/create_scheduler set "
+                             f"and its schedule, but {type(fit).__name__}'s create_optimizer/create_scheduler set "
                              f"{' and '.join(own)} of its own. Drop the config's 'optimizer' section, or leave "
                              "self.optimizer / self.lr_scheduler as they are (HF's accelerate refuses this too).")
         return None, None
 
-    def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
-        """Build the optimizer and the LR schedule (HF ``Trainer.create_optimizer_and_scheduler``): calls
-        :meth:`create_optimizer` then :meth:`create_scheduler`. Not called by ``train()`` (HF 5 neither)."""
-        self.create_optimizer()
-        self.create_scheduler(num_training_steps=num_training_steps)
-
-    def create_optimizer(self, model: nn.Module | None = None) -> torch.optim.Optimizer:
-        """Set :attr:`optimizer` unless one is set already (the constructor's ``optimizers[0]``), and return it
-        (HF ``Trainer.create_optimizer``): ``optimizer_cls_and_kwargs`` over HF's decay / no-decay parameter
-        groups, else the optimizer ``args.optim`` names. Override it in a subclass to build your own."""
-        if self.optimizer is None:
+    def create_optimizer(self, model: nn.Module | None) -> torch.optim.Optimizer:
+        """The default of ``Fit.create_optimizer`` (HF ``Trainer.create_optimizer``)."""
+        fit = self.fit
+        if fit.optimizer is None:
             from taskfit.optim.optimizers import _split_params, create_optimizer
 
-            model = model if model is not None else self.model
-            if self.optimizer_cls_and_kwargs is not None:
-                cls, kwargs = self.optimizer_cls_and_kwargs
-                self.optimizer = cls(_split_params(model, float(self.args.weight_decay)), **dict(kwargs))
+            model = model if model is not None else fit.model
+            if fit.optimizer_cls_and_kwargs is not None:
+                cls, kwargs = fit.optimizer_cls_and_kwargs
+                fit.optimizer = cls(_split_params(model, float(fit.args.weight_decay)), **dict(kwargs))
             else:
-                self.optimizer = create_optimizer(model, self.args)
-        return self.optimizer
+                fit.optimizer = create_optimizer(model, fit.args)
+        return fit.optimizer
 
-    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
-        """Set :attr:`lr_scheduler` unless one is set already, and return it (HF ``Trainer.create_scheduler``): the
-        schedule ``args.lr_scheduler_type`` names over ``num_training_steps`` optimizer steps, for ``optimizer``
-        (default :attr:`optimizer`)."""
-        if self.lr_scheduler is None:
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None) -> Any:
+        """The default of ``Fit.create_scheduler`` (HF ``Trainer.create_scheduler``)."""
+        fit = self.fit
+        if fit.lr_scheduler is None:
             from taskfit.optim.schedulers import create_scheduler
 
-            self.lr_scheduler = create_scheduler(optimizer if optimizer is not None else self.optimizer, self.args,
-                                                 num_training_steps)
-        return self.lr_scheduler
+            fit.lr_scheduler = create_scheduler(optimizer if optimizer is not None else fit.optimizer, fit.args,
+                                                num_training_steps)
+        return fit.lr_scheduler
 
     # ------------------------------------------------------------------------------------------- loaders ---
     @contextlib.contextmanager
-    def _loader_context(self, run: Any, **data: Any) -> Iterator[None]:
+    def loader_context(self, run: Any, **data: Any) -> Iterator[None]:
         """While an HF loader override runs: the new run builds the loaders, and data given to ``fit`` is what
-        ``self.train_dataset``/``self.data_collator`` hold (HF's override reads them)."""
+        ``fit.train_dataset``/``fit.data_collator`` hold (HF's override reads them)."""
+        fit = self.fit
         given = {k: v for k, v in data.items() if v is not None}
-        saved = {k: getattr(self, k) for k in given}
-        prev, self._loader_run = getattr(self, "_loader_run", None), run
+        saved = {k: getattr(fit, k) for k in given}
+        prev, self.loader_run = self.loader_run, run
         for k, v in given.items():
-            setattr(self, k, v)
+            setattr(fit, k, v)
         try:
             yield
         finally:
-            self._loader_run = prev
+            self.loader_run = prev
             for k, v in saved.items():
-                setattr(self, k, v)
+                setattr(fit, k, v)
 
-    def _train_dataloader(self, run: Any, data: Any, collator: Any) -> Any:
-        """The run's training loader: through :meth:`get_train_dataloader` when a subclass overrides it (a plain
+    def train_dataloader(self, run: Any, data: Any, collator: Any) -> Any:
+        """The run's training loader: through ``fit.get_train_dataloader`` when a subclass overrides it (a plain
         model's run), else built from ``data``."""
-        if isinstance(run.module, ModelTaskModule) and hf_overrides(self, "get_train_dataloader"):
-            with self._loader_context(run, train_dataset=data, data_collator=collator):
-                return self.get_train_dataloader()
-        return self._loader(data, train=True, collator=collator, what="train dataset", run=run)
+        fit = self.fit
+        if isinstance(run.module, ModelTaskModule) and self.overrides("get_train_dataloader"):
+            with self.loader_context(run, train_dataset=data, data_collator=collator):
+                return fit.get_train_dataloader()
+        return fit._launcher.loader(data, train=True, collator=collator, what="train dataset", run=run)
 
     def get_train_dataloader(self) -> Any:
-        """The training loader over ``self.train_dataset`` (HF ``Trainer.get_train_dataloader``): per-process batch
-        size, shuffled (distributed sampler under several processes), ``data_collator``, unused columns removed.
+        """The default of ``Fit.get_train_dataloader``.
 
         Raises:
             ValueError: no ``train_dataset``.
         """
-        if self.train_dataset is None:
+        fit = self.fit
+        if fit.train_dataset is None:
             raise ValueError("Trainer: training requires a train_dataset.")
-        return self._loader(self.train_dataset, train=True, collator=None, what="train dataset",
-                            run=getattr(self, "_loader_run", None))
+        return fit._launcher.loader(fit.train_dataset, train=True, collator=None, what="train dataset",
+                                    run=self.loader_run)
 
-    def get_eval_dataloader(self, eval_dataset: Any = None) -> Any:
-        """The evaluation loader (HF ``Trainer.get_eval_dataloader``): over ``eval_dataset``, a key of a dict
-        ``self.eval_dataset`` (a ``str``), or ``self.eval_dataset``.
+    def get_eval_dataloader(self, eval_dataset: Any) -> Any:
+        """The default of ``Fit.get_eval_dataloader``.
 
         Raises:
-            ValueError: neither ``eval_dataset`` nor ``self.eval_dataset``.
+            ValueError: neither ``eval_dataset`` nor ``fit.eval_dataset``.
         """
-        if eval_dataset is None and self.eval_dataset is None:
+        fit = self.fit
+        if eval_dataset is None and fit.eval_dataset is None:
             raise ValueError("Trainer: evaluation requires an eval_dataset.")
         if isinstance(eval_dataset, str):
-            eval_dataset = self.eval_dataset[eval_dataset]
+            eval_dataset = fit.eval_dataset[eval_dataset]
         elif eval_dataset is None:
-            eval_dataset = self.eval_dataset
-        return self._loader(eval_dataset, train=False, collator=None, what="eval dataset",
-                            run=getattr(self, "_loader_run", None))
+            eval_dataset = fit.eval_dataset
+        return fit._launcher.loader(eval_dataset, train=False, collator=None, what="eval dataset",
+                                    run=self.loader_run)
 
     def get_test_dataloader(self, test_dataset: Any) -> Any:
-        """The prediction loader over ``test_dataset`` (HF ``Trainer.get_test_dataloader``)."""
-        return self._loader(test_dataset, train=False, collator=None, what="predict dataset",
-                            run=getattr(self, "_loader_run", None))
+        """The default of ``Fit.get_test_dataloader``."""
+        return self.fit._launcher.loader(test_dataset, train=False, collator=None, what="predict dataset",
+                                         run=self.loader_run)
 
     # --------------------------------------------------------------------------------------------- steps ---
-    def _prepare_inputs(self, inputs: Any) -> Any:
-        """``inputs`` on this process's device (HF's private ``Trainer._prepare_inputs``, which step overrides
-        often call; the loops have moved the batch already, so this is then a no-op).
+    def prepare_inputs(self, inputs: Any) -> Any:
+        """``inputs`` on this process's device (HF's private ``Trainer._prepare_inputs``).
 
         Raises:
             ValueError: an empty batch (as HF).
         """
         if isinstance(inputs, Mapping) and len(inputs) == 0:
             raise ValueError("The batch received was empty, your model won't be able to train on it.")
-        return self.strategy.batch_to_device(inputs)
+        return self.fit.strategy.batch_to_device(inputs)
 
-    def _hf_model(self, run: Any) -> Any:
+    def hf_model(self, run: Any) -> Any:
         """What an override point gets as ``model``: the user's model, or a :class:`RoutedModel` through the
         strategy's wrapper."""
-        forward = self.strategy.step_function(run.module, "model_outputs")
+        forward = self.fit.strategy.step_function(run.module, "model_outputs")
         if forward == run.module.model_outputs:  # not wrapped: the model itself
             return run.model
         return RoutedModel(run.model, forward)
 
-    def _hf_training_step(self, run: Any) -> Any:
-        """A :class:`HFTrainingStep` calling :meth:`training_step` when a subclass overrides it (a plain model's
+    def hf_training_step(self, run: Any) -> Any:
+        """A :class:`HFTrainingStep` calling ``fit.training_step`` when a subclass overrides it (a plain model's
         run); None otherwise (the module's ``training_step`` runs)."""
-        if not (isinstance(run.module, ModelTaskModule) and hf_overrides(self, "training_step")):
+        if not (isinstance(run.module, ModelTaskModule) and self.overrides("training_step")):
             return None
-        return HFTrainingStep(self, run)
+        return HFTrainingStep(self.fit, run)
 
-    def training_step(self, model: nn.Module, inputs: Any, num_items_in_batch: Any = None) -> torch.Tensor:
-        """One micro-batch of a plain model (HF ``Trainer.training_step``): ``model.train()``, the loss from
-        :meth:`compute_loss`, weighted by the micro-batch's share of the accumulation window (HF: divided by
-        ``gradient_accumulation_steps``), backward through the strategy; returns the weighted loss, detached.
-        Override it in a subclass (e.g. to add a penalty or scale the loss); call ``loss.backward()`` or
-        ``super().training_step``. ``num_items_in_batch`` is what HF passes (see :class:`HFTrainingStep`), for an
-        override's own use; this default step leaves it out of :meth:`compute_loss` (which gets None), since the
-        window weight already normalises the loss (HF instead skips its division by the accumulation steps when
-        the model or ``compute_loss_func`` takes the count: the same gradients, a documented difference)."""
+    def training_step(self, model: nn.Module, inputs: Any) -> torch.Tensor:
+        """The default of ``Fit.training_step`` (HF ``Trainer.training_step``; see there)."""
+        fit = self.fit
         model.train()
-        loss = self.compute_loss(model, inputs, num_items_in_batch=None)
-        run = self._run
+        loss = fit.compute_loss(model, inputs, num_items_in_batch=None)
+        run = fit._run
         weight = getattr(run, "loss_weight", None) if run is not None else None
         if weight is not None:
             loss = loss * weight
-        fused = fused_backward_of(run.optimizer, self.strategy) if run is not None else None
-        (fused or self.strategy.backward)(loss)  # LOMO / AdaLomo: the update runs inside backward (HF)
+        fused = fused_backward_of(run.optimizer, fit.strategy) if run is not None else None
+        (fused or fit.strategy.backward)(loss)  # LOMO / AdaLomo: the update runs inside backward (HF)
         return loss.detach()
 
-    def _hf_prediction_step(self, run: Any, stage: str, ignore_keys: list[str] | None) -> Any:
-        """``batch -> {"loss", "logits", "labels"}`` calling :meth:`prediction_step` when a subclass overrides it
+    def hf_prediction_step(self, run: Any, stage: str, ignore_keys: list[str] | None) -> Any:
+        """``batch -> {"loss", "logits", "labels"}`` calling ``fit.prediction_step`` when a subclass overrides it
         (a plain model's run); None otherwise."""
-        if not (isinstance(run.module, ModelTaskModule) and hf_overrides(self, "prediction_step")):
+        fit = self.fit
+        if not (isinstance(run.module, ModelTaskModule) and self.overrides("prediction_step")):
             return None
-        model = self._hf_model(run)
+        model = self.hf_model(run)
         # HF: evaluate() asks for the loss only without compute_metrics; predict() follows the argument
-        loss_only = self.args.prediction_loss_only or (stage != "predict" and self.compute_metrics is None)
+        loss_only = fit.args.prediction_loss_only or (stage != "predict" and fit.compute_metrics is None)
 
         def step(batch: Any) -> dict[str, Any]:
-            loss, logits, labels = self.prediction_step(model, batch, loss_only, ignore_keys=ignore_keys)
+            loss, logits, labels = fit.prediction_step(model, batch, loss_only, ignore_keys=ignore_keys)
             return {"loss": loss, "logits": logits, "labels": labels}
         return step
 
     def prediction_step(self, model: nn.Module, inputs: Any, prediction_loss_only: bool,
-                        ignore_keys: list[str] | None = None) -> tuple[Any, Any, Any]:
-        """``(loss, logits, labels)`` of one evaluation batch (HF ``Trainer.prediction_step``): the loss from
-        :meth:`compute_loss` when the batch has every label (None otherwise), the outputs other than the loss and
-        ``ignore_keys`` (default the model config's ``keys_to_ignore_at_inference``) as logits (a single one
-        unwrapped), the labels; with ``prediction_loss_only`` ``(loss, None, None)``. Runs under ``no_grad``."""
+                        ignore_keys: list[str] | None) -> tuple[Any, Any, Any]:
+        """The default of ``Fit.prediction_step`` (HF ``Trainer.prediction_step``; see there)."""
         from taskfit.core.wrapping import inference_ignore_keys, prediction_logits, run_model
 
-        label_names = self.args.label_names or getattr(self.module, "label_names", None) or ["labels"]
+        fit = self.fit
+        label_names = fit.args.label_names or getattr(fit.module, "label_names", None) or ["labels"]
         has_labels = isinstance(inputs, Mapping) and all(inputs.get(k) is not None for k in label_names)
-        ignore_keys = inference_ignore_keys(self.model, ignore_keys)
+        ignore_keys = inference_ignore_keys(fit.model, ignore_keys)
         labels = None
         if has_labels:
             found = tuple(inputs[k].detach() if isinstance(inputs[k], torch.Tensor) else inputs[k]
@@ -363,7 +353,7 @@ class HFOverridePoints:
             labels = found[0] if len(found) == 1 else found
         with torch.no_grad():
             if has_labels:
-                loss, outputs = self.compute_loss(model, inputs, return_outputs=True)
+                loss, outputs = fit.compute_loss(model, inputs, return_outputs=True)
                 loss = loss.detach().mean()
                 logits = (prediction_logits(outputs, True, ignore_keys) if isinstance(outputs, Mapping)
                           else tuple(outputs[1:]))
@@ -398,7 +388,7 @@ class HFTrainingStep:
 
     def __init__(self, fit: Any, run: Any) -> None:
         self.fit, self.run = fit, run
-        self.model = fit._hf_model(run)
+        self.model = fit._hf.hf_model(run)
         user_model = run.model
         accepts = getattr(user_model, "accepts_loss_kwargs", None)
         if accepts is None:

@@ -14,7 +14,7 @@ from taskfit.loggers import build_loggers
 from taskfit.loggers.logger import require
 
 if TYPE_CHECKING:
-    from taskfit.fit.fit import Fit
+    from taskfit.protocols import FitView
 
 log = logging.getLogger("taskfit")
 BACKENDS = ("optuna",)
@@ -80,7 +80,7 @@ class _TrialCallback(Callback):
             self.pruned = control.should_training_stop = True
 
 
-def hyperparameter_search(fit: Fit, hp_space: Callable[[Any], dict] | None = None,
+def hyperparameter_search(fit: FitView, hp_space: Callable[[Any], dict] | None = None,
                           compute_objective: Callable[[dict], float | list[float]] | None = None,
                           n_trials: int = 20, direction: str | list[str] = "minimize", backend: str = "optuna",
                           hp_name: Callable[[Any], str] | None = None, *, train_data: Any = None,
@@ -118,14 +118,7 @@ def hyperparameter_search(fit: Fit, hp_space: Callable[[Any], dict] | None = Non
         ValueError: an unknown backend or direction, ``n_trials < 1``, no ``model_init``, no training data,
             or a trial setting an unknown or component-choosing option (named, before it trains).
     """
-    if backend not in BACKENDS:
-        raise ValueError(f"hyperparameter_search backend={backend!r} is not supported; choose one of {BACKENDS}.")
-    directions = [direction] if isinstance(direction, str) else list(direction)
-    for d in directions:
-        if d not in DIRECTIONS:
-            raise ValueError(f"direction {d!r} is not valid; choose one of {DIRECTIONS} (or a list of them).")
-    if not isinstance(n_trials, int) or n_trials < 1:
-        raise ValueError(f"n_trials must be an integer >= 1; got {n_trials!r}.")
+    directions = _checked_directions(backend, direction, n_trials)
     init = model_init or fit.model_init
     if init is None:
         raise ValueError("hyperparameter_search needs model_init (a callable returning a fresh model) so every "
@@ -135,41 +128,10 @@ def hyperparameter_search(fit: Fit, hp_space: Callable[[Any], dict] | None = Non
     require("optuna", "optuna", "hyperparameter_search(backend='optuna')")
     import optuna
 
-    takes_trial = any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-                      for p in inspect.signature(init).parameters.values())  # a required argument: the trial
-    hp_space = hp_space or default_hp_space_optuna
-    compute_objective = compute_objective or default_compute_objective
     saved = (fit.args, fit.loggers, fit.model_init)
-    base_args = fit.args
-    fields = set(base_args.field_names())
-
-    def objective(trial: Any) -> float | list[float]:
-        params = dict(hp_space(trial))
-        bad = [k for k in params if k in _FIXED or (k not in fields and not takes_trial)]
-        if bad:
-            raise ValueError(f"hp_space returned {bad}, which a trial cannot set: use FitArguments fields other "
-                             f"than {list(_FIXED)} (or have model_init take the trial for model options).")
-        name = hp_name(trial) if hp_name is not None else f"run-{trial.number}"
-        folder = os.path.join(base_args.output_dir, f"run-{trial.number}")
-        logging_dir = os.path.join(base_args.logging_dir, f"run-{trial.number}") if base_args.logging_dir else None
-        fit.args = base_args.replace(output_dir=folder, logging_dir=logging_dir, run_name=name,
-                                     **{k: v for k, v in params.items() if k in fields})
-        fit.loggers = build_loggers(fit.args)  # fresh loggers per trial, writing under its run folder
-        fit.model_init = (lambda: init(trial)) if takes_trial else init  # fit(None) builds the trial's model
-        reporter = _TrialCallback(trial, compute_objective, report=len(directions) == 1)
-        fit.add_callback(reporter)
-        try:
-            out = fit.fit(None, train_data, eval_data, data_collator=data_collator)
-        finally:
-            fit.pop_callback(reporter)
-        if reporter.pruned:
-            raise optuna.TrialPruned()
-        metrics = reporter.last_metrics
-        if metrics is None:
-            metrics = fit.evaluate(data=eval_data) if eval_data is not None else dict(out)
-        value = compute_objective(metrics)
-        return [float(v) for v in value] if len(directions) > 1 else float(value)
-
+    objective = _Objective(fit, init, hp_space or default_hp_space_optuna,
+                           compute_objective or default_compute_objective, len(directions), hp_name,
+                           (train_data, eval_data, data_collator))
     study_kwargs.setdefault("directions" if len(directions) > 1 else "direction",
                             directions if len(directions) > 1 else directions[0])
     study = optuna.create_study(**study_kwargs)
@@ -181,3 +143,77 @@ def hyperparameter_search(fit: Fit, hp_space: Callable[[Any], dict] | None = Non
         return [BestRun(str(t.number), list(t.values), dict(t.params), t) for t in study.best_trials]
     best = study.best_trial
     return BestRun(str(best.number), best.value, dict(best.params), best)
+
+
+def _checked_directions(backend: str, direction: str | list[str], n_trials: int) -> list[str]:
+    """The search's directions as a list.
+
+    Raises:
+        ValueError: an unknown backend or direction, or ``n_trials`` not an integer >= 1.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"hyperparameter_search backend={backend!r} is not supported; choose one of {BACKENDS}.")
+    directions = [direction] if isinstance(direction, str) else list(direction)
+    for d in directions:
+        if d not in DIRECTIONS:
+            raise ValueError(f"direction {d!r} is not valid; choose one of {DIRECTIONS} (or a list of them).")
+    if not isinstance(n_trials, int) or n_trials < 1:
+        raise ValueError(f"n_trials must be an integer >= 1; got {n_trials!r}.")
+    return directions
+
+
+class _Objective:
+    """One trial of the search: ``fit`` trains a fresh model with the trial's arguments under
+    ``output_dir/run-{number}`` and is scored on its last evaluation (see :func:`hyperparameter_search`).
+
+    Args:
+        fit (Fit): the Fit every trial runs on (its ``args``/``loggers``/``model_init`` are set per trial).
+        init (Callable): ``model_init``; takes the trial when it has a required argument (HF's rule).
+        hp_space, compute_objective, hp_name: as :func:`hyperparameter_search`.
+        n_directions (int): objectives per trial. data (tuple): ``(train_data, eval_data, data_collator)``.
+    """
+
+    def __init__(self, fit: Any, init: Callable, hp_space: Callable, compute_objective: Callable,
+                 n_directions: int, hp_name: Callable | None, data: tuple[Any, Any, Any]) -> None:
+        self.fit, self.init, self.hp_space, self.compute_objective = fit, init, hp_space, compute_objective
+        self.n_directions, self.hp_name, self.data = n_directions, hp_name, data
+        self.takes_trial = any(p.default is p.empty and p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                               for p in inspect.signature(init).parameters.values())  # a required argument
+        self.base_args = fit.args
+        self.fields = set(self.base_args.field_names())
+
+    def __call__(self, trial: Any) -> float | list[float]:
+        """Train and score one trial.
+
+        Raises:
+            ValueError: ``hp_space`` returned a key a trial cannot set. optuna.TrialPruned: the trial was pruned.
+        """
+        import optuna
+
+        fit, init, base_args, fields = self.fit, self.init, self.base_args, self.fields
+        params = dict(self.hp_space(trial))
+        bad = [k for k in params if k in _FIXED or (k not in fields and not self.takes_trial)]
+        if bad:
+            raise ValueError(f"hp_space returned {bad}, which a trial cannot set: use FitArguments fields other "
+                             f"than {list(_FIXED)} (or have model_init take the trial for model options).")
+        name = self.hp_name(trial) if self.hp_name is not None else f"run-{trial.number}"
+        folder = os.path.join(base_args.output_dir, f"run-{trial.number}")
+        logging_dir = os.path.join(base_args.logging_dir, f"run-{trial.number}") if base_args.logging_dir else None
+        fit.args = base_args.replace(output_dir=folder, logging_dir=logging_dir, run_name=name,
+                                     **{k: v for k, v in params.items() if k in fields})
+        fit.loggers = build_loggers(fit.args)  # fresh loggers per trial, writing under its run folder
+        fit.model_init = (lambda: init(trial)) if self.takes_trial else init  # fit(None) builds the trial's model
+        reporter = _TrialCallback(trial, self.compute_objective, report=self.n_directions == 1)
+        train_data, eval_data, data_collator = self.data
+        fit.add_callback(reporter)
+        try:
+            out = fit.fit(None, train_data, eval_data, data_collator=data_collator)
+        finally:
+            fit.pop_callback(reporter)
+        if reporter.pruned:
+            raise optuna.TrialPruned()
+        metrics = reporter.last_metrics
+        if metrics is None:
+            metrics = fit.evaluate(data=eval_data) if eval_data is not None else dict(out)
+        value = self.compute_objective(metrics)
+        return [float(v) for v in value] if self.n_directions > 1 else float(value)

@@ -4,7 +4,9 @@
 :class:`Run` that owns the model, the module, the optimizers and schedulers the strategy returned from
 ``setup``, the loaders, the loop state and the resume point. Nothing of one run leaks into the next, so calling
 ``fit`` twice, ``auto_find_batch_size`` retries and hyperparameter-search trials start clean by construction.
-``Fit``'s HF-style attributes (``fit.model``, ``fit.optimizer``, ``fit.state``...) read the current (or last) run.
+``Fit``'s HF-style attributes (``fit.model``, ``fit.optimizer``, ``fit.state``...) read the current (or last) run;
+``fit.run`` is the run of the call in progress. :class:`RunLauncher` (owned by ``Fit``) starts the calls and sets
+their runs up.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Callable
 
 from torch import nn
 
 from taskfit.callbacks.base import HookRunner
+from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size
+from taskfit.debugging import batch_limit, limit_batches
+from taskfit.loops.evaluation_loop import is_loader_list
 from taskfit.loops.state import FitControl, FitState, LossSums, TrainingState
 from taskfit.core.module import TaskModule
 from taskfit.core.wrapping import ModelTaskModule
@@ -96,76 +102,91 @@ class _SpawnedResult:
 
 
 def _stage_entry(fit: Any, stage: str, model: Any, kwargs: dict[str, Any], caller_pid: int) -> Any:
-    return fit._run_stage(stage, model, kwargs, caller_pid)
+    return fit._launcher.run_stage(stage, model, kwargs, caller_pid)
 
 
-class RunLifecycle:
-    """The part of ``Fit`` that starts runs: launching a stage on every process, choosing the run's model and
-    setting the run up on the strategy. Reads ``Fit``'s configuration (``args``, ``strategy``, ``callbacks``,
-    ``model_init``); writes only ``_run``/``_last_fit`` (which run is current) and the hook runner."""
+class RunLauncher:
+    """Launch and run set-up for one ``Fit`` (owned by it): starting a stage on every process, choosing the run's
+    model, setting the run up on the strategy and building its loaders. Reads the Fit's configuration (``args``,
+    ``strategy``, ``callbacks``, ``model_init``); writes only which run is current (``fit._run``/``_last_fit``) and
+    the hook runner.
 
-    args: Any
-    strategy: Any
-    callbacks: list[Any]
-    model_init: Any
-    _run: Run | None
-    _hooks: Any
+    Args:
+        fit (Fit): the owner; its public overrides (``get_*_dataloader``...) are called through it.
 
-    def _launch(self, stage: str, model: Any, kwargs: dict[str, Any]) -> Any:
+    Attributes:
+        depth (int): stage bodies running on this process (0: no call in progress, so ``fit.run`` is None).
+    """
+
+    def __init__(self, fit: Any) -> None:
+        self.fit = fit
+        self.depth = 0
+
+    def launch(self, stage: str, model: Any, kwargs: dict[str, Any]) -> Any:
         """Run ``stage`` on every process through the strategy's one launch path (here, after starting the script's
         worker copies, or inside spawned workers whose rank-0 result comes back: then the trained weights are loaded
         into the caller's model and the loop state into ``fit.state``)."""
+        fit = self.fit
         # a plain function with the Fit among its arguments: spawn launchers pickle the arguments privately per
         # worker (tensors reached through ``fn`` itself would be shared between the workers)
-        result = self.strategy.launch(_stage_entry, self, stage, model, kwargs, os.getpid())
+        result = fit.strategy.launch(_stage_entry, fit, stage, model, kwargs, os.getpid())
         if not isinstance(result, _SpawnedResult):
             return result
-        target = model if isinstance(model, nn.Module) else self.model
-        if target is None and self.model_init is not None:
-            target = self.model_init()
+        target = model if isinstance(model, nn.Module) else fit.model
+        if target is None and fit.model_init is not None:
+            target = fit.model_init()
         if target is not None and result.weights is not None:
             target.load_state_dict(result.weights)
         if target is not None:
-            module = target if isinstance(target, TaskModule) else ModelTaskModule(target, self.args.label_names)
-            state = self.state if self._run is not None else FitState()
+            module = target if isinstance(target, TaskModule) else ModelTaskModule(target, fit.args.label_names)
+            state = fit.state if fit._run is not None else FitState()
             state.load_state_dict({k: v for k, v in result.state.items()
                                    if k not in ("is_local_process_zero", "is_world_process_zero")})
-            self._run = Run(stage, target, module, state, self.control)
+            fit._run = Run(stage, target, module, state, fit.control)
         return result.output
 
-    def _run_stage(self, stage: str, model: Any, kwargs: dict[str, Any], caller_pid: int) -> Any:
+    def run_stage(self, stage: str, model: Any, kwargs: dict[str, Any], caller_pid: int) -> Any:
         """Body of one stage on this process; the strategy's teardown always follows (``finally``)."""
-        body = {"fit": self._fit_stage, "validate": self._validate_stage, "test": self._test_stage,
-                "predict": self._predict_stage}[stage]
+        fit = self.fit
+        body = {"fit": fit._training.fit_stage, "validate": fit._stages.validate_stage,
+                "test": fit._stages.test_stage, "predict": fit._stages.predict_stage}[stage]
+        self.depth += 1
         try:
             out = body(model, **kwargs)
         except BaseException:
             try:
-                self.strategy.teardown()
+                fit.strategy.teardown()
             except Exception:  # the run's own error matters more than a failed clean-up
                 log.exception("Strategy teardown failed after an error in %s.", stage)
             raise
-        self.strategy.teardown()
+        finally:
+            self.depth -= 1
+        fit.strategy.teardown()
         if os.getpid() == caller_pid:
             return out
-        run = self._run  # in a spawned worker: send what the caller needs back with the output
+        run = fit._run  # in a spawned worker: send what the caller needs back with the output
         weights = {k: v.detach().cpu() for k, v in run.model.state_dict().items()} if stage == "fit" else None
         return _SpawnedResult(out, weights, run.state.state_dict())
 
-    def _resolve_model(self, model: nn.Module | None, stage: str) -> tuple[nn.Module, TaskModule]:
+    def resolve_model(self, model: nn.Module | None, stage: str) -> tuple[nn.Module, TaskModule]:
         """The model and module of a new run: the one given; else for ``fit`` a fresh ``model_init()`` (HF: every
         training without a model starts from new weights); else the last run's model (``model_init()`` when there
-        is none)."""
-        last = self._run
+        is none).
+
+        Raises:
+            ValueError: no model anywhere. TypeError: a model that is no ``nn.Module``.
+        """
+        fit = self.fit
+        last = fit._run
         if model is None:
-            if stage == "fit" and self.model_init is not None:
-                model = self.model_init()
+            if stage == "fit" and fit.model_init is not None:
+                model = fit.model_init()
             elif last is not None:
                 model = last.model
-            elif getattr(self, "_given_model", None) is not None:  # HF Trainer(model=...)
-                model = self._given_model
-            elif self.model_init is not None:
-                model = self.model_init()
+            elif getattr(fit, "_given_model", None) is not None:  # HF Trainer(model=...)
+                model = fit._given_model
+            elif fit.model_init is not None:
+                model = fit.model_init()
             else:
                 raise ValueError("No model: pass one to fit/validate/test/predict or give Fit(model_init=...).")
         if not isinstance(model, nn.Module):
@@ -173,25 +194,74 @@ class RunLifecycle:
         if last is not None and model is last.model:
             module = last.module
         else:
-            module = model if isinstance(model, TaskModule) else ModelTaskModule(model, self.args.label_names)
-        module._fit = self
+            module = model if isinstance(model, TaskModule) else ModelTaskModule(model, fit.args.label_names)
+        module._fit = fit
         if last is None or module is not last.module:
-            self._hooks = HookRunner(self.callbacks, module)
+            fit._hooks = HookRunner(fit.callbacks, module)
         return model, module
 
-    def _setup_run(self, run: Run, max_steps: int | None = None) -> None:
+    def setup_run(self, run: Run, max_steps: int | None = None) -> None:
         """Set the run up on the strategy: ``setup`` returns the wrapped module, optimizers and schedulers; then
         gradient checkpointing / ``torch.compile`` once per module."""
         from taskfit.optim.configure import SchedulerConfig
 
+        fit = self.fit
         schedulers = [c.scheduler for c in run.schedulers]
-        run.wrapped, run.optimizers, returned = self.strategy.setup(run.module, run.optimizers, schedulers,
-                                                                    max_steps=max_steps)
+        run.wrapped, run.optimizers, returned = fit.strategy.setup(run.module, run.optimizers, schedulers,
+                                                                   max_steps=max_steps)
         if [id(s) for s in returned] != [id(s) for s in schedulers]:  # the backend built its own schedule
             run.schedulers = [SchedulerConfig(s) for s in returned]
         if not getattr(run.module, "_techniques_applied", False):  # once per module (they travel with it)
             from taskfit import efficiency
 
-            efficiency.setup_techniques(self, run.module)
+            efficiency.setup_techniques(fit, run.module)
             run.module._techniques_applied = True
 
+    # ------------------------------------------------------------------------------------------- loaders ---
+    def collator(self, data_collator: Callable | None) -> Callable | None:
+        """``data_collator``, else the Fit's, else padding with a tokenizer ``processing_class``."""
+        fit = self.fit
+        collator = data_collator or fit.data_collator
+        if collator is None and fit.processing_class is not None and hasattr(fit.processing_class, "pad"):
+            from transformers import DataCollatorWithPadding
+
+            collator = DataCollatorWithPadding(fit.processing_class)
+        return collator
+
+    def loader(self, data: Any, *, train: bool, collator: Callable | None, what: str, run: Run | None = None) -> Any:
+        """This process's loader over ``data`` for ``run`` (default the current one): per-process batch size,
+        unused columns of a plain model removed, the strategy's sampler, Lightning's batch limits."""
+        fit = self.fit
+        run = run or fit._run
+        keep = None
+        if run is not None and isinstance(run.module, ModelTaskModule) and fit.args.remove_unused_columns:
+            names = forward_parameter_names(run.model)
+            if names is not None:
+                keep = names | set(run.module.label_names) | {"label", "label_ids"}
+        a = fit.args
+        bs = per_process_batch_size(a, fit.world_size, train)  # split_batches: global size / world
+        stage = run.stage if run is not None else "fit"
+        loader = fit.strategy.process_dataloader(
+            build_dataloader(data, a, train=train and not (a.overfit_batches and stage == "fit"), batch_size=bs,
+                             collate_fn=self.collator(collator), keep_columns=keep, what=what,
+                             pin_memory_supported=fit.strategy.accelerator.supports_pin_memory()))
+        limit = batch_limit(a, stage, train)
+        if limit is not None:  # Lightning's fast_dev_run / overfit_batches / limit_*_batches
+            loader = limit_batches(loader, limit, "limit_train_batches" if train else f"limit for {what}")
+        return loader
+
+    def eval_loader_dict(self, data: Any, collator: Callable | None, run: Run | None = None) -> dict[Any, Any]:
+        """The evaluation loaders of ``data``: ``{None: loader}``, ``{name: loader}`` for a dict, ``{i: loader}`` for
+        Lightning's list of loaders (keyed by ``dataloader_idx``); ``{}`` for None."""
+        if data is None:
+            return {}
+        if isinstance(data, Mapping):
+            return {name: self.loader(d, train=False, collator=collator, what=f"eval dataset {name!r}", run=run)
+                    for name, d in data.items()}
+        if is_loader_list(data):
+            if len(data) == 1:
+                data = data[0]
+            else:
+                return {i: self.loader(d, train=False, collator=collator, what=f"eval dataset {i}", run=run)
+                        for i, d in enumerate(data)}
+        return {None: self.loader(data, train=False, collator=collator, what="eval dataset", run=run)}

@@ -1,7 +1,8 @@
-"""The evaluation stages of ``Fit`` (F-EVAL-1..3): ``validate``/``evaluate``, ``test`` and ``predict``, each a run
-of its own (:mod:`taskfit.fit.run`) on the evaluation loop. Mirrors Lightning's ``Trainer.validate/test/predict`` and
-HF ``Trainer.evaluate/predict``. A mixin of :class:`taskfit.Fit`: it reads the Fit's configuration and calls its
-run helpers (``_launch``, ``_resolve_model``, ``_setup_run``, ``_loader``, ``_run_eval``, ``_log``)."""
+"""The evaluation stages of ``Fit`` (F-EVAL-1..3): the bodies of ``validate``/``evaluate``, ``test`` and
+``predict``, each a run of its own (:mod:`taskfit.fit.run`) on the evaluation loop. Mirrors Lightning's
+``Trainer.validate/test/predict`` and HF ``Trainer.evaluate/predict``. An object owned by :class:`taskfit.Fit`: it
+reads the Fit's configuration, uses its launcher for runs and loaders, and calls the Fit's public methods (``log``,
+``evaluate``, ``get_*_dataloader``) through the Fit, so a subclass's overrides are what runs."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from torch import nn
 
 from taskfit import efficiency
 from taskfit.data.loaders import DataModule
-from taskfit.fit.hf_overrides import hf_overrides
 from taskfit.loops.evaluation_loop import EvaluationLoop
 from taskfit.metrics import PredictionOutput
 from taskfit.core.module import TaskModule, infer_batch_size
@@ -36,201 +36,195 @@ def _hf_positional(model: Any, data: Any, ignore_keys: Any) -> tuple[Any, Any, A
 
 
 class EvaluationStages:
-    """``validate``/``evaluate``, ``test`` and ``predict`` of :class:`taskfit.Fit`."""
+    """The stage bodies of ``validate``/``evaluate``, ``test`` and ``predict`` of one :class:`taskfit.Fit`.
 
-    args: Any
-    strategy: Any
-    eval_dataset: Any
-    _run: Any
-    _last_fit: Any
-    _hooks: Any
-    _model_preparation_time: float | None
-    _eval_in_progress: bool = False  # an HF-style evaluate() recursion runs inside the current stage
+    Args:
+        fit (Fit): the owner.
 
-    def _eval_entry(self, model: Any, data: Any, stage: str, ckpt_path: str | None = None) -> tuple[TaskModule, Any]:
+    Attributes:
+        eval_in_progress (bool): an HF-style ``evaluate()`` recursion runs inside the current stage.
+        model_preparation_time (float | None): seconds the first evaluation's set-up took (HF reports it as
+            ``{prefix}_model_preparation_time`` when the model was first prepared for evaluation).
+    """
+
+    def __init__(self, fit: Any) -> None:
+        self.fit = fit
+        self.eval_in_progress = False
+        self.model_preparation_time: float | None = None
+
+    @staticmethod
+    def can_validate(module: TaskModule) -> bool:
+        """True when ``module`` overrides ``validation_step``."""
+        return type(module).validation_step is not TaskModule.validation_step
+
+    def eval_entry(self, model: Any, data: Any, stage: str, ckpt_path: str | None = None) -> tuple[TaskModule, Any]:
+        """Start an evaluation run of ``stage``: the model, the run (sharing the last run's state), its set-up on
+        the strategy and ``ckpt_path``'s weights. Returns the module and the data.
+
+        Raises:
+            ValueError: a module without ``validation_step``/``test_step``; no checkpoint for ``ckpt_path``.
+        """
+        fit = self.fit
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model  # HF-style fit.evaluate(eval_dataset)
-        self.strategy.configure(self.args)
-        self.strategy.setup_environment()
-        model, module = self._resolve_model(model, stage)
-        last = self._run
-        state, control = (last.state, last.control) if last is not None else (self._idle_state, self._idle_control)
+        fit.strategy.configure(fit.args)
+        fit.strategy.setup_environment()
+        model, module = fit._launcher.resolve_model(model, stage)
+        last = fit._run
+        state, control = (last.state, last.control) if last is not None else (fit._idle_state, fit._idle_control)
         run = Run(stage, model, module, state, control)
         start = time.perf_counter()
-        self._setup_run(run)
-        if self._last_fit is None and self._model_preparation_time is None:
+        fit._launcher.setup_run(run)
+        if fit._last_fit is None and self.model_preparation_time is None:
             # HF: the model was first prepared for evaluation; every later eval/predict reports the time
-            self._model_preparation_time = round(time.perf_counter() - start, 4)
-        self._run = run
+            self.model_preparation_time = round(time.perf_counter() - start, 4)
+        fit._run = run
         if ckpt_path is not None:  # Lightning's ckpt_path: score those weights
             from taskfit.fit.ckpt_path import load_ckpt_path
 
-            load_ckpt_path(self, run, ckpt_path)
-        efficiency.prepare_full_eval(self, module)  # fp16_full_eval / bf16_full_eval
+            load_ckpt_path(fit, run, ckpt_path)
+        efficiency.prepare_full_eval(fit, module)  # fp16_full_eval / bf16_full_eval
         if module._results is None:
-            module._results = ResultCollection(infer_batch_size, self.strategy.reduce)
-        if stage in ("validate", "test") and not self._can_validate(module) and (
+            module._results = ResultCollection(infer_batch_size, fit.strategy.reduce)
+        if stage in ("validate", "test") and not self.can_validate(module) and (
                 type(module).test_step is TaskModule.test_step):
             raise ValueError(f"{type(module).__name__} has no {stage.replace('validate', 'validation')}_step "
                              "to evaluate with.")
         return module, data
 
-    def _from_datamodule(self, datamodule: DataModule | None, stage: str, method: str) -> Any:
+    @staticmethod
+    def from_datamodule(datamodule: DataModule | None, stage: str, method: str) -> Any:
+        """``datamodule.<method>()`` after its ``prepare_data``/``setup(stage)``; None without a datamodule."""
         if datamodule is None:
             return None
         datamodule.prepare_data()
         datamodule.setup(stage)
         return getattr(datamodule, method)()
 
-    def validate(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-                 datamodule: DataModule | None = None, metric_key_prefix: str = "eval",
-                 ckpt_path: str | None = None, ignore_keys: list[str] | None = None) -> dict[str, float]:
-        """Evaluate on ``data`` (default: the eval data given to ``fit``); returns metrics such as
-        ``eval_loss``, logged names (``val_acc``), ``compute_metrics`` results, ``eval_runtime`` (s),
-        ``eval_samples_per_second``. A dict of datasets gives ``{prefix}_{name}_{metric}`` keys. ``ckpt_path``
-        (``"best"``, ``"last"`` or a checkpoint folder; Lightning's argument) loads those weights first.
-        ``ignore_keys``: output keys of a plain model left out of the predictions (HF's argument).
+    def validate_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
+                       metric_key_prefix: str, ckpt_path: str | None = None,
+                       ignore_keys: list[str] | None = None) -> dict[str, float]:
+        """The body of ``Fit.validate`` on this process (see there).
 
         Raises:
-            ValueError: no data, empty data, a module without ``validation_step``, or no checkpoint for
-                ``ckpt_path``.
+            ValueError: no eval data.
         """
-        model, data, ignore_keys = _hf_positional(model, data, ignore_keys)  # HF-style fit.evaluate(eval_dataset)
-        return self._launch("validate", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                    metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path,
-                                                    ignore_keys=ignore_keys))
-
-    def _validate_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                        metric_key_prefix: str, ckpt_path: str | None = None,
-                        ignore_keys: list[str] | None = None) -> dict[str, float]:
-        module, data = self._eval_entry(model, data, "validate", ckpt_path)
-        data = data if data is not None else (self._from_datamodule(datamodule, "validate", "val_dataloader")
+        fit = self.fit
+        module, data = self.eval_entry(model, data, "validate", ckpt_path)
+        data = data if data is not None else (self.from_datamodule(datamodule, "validate", "val_dataloader")
                                               if datamodule is not None else module_loader(module, "val_dataloader"))
-        if isinstance(module, ModelTaskModule) and hf_overrides(self, "get_eval_dataloader"):
-            if data is None and self.eval_dataset is None and self._last_fit is not None:
-                data = self._last_fit.eval_data
-            self._eval_in_progress = True  # HF's evaluate() body; its dict recursion stays in this stage
+        if isinstance(module, ModelTaskModule) and fit._hf.overrides("get_eval_dataloader"):
+            if data is None and fit.eval_dataset is None and fit._last_fit is not None:
+                data = fit._last_fit.eval_data
+            self.eval_in_progress = True  # HF's evaluate() body; its dict recursion stays in this stage
             try:
-                with self._loader_context(self._run, data_collator=data_collator):
-                    return self._hf_evaluate(data, ignore_keys, metric_key_prefix)
+                with fit._hf.loader_context(fit._run, data_collator=data_collator):
+                    return self.hf_evaluate(data, ignore_keys, metric_key_prefix)
             finally:
-                self._eval_in_progress = False
-        fit_loaders = self._last_fit.eval_loaders if self._last_fit is not None else {}
-        loaders = self._eval_loader_dict(data, data_collator) if data is not None else fit_loaders
-        if not loaders and self.eval_dataset is not None:  # HF Trainer(eval_dataset=...) before any training
-            loaders = self._eval_loader_dict(self.eval_dataset, data_collator)
+                self.eval_in_progress = False
+        fit_loaders = fit._last_fit.eval_loaders if fit._last_fit is not None else {}
+        loaders = fit._launcher.eval_loader_dict(data, data_collator) if data is not None else fit_loaders
+        if not loaders and fit.eval_dataset is not None:  # HF Trainer(eval_dataset=...) before any training
+            loaders = fit._launcher.eval_loader_dict(fit.eval_dataset, data_collator)
         if not loaders:
             raise ValueError("validate() needs eval data: pass data, a datamodule, or eval_data to fit().")
-        return self._evaluate_in_run(loaders, metric_key_prefix, ignore_keys)
+        return self.evaluate_in_run(loaders, metric_key_prefix, ignore_keys)
 
-    def _evaluate_in_run(self, loaders: dict[str | None, Any], prefix: str,
-                         ignore_keys: list[str] | None) -> dict[str, float]:
+    def evaluate_in_run(self, loaders: dict[str | None, Any], prefix: str,
+                        ignore_keys: list[str] | None) -> dict[str, float]:
         """Evaluate ``loaders`` on the current run, log the row and call ``on_evaluate`` (HF ``evaluate``'s end).
         A plain model's named loaders (a dict of eval datasets) are evaluated one by one with prefix
         ``{prefix}_{name}``, each logging its own row and calling ``on_evaluate``, as HF's ``evaluate`` does for a
         dict; a TaskModule's give one row with every set's metrics."""
-        if len(loaders) > 1 and all(isinstance(n, str) for n in loaders) and isinstance(self._run.module,
+        fit = self.fit
+        if len(loaders) > 1 and all(isinstance(n, str) for n in loaders) and isinstance(fit._run.module,
                                                                                        ModelTaskModule):
             merged: dict[str, float] = {}
             for name, loader in loaders.items():
-                merged.update(self._evaluate_in_run({None: loader}, f"{prefix}_{name}", ignore_keys))
+                merged.update(self.evaluate_in_run({None: loader}, f"{prefix}_{name}", ignore_keys))
             return merged
-        metrics, hidden = self._run_eval(loaders, "validate", prefix, ignore_keys)
+        metrics, hidden = self.run_eval(loaders, "validate", prefix, ignore_keys)
         row = metrics if not hidden else {k: v for k, v in metrics.items() if k not in hidden}
         # HF: log(metrics) adds the epoch to the very dict evaluate() returns (a log override sees the row
         # without it, and one that logs a copy leaves the returned dict without it)
-        self._log(row)
+        fit.log(row)  # through the Fit: a subclass's log() override sees every row, as in HF
         if row is not metrics and "epoch" in row:
             metrics["epoch"] = row["epoch"]
-        self._hooks.call_hf("on_evaluate", self.args, self.state, self.control, metrics=metrics)
+        fit._hooks.call_hf("on_evaluate", fit.args, fit.state, fit.control, metrics=metrics)
         return metrics
 
-    def _hf_evaluate(self, eval_dataset: Any, ignore_keys: list[str] | None, prefix: str) -> dict[str, float]:
+    def hf_evaluate(self, eval_dataset: Any, ignore_keys: list[str] | None, prefix: str) -> dict[str, float]:
         """HF ``Trainer.evaluate``'s body on the current run: a dict of datasets evaluates each through
-        ``self.evaluate`` (``{prefix}_{name}`` keys, one log row each), else :meth:`get_eval_dataloader`."""
+        ``fit.evaluate`` (``{prefix}_{name}`` keys, one log row each), else ``fit.get_eval_dataloader``."""
+        fit = self.fit
         override = eval_dataset is not None
-        data = eval_dataset if override else self.eval_dataset
+        data = eval_dataset if override else fit.eval_dataset
         if isinstance(data, Mapping):
             metrics: dict[str, float] = {}
             for name, d in data.items():
-                metrics.update(self.evaluate(eval_dataset=d if override else name, ignore_keys=ignore_keys,
-                                             metric_key_prefix=f"{prefix}_{name}"))
+                metrics.update(fit.evaluate(eval_dataset=d if override else name, ignore_keys=ignore_keys,
+                                            metric_key_prefix=f"{prefix}_{name}"))
             return metrics
-        return self._evaluate_in_run({None: self.get_eval_dataloader(data)}, prefix, ignore_keys)  # as HF: the data
+        return self.evaluate_in_run({None: fit.get_eval_dataloader(data)}, prefix, ignore_keys)  # as HF: the data
 
-    def evaluate(self, eval_dataset: Any = None, ignore_keys: list[str] | None = None,
-                 metric_key_prefix: str = "eval", *, model: Any = None, data: Any = None,
-                 **kwargs: Any) -> dict[str, float]:
-        """Evaluate and return the metrics (HF ``Trainer.evaluate(eval_dataset, ignore_keys, metric_key_prefix)``);
-        outside training :meth:`validate` (``fit.evaluate(model, data)`` and its keywords work too); called while
-        training (by the loop, a callback or an override) it evaluates inside that run, as HF's does. A subclass
-        override is what the evaluations during training call (as HF's ``_maybe_log_save_evaluate``)."""
-        if isinstance(eval_dataset, nn.Module):  # Fit-style evaluate(model, data)
-            model, eval_dataset, ignore_keys = eval_dataset, ignore_keys if data is None else data, None
-        data = data if data is not None else eval_dataset
-        if self.is_in_train or self._eval_in_progress:
-            return self._hf_evaluate(data, ignore_keys, metric_key_prefix)
-        return self.validate(model, data, metric_key_prefix=metric_key_prefix, ignore_keys=ignore_keys, **kwargs)
+    def run_eval(self, loaders: dict[str | None, Any], stage: str, prefix: str,
+                 ignore_keys: list[str] | None = None) -> tuple[dict, set[str]]:
+        """Evaluate every named loader; returns the metrics and the keys logged with ``logger=False``."""
+        fit = self.fit
+        metrics: dict[str, float] = {}
+        hidden: set[str] = set()
+        indexed = len(loaders) > 1 and all(isinstance(n, int) for n in loaders)  # a list: one evaluation epoch
+        shared = ResultCollection(infer_batch_size, fit.strategy.reduce, sync_by_default=True) if indexed else None
+        for i, (name, loader) in enumerate(loaders.items()):
+            loop = EvaluationLoop(fit, stage, fit._hooks, ignore_keys, **(dict(
+                dataloader_idx=name, results=shared, first=i == 0, last=i == len(loaders) - 1) if indexed else {}))
+            key = prefix if name is None or indexed else f"{prefix}_{name}"
+            metrics.update(loop.run(loader, key)[0])
+            if self.model_preparation_time is not None:
+                metrics[f"{key}_model_preparation_time"] = self.model_preparation_time
+            hidden |= loop.hidden
+        return metrics, hidden
 
-    def test(self, model: nn.Module | None = None, data: Any = None, *, data_collator: Callable | None = None,
-             datamodule: DataModule | None = None, metric_key_prefix: str = "test",
-             ckpt_path: str | None = None) -> dict[str, float]:
-        """Like :meth:`validate` with ``test_step`` and ``test_`` keys (``ckpt_path`` as there).
+    def test_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
+                   metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
+        """The body of ``Fit.test`` on this process.
 
         Raises:
-            ValueError: no or empty data.
+            ValueError: no data.
         """
-        if model is not None and not isinstance(model, nn.Module) and data is None:
-            model, data = None, model
-        return self._launch("test", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path))
-
-    def _test_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                    metric_key_prefix: str, ckpt_path: str | None = None) -> dict[str, float]:
-        module, data = self._eval_entry(model, data, "test", ckpt_path)
-        data = data if data is not None else (self._from_datamodule(datamodule, "test", "test_dataloader")
+        fit = self.fit
+        module, data = self.eval_entry(model, data, "test", ckpt_path)
+        data = data if data is not None else (self.from_datamodule(datamodule, "test", "test_dataloader")
                                               if datamodule is not None else module_loader(module, "test_dataloader"))
         if data is None:
             raise ValueError("test() needs data: pass data or a datamodule with test_dataloader().")
-        metrics, hidden = self._run_eval(self._eval_loader_dict(data, data_collator), "test", metric_key_prefix)
-        self._log({k: v for k, v in metrics.items() if k not in hidden})
+        metrics, hidden = self.run_eval(fit._launcher.eval_loader_dict(data, data_collator), "test",
+                                        metric_key_prefix)
+        fit.log({k: v for k, v in metrics.items() if k not in hidden})
         return metrics
 
-    def predict(self, test_dataset: Any = None, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test",
-                *, model: nn.Module | None = None, data: Any = None, data_collator: Callable | None = None,
-                datamodule: DataModule | None = None, ckpt_path: str | None = None) -> PredictionOutput:
-        """Run ``predict_step`` over ``data``; returns ``PredictionOutput(predictions, label_ids, metrics)``
-        with numpy arrays concatenated over batches (mirrors HF ``Trainer.predict``; ``ckpt_path`` as in
-        :meth:`validate`). HF's signature ``predict(test_dataset, ignore_keys, metric_key_prefix)``; Fit's
-        ``predict(model, data)`` and ``model=``/``data=`` keywords work too. A plain model's
-        run builds its loader with :meth:`get_test_dataloader` and applies ``preprocess_logits_for_metrics``, as HF.
+    def predict_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
+                      metric_key_prefix: str, ckpt_path: str | None = None,
+                      ignore_keys: list[str] | None = None) -> PredictionOutput:
+        """The body of ``Fit.predict`` on this process.
 
         Raises:
-            ValueError: no or empty data.
+            ValueError: no data.
         """
-        if isinstance(test_dataset, nn.Module):  # Fit-style predict(model, data)
-            model, test_dataset, ignore_keys = test_dataset, ignore_keys if data is None else data, None
-        data = data if data is not None else test_dataset
-        return self._launch("predict", model, dict(data=data, data_collator=data_collator, datamodule=datamodule,
-                                                   metric_key_prefix=metric_key_prefix, ckpt_path=ckpt_path,
-                                                   ignore_keys=ignore_keys))
-
-    def _predict_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
-                       metric_key_prefix: str, ckpt_path: str | None = None,
-                       ignore_keys: list[str] | None = None) -> PredictionOutput:
-        module, data = self._eval_entry(model, data, "predict", ckpt_path)
-        data = data if data is not None else (self._from_datamodule(datamodule, "predict", "predict_dataloader")
+        fit = self.fit
+        module, data = self.eval_entry(model, data, "predict", ckpt_path)
+        data = data if data is not None else (self.from_datamodule(datamodule, "predict", "predict_dataloader")
                                               if datamodule is not None else module_loader(module, "predict_dataloader"))
         if data is None:
             raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")
-        if isinstance(module, ModelTaskModule) and hf_overrides(self, "get_test_dataloader"):
-            with self._loader_context(self._run, data_collator=data_collator):
-                loader = self.get_test_dataloader(data)
+        if isinstance(module, ModelTaskModule) and fit._hf.overrides("get_test_dataloader"):
+            with fit._hf.loader_context(fit._run, data_collator=data_collator):
+                loader = fit.get_test_dataloader(data)
         else:
-            loader = self._loader(data, train=False, collator=data_collator, what="predict dataset")
-        loop = EvaluationLoop(self, "predict", self._hooks, ignore_keys)
+            loader = fit._launcher.loader(data, train=False, collator=data_collator, what="predict dataset")
+        loop = EvaluationLoop(fit, "predict", fit._hooks, ignore_keys)
         metrics, preds, labels = loop.run(loader, metric_key_prefix)
-        if self._model_preparation_time is not None:
-            metrics[f"{metric_key_prefix}_model_preparation_time"] = self._model_preparation_time
-        self._hooks.call_hf("on_predict", self.args, self.state, self.control, metrics=metrics)
+        if self.model_preparation_time is not None:
+            metrics[f"{metric_key_prefix}_model_preparation_time"] = self.model_preparation_time
+        fit._hooks.call_hf("on_predict", fit.args, fit.state, fit.control, metrics=metrics)
         return PredictionOutput(preds, labels, metrics)

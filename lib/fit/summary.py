@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING, Any
 from lightning_utilities.core.rank_zero import rank_zero_only
 
 if TYPE_CHECKING:
-    from taskfit.fit.fit import Fit
+    from taskfit.protocols import FitView
 
 log = logging.getLogger("taskfit")
 
 
-def run_summary(fit: Fit, module: Any, max_steps: int, steps_per_epoch: int | None) -> dict[str, Any]:
+def run_summary(fit: FitView, module: Any, max_steps: int, steps_per_epoch: int | None) -> dict[str, Any]:
     """The facts of a run before its first step.
 
     Returns:
@@ -78,7 +78,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 @rank_zero_only
-def log_summary(fit: Fit, module: Any, max_steps: int, steps_per_epoch: int | None) -> None:
+def log_summary(fit: FitView, module: Any, max_steps: int, steps_per_epoch: int | None) -> None:
     """Log :func:`format_summary` of :func:`run_summary` at INFO on the ``taskfit`` logger (rank zero only)
     and keep the dict as ``fit.summary``."""
     fit.summary = run_summary(fit, module, max_steps, steps_per_epoch)

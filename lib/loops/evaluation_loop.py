@@ -25,7 +25,7 @@ from taskfit.core.results import ResultCollection
 from taskfit.core.wrapping import ModelTaskModule
 
 if TYPE_CHECKING:
-    from taskfit.fit.fit import Fit
+    from taskfit.protocols import FitView
 
 
 
@@ -158,7 +158,7 @@ class EvaluationLoop:
             and ``on_*_epoch_end``/``end`` hooks and the logged epoch values belong to the whole evaluation).
     """
 
-    def __init__(self, fit: Fit, stage: str, hooks: Any, ignore_keys: list[str] | None = None, *,
+    def __init__(self, fit: FitView, stage: str, hooks: Any, ignore_keys: list[str] | None = None, *,
                  dataloader_idx: int | None = None, results: ResultCollection | None = None, first: bool = True,
                  last: bool = True) -> None:
         self.fit, self.stage, self.hooks, self.ignore_keys = fit, stage, hooks, ignore_keys

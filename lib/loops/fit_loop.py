@@ -18,7 +18,7 @@ from taskfit.loops.optimization import AutomaticStep, ManualStep, batch_outputs,
 from taskfit.seed import set_rng_states
 
 if TYPE_CHECKING:
-    from taskfit.fit.run import Run
+    from taskfit.protocols import RunView
 
 
 def resolve_interval(value: float | None, max_steps: int) -> int:
@@ -106,7 +106,7 @@ class FitLoop:
         save (Callable[[dict], str]): writes a checkpoint of the given training state; returns its path.
     """
 
-    def __init__(self, run: Run, owner: Any, args: Any, strategy: Any, hooks: Any, log: Callable[[dict], None],
+    def __init__(self, run: RunView, owner: Any, args: Any, strategy: Any, hooks: Any, log: Callable[[dict], None],
                  evaluate: Callable[[], dict], save: Callable[[dict], str]) -> None:
         self.run, self.owner, self.args, self.strategy, self.hooks = run, owner, args, strategy, hooks
         self._log, self._evaluate, self._save = log, evaluate, save

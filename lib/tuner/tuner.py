@@ -103,7 +103,7 @@ class _FinderCallback(Callback):
     def on_train_start(self, fit: Any, module: Any) -> None:
         from taskfit.optim.configure import SchedulerConfig
 
-        run, f = fit._run, self.finder
+        run, f = fit.run, self.finder
         if len(run.optimizers) != 1:
             raise ValueError(f"lr_find works with one optimizer; the module configured {len(run.optimizers)}.")
         opt = run.optimizers[0]
@@ -116,7 +116,7 @@ class _FinderCallback(Callback):
         step = fit.state.global_step
         if step != self._last_start:  # first micro-batch of a window: the rate this step uses
             self._last_start = step
-            self.finder.results["lr"].append(fit._run.optimizers[0].param_groups[0]["lr"])
+            self.finder.results["lr"].append(fit.run.optimizers[0].param_groups[0]["lr"])
 
     def on_train_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         step = fit.state.global_step

@@ -26,8 +26,6 @@ ALLOWED = {
                                                      "when a plugin is set up outside the connector",
     ("optim/optimizers.py", "device-kind comparison"): "the fused AdamW default follows where the parameters are "
                                                    "(a tensor fact, as torch's own fused-kernel check)",
-    ("checkpoint.py", "device-kind comparison"): "skips a copy when checkpoint tensors are already on the CPU (a "
-                                            "tensor placement fact)",
 }
 
 

@@ -1,0 +1,355 @@
+"""The training stage of ``Fit`` (F-CORE-3): the body of one ``fit``/``train`` call on this process, read top-down
+as arguments -> model and data -> the run's plan (steps, resume point) -> set-up (optimizers, strategy, restored
+state) -> the fit loop -> the end-of-training metrics. Also what the loop calls back into during training: the
+evaluation in HF's order, the best-metric record and writing a checkpoint. Mirrors HF ``Trainer.train`` /
+``_inner_training_loop`` and Lightning's ``Trainer.fit``. An object owned by :class:`taskfit.Fit`; it calls the
+Fit's public methods (``evaluate``, ``log``) through the Fit, so a subclass's overrides are what runs."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from taskfit import efficiency
+from taskfit.arguments.fit_arguments import FitArguments
+from taskfit.checkpoint.writer import checkpoint_path, save_checkpoint
+from taskfit.core.hooks import module_loader
+from taskfit.core.module import infer_batch_size
+from taskfit.core.results import ResultCollection
+from taskfit.core.wrapping import ModelTaskModule
+from taskfit.data.loaders import DataModule
+from taskfit.debugging import fast_dev_run_batches, sanity_check
+from taskfit.fit.metric_checks import check_before_training, missing_metric_error
+from taskfit.fit.run import Run
+from taskfit.fit.signals import install_graceful_stop
+from taskfit.fit.stage_hooks import end_stage, start_stage
+from taskfit.fit.summary import log_summary
+from taskfit.loggers import resume_loggers
+from taskfit.loops.evaluation_loop import metric_key
+from taskfit.loops.fit_loop import FitLoop, accumulation_schedule, plan_steps, resolve_interval
+from taskfit.loops.state import FitControl, FitState, TrainingState
+from taskfit.metrics import TrainOutput, speed_metrics
+from taskfit.seed import enable_full_determinism, seed_everything
+
+
+@dataclasses.dataclass
+class _Plan:
+    """The non-restored plan of one training run: optimizer steps per epoch, in all, and epochs."""
+
+    steps_per_epoch: int
+    max_steps: int
+    num_epochs: int
+    reader: Any = None  # the resumed checkpoint's reader (planning opened it): restore reads each file once
+
+
+class TrainingStage:
+    """The body of ``Fit.fit`` on this process, and the loop's call-backs into the Fit.
+
+    Args:
+        fit (Fit): the owner.
+    """
+
+    def __init__(self, fit: Any) -> None:
+        self.fit = fit
+
+    def fit_stage(self, model: nn.Module | None, **kwargs: Any) -> TrainOutput:
+        """One training, retried with a halved batch on out-of-memory under ``auto_find_batch_size``."""
+        fit = self.fit
+        if not fit.args.auto_find_batch_size:
+            return self.fit_once(fit.args, model, **kwargs)
+        return efficiency.fit_with_auto_batch_size(  # halve the batch on out-of-memory, retry
+            lambda args: self.fit_once(args, model, **kwargs), fit.args, model, kwargs.get("train_data"),
+            fit.strategy.accelerator)
+
+    def fit_once(self, args: FitArguments, model: nn.Module | None, train_data: Any, eval_data: Any,
+                 data_collator: Callable | None, datamodule: DataModule | None,
+                 resume_from_checkpoint: str | bool | None, weights_only: bool) -> TrainOutput:
+        """One training with ``args`` (see ``Fit.fit`` for the arguments, the result and the errors)."""
+        fit = self.fit
+        args, n_dev = self._arguments(args)
+        if resume_from_checkpoint is None:
+            resume_from_checkpoint = args.resume_from_checkpoint
+        # seed first: model_init and the module's own initialisation must see the run's seed (HF order)
+        (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
+        model, module = fit._launcher.resolve_model(model, "fit")
+        start_stage(fit, module, datamodule, "fit")  # configure_callbacks, prepare_data, setup, configure_model
+        train_data, eval_data = self._data(args, module, datamodule, train_data, eval_data)
+        run = self._new_run(args, model, module, train_data, eval_data, data_collator)
+        plan, ckpt = self._plan(run, args, resume_from_checkpoint, weights_only)
+        self._setup(run, args, plan, ckpt, weights_only)
+        st, hooks, ctl = run.state, fit._hooks, run.control
+        start_samples, start_step = st.samples_seen, st.global_step
+        log_summary(fit, module, plan.max_steps, plan.steps_per_epoch)
+        ctl._new_training()
+        if fit.is_global_zero and not n_dev:
+            for lg in fit.loggers:
+                lg.log_hyperparams(args.to_sanitized_dict())
+        hooks.call("on_fit_start", fit, module)
+        hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
+        hooks.call("on_train_start", fit, module)
+        module.train()
+        loop, start = self._train(run, args, plan, ckpt, hooks)
+        metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
+                                st.global_step - start_step)
+        return self._finish(run, args, datamodule, loop, metrics, hooks)
+
+    def _arguments(self, args: FitArguments) -> tuple[FitArguments, int]:
+        """The run's arguments (Lightning's ``fast_dev_run``: one short epoch of N batches, evaluated once at its
+        end, no checkpoints), set on the Fit and its strategy; returns them and ``fast_dev_run``'s batches."""
+        fit = self.fit
+        n_dev = fast_dev_run_batches(args)
+        if n_dev:
+            args = dataclasses.replace(args, max_steps=math.ceil(n_dev / args.gradient_accumulation_steps),
+                                       num_train_epochs=1, save_strategy="no", load_best_model_at_end=False,
+                                       eval_strategy="epoch" if args.eval_strategy != "no" else "no")
+        fit.args = args  # a retry or a trial brings new arguments: the strategy re-derives its settings too
+        fit.strategy.configure(args)
+        return args, n_dev
+
+    def _data(self, args: FitArguments, module: Any, datamodule: DataModule | None, train_data: Any,
+              eval_data: Any) -> tuple[Any, Any]:
+        """The training and eval data (given, from the datamodule, or the module's own loaders), checked.
+
+        Raises:
+            ValueError: no training data; eval wanted without data; eval data for a module without
+                ``validation_step``; manual optimization with accumulation or an engine that owns the step.
+        """
+        fit = self.fit
+        can_validate = fit._stages.can_validate(module)
+        if datamodule is not None:
+            train_data = train_data if train_data is not None else datamodule.train_dataloader()
+            eval_data = eval_data if eval_data is not None else datamodule.val_dataloader()
+        else:  # a LightningModule-style module may define its own loaders
+            train_data = train_data if train_data is not None else module_loader(module, "train_dataloader")
+            if eval_data is None and can_validate:
+                eval_data = module_loader(module, "val_dataloader")
+        if train_data is None:
+            raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")
+        if args.eval_strategy != "no" and eval_data is None:
+            raise ValueError(f"eval_strategy={args.eval_strategy!r} needs eval data; pass eval_data or set "
+                             "eval_strategy='no'.")
+        if eval_data is not None and not can_validate:
+            raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
+        if not module.automatic_optimization:  # Lightning refuses these too
+            if args.gradient_accumulation_steps > 1:
+                raise ValueError(f"gradient_accumulation_steps={args.gradient_accumulation_steps} is not supported "
+                                 "with manual optimization (automatic_optimization = False): accumulate in "
+                                 "training_step by stepping the optimizers every N batches.")
+            if fit.strategy.engine_owns_step:
+                raise ValueError(f"manual optimization (automatic_optimization = False) is not supported by "
+                                 f"{type(fit.strategy).__name__}, whose engine runs backward and the step.")
+        return train_data, eval_data
+
+    def _new_run(self, args: FitArguments, model: nn.Module, module: Any, train_data: Any, eval_data: Any,
+                 data_collator: Callable | None) -> Run:
+        """The run of this training with its loaders (``get_train_dataloader`` of an HF subclass); a
+        ``metric_for_best_model`` that can never be computed fails here, before any work."""
+        fit = self.fit
+        st = FitState(is_local_process_zero=fit.is_local_process_zero(), is_world_process_zero=fit.is_global_zero)
+        run = Run("fit", model, module, st, FitControl())
+        run.train_loader = fit._hf.train_dataloader(run, train_data, data_collator)
+        run.eval_loaders = fit._launcher.eval_loader_dict(eval_data, data_collator, run=run)
+        run.eval_data, run.data_collator = eval_data, data_collator
+        if (run.eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model
+                and not fit._hf.overrides("evaluate")):  # an evaluate override may add the metric
+            check_before_training(args.metric_for_best_model, metric_key(args.metric_for_best_model, "eval"),
+                                  isinstance(module, ModelTaskModule), fit.compute_metrics is not None,
+                                  list(run.eval_loaders) == [None])
+        return run
+
+    def _plan(self, run: Run, args: FitArguments, resume_from_checkpoint: str | bool | None,
+              weights_only: bool) -> tuple[_Plan, str | None]:
+        """The steps of this run and the checkpoint it resumes from (every rank takes rank 0's choice); the
+        state's intervals are set from them."""
+        from taskfit.checkpoint.resume import plan_resumed_run, resolve_checkpoint
+
+        fit, st = self.fit, run.state
+        schedule = accumulation_schedule(fit.callbacks)
+        steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, args, schedule)
+        fit.strategy.setup_environment()
+        ckpt = resolve_checkpoint(fit.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
+        ckpt = fit.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
+        reader = None
+        if ckpt:  # another number of steps per epoch than the checkpoint's run: the steps left are re-counted
+            max_steps, num_epochs, reader = plan_resumed_run(
+                fit.strategy.checkpoint_io, ckpt, run.train_loader, args, schedule,
+                (steps_per_epoch, max_steps, num_epochs), weights_only)
+        st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
+        st.logging_steps = resolve_interval(args.logging_steps, max_steps)
+        st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,
+                                         max_steps)
+        st.save_steps = resolve_interval(args.save_steps, max_steps)
+        st.train_batch_size = args.per_device_train_batch_size
+        st.batches_per_epoch = steps_per_epoch and len(run.train_loader)
+        return _Plan(steps_per_epoch, max_steps, num_epochs, reader), ckpt
+
+    def _setup(self, run: Run, args: FitArguments, plan: _Plan, ckpt: str | None, weights_only: bool) -> None:
+        """Optimizers and schedulers, the strategy's set-up, the state saved whole (restored from ``ckpt``), the
+        ``push_to_hub`` publisher. The run becomes the Fit's current one."""
+        from taskfit.checkpoint.publish import make_publisher
+        from taskfit.checkpoint.resume import restore
+        from taskfit.optim.configure import configure_optimizers
+
+        fit, module, st = self.fit, run.module, run.state
+        run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
+        fit._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
+        run.optimizers, run.schedulers = configure_optimizers(
+            module, run.model, args, plan.max_steps,
+            fit._hf.run_optimizers(run, plan.max_steps) or self._hf_optimizers(run.model),
+            strategy_builds_optimizer=fit.strategy.builds_own_optimizer)
+        fit._launcher.setup_run(run, plan.max_steps)
+        fit._run = fit._last_fit = run
+        module._results = ResultCollection(infer_batch_size, fit.strategy.reduce)
+        module._log_defaults = (True, False)
+        run.training_state = TrainingState(
+            st, run.control, run.sums, fit.strategy.precision, fit.callbacks, module, fit.strategy.all_gather,
+            fit.global_rank, fit.world_size, args.restore_callback_states_from_checkpoint,
+            accelerator=fit.strategy.accelerator)
+        if ckpt:
+            saved = restore(run, ckpt, fit.strategy, args, weights_only, plan.reader)
+            fit._hooks.call("on_load_checkpoint", fit, module, saved)
+            if fit.is_global_zero:  # every logger continues the same run from the checkpoint's step
+                resume_loggers(fit.loggers, st.global_step, st.log_history)
+        run.publisher = make_publisher(fit)  # push_to_hub: uploads on a background thread
+
+    def _hf_optimizers(self, model: nn.Module) -> tuple[Any, Any]:
+        """``optimizers=`` as given; else an optimizer from ``optimizer_cls_and_kwargs`` (HF's param groups)."""
+        fit = self.fit
+        opt, sched = fit._optimizers
+        if opt is None and fit.optimizer_cls_and_kwargs is not None:
+            from taskfit.optim.optimizers import _split_params
+
+            cls, kwargs = fit.optimizer_cls_and_kwargs
+            opt = cls(_split_params(model, float(fit.args.weight_decay)), **dict(kwargs))
+        return opt, sched
+
+    def _train(self, run: Run, args: FitArguments, plan: _Plan, ckpt: str | None,
+               hooks: Any) -> tuple[FitLoop, float]:
+        """Run the fit loop (sanity check and ``eval_on_start`` first) under the graceful-stop handlers; on any
+        error the pending saves are waited for, ``on_exception`` runs and the loggers are finalised. Returns the
+        loop and its start time (``time.perf_counter()``, s)."""
+        from taskfit.checkpoint.resume import wait_for_saves_quietly
+
+        fit = self.fit
+        loop = FitLoop(run, fit, args, fit.strategy, hooks, lambda logs: fit.log(logs),
+                       self.evaluate_during_fit, self.write_checkpoint)
+        loop.stop = install_graceful_stop(  # SIGTERM / Ctrl-C / SLURM
+            args.save_on_interrupt, fit.world_size, getattr(fit.strategy, "check_collective", None))
+        start = time.perf_counter()
+        try:
+            if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
+                sanity_check(fit, run)
+            fit.is_in_train = True  # HF's flag: evaluate() called now evaluates inside this run
+            if args.eval_on_start and run.eval_loaders:
+                self.evaluate_during_fit(skip_scheduler=True)  # HF: no ReduceLROnPlateau step before training
+            if args.detect_anomaly:
+                with torch.autograd.detect_anomaly():
+                    loop.run_epochs(run.train_loader, plan.steps_per_epoch, plan.num_epochs)
+            else:
+                loop.run_epochs(run.train_loader, plan.steps_per_epoch, plan.num_epochs)
+            loop.stop.finish()  # the stop flag's last all-reduce: no collective left in flight after the loop
+        except BaseException as exc:
+            wait_for_saves_quietly(fit.strategy.checkpoint_io)
+            hooks.call("on_exception", fit, run.module, exc)
+            self.finalize_loggers("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
+            raise
+        finally:
+            loop.stop.uninstall()
+            fit.is_in_train = False
+        return loop, start
+
+    def _finish(self, run: Run, args: FitArguments, datamodule: DataModule | None, loop: FitLoop,
+                metrics: dict[str, Any], hooks: Any) -> TrainOutput:
+        """The end of training: the metrics row (callbacks' train metrics, the best model, the final push), the
+        end hooks in Lightning's and HF's order, the loggers finalised."""
+        from taskfit.checkpoint.resume import finish_checkpoints
+
+        fit, st, module = self.fit, run.state, run.module
+        metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss)  # log() adds epoch
+        for cb in fit.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
+            metrics.update(getattr(cb, "train_metrics", dict)())
+        metrics.update(finish_checkpoints(fit, metrics, run.publisher))  # best model, final push
+        fit.log(metrics)  # the same dict, as HF: a log() override that edits it edits the TrainOutput
+        hooks.call("on_train_end", fit, module)
+        hooks.call_hf("on_train_end", args, st, run.control, **run.hf_kwargs())
+        hooks.call("on_fit_end", fit, module)
+        end_stage(fit, module, datamodule, "fit")
+        self.finalize_loggers("success")
+        return TrainOutput(st.global_step, loop.training_loss, metrics)
+
+    def finalize_loggers(self, status: str) -> None:
+        """``finalize(status)`` of every logger on rank zero."""
+        if self.fit.is_global_zero:
+            for lg in self.fit.loggers:
+                lg.finalize(status)
+
+    # ----------------------------------------------------------------------- called back during training ---
+    def evaluate_during_fit(self, skip_scheduler: bool = False) -> dict[str, float]:
+        """An evaluation during training, in HF's order: evaluate (log row, ``on_evaluate``), the metric
+        schedulers' step, then the best metric. A subclass overriding ``evaluate`` or ``get_eval_dataloader`` is
+        called here as HF's ``_maybe_log_save_evaluate`` calls it (``self.evaluate(ignore_keys=...)``).
+
+        Raises:
+            KeyError: a ``ReduceLROnPlateau`` monitor or ``metric_for_best_model`` the evaluation did not return.
+        """
+        fit = self.fit
+        run = fit._run
+        if fit._hf.overrides("get_eval_dataloader", "evaluate"):
+            with fit._hf.loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):
+                metrics = fit.evaluate(ignore_keys=fit._ignore_keys_for_eval)
+        else:
+            metrics = fit._stages.evaluate_in_run(run.eval_loaders, "eval", fit._ignore_keys_for_eval)
+        for cfg in () if skip_scheduler else run.schedulers:
+            if cfg.interval != "eval":
+                continue
+            if cfg.monitor not in metrics:
+                raise KeyError(f"ReduceLROnPlateau monitors {cfg.monitor!r}, which evaluation did not "
+                               f"return; available: {sorted(metrics)}.")
+            cfg.scheduler.step(metrics[cfg.monitor])
+        self.track_best(metrics)
+        return metrics
+
+    def track_best(self, metrics: dict[str, float]) -> None:
+        """Record ``metric_for_best_model``'s best value and step in the state (HF ``_determine_best_metric``).
+
+        Raises:
+            KeyError: the metric is not among ``metrics`` (naming close ones).
+        """
+        fit = self.fit
+        name = fit.args.metric_for_best_model
+        if not name:
+            return
+        key = metric_key(name, "eval")
+        if key not in metrics:
+            raise missing_metric_error(name, key, metrics)
+        value, best = metrics[key], fit.state.best_metric
+        greater = fit.args.greater_is_better if fit.args.greater_is_better is not None else not key.endswith("loss")
+        if best is None or (value > best if greater else value < best):
+            fit.state.best_metric = value
+            if fit.args.save_strategy in ("steps", "epoch", "best"):  # HF: the step only when checkpoints exist
+                fit.state.best_global_step = fit.state.global_step
+            fit.control.should_save = fit.control.should_save or fit.args.save_strategy == "best"
+
+    def write_checkpoint(self, training_state: dict[str, Any], path: str | None = None, run: Run | None = None) -> str:
+        """Write a checkpoint of the current run: ``output_dir/checkpoint-{step}`` (recorded as the best one when
+        this step holds the best metric, pushed with ``push_to_hub``) or, with ``path``, that folder (not pushed,
+        not the HF best-model record). Calls ``on_save_checkpoint`` before and HF's ``on_save`` after. Returns the
+        folder's path. ``run``: the run saved (default the current one)."""
+        fit = self.fit
+        run = run or fit._run
+        if path is None and fit.state.best_global_step == fit.state.global_step:  # recorded before writing
+            fit.state.best_model_checkpoint = checkpoint_path(fit)
+            training_state["state"]["best_model_checkpoint"] = fit.state.best_model_checkpoint
+        fit._hooks.call("on_save_checkpoint", fit, run.module, training_state)
+        written = save_checkpoint(fit, training_state, path)
+        if path is None and run.publisher is not None:
+            from taskfit.checkpoint.publish import push_checkpoint
+
+            push_checkpoint(fit, run.publisher, written)
+        fit._hooks.call_hf("on_save", fit.args, fit.state, fit.control)
+        return written
