@@ -374,7 +374,7 @@ class LightningMembers:
         try:
             ddp = type(getattr(strategy, "model", None)).__name__ == "DistributedDataParallel"
             # DDP: manual_backward does not arm the reducer; others (FSDP): the strategy's own switch
-            with contextlib.nullcontext() if ddp else strategy.no_sync(not enabled):
+            with contextlib.nullcontext() if ddp else strategy.no_backward_sync(enabled):
                 yield
         finally:
             object.__setattr__(self, "_block_backward_sync", previous)

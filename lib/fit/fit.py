@@ -22,7 +22,7 @@ from taskfit.debugging import batch_limit, fast_dev_run_batches, limit_batches, 
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.checkpoint.writer import checkpoint_path
-from taskfit.connector import resolve_components
+from taskfit.connector import configure_strategy, resolve_components
 from taskfit.fit.hf_overrides import HFOverridePoints, default_collator, hf_overrides
 from taskfit.fit.mixins import CallbackManagement, ProcessInfo, RunAttributes
 from taskfit.fit.outputs import ModelOutputs
@@ -308,7 +308,7 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
                                        num_train_epochs=1, save_strategy="no", load_best_model_at_end=False,
                                        eval_strategy="epoch" if args.eval_strategy != "no" else "no")
         self.args = args  # a retry or a trial brings new arguments: the strategy re-derives its settings too
-        self.strategy.configure(args)
+        configure_strategy(self.strategy, args)
         if resume_from_checkpoint is None:
             resume_from_checkpoint = args.resume_from_checkpoint
         # seed first: model_init and the module's own initialisation must see the run's seed (HF order)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from torch import nn
 
 from taskfit import efficiency
+from taskfit.connector import configure_strategy
 from taskfit.data.loaders import DataModule
 from taskfit.fit.hf_overrides import hf_overrides
 from taskfit.loops.evaluation_loop import EvaluationLoop
@@ -50,7 +51,7 @@ class EvaluationStages:
     def _eval_entry(self, model: Any, data: Any, stage: str, ckpt_path: str | None = None) -> tuple[TaskModule, Any]:
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model  # HF-style fit.evaluate(eval_dataset)
-        self.strategy.configure(self.args)
+        configure_strategy(self.strategy, self.args)
         self.strategy.setup_environment()
         model, module = self._resolve_model(model, stage)
         last = self._run

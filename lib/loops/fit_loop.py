@@ -293,7 +293,7 @@ class FitLoop:
                                     box: dict = box) -> torch.Tensor:
                             """Lightning's training closure: training_step, zero_grad (first micro-batch of a
                             window), backward."""
-                            with strategy.no_sync(i == last):
+                            with strategy.no_backward_sync(enabled=i != last):
                                 if hf_step is not None:  # zero_grad first: the override runs backward itself
                                     if i == 0:
                                         for opt in optimizers:

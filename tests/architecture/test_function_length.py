@@ -16,8 +16,6 @@ EXCEPTIONS: dict[str, str] = {
     "lib/fit/fit.py:_fit_once": "being split (re-lay in progress)",
     "strategies/deepspeed_config.py:resolve_config": "being split (re-lay in progress)",
     "lib/fit/hpo.py:hyperparameter_search": "being split (re-lay in progress)",
-    "lib/connector.py:resolve_components": "being split (re-lay in progress)",
-    "strategies/fsdp_options.py:resolve_fsdp_options": "being split (re-lay in progress)",
 }
 
 
