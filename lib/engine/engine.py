@@ -72,7 +72,7 @@ class Engine(Topology):
             plugins.append(precision)
         elif precision is not None:
             fields["precision"] = precision
-        self.args = FitArguments().replace(**fields).check_implemented()  # unknown names: "did you mean"
+        self.args = FitArguments().replace(**fields)  # unknown names: "did you mean"
         self.strategy = resolve_components(self.args, plugins, **{k: v for k, v in instances.items()
                                                                   if k in ("accelerator", "strategy")})
         rank_zero_only.rank = self.strategy.global_rank

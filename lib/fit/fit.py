@@ -122,7 +122,6 @@ class Fit(ProcessInfo, CallbackManagement, HFOverridePoints, RunAttributes, RunL
                 instances[key] = value
         if overrides:
             args = args.replace(**overrides)
-        args.check_implemented()
         self.args = args
         self.strategy = resolve_components(args, plugins, **instances)
         rank_zero_only.rank = self.strategy.global_rank  # one rank-zero gate for every side effect

@@ -14,7 +14,6 @@ EXCEPTIONS: dict[str, str] = {
     "lib/loops/fit_loop.py:run_epochs": "being split into epoch -> window -> step (re-lay in progress)",
     "lib/loops/evaluation_loop.py:run": "being split (re-lay in progress)",
     "lib/fit/fit.py:_fit_once": "being split (re-lay in progress)",
-    "strategies/deepspeed_config.py:resolve_config": "being split (re-lay in progress)",
     "lib/fit/hpo.py:hyperparameter_search": "being split (re-lay in progress)",
 }
 
