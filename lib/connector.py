@@ -3,12 +3,16 @@ they fit together before any work starts (DESIGN.md "Registries")."""
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from typing import Any, Callable
 
 from taskfit.accelerators import ACCELERATORS, Accelerator, choose_accelerator
 from taskfit.io import CHECKPOINT_IO, CheckpointIO
 from taskfit.precision import Precision, build_precision
 from taskfit.strategies import STRATEGIES, Strategy
+from taskfit.strategies.settings import (
+    DDPSettings, DeepSpeedSettings, FSDPSettings, ProcessGroupSettings, StrategySettings, XLAFSDPSettings,
+)
 
 
 def _name_or_instance(value: Any, kind: type, what: str) -> tuple[str | None, Any]:
@@ -21,10 +25,12 @@ def _name_or_instance(value: Any, kind: type, what: str) -> tuple[str | None, An
 
 def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator: Accelerator | None = None,
                        strategy: Strategy | None = None) -> Strategy:
-    """Build the strategy (which owns accelerator, precision and checkpoint IO) for ``args``.
+    """Build the strategy (which owns accelerator, precision and checkpoint IO) for ``args`` and apply the
+    settings it reads (:func:`configure_strategy`).
 
     ``args.accelerator``/``strategy``/``precision`` are registry names; ``accelerator``/``strategy`` instances
-    override them, and ``plugins`` may hold a ``Precision`` or ``CheckpointIO`` instance. Mirrors Lightning's ``_AcceleratorConnector``.
+    override them, and ``plugins`` may hold a ``Precision`` or ``CheckpointIO`` instance. Mirrors Lightning's
+    ``_AcceleratorConnector``.
 
     Raises:
         ValueError: an unknown name (with the valid choices and the closest match), a conflicting pair, or
@@ -35,6 +41,34 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
     from taskfit.data.loaders import data_options
 
     data_options(args)  # accelerator_config / split_batches: bad keys fail before any work
+    precision_plugin, ckpt_plugin = _split_plugins(plugins)
+    accelerator = _resolve_accelerator(args, accelerator)
+    devices = accelerator.parse_devices(_devices_value(args, accelerator))
+
+    strat_name, strategy = _name_or_instance(strategy or args.strategy, Strategy, "strategy")
+    extra: dict[str, Any] = {}
+    if strategy is not None and strategy.deferred is not None:
+        # an object given only its own options (``ModelParallelStrategy(data_parallel_size=2, ...)``, as in
+        # Lightning): built here from them like the named strategy, with Fit's accelerator, devices and precision
+        strat_name, extra, strategy = strategy.name, dict(strategy.deferred), None
+    if strategy is not None and (precision_plugin is not None or ckpt_plugin is not None
+                                 or args.precision is not None or args.bf16 or args.fp16):
+        raise ValueError("A Strategy instance owns its precision and checkpoint IO: give them to the strategy, "
+                         "not as precision=/plugins= (or pass the strategy by name).")
+    if strategy is None:
+        strat_name = _accelerator_strategy(accelerator, _hf_strategy_name(args, strat_name), args)
+        strategy = _build_strategy(args, strat_name, accelerator, devices, precision_plugin, ckpt_plugin, extra)
+    configure_strategy(strategy, args)
+    strategy.precision.setup_device(strategy.root_device)  # e.g. 16-mixed: the GradScaler, or a clear error
+    return strategy
+
+
+def _split_plugins(plugins: list[Any] | None) -> tuple[Precision | None, CheckpointIO | None]:
+    """``(precision plugin, checkpoint IO)`` among ``plugins``.
+
+    Raises:
+        TypeError: a plugin of another kind.
+    """
     precision_plugin, ckpt_plugin = None, None
     for p in plugins or []:
         if isinstance(p, Precision):
@@ -43,8 +77,12 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
             ckpt_plugin = p
         else:
             raise TypeError(f"Unsupported plugin {type(p).__name__}: pass Precision or CheckpointIO instances.")
+    return precision_plugin, ckpt_plugin
 
-    # accelerator
+
+def _resolve_accelerator(args: Any, accelerator: Accelerator | None) -> Accelerator:
+    """The accelerator instance, or the one ``args.accelerator`` names (checked to be available here), with the
+    reason of the choice for the start summary."""
     acc_name, accelerator = _name_or_instance(accelerator or args.accelerator, Accelerator, "accelerator")
     reason = "given as an Accelerator instance"
     if accelerator is None:
@@ -52,64 +90,166 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
         accelerator = ACCELERATORS.build(acc_name)
         _check_available(accelerator, acc_name)
     accelerator.selection_reason = reason  # for the start summary
-    devices = accelerator.parse_devices(_devices_value(args, accelerator))
+    return accelerator
 
-    # strategy
-    strat_name, strategy = _name_or_instance(strategy or args.strategy, Strategy, "strategy")
-    extra: dict[str, Any] = {}
-    if strategy is not None and getattr(strategy, "deferred", None) is not None:
-        # an object given only its own options (``ModelParallelStrategy(data_parallel_size=2, ...)``, as in
-        # Lightning): built here from them like the named strategy, with Fit's accelerator, devices and precision
-        strat_name, extra, strategy = strategy.name, dict(strategy.deferred), None
-    if strategy is not None and (precision_plugin is not None or ckpt_plugin is not None
-                                 or args.precision is not None or args.bf16 or args.fp16):
-        raise ValueError("A Strategy instance owns its precision and checkpoint IO: give them to the strategy, "
-                         "not as precision=/plugins= (or pass the strategy by name).")
-    if strategy is None and getattr(args, "deepspeed", None):  # HF deepspeed=CONFIG selects the DeepSpeed strategy
-        if strat_name == "auto":
-            strat_name = "deepspeed"
-        elif not strat_name.startswith("deepspeed"):
-            raise ValueError(f"deepspeed= (a DeepSpeed config) conflicts with strategy={strat_name!r}; drop one of "
+
+def _hf_strategy_name(args: Any, name: str) -> str:
+    """The strategy name after HF's selectors: ``deepspeed=CONFIG`` selects DeepSpeed, ``fsdp="full_shard ..."``
+    FSDP (from ``"auto"``).
+
+    Raises:
+        ValueError: either selector contradicting an explicit strategy name.
+    """
+    if args.deepspeed:
+        if name == "auto":
+            name = "deepspeed"
+        elif not name.startswith("deepspeed"):
+            raise ValueError(f"deepspeed= (a DeepSpeed config) conflicts with strategy={name!r}; drop one of "
                              "them or use strategy='deepspeed'.")
-    if strategy is None and getattr(args, "fsdp", None):  # HF fsdp="full_shard ..." selects the FSDP strategy
-        if strat_name == "auto":
-            strat_name = "fsdp"
-        elif strat_name not in ("fsdp", "fsdp2", "xla_fsdp"):
-            raise ValueError(f"fsdp={args.fsdp!r} conflicts with strategy={strat_name!r}; drop one of them or use "
+    if args.fsdp:
+        if name == "auto":
+            name = "fsdp"
+        elif name not in ("fsdp", "fsdp2", "xla_fsdp"):
+            raise ValueError(f"fsdp={args.fsdp!r} conflicts with strategy={name!r}; drop one of them or use "
                              "strategy='fsdp'.")
-    if strategy is None:
-        strat_name = _accelerator_strategy(accelerator, strat_name, args)
-        entry = STRATEGIES.get(strat_name)
-        if strat_name == "auto" and len(devices) > 1:
-            entry = STRATEGIES.get("ddp")  # several processes -> DDP
-        if len(devices) > 1 and strat_name == "single_device":
-            raise ValueError(f"strategy={strat_name!r} runs one process, but devices={args.devices!r} asks for "
-                             f"{len(devices)}; use strategy='ddp' or devices=1.")
-        if entry.pending:
-            entry.build()  # raises NotImplementedError naming the issue
-        plugin_class = getattr(entry.factory, "precision_plugin", None)  # FSDP, DeepSpeed, XLA: their own
+    return name
+
+
+def _build_strategy(args: Any, name: str, accelerator: Accelerator, devices: list[Any],
+                    precision_plugin: Precision | None, ckpt_plugin: CheckpointIO | None,
+                    extra: dict[str, Any]) -> Strategy:
+    """Build the strategy registered as ``name`` with its precision plugin (parsed from the precision name once)
+    and checkpoint IO; ``extra``: the deferred constructor options of an object form.
+
+    Raises:
+        ValueError: several devices under ``single_device``, a precision plugin of the wrong kind for the
+            strategy, a precision the device kind lacks.
+        NotImplementedError: a registered name whose component has not landed.
+    """
+    entry = STRATEGIES.get(name)
+    if name == "auto" and len(devices) > 1:
+        entry = STRATEGIES.get("ddp")  # several processes -> DDP
+    if len(devices) > 1 and name == "single_device":
+        raise ValueError(f"strategy={name!r} runs one process, but devices={args.devices!r} asks for "
+                         f"{len(devices)}; use strategy='ddp' or devices=1.")
+    if entry.pending:
+        entry.build()  # raises NotImplementedError naming the issue
+    plugin_class = entry.factory.precision_plugin  # FSDP, DeepSpeed, XLA: their own
+    if precision_plugin is None:
+        pname, precision_plugin = _name_or_instance(args.resolved_precision(), Precision, "precision")
         if precision_plugin is None:
-            pname, precision_plugin = _name_or_instance(args.resolved_precision(), Precision, "precision")
-            if precision_plugin is None:
-                precision_plugin = build_precision(pname, plugin_class)  # the name is parsed here, once
-        elif plugin_class is not None and not isinstance(precision_plugin, plugin_class):
-            raise ValueError(f"strategy={strat_name!r} needs a {plugin_class.__name__} precision plugin, got "
-                             f"{type(precision_plugin).__name__}; pass precision= by name or a "
-                             f"{plugin_class.__name__} instance.")
-        accelerator.check_precision(precision_plugin)  # dtypes / loss scaling the device kind lacks
+            precision_plugin = build_precision(pname, plugin_class)  # the name is parsed here, once
+    elif plugin_class is not None and not isinstance(precision_plugin, plugin_class):
+        raise ValueError(f"strategy={name!r} needs a {plugin_class.__name__} precision plugin, got "
+                         f"{type(precision_plugin).__name__}; pass precision= by name or a "
+                         f"{plugin_class.__name__} instance.")
+    accelerator.check_precision(precision_plugin)  # dtypes / loss scaling the device kind lacks
+    if ckpt_plugin is None:
+        cname, ckpt_plugin = _name_or_instance(args.checkpoint_io or "auto", CheckpointIO, "checkpoint_io")
         if ckpt_plugin is None:
-            cname, ckpt_plugin = _name_or_instance(getattr(args, "checkpoint_io", "auto") or "auto", CheckpointIO,
-                                                   "checkpoint_io")
-            if ckpt_plugin is None:
-                ckpt_plugin = CHECKPOINT_IO.build(cname)
-        if getattr(entry.factory, "parallel", False):
-            strategy = entry.build(accelerator=accelerator, devices=devices, precision=precision_plugin,
-                                   checkpoint_io=ckpt_plugin, num_nodes=args.num_nodes, args=args, **extra)
-        else:
-            strategy = entry.build(accelerator=accelerator, device=devices[0], precision=precision_plugin,
-                                   checkpoint_io=ckpt_plugin)
-    strategy.precision.setup_device(strategy.root_device)  # e.g. 16-mixed: the GradScaler, or a clear error
-    return strategy
+            ckpt_plugin = CHECKPOINT_IO.build(cname)
+    if entry.factory.parallel:
+        return entry.build(accelerator=accelerator, devices=devices, precision=precision_plugin,
+                           checkpoint_io=ckpt_plugin, num_nodes=args.num_nodes,
+                           settings=strategy_settings(entry.factory, args), **extra)
+    return entry.build(accelerator=accelerator, device=devices[0], precision=precision_plugin,
+                       checkpoint_io=ckpt_plugin)
+
+
+def configure_strategy(strategy: Strategy, args: Any) -> None:
+    """Resolve the settings ``strategy`` reads from the run's options ``args`` and apply them
+    (:meth:`Strategy.apply_settings`). ``Fit`` and ``Engine`` call it before each run (a hyperparameter-search
+    trial or an ``auto_find_batch_size`` retry brings new options).
+
+    Args:
+        strategy (Strategy): a built strategy.
+        args (FitArguments): the run's options.
+
+    Raises:
+        ValueError: options the strategy cannot run with (a DeepSpeed config conflicting with the arguments, bad
+            FSDP options), each naming the option.
+    """
+    strategy.apply_settings(strategy_settings(strategy, args))
+
+
+def strategy_settings(strategy: Strategy | type[Strategy], args: Any) -> StrategySettings:
+    """The settings of ``strategy``'s family (its ``settings_type``) resolved from the options ``args``. Given a
+    class (the strategy is about to be built), the parts that need the built strategy (the FSDP options merged
+    with its keyword arguments, the DeepSpeed config filled for its world size) are left for
+    :func:`configure_strategy`.
+
+    Raises:
+        ValueError: see :func:`configure_strategy`.
+    """
+    kind = strategy.settings_type
+    for settings_class in kind.__mro__:
+        resolver = _RESOLVERS.get(settings_class)
+        if resolver is not None:
+            return resolver(strategy, args)
+    raise TypeError(f"No settings resolver for {kind.__name__} (strategy={strategy.name!r}).")
+
+
+def _process_group(args: Any) -> dict[str, Any]:
+    return dict(backend=args.ddp_backend or None, timeout=args.ddp_timeout)
+
+
+def _ddp_settings(strategy: Any, args: Any) -> DDPSettings:
+    static = args.ddp_static_graph
+    return DDPSettings(**_process_group(args), find_unused_parameters=bool(args.ddp_find_unused_parameters or False),
+                       broadcast_buffers=args.ddp_broadcast_buffers,
+                       static_graph=None if static is None else bool(static), bucket_cap_mb=args.ddp_bucket_cap_mb)
+
+
+def _fsdp_settings(strategy: Any, args: Any) -> FSDPSettings:
+    from taskfit.strategies.fsdp_options import resolve_fsdp_options
+
+    options = None
+    if isinstance(strategy, Strategy):  # the constructor's options win over the run's
+        options = resolve_fsdp_options(args.fsdp, args.fsdp_config, legacy_min_num_params=args.fsdp_min_num_params,
+                                       legacy_layer_classes=args.fsdp_transformer_layer_cls_to_wrap,
+                                       gradient_checkpointing=args.gradient_checkpointing,
+                                       **strategy.option_overrides)
+    return FSDPSettings(**_process_group(args), options=options, save_on_each_node=bool(args.save_on_each_node),
+                        save_safetensors=args.save_safetensors is not False)
+
+
+def _deepspeed_settings(strategy: Any, args: Any) -> DeepSpeedSettings:
+    from taskfit.optim.schedulers import get_warmup_steps
+    from taskfit.strategies.deepspeed_config import resolve_config
+
+    config: dict[str, Any] = {}
+    if isinstance(strategy, Strategy):  # filled for the built strategy's world size and precision
+        request = strategy.config_request
+        raw = request.config if request.config is not None else args.deepspeed
+        config = resolve_config(raw, args, world_size=strategy.world_size, precision=strategy.precision.name,
+                                **request.preset())
+    return DeepSpeedSettings(**_process_group(args), config=config, weight_decay=args.weight_decay,
+                             warmup_steps=functools.partial(get_warmup_steps, args),
+                             make_scheduler=functools.partial(_run_scheduler, args))
+
+
+def _run_scheduler(args: Any, optimizer: Any, max_steps: int) -> Any:
+    """The run's LR schedule over ``optimizer`` for ``max_steps`` steps (a module-level function: settings travel
+    pickled into spawned workers)."""
+    from taskfit.optim.schedulers import create_scheduler
+
+    return create_scheduler(optimizer, args, max_steps)
+
+
+def _xla_fsdp_settings(strategy: Any, args: Any) -> XLAFSDPSettings:
+    from taskfit.strategies.fsdp_options import read_fsdp_config
+
+    return XLAFSDPSettings(fsdp_config=read_fsdp_config(args.fsdp_config), devices=args.devices)
+
+
+_RESOLVERS: dict[type, Callable[[Any, Any], StrategySettings]] = {
+    StrategySettings: lambda strategy, args: StrategySettings(),
+    ProcessGroupSettings: lambda strategy, args: ProcessGroupSettings(**_process_group(args)),
+    DDPSettings: _ddp_settings,
+    FSDPSettings: _fsdp_settings,
+    DeepSpeedSettings: _deepspeed_settings,
+    XLAFSDPSettings: _xla_fsdp_settings,
+}
 
 
 def _accelerator_name(args: Any, name: str) -> tuple[str, str]:
@@ -183,10 +323,10 @@ def _accelerator_strategy(accelerator: Accelerator, name: str, args: Any) -> str
     if accelerator.name == "xla":
         if name in ("auto", "single_device"):
             return "xla"  # one replica or several: XLAStrategy (mark_step, CPU checkpoints)
-        if name in ("fsdp", "fsdp2") and getattr(args, "fsdp", None):
+        if name in ("fsdp", "fsdp2") and args.fsdp:
             from taskfit.strategies.fsdp_options import read_fsdp_config
 
-            if read_fsdp_config(getattr(args, "fsdp_config", None)).get("xla"):
+            if read_fsdp_config(args.fsdp_config).get("xla"):
                 return "xla_fsdp"
         if name not in ("xla", "xla_fsdp"):
             raise ValueError(f"strategy={name!r} does not run on XLA devices; use strategy='xla' (data parallel) "

@@ -10,36 +10,38 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from taskfit.strategies.parallel import ParallelStrategy
+from taskfit.strategies.settings import DDPSettings
 from taskfit.strategies.wrapper import StepForward
 
 
 class DDPStrategy(ParallelStrategy):
     """One model replica per process; gradients all-reduced (averaged) once per accumulation window.
 
-    Options come from ``FitArguments``: ``ddp_backend``, ``ddp_timeout`` (seconds), ``ddp_find_unused_parameters``
-    (default False), ``ddp_bucket_cap_mb`` (default 25 MB), ``ddp_broadcast_buffers`` (default True); and from
-    the constructor: ``static_graph`` (``DistributedDataParallel(static_graph=...)``).
+    Settings (:class:`~taskfit.strategies.settings.DDPSettings`, resolved by the connector from ``ddp_backend``,
+    ``ddp_timeout`` (seconds), ``ddp_find_unused_parameters`` (default False), ``ddp_bucket_cap_mb`` (default
+    25 MB), ``ddp_broadcast_buffers`` (default True), ``ddp_static_graph``); and from the constructor:
+    ``static_graph`` (``DistributedDataParallel(static_graph=...)``; ``ddp_static_graph`` wins when set).
     """
 
     name = "ddp"
+    settings_type = DDPSettings
+    settings: DDPSettings
 
     def __init__(self, *args: Any, static_graph: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.static_graph = static_graph
 
     def ddp_kwargs(self) -> dict[str, Any]:
-        """Keyword arguments of ``DistributedDataParallel`` from the options."""
-        a = self.args
-        kwargs: dict[str, Any] = {
-            "find_unused_parameters": bool(getattr(a, "ddp_find_unused_parameters", None) or False),
-            "static_graph": self.static_graph,
-        }
-        if getattr(a, "ddp_broadcast_buffers", None) is False:  # only when asked: newer torch deprecates the flag
+        """Keyword arguments of ``DistributedDataParallel`` from the settings."""
+        s = self.settings
+        kwargs: dict[str, Any] = {"find_unused_parameters": s.find_unused_parameters,
+                                  "static_graph": self.static_graph}
+        if s.broadcast_buffers is False:  # only when asked: newer torch deprecates the flag
             kwargs["broadcast_buffers"] = False
-        if getattr(a, "ddp_static_graph", None) is not None:  # HF 5: passed only when set
-            kwargs["static_graph"] = bool(a.ddp_static_graph)
-        if getattr(a, "ddp_bucket_cap_mb", None):
-            kwargs["bucket_cap_mb"] = a.ddp_bucket_cap_mb
+        if s.static_graph is not None:  # HF 5: passed only when set
+            kwargs["static_graph"] = s.static_graph
+        if s.bucket_cap_mb:
+            kwargs["bucket_cap_mb"] = s.bucket_cap_mb
         if self.root_device.type == "cuda":
             kwargs["device_ids"] = [self.root_device.index]
         return kwargs
@@ -50,7 +52,8 @@ class DDPStrategy(ParallelStrategy):
         module = self.precision.convert_module(module).to(self.root_device)
         return DistributedDataParallel(StepForward(module), **self.ddp_kwargs())
 
-    def no_sync(self, micro_batch_is_last: bool) -> ContextManager:
-        if micro_batch_is_last or not isinstance(self.model, DistributedDataParallel):
+    def no_backward_sync(self, enabled: bool = True) -> ContextManager:
+        """``DistributedDataParallel.no_sync()`` while ``enabled`` (see :meth:`Strategy.no_backward_sync`)."""
+        if not enabled or not isinstance(self.model, DistributedDataParallel):
             return contextlib.nullcontext()
         return self.model.no_sync()

@@ -4,7 +4,7 @@ integration.
 
 The engine owns backward (``engine.backward``), gradient reduction, accumulation boundaries, clipping
 (``gradient_clipping`` <- ``max_grad_norm``) and the optimizer step (``engine.step``); the fit loop still decides
-where a window ends (:meth:`DeepSpeedStrategy.no_sync` sets the engine's boundary for every micro-batch, so the
+where a window ends (:meth:`DeepSpeedStrategy.no_backward_sync` sets the engine's boundary for every micro-batch, so the
 shorter last window of an epoch is one optimizer step as everywhere else) and steps the LR schedule after each
 applied step (a DeepSpeed schedule from the config becomes the run's scheduler; the engine does not step it too).
 
@@ -25,8 +25,9 @@ import torch
 from lightning_utilities.core.imports import RequirementCache
 
 from taskfit.precision.deepspeed import DeepSpeedPrecision
-from taskfit.strategies.deepspeed_config import finalize_config, resolve_config
+from taskfit.strategies.deepspeed_config import finalize_config
 from taskfit.strategies.parallel import ParallelStrategy
+from taskfit.strategies.settings import DeepSpeedRequest, DeepSpeedSettings
 from taskfit.strategies.wrapper import StepForward
 
 log = logging.getLogger("taskfit")
@@ -71,10 +72,12 @@ class DeepSpeedStrategy(ParallelStrategy):
     accelerator on CPU machines).
 
     Args:
-        *args: as :class:`ParallelStrategy` (accelerator, devices, precision, checkpoint_io, num_nodes, args).
-        config (dict | str | None): a DeepSpeed config (dict, JSON string or JSON file path); default
-            ``args.deepspeed`` (HF ``deepspeed=``). ``"auto"`` values are filled from the arguments
-            (:func:`taskfit.strategies.deepspeed_config.resolve_config` lists the mapping).
+        *args: as :class:`ParallelStrategy` (accelerator, devices, precision, checkpoint_io, num_nodes,
+            settings).
+        config (dict | str | None): a DeepSpeed config (dict, JSON string or JSON file path); default the
+            ``deepspeed`` option (HF ``deepspeed=``). The connector fills its ``"auto"`` values from the run's
+            options (:func:`taskfit.strategies.deepspeed_config.resolve_config` lists the mapping) and hands the
+            result over as :class:`~taskfit.strategies.settings.DeepSpeedSettings`.
         stage (int | None): ZeRO stage 0-3 of the preset (registry names ``deepspeed_stage_N``); None: the
             config's stage, else 2.
         offload_optimizer (str | None): ``"cpu"`` or ``"nvme"``: offload optimizer states (DeepSpeedCPUAdam,
@@ -94,6 +97,8 @@ class DeepSpeedStrategy(ParallelStrategy):
     name = "deepspeed"
     max_optimizers = 1
     engine_owns_step = True
+    settings_type = DeepSpeedSettings
+    settings: DeepSpeedSettings
 
     @property
     def shards_parameters(self) -> bool:  # type: ignore[override]
@@ -108,21 +113,18 @@ class DeepSpeedStrategy(ParallelStrategy):
         if not isinstance(self.precision, DeepSpeedPrecision):  # the engine owns the numerics
             raise TypeError(f"DeepSpeedStrategy needs a DeepSpeedPrecision plugin (the engine casts and scales), got "
                             f"{type(self.precision).__name__}; pass precision= by name or DeepSpeedPrecision(...).")
-        self._config_source = config
-        self._config_options = dict(stage=stage, offload_optimizer=offload_optimizer,
-                                    offload_parameters=offload_parameters, nvme_path=nvme_path or "/local_nvme",
-                                    on_cpu=self.root_device.type == "cpu")
-        fit_args = self.args
-        raw = config if config is not None else getattr(fit_args, "deepspeed", None)
-        self.config = resolve_config(raw, fit_args, world_size=self.world_size, precision=self.precision.name,
-                                     **self._config_options)
+        #: what the config is resolved from besides the run's options (the connector reads it)
+        self.config_request = DeepSpeedRequest(config, stage, offload_optimizer, offload_parameters,
+                                               nvme_path or "/local_nvme", on_cpu=self.root_device.type == "cpu")
+        self.config: dict[str, Any] = self.settings.config
         self.engine: Any = None
         self._grad_norm = torch.zeros(())
 
     @property
     def zero_stage(self) -> int:
-        """The ZeRO stage (0-3) of the resolved config."""
-        return int(self.config["zero_optimization"]["stage"])
+        """The ZeRO stage (0-3) of the resolved config (before the connector resolved it: the preset's, else 2)."""
+        zero = self.config.get("zero_optimization") or {"stage": self.config_request.stage or 2}
+        return int(zero["stage"])
 
     # -- set-up -----------------------------------------------------------------------------------------
     def setup_environment(self) -> None:
@@ -178,19 +180,11 @@ class DeepSpeedStrategy(ParallelStrategy):
         """True when the config has an ``optimizer`` section: DeepSpeed builds the optimizer (and schedule)."""
         return "optimizer" in self.config
 
-    def configure(self, args: Any) -> None:
-        """Take the run's arguments and resolve the DeepSpeed config from them again (a trial or a retry may
-        change the batch size, learning rate, ...).
-
-        Raises:
-            ValueError: config/argument conflicts (see :func:`resolve_config`).
-        """
-        if args is self.args:
-            return
-        self.args = args
-        raw = self._config_source if self._config_source is not None else getattr(args, "deepspeed", None)
-        self.config = resolve_config(raw, args, world_size=self.world_size, precision=self.precision.name,
-                                     **self._config_options)
+    def apply_settings(self, settings: DeepSpeedSettings) -> None:
+        """Take the run's settings: the DeepSpeed config the connector resolved from the run's options (a trial
+        or a retry may change the batch size, learning rate, ...)."""
+        super().apply_settings(settings)
+        self.config = settings.config
 
     def _destroy_engine(self) -> None:
         if self.engine is not None:
@@ -203,13 +197,12 @@ class DeepSpeedStrategy(ParallelStrategy):
     def _build_engine(self, module: torch.nn.Module, optimizer: Any, scheduler: Any,
                       max_steps: int) -> tuple[Any, list[Any], list[Any]]:
         deepspeed = require_deepspeed()
-        from taskfit.optim.schedulers import create_scheduler, get_warmup_steps
-
-        cfg = finalize_config(self.config, self.args, max_steps, get_warmup_steps(self.args, max_steps))
+        settings = self.settings
+        cfg = finalize_config(self.config, None, max_steps, settings.warmup_steps(max_steps))
         kwargs: dict[str, Any] = {"model": StepForward(module), "config": cfg}
         ds_optimizer = "optimizer" in cfg
         if ds_optimizer:
-            kwargs["model_parameters"] = self._param_groups(module, self.args.weight_decay)
+            kwargs["model_parameters"] = self._param_groups(module, settings.weight_decay)
         else:
             kwargs["optimizer"] = optimizer
         engine, ds_opt, _, ds_scheduler = deepspeed.initialize(**kwargs)
@@ -220,7 +213,10 @@ class DeepSpeedStrategy(ParallelStrategy):
                     ds_scheduler.last_batch_iteration < 0:
                 ds_scheduler.step()  # DeepSpeed's schedules start at -1: the first step then runs at the value of
                 # iteration 0, as torch/taskfit schedules do (otherwise DeepSpeed repeats it for two steps)
-            scheduler = ds_scheduler if ds_scheduler is not None else create_scheduler(optimizer, self.args, max_steps)
+            if ds_scheduler is not None:
+                scheduler = ds_scheduler
+            else:  # the run's own schedule over DeepSpeed's optimizer (None before the connector configured it)
+                scheduler = settings.make_scheduler(optimizer, max_steps) if settings.make_scheduler else None
         if engine.optimizer is not optimizer:  # a ZeRO/bf16 wrapper owns it and clears the gradients
             _keep_engine_grads(optimizer)
         self.engine = self.model = engine
@@ -257,10 +253,11 @@ class DeepSpeedStrategy(ParallelStrategy):
     def forward_context(self) -> ContextManager:
         return contextlib.nullcontext()  # the engine holds the module in its dtype
 
-    def no_sync(self, micro_batch_is_last: bool) -> ContextManager:
-        """Tell the engine whether this micro-batch ends the accumulation window (it reduces gradients and may
-        step only then); the loop's window, not the config's ``gradient_accumulation_steps``, decides."""
-        self._engine().set_gradient_accumulation_boundary(bool(micro_batch_is_last))
+    def no_backward_sync(self, enabled: bool = True) -> ContextManager:
+        """Tell the engine, when called, whether the next backward ends the accumulation window (``not enabled``:
+        it reduces gradients and may step only then); the loop's window, not the config's
+        ``gradient_accumulation_steps``, decides."""
+        self._engine().set_gradient_accumulation_boundary(not enabled)
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:

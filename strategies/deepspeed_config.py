@@ -126,6 +126,26 @@ def resolve_config(config: Any, args: Any, *, world_size: int, precision: str, s
     """
     cfg = load_config(config)
     filler = ConfigFiller(cfg)
+    half = _half_precision(cfg, precision, on_cpu)
+    zero = _zero_section(cfg, filler, stage, offload_optimizer, offload_parameters, nvme_path)
+    _fill_batch_and_precision(cfg, filler, args, world_size, precision, half)
+    _optimizer_section(cfg, filler, args, zero, on_cpu)
+    _scheduler_section(cfg, filler, args)
+    filler.raise_conflicts()
+
+    cfg.setdefault("steps_per_print", 2 ** 31 - 1)  # taskfit logs; keep DeepSpeed quiet
+    cfg.setdefault("wall_clock_breakdown", False)
+    if "optimizer" not in cfg:
+        cfg.setdefault("zero_allow_untested_optimizer", True)  # the taskfit optimizer is handed to the engine
+    return cfg
+
+
+def _half_precision(cfg: dict[str, Any], precision: str, on_cpu: bool) -> str | None:
+    """The config section (``"bf16"``/``"fp16"``/None) the precision plugin's name enables.
+
+    Raises:
+        ValueError: a precision DeepSpeed does not support, or fp16 (by name or in the config) on the CPU.
+    """
     if precision not in DS_PRECISIONS:
         raise ValueError(f"precision={precision!r} is not supported by DeepSpeed; choose one of "
                          f"{sorted(DS_PRECISIONS)}.")
@@ -137,7 +157,17 @@ def resolve_config(config: Any, args: Any, *, world_size: int, precision: str, s
     if isinstance(cfg.get("fp16"), dict) and cfg["fp16"].get("enabled") is True and on_cpu:
         raise ValueError("The DeepSpeed config enables fp16, which DeepSpeed refuses on the CPU accelerator; "
                          "enable bf16 instead or set fp16.enabled to \"auto\".")
+    return half
 
+
+def _zero_section(cfg: dict[str, Any], filler: ConfigFiller, stage: int | None, offload_optimizer: str | None,
+                  offload_parameters: str | None, nvme_path: str | None) -> dict[str, Any]:
+    """``zero_optimization`` with the preset's stage and offload devices applied; returns it.
+
+    Raises:
+        ValueError: a section that is not an object, an invalid stage or offload device, parameter offload below
+            stage 3.
+    """
     zero = cfg.setdefault("zero_optimization", {})
     if not isinstance(zero, dict):
         raise ValueError(f"zero_optimization must be an object; got {zero!r}.")
@@ -161,8 +191,16 @@ def resolve_config(config: Any, args: Any, *, world_size: int, precision: str, s
     if zero.get("offload_param") and zero["stage"] != 3:
         raise ValueError(f"Parameter offload (zero_optimization.offload_param) needs ZeRO stage 3; the config has "
                          f"stage {zero['stage']}.")
+    return zero
 
-    a = args
+
+def _fill_batch_and_precision(cfg: dict[str, Any], filler: ConfigFiller, a: Any, world_size: int, precision: str,
+                              half: str | None) -> None:
+    """Batch sizes, accumulation, clipping and the ``bf16``/``fp16`` sections from the arguments.
+
+    Raises:
+        ValueError: a ``bf16``/``fp16`` section that is not an object.
+    """
     micro, accum = int(a.per_device_train_batch_size), int(a.gradient_accumulation_steps)
     filler.fill(cfg, "train_micro_batch_size_per_gpu", micro, "per_device_train_batch_size")
     filler.fill(cfg, "gradient_accumulation_steps", accum, "gradient_accumulation_steps")
@@ -170,7 +208,6 @@ def resolve_config(config: Any, args: Any, *, world_size: int, precision: str, s
                 f"per_device_train_batch_size x gradient_accumulation_steps x world_size ({micro}x{accum}x{world_size})")
     clip = float(a.max_grad_norm) if a.max_grad_norm and a.max_grad_norm > 0 else 0.0
     filler.fill(cfg, "gradient_clipping", clip, "max_grad_norm")
-
     for name in ("bf16", "fp16"):
         section = cfg.setdefault(name, {})
         if not isinstance(section, dict):
@@ -179,6 +216,16 @@ def resolve_config(config: Any, args: Any, *, world_size: int, precision: str, s
     if cfg.get("bf16", {}).get("enabled") and cfg.get("fp16", {}).get("enabled"):
         filler.conflicts.append("bf16.enabled and fp16.enabled are both true")
 
+
+def _optimizer_section(cfg: dict[str, Any], filler: ConfigFiller, a: Any, zero: dict[str, Any],
+                       on_cpu: bool) -> None:
+    """The ``optimizer`` section (added for optimizer offload): its type from ``optim``, its hyperparameters from
+    the arguments.
+
+    Raises:
+        ValueError: a section that is not an object, or offload / ``type="auto"`` with an ``optim`` DeepSpeed has
+            no optimizer for.
+    """
     opt = cfg.get("optimizer")
     ds_optim = OPTIM_TO_DS.get(a.optim)
     if opt is None and (zero.get("offload_optimizer") or {}).get("device") in OFFLOAD_DEVICES:
@@ -186,54 +233,57 @@ def resolve_config(config: Any, args: Any, *, world_size: int, precision: str, s
             raise ValueError(f"ZeRO optimizer offload needs a DeepSpeed optimizer, but optim={a.optim!r} has none; "
                              f"choose one of {sorted(OPTIM_TO_DS)} or add an 'optimizer' section to the config.")
         opt = cfg["optimizer"] = {"type": AUTO, "params": {}}
-    if opt is not None:
-        if not isinstance(opt, dict):
-            raise ValueError(f"DeepSpeed config 'optimizer' must be an object; got {opt!r}.")
-        if opt.get("type", AUTO) == AUTO:
-            if ds_optim is None:
-                raise ValueError(f"optimizer.type='auto' but optim={a.optim!r} has no DeepSpeed optimizer; choose "
-                                 f"one of {sorted(OPTIM_TO_DS)} or name the type in the config.")
-            opt["type"] = ds_optim
-        elif ds_optim is not None and str(opt["type"]).lower() != ds_optim.lower() and a.optim != "adamw_torch":
-            filler.conflicts.append(f"optimizer.type={opt['type']!r} but optim={a.optim!r}")
-        params = opt.setdefault("params", {})
-        filler.fill(params, "lr", a.learning_rate, "learning_rate", "optimizer.params.lr")
-        filler.fill(params, "weight_decay", a.weight_decay, "weight_decay", "optimizer.params.weight_decay")
-        if str(opt["type"]).lower() in ("adam", "adamw", "lion"):
-            filler.fill(params, "betas", [a.adam_beta1, a.adam_beta2], "(adam_beta1, adam_beta2)",
-                        "optimizer.params.betas")
-        if str(opt["type"]).lower() in ("adam", "adamw", "adagrad"):
-            filler.fill(params, "eps", a.adam_epsilon, "adam_epsilon", "optimizer.params.eps")
-        offloading = (zero.get("offload_optimizer") or {}).get("device") in OFFLOAD_DEVICES
-        if on_cpu and not offloading and str(opt["type"]).lower() in ("adam", "adamw"):
-            params.setdefault("torch_adam", True)  # torch's Adam(W): no JIT build of the fused op on CPU
+    if opt is None:
+        return
+    if not isinstance(opt, dict):
+        raise ValueError(f"DeepSpeed config 'optimizer' must be an object; got {opt!r}.")
+    if opt.get("type", AUTO) == AUTO:
+        if ds_optim is None:
+            raise ValueError(f"optimizer.type='auto' but optim={a.optim!r} has no DeepSpeed optimizer; choose "
+                             f"one of {sorted(OPTIM_TO_DS)} or name the type in the config.")
+        opt["type"] = ds_optim
+    elif ds_optim is not None and str(opt["type"]).lower() != ds_optim.lower() and a.optim != "adamw_torch":
+        filler.conflicts.append(f"optimizer.type={opt['type']!r} but optim={a.optim!r}")
+    params = opt.setdefault("params", {})
+    filler.fill(params, "lr", a.learning_rate, "learning_rate", "optimizer.params.lr")
+    filler.fill(params, "weight_decay", a.weight_decay, "weight_decay", "optimizer.params.weight_decay")
+    kind = str(opt["type"]).lower()
+    if kind in ("adam", "adamw", "lion"):
+        filler.fill(params, "betas", [a.adam_beta1, a.adam_beta2], "(adam_beta1, adam_beta2)",
+                    "optimizer.params.betas")
+    if kind in ("adam", "adamw", "adagrad"):
+        filler.fill(params, "eps", a.adam_epsilon, "adam_epsilon", "optimizer.params.eps")
+    offloading = (zero.get("offload_optimizer") or {}).get("device") in OFFLOAD_DEVICES
+    if on_cpu and not offloading and kind in ("adam", "adamw"):
+        params.setdefault("torch_adam", True)  # torch's Adam(W): no JIT build of the fused op on CPU
 
+
+def _scheduler_section(cfg: dict[str, Any], filler: ConfigFiller, a: Any) -> None:
+    """The ``scheduler`` section, when present: its type from ``lr_scheduler_type``, peak and floor values.
+
+    Raises:
+        ValueError: a section that is not an object, or ``type="auto"`` with a schedule DeepSpeed lacks.
+    """
     sched = cfg.get("scheduler")
-    if sched is not None:
-        if not isinstance(sched, dict):
-            raise ValueError(f"DeepSpeed config 'scheduler' must be an object; got {sched!r}.")
-        if sched.get("type", AUTO) == AUTO:
-            if a.lr_scheduler_type not in SCHED_TO_DS:
-                raise ValueError(f"scheduler.type='auto' but lr_scheduler_type={a.lr_scheduler_type!r} has no "
-                                 f"DeepSpeed schedule; choose one of {sorted(SCHED_TO_DS)} or name the type.")
-            sched["type"] = SCHED_TO_DS[a.lr_scheduler_type]
-        params = sched.setdefault("params", {})
-        filler.fill(params, "warmup_max_lr", a.learning_rate, "learning_rate", "scheduler.params.warmup_max_lr",
-                    default_missing=sched["type"] in ("WarmupLR", "WarmupDecayLR"))
-        if sched["type"] in ("WarmupLR", "WarmupDecayLR"):
-            filler.fill(params, "warmup_min_lr", 0.0, None)
-            params.setdefault("warmup_type", "linear")  # HF's schedules warm up linearly (DeepSpeed: log)
-        if sched["type"] == "WarmupCosineLR":
-            filler.fill(params, "warmup_min_ratio", 0.0, None)
-            filler.fill(params, "cos_min_ratio", 0.0, None)
-            params.setdefault("warmup_type", "linear")
-    filler.raise_conflicts()
-
-    cfg.setdefault("steps_per_print", 2 ** 31 - 1)  # taskfit logs; keep DeepSpeed quiet
-    cfg.setdefault("wall_clock_breakdown", False)
-    if "optimizer" not in cfg:
-        cfg.setdefault("zero_allow_untested_optimizer", True)  # the taskfit optimizer is handed to the engine
-    return cfg
+    if sched is None:
+        return
+    if not isinstance(sched, dict):
+        raise ValueError(f"DeepSpeed config 'scheduler' must be an object; got {sched!r}.")
+    if sched.get("type", AUTO) == AUTO:
+        if a.lr_scheduler_type not in SCHED_TO_DS:
+            raise ValueError(f"scheduler.type='auto' but lr_scheduler_type={a.lr_scheduler_type!r} has no "
+                             f"DeepSpeed schedule; choose one of {sorted(SCHED_TO_DS)} or name the type.")
+        sched["type"] = SCHED_TO_DS[a.lr_scheduler_type]
+    params = sched.setdefault("params", {})
+    filler.fill(params, "warmup_max_lr", a.learning_rate, "learning_rate", "scheduler.params.warmup_max_lr",
+                default_missing=sched["type"] in ("WarmupLR", "WarmupDecayLR"))
+    if sched["type"] in ("WarmupLR", "WarmupDecayLR"):
+        filler.fill(params, "warmup_min_lr", 0.0, None)
+        params.setdefault("warmup_type", "linear")  # HF's schedules warm up linearly (DeepSpeed: log)
+    if sched["type"] == "WarmupCosineLR":
+        filler.fill(params, "warmup_min_ratio", 0.0, None)
+        filler.fill(params, "cos_min_ratio", 0.0, None)
+        params.setdefault("warmup_type", "linear")
 
 
 def finalize_config(cfg: dict[str, Any], args: Any, max_steps: int, warmup_steps: int) -> dict[str, Any]:

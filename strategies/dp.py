@@ -11,6 +11,7 @@ import torch
 from taskfit.accelerators.accelerator import Accelerator
 from taskfit.io.checkpoint_io import CheckpointIO
 from taskfit.precision.precision import Precision
+from taskfit.strategies.settings import StrategySettings
 from taskfit.strategies.strategy import Strategy
 from taskfit.strategies.wrapper import StepForward
 
@@ -32,7 +33,8 @@ class DataParallelStrategy(Strategy):
     parallel = True
 
     def __init__(self, accelerator: Accelerator, devices: list[torch.device], precision: Precision,
-                 checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1, args: Any = None) -> None:
+                 checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1,
+                 settings: StrategySettings | None = None) -> None:
         kinds = {d.type for d in devices}
         if kinds != {"cuda"} or len(devices) < 2:
             raise ValueError(f"strategy='dp' (torch.nn.DataParallel) needs several CUDA devices in one process; got "
@@ -42,6 +44,8 @@ class DataParallelStrategy(Strategy):
             raise ValueError(f"strategy='dp' runs in one process on one machine; num_nodes={num_nodes}.")
         super().__init__(accelerator, devices[0], precision, checkpoint_io)
         self.devices = list(devices)
+        if settings is not None:
+            self.apply_settings(settings)
 
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         module = self.precision.convert_module(module).to(self.root_device)

@@ -27,6 +27,7 @@ from taskfit.strategies.checkpoint_shards import (
 )
 from taskfit.strategies.fsdp_options import SHARDING_STRATEGIES, FSDPOptions, resolve_fsdp_options
 from taskfit.strategies.parallel import ParallelStrategy
+from taskfit.strategies.settings import FSDPSettings
 from taskfit.strategies.wrapper import StepForward
 
 log = logging.getLogger("taskfit")
@@ -52,9 +53,10 @@ def shard_like(full: Any, like: Any) -> Any:
 class FSDPStrategy(ParallelStrategy):
     """Shard parameters, gradients and optimizer state over the processes with FSDP2.
 
-    Options come from ``FitArguments`` (``fsdp`` words, ``fsdp_config``, ``fsdp_min_num_params``,
-    ``fsdp_transformer_layer_cls_to_wrap``, ``gradient_checkpointing`` for the conflict check) and from these
-    keyword arguments, which win (see :class:`~taskfit.strategies.fsdp_options.FSDPOptions` for each):
+    Options come from the run's settings (:class:`~taskfit.strategies.settings.FSDPSettings`: the connector merges
+    the ``fsdp`` words, ``fsdp_config``, ``fsdp_min_num_params``, ``fsdp_transformer_layer_cls_to_wrap`` and
+    ``gradient_checkpointing`` (for the conflict check) with these keyword arguments, which win; see
+    :class:`~taskfit.strategies.fsdp_options.FSDPOptions` for each):
 
     Args:
         sharding_strategy (str | None): ``full_shard`` | ``shard_grad_op`` | ``no_shard`` | ``hybrid_shard`` |
@@ -79,6 +81,8 @@ class FSDPStrategy(ParallelStrategy):
 
     name = "fsdp"
     shards_parameters = True
+    settings_type = FSDPSettings
+    settings: FSDPSettings
     precision_plugin = FSDPPrecision
     max_optimizers = 1  # the sharded checkpoint (DCP) holds one optimizer's state
 
@@ -88,16 +92,25 @@ class FSDPStrategy(ParallelStrategy):
                  device_mesh: tuple[int, int] | None = None, mixed_precision: Any = None, **kwargs: Any) -> None:
         own = {k: kwargs.pop(k) for k in list(kwargs) if k in FSDPOptions.__dataclass_fields__}
         super().__init__(*args, **kwargs)
-        self.options: FSDPOptions = resolve_fsdp_options(
-            self.args, sharding_strategy=sharding_strategy, offload_params=cpu_offload,
+        #: the constructor's FSDP options: the connector merges them over the run's (they win)
+        self.option_overrides: dict[str, Any] = dict(
+            sharding_strategy=sharding_strategy, offload_params=cpu_offload,
             transformer_layer_cls_to_wrap=transformer_layer_cls_to_wrap, min_num_params=min_num_params,
             state_dict_type=state_dict_type, activation_checkpointing=activation_checkpointing,
             device_mesh=device_mesh, **own)
-        if not self.options.use_orig_params:
-            log.warning("fsdp_config use_orig_params=False is ignored: FSDP2 always trains the original parameters.")
+        self.options: FSDPOptions = self.settings.options or resolve_fsdp_options(None, **self.option_overrides)
         self.mixed_precision = mixed_precision
         self.mesh: Any = None
         self.wrapped_names: list[str] = []  # names (inside the TaskModule) of the modules made FSDP units
+
+    def apply_settings(self, settings: FSDPSettings) -> None:
+        """Take the run's settings (see :class:`ParallelStrategy`) and their resolved FSDP options, if any."""
+        super().apply_settings(settings)
+        if settings.options is not None and settings.options != self.options:
+            self.options = settings.options
+            if not self.options.use_orig_params:
+                log.warning("fsdp_config use_orig_params=False is ignored: FSDP2 always trains the original "
+                            "parameters.")
 
     # -- set-up -----------------------------------------------------------------------------------------
     def mixed_precision_policy(self) -> Any:
@@ -267,16 +280,16 @@ class FSDPStrategy(ParallelStrategy):
         return optimizers
 
     # -- step -------------------------------------------------------------------------------------------
-    def no_sync(self, micro_batch_is_last: bool) -> ContextManager:
-        """Skip the reduce-scatter on non-final micro-batches (``set_requires_gradient_sync(False)``; unsharded
-        gradients accumulate locally). Not with CPU offload, where every micro-batch reduces (its gradients
-        live on the CPU as shards)."""
-        if micro_batch_is_last or self.model is None or self.options.offload_params:
+    def no_backward_sync(self, enabled: bool = True) -> ContextManager:
+        """While ``enabled``, skip the reduce-scatter (``set_requires_gradient_sync(False)``; unsharded gradients
+        accumulate locally). Not with CPU offload, where every micro-batch reduces (its gradients live on the CPU
+        as shards)."""
+        if not enabled or self.model is None or self.options.offload_params:
             return contextlib.nullcontext()
-        return self._no_sync()
+        return self._gradient_sync_off()
 
     @contextlib.contextmanager
-    def _no_sync(self) -> Iterator[None]:
+    def _gradient_sync_off(self) -> Iterator[None]:
         self.model.set_requires_gradient_sync(False)
         try:
             yield
@@ -310,7 +323,7 @@ class FSDPStrategy(ParallelStrategy):
         return {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
 
     def _is_writer(self) -> bool:
-        each_node = bool(getattr(self.args, "save_on_each_node", False))
+        each_node = self.settings.save_on_each_node
         return self.local_rank == 0 if each_node else self.is_global_zero
 
     def model_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
@@ -321,7 +334,7 @@ class FSDPStrategy(ParallelStrategy):
         return self._full_model_state(module)
 
     def _model_file_name(self) -> str:
-        return "pytorch_model.bin" if getattr(self.args, "save_safetensors", True) is False else "model.safetensors"
+        return "model.safetensors" if self.settings.save_safetensors else "pytorch_model.bin"
 
     # -- checkpoints --------------------------------------------------------------------------------------
     def save_checkpoint_shards(self, module: nn.Module, optimizer: Any, folder: str) -> list[str] | None:

@@ -126,47 +126,92 @@ def _names(value: Any) -> list[Any]:
     return out
 
 
-def resolve_fsdp_options(args: Any = None, **overrides: Any) -> FSDPOptions:
-    """Merge ``args.fsdp`` (list of words), ``args.fsdp_config``, the deprecated ``fsdp_min_num_params`` /
+def resolve_fsdp_options(words: Any = None, config: dict | str | None = None, *, legacy_min_num_params: int = 0,
+                         legacy_layer_classes: Any = None, gradient_checkpointing: bool = False,
+                         **overrides: Any) -> FSDPOptions:
+    """Merge HF's ``fsdp`` (list of words or one string), ``fsdp_config``, the deprecated ``fsdp_min_num_params`` /
     ``fsdp_transformer_layer_cls_to_wrap`` and the strategy constructor's ``overrides`` (same names as
-    :class:`FSDPOptions`; they win) into :class:`FSDPOptions`.
+    :class:`FSDPOptions`; they win) into :class:`FSDPOptions`. The connector calls it with the run's options.
+
+    Args:
+        words (list[str] | str | None): ``fsdp`` (``"full_shard offload auto_wrap"``).
+        config (dict | str | None): ``fsdp_config`` (dict, JSON string or JSON file path).
+        legacy_min_num_params (int): ``fsdp_min_num_params`` (parameters).
+        legacy_layer_classes (str | list | None): ``fsdp_transformer_layer_cls_to_wrap``.
+        gradient_checkpointing (bool): ``gradient_checkpointing`` (for the conflict check).
+        **overrides: :class:`FSDPOptions` fields; None leaves a field as the options give it.
 
     Raises:
         ValueError: an unknown sharding strategy / state dict type / backward prefetch / key (naming the valid
             choices), both size- and class-based auto-wrap, ``activation_checkpointing`` together with
             ``gradient_checkpointing``, XLA settings (use ``strategy="xla_fsdp"``), a bad ``device_mesh``.
     """
-    words = list(getattr(args, "fsdp", None) or [])
+    words = list(words or [])
     if isinstance(words, str):
         words = words.split()
-    cfg = read_fsdp_config(getattr(args, "fsdp_config", None))
+    cfg = read_fsdp_config(config)
+    _refuse_xla(cfg)
+    opts = FSDPOptions()
+    opts.sharding_strategy = _sharding_strategy(words, cfg, overrides.pop("sharding_strategy", None))
+    opts.offload_params = "offload" in words or _bool("offload_params", cfg.get("offload_params", False))
+    opts.auto_wrap = "auto_wrap" in words or bool(cfg.get("auto_wrap_policy"))
+    opts.min_num_params = int(cfg.get("min_num_params", 0) or legacy_min_num_params or 0)
+    opts.transformer_layer_cls_to_wrap = _names(cfg.get("transformer_layer_cls_to_wrap") or legacy_layer_classes)
+    _apply_config(opts, cfg)
+    valid = {f.name for f in fields(FSDPOptions)}
+    for name, value in overrides.items():
+        if name not in valid:
+            raise _choice("FSDPStrategy option", name, sorted(valid))
+        if value is not None:
+            setattr(opts, name, _names(value) if name == "transformer_layer_cls_to_wrap" else value)
+    _normalise(opts)
+    if opts.activation_checkpointing and gradient_checkpointing:
+        raise ValueError("fsdp_config activation_checkpointing=True and gradient_checkpointing=True cannot be used "
+                         "together (both would recompute the same layers); with FSDP use activation_checkpointing "
+                         "alone (mirrors the HF Trainer's rule).")
+    return opts
+
+
+def _refuse_xla(cfg: dict[str, Any]) -> None:
+    """Raises:
+        ValueError: PyTorch/XLA FSDP keys in the config of the FSDP2 strategy."""
     for k in ("xla", "xla_fsdp_v2", "xla_fsdp_grad_ckpt"):
         if cfg.get(k):
             raise ValueError(f"fsdp_config {k!r} asks for PyTorch/XLA FSDP; use strategy='xla_fsdp' (the accelerators "
                              "issue #6), not the FSDP2 strategy.")
     if cfg.get("xla_fsdp_settings"):
         raise ValueError("fsdp_config 'xla_fsdp_settings' only applies to strategy='xla_fsdp'.")
-    opts = FSDPOptions()
+
+
+def _sharding_strategy(words: list[str], cfg: dict[str, Any], override: Any) -> str:
+    """The one sharding strategy the words, the config (names or accelerate's numbers 1-5) and the constructor's
+    ``override`` (which wins) give; ``"full_shard"`` when none does.
+
+    Raises:
+        ValueError: several different ones, or an unknown one (naming the valid choices).
+    """
     sharding = [w for w in words if w in SHARDING_STRATEGIES]
     if "sharding_strategy" in cfg:
         value = cfg["sharding_strategy"]
         value = {1: "full_shard", 2: "shard_grad_op", 3: "no_shard", 4: "hybrid_shard", 5: "hybrid_shard_zero2"}.get(
             value, value)
         sharding.append(str(value).lower().replace("_hybrid", "hybrid"))
-    if "sharding_strategy" in overrides and overrides["sharding_strategy"] is not None:
-        sharding = [str(overrides.pop("sharding_strategy")).lower()]
+    if override is not None:
+        sharding = [str(override).lower()]
     if len(set(sharding)) > 1:
         raise ValueError(f"FSDP got several sharding strategies {sorted(set(sharding))}; give one of "
                          f"{list(SHARDING_STRATEGIES)}.")
-    if sharding:
-        if sharding[0] not in SHARDING_STRATEGIES:
-            raise _choice("FSDP sharding strategy", sharding[0], SHARDING_STRATEGIES)
-        opts.sharding_strategy = sharding[0]
-    opts.offload_params = "offload" in words or _bool("offload_params", cfg.get("offload_params", False))
-    opts.auto_wrap = "auto_wrap" in words or bool(cfg.get("auto_wrap_policy"))
-    opts.min_num_params = int(cfg.get("min_num_params", 0) or getattr(args, "fsdp_min_num_params", 0) or 0)
-    opts.transformer_layer_cls_to_wrap = _names(cfg.get("transformer_layer_cls_to_wrap")
-                                                or getattr(args, "fsdp_transformer_layer_cls_to_wrap", None))
+    if sharding and sharding[0] not in SHARDING_STRATEGIES:
+        raise _choice("FSDP sharding strategy", sharding[0], SHARDING_STRATEGIES)
+    return sharding[0] if sharding else FSDPOptions.sharding_strategy
+
+
+def _apply_config(opts: FSDPOptions, cfg: dict[str, Any]) -> None:
+    """Copy the switches and choices ``cfg`` sets onto ``opts`` (checked later by :func:`_normalise`).
+
+    Raises:
+        ValueError: a switch that is not true or false.
+    """
     for name in ("forward_prefetch", "limit_all_gathers", "use_orig_params", "sync_module_states",
                  "cpu_ram_efficient_loading", "activation_checkpointing"):
         if name in cfg:
@@ -179,13 +224,16 @@ def resolve_fsdp_options(args: Any = None, **overrides: Any) -> FSDPOptions:
         opts.reshard_after_forward = _bool("reshard_after_forward", cfg["reshard_after_forward"])
     if cfg.get("device_mesh") is not None:
         opts.device_mesh = cfg["device_mesh"]
-    valid = {f.name for f in fields(FSDPOptions)}
-    for name, value in overrides.items():
-        if name not in valid:
-            raise _choice("FSDPStrategy option", name, sorted(valid))
-        if value is not None:
-            setattr(opts, name, _names(value) if name == "transformer_layer_cls_to_wrap" else value)
-    # normalise and check
+
+
+def _normalise(opts: FSDPOptions) -> None:
+    """Spell ``opts``' choices canonically and apply the implied switches (a size or class auto-wrap turns
+    ``auto_wrap`` on; ``cpu_ram_efficient_loading`` implies ``sync_module_states``).
+
+    Raises:
+        ValueError: an unknown state dict type or backward prefetch (naming the choices), a negative
+            ``min_num_params``, both auto-wrap kinds, a bad ``device_mesh``.
+    """
     sdt = str(opts.state_dict_type).lower()
     if sdt not in _STATE_DICT_ALIASES:
         raise _choice("FSDP state_dict_type", opts.state_dict_type, STATE_DICT_TYPES)
@@ -208,8 +256,3 @@ def resolve_fsdp_options(args: Any = None, **overrides: Any) -> FSDPOptions:
         if len(mesh) != 2 or not all(isinstance(n, int) and n >= 1 for n in mesh):
             raise ValueError(f"FSDP device_mesh must be (replicate, shard) sizes >= 1; got {opts.device_mesh!r}.")
         opts.device_mesh = mesh  # type: ignore[assignment]
-    if opts.activation_checkpointing and getattr(args, "gradient_checkpointing", False):
-        raise ValueError("fsdp_config activation_checkpointing=True and gradient_checkpointing=True cannot be used "
-                         "together (both would recompute the same layers); with FSDP use activation_checkpointing "
-                         "alone (mirrors the HF Trainer's rule).")
-    return opts

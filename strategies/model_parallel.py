@@ -316,11 +316,11 @@ class ModelParallelStrategy(FSDPStrategy):
                  type(target).__name__)
 
     # -- step -------------------------------------------------------------------------------------------
-    def no_sync(self, micro_batch_is_last: bool) -> ContextManager:
-        """Skip the data-parallel gradient reduction on non-final micro-batches (when a root FSDP unit exists)."""
-        if micro_batch_is_last or not hasattr(self.model, "set_requires_gradient_sync"):
+    def no_backward_sync(self, enabled: bool = True) -> ContextManager:
+        """While ``enabled``, skip the data-parallel gradient reduction (when a root FSDP unit exists)."""
+        if not enabled or not hasattr(self.model, "set_requires_gradient_sync"):
             return contextlib.nullcontext()
-        return self._no_sync()
+        return self._gradient_sync_off()
 
     def clip_gradients(self, parameters: list[torch.Tensor], max_norm: float,
                        optimizer: torch.optim.Optimizer) -> torch.Tensor:

@@ -18,34 +18,15 @@ from taskfit.accelerators.accelerator import Accelerator
 from taskfit.io.checkpoint_io import CheckpointIO
 from taskfit.precision.precision import Precision
 from taskfit.strategies.environments import ClusterEnvironment, TorchElasticEnvironment, detect_environment
+from taskfit.strategies import process_group
 from taskfit.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
+from taskfit.strategies.process_group import destroy_process_group
+from taskfit.strategies.settings import ProcessGroupSettings
 from taskfit.strategies.strategy import Strategy
 
 log = logging.getLogger("taskfit")
 _REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "mean": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX,
                "min": dist.ReduceOp.MIN}
-
-
-_collective_failed = False  # a collective of this process failed: peers may be gone or stuck
-
-
-def destroy_process_group() -> None:
-    """Tear the process group down before the interpreter exits: left to interpreter shutdown, gloo's worker
-    threads can still be joinable when their destructors run, which aborts the process ("terminate called without
-    an active exception") after training finished. After a failed collective the closing barrier is skipped (a
-    stuck peer would only make this process wait)."""
-    if dist.is_available() and dist.is_initialized():
-        try:
-            # let every rank arrive first: a peer closing its sockets while this rank's gloo threads still read
-            # from them aborts the process
-            if dist.get_backend() == "gloo" and not _collective_failed:
-                dist.monitored_barrier(timeout=datetime.timedelta(seconds=10))
-        except Exception:  # a peer already died: nothing to wait for
-            pass
-        try:
-            dist.destroy_process_group()
-        except Exception:  # exiting anyway; a failed teardown must not hide the run's own result
-            pass
 
 
 class DistributedError(RuntimeError):
@@ -61,19 +42,24 @@ class ParallelStrategy(Strategy):
         precision (Precision): numerics plugin.
         checkpoint_io (CheckpointIO | None): storage plugin.
         num_nodes (int): machines.
-        args (FitArguments | None): ``ddp_backend`` (default gloo on CPU, nccl on CUDA), ``ddp_timeout``
-            (seconds), and the strategy's own options.
+        settings (ProcessGroupSettings | None): ``backend`` (default gloo on CPU, nccl on CUDA), ``timeout``
+            (seconds), and the strategy family's own settings (its :attr:`settings_type`); the connector applies
+            the run's settings with :meth:`apply_settings`.
         start_method (str): ``"popen"`` re-runs the script in worker processes (like torchrun); ``"spawn"`` runs
             ``fit`` in ``torch.multiprocessing`` workers (``ddp_spawn``).
         cluster_environment (ClusterEnvironment | None): override the detected environment.
     """
 
     parallel = True
+    settings_type = ProcessGroupSettings
+    settings: ProcessGroupSettings
 
     def __init__(self, accelerator: Accelerator, devices: list[torch.device], precision: Precision,
-                 checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1, args: Any = None,
-                 start_method: str = "popen", cluster_environment: ClusterEnvironment | None = None) -> None:
-        self.devices, self.num_nodes, self.args, self.start_method = list(devices), int(num_nodes), args, start_method
+                 checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1,
+                 settings: ProcessGroupSettings | None = None, start_method: str = "popen",
+                 cluster_environment: ClusterEnvironment | None = None) -> None:
+        self.devices, self.num_nodes, self.start_method = list(devices), int(num_nodes), start_method
+        self.settings = settings if settings is not None else self.settings_type()
         self.num_processes = len(self.devices)
         self.cluster_environment = cluster_environment or detect_environment(self.num_processes, self.num_nodes)
         super().__init__(accelerator, self._device_for(self.cluster_environment.local_rank()), precision,
@@ -82,12 +68,19 @@ class ParallelStrategy(Strategy):
         env = self.cluster_environment
         if not env.creates_processes_externally and env.world_size() > 1:
             if start_method == "popen":  # wait for the workers at most ddp_timeout plus a few seconds
-                timeout = float(getattr(args, "ddp_timeout", None) or 1800) + 5.0
                 self.launcher = SubprocessScriptLauncher(self.num_processes, self.num_nodes, env.node_rank(),
-                                                         env.main_address, env.main_port, join_timeout=timeout)
+                                                         env.main_address, env.main_port,
+                                                         join_timeout=self.settings.timeout_s + 5.0)
             else:
                 self.launcher = MultiprocessingLauncher(self.num_processes, self.num_nodes, env.node_rank(),
                                                         env.main_address, env.main_port)
+
+    def apply_settings(self, settings: ProcessGroupSettings) -> None:
+        """Take the run's settings (see :class:`Strategy`); the script launcher waits for its workers at most the
+        collective timeout plus 5 s."""
+        super().apply_settings(settings)
+        if isinstance(self.launcher, SubprocessScriptLauncher):
+            self.launcher.join_timeout = settings.timeout_s + 5.0
 
     def _device_for(self, local_rank: int) -> torch.device:
         if self.devices and self.devices[0].type != "cpu":
@@ -146,7 +139,7 @@ class ParallelStrategy(Strategy):
             env = self.env
             os.environ.setdefault("MASTER_ADDR", env.main_address)
             os.environ.setdefault("MASTER_PORT", str(env.main_port))
-            timeout = datetime.timedelta(seconds=float(getattr(self.args, "ddp_timeout", None) or 1800))
+            timeout = datetime.timedelta(seconds=self.settings.timeout_s)
             try:
                 dist.init_process_group(self.backend, init_method="env://", rank=env.global_rank(),
                                         world_size=env.world_size(), timeout=timeout)
@@ -161,7 +154,7 @@ class ParallelStrategy(Strategy):
     @property
     def backend(self) -> str:
         """``ddp_backend``, else ``nccl`` on CUDA and ``gloo`` elsewhere."""
-        chosen = getattr(self.args, "ddp_backend", None)
+        chosen = self.settings.backend
         if chosen:
             return chosen
         return "nccl" if self.root_device.type == "cuda" else "gloo"
@@ -201,13 +194,12 @@ class ParallelStrategy(Strategy):
                     k in text for k in ("gloo", "Gloo", "NCCL", "Connection", "connection", "timed out", "Timed out",
                                         "timeout", "pair closure"))):
                 raise  # an ordinary error (e.g. in the user's backward), not a communication failure
-            global _collective_failed
-            _collective_failed = True
+            process_group.collective_failed = True
             if isinstance(self.launcher, SubprocessScriptLauncher):
                 self.launcher.failed = True  # at exit, do not wait long for workers that may be stuck
             raise DistributedError(
                 f"{what} failed on rank {self.global_rank} of {self.world_size}: another process stopped or did not "
-                f"answer within ddp_timeout={getattr(self.args, 'ddp_timeout', None)} s. Cause: {exc}") from exc
+                f"answer within ddp_timeout={self.settings.timeout} s. Cause: {exc}") from exc
 
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         if not dist.is_initialized() or self.world_size == 1:

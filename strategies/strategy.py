@@ -13,6 +13,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from taskfit.accelerators.accelerator import Accelerator
 from taskfit.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from taskfit.precision.precision import Precision
+from taskfit.strategies.settings import StrategySettings
 
 _CPU = torch.device("cpu")  # compared by value: cheaper than reading .type (~0.5 µs) per micro-batch
 
@@ -46,6 +47,16 @@ class Strategy:
     #: the precision plugin class this strategy needs (the connector builds it from the precision name); None:
     #: the registry's plain plugins (mirrors the per-strategy plugins of Lightning Fabric's connector)
     precision_plugin: type[Precision] | None = None
+    #: the settings this strategy reads (:mod:`taskfit.strategies.settings`); the connector resolves them
+    settings_type: type[StrategySettings] = StrategySettings
+    #: the constructor options of an object given only its own options (``ModelParallelStrategy(
+    #: data_parallel_size=2)``, Lightning's form): the connector builds the named strategy from them; None: a
+    #: complete strategy
+    deferred: dict[str, Any] | None = None
+    #: starts the worker processes (``taskfit.strategies.launchers``); None: nothing to start
+    launcher: Any = None
+    #: the ``DeviceMesh`` the strategy lays the model on (model parallel); None: no mesh
+    device_mesh: Any = None
 
     def __init__(self, accelerator: Accelerator, device: torch.device, precision: Precision,
                  checkpoint_io: CheckpointIO | None = None) -> None:
@@ -55,8 +66,8 @@ class Strategy:
         self.checkpoint_io = checkpoint_io or TorchCheckpointIO()
         self.model: torch.nn.Module | None = None
         self._module: torch.nn.Module | None = None  # the unwrapped module self.model wraps
-        if not hasattr(self, "args"):
-            self.args: Any = None
+        if not hasattr(self, "settings"):  # a subclass may have applied its settings before this runs
+            self.settings: StrategySettings = self.settings_type()
 
     @property
     def builds_own_optimizer(self) -> bool:
@@ -64,11 +75,43 @@ class Strategy:
         section): :meth:`setup` then gets no optimizer and returns the backend's."""
         return False
 
-    def configure(self, args: Any) -> None:
-        """Take the arguments of the run about to start (``FitArguments``; a hyperparameter-search trial or an
-        ``auto_find_batch_size`` retry brings new ones). Strategies that derive settings from them re-derive
-        them here."""
-        self.args = args
+    def apply_settings(self, settings: StrategySettings) -> None:
+        """Take the settings of the run about to start, resolved from its options by the connector
+        (:func:`taskfit.connector.configure_strategy`; a hyperparameter-search trial or an ``auto_find_batch_size``
+        retry brings new ones). Strategies that derive state from them re-derive it here.
+
+        Args:
+            settings (StrategySettings): an instance of :attr:`settings_type`.
+
+        Raises:
+            TypeError: settings of another strategy family.
+        """
+        if not isinstance(settings, self.settings_type):
+            raise TypeError(f"strategy={self.name!r} takes {self.settings_type.__name__}; got "
+                            f"{type(settings).__name__}.")
+        self.settings = settings
+
+    # -- capabilities callers ask for (defaults of one process holding the whole model) ---------------------
+    @property
+    def data_parallel_rank(self) -> int:
+        """Index of this process among the processes that read different samples (tensor-parallel ranks of one
+        group share theirs); here every process reads its own: :attr:`global_rank`. Mirrors Lightning's
+        ``distributed_sampler_kwargs["rank"]``."""
+        return self.global_rank
+
+    @property
+    def data_parallel_size(self) -> int:
+        """How many processes read different samples; here :attr:`world_size`."""
+        return self.world_size
+
+    def prepare_for_configure_model(self, module: torch.nn.Module) -> None:
+        """Before the module's ``configure_model`` hook: model-parallel strategies check the module and build the
+        device mesh it reads. Nothing here."""
+
+    def check_collective(self, what: str, fn: Callable[[], Any]) -> Any:
+        """Run the collective ``fn`` and return its result; multi-process strategies turn a communication failure
+        into ``DistributedError`` naming ``what`` and the rank. Here there is no peer to fail: ``fn()``."""
+        return fn()
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
         """Run ``fn(*args)`` on every process of the run and return this process's result. One process here;
@@ -199,8 +242,16 @@ class Strategy:
             return stack
         return self.precision.forward_context(kind)
 
-    def no_sync(self, micro_batch_is_last: bool) -> ContextManager:
-        """Skip gradient synchronisation on non-final micro-batches of an accumulation window (DDP ``no_sync``)."""
+    def no_backward_sync(self, enabled: bool = True) -> ContextManager:
+        """Inside (with ``enabled``), backward passes of the module :meth:`setup` wrapped accumulate gradients
+        locally without synchronising them (DDP ``no_sync``, FSDP ``set_requires_gradient_sync(False)``,
+        DeepSpeed: not an accumulation boundary): use ``enabled=not last`` on every micro-batch of an
+        accumulation window. A no-op on one process. Mirrors Lightning Fabric's ``no_backward_sync(module,
+        enabled)``.
+
+        Args:
+            enabled (bool): skip the synchronisation (False: this backward synchronises, as without the block).
+        """
         return contextlib.nullcontext()
 
     def backward(self, loss: torch.Tensor) -> None:

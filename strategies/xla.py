@@ -22,6 +22,7 @@ from taskfit.accelerators.xla import require_torch_xla
 from taskfit.io.checkpoint_io import CheckpointIO
 from taskfit.precision.precision import Precision
 from taskfit.precision.xla import XLAPrecision
+from taskfit.strategies.settings import StrategySettings
 from taskfit.strategies.strategy import Strategy
 
 
@@ -52,7 +53,7 @@ class XLAStrategy(Strategy):
         precision (Precision): numerics plugin (``16-mixed`` is refused by the plugin on XLA: use ``bf16-mixed``).
         checkpoint_io (CheckpointIO | None): storage plugin; checkpoints reach it with CPU tensors only.
         num_nodes (int): hosts (PJRT discovers the topology itself).
-        args (FitArguments | None): options (``fsdp_config`` for :class:`XLAFSDPStrategy`).
+        settings (StrategySettings | None): the strategy family's settings (:class:`XLAFSDPStrategy`'s).
 
     Raises:
         ModuleNotFoundError: torch_xla is missing (names the extra).
@@ -62,10 +63,11 @@ class XLAStrategy(Strategy):
 
     name = "xla"
     precision_plugin = XLAPrecision
-    parallel = True  # the connector passes devices=, num_nodes= and args=
+    parallel = True  # the connector passes devices=, num_nodes= and settings=
 
     def __init__(self, accelerator: Accelerator, devices: list[torch.device], precision: Precision,
-                 checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1, args: Any = None) -> None:
+                 checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1,
+                 settings: StrategySettings | None = None) -> None:
         require_torch_xla(f"strategy={self.name!r}")
         launched = "WORLD_SIZE" in os.environ or "TASKFIT_LAUNCHED" in os.environ
         if len(devices) > 1 and not launched:
@@ -73,7 +75,9 @@ class XLAStrategy(Strategy):
                              "and taskfit does not spawn XLA replicas itself: launch the script with torchrun "
                              f"--nproc_per_node={len(devices)} (PJRT reads its environment), or use devices=1.")
         super().__init__(accelerator, devices[0], precision, checkpoint_io)
-        self.devices, self.num_nodes, self.args = list(devices), int(num_nodes), args
+        self.devices, self.num_nodes = list(devices), int(num_nodes)
+        if settings is not None:
+            self.settings = settings
         self._grads_reduced = False
 
     # -- topology (PJRT) --------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import torch
 from taskfit.accelerators.accelerator import Accelerator
 from taskfit.io.checkpoint_io import CheckpointIO
 from taskfit.precision.precision import Precision
-from taskfit.strategies.fsdp_options import read_fsdp_config
+from taskfit.strategies.settings import XLAFSDPSettings
 from taskfit.strategies.wrapper import StepForward
 from taskfit.strategies.xla import XLAStrategy, _sync, to_cpu
 
@@ -23,11 +23,13 @@ class XLAFSDPStrategy(XLAStrategy):
 
     Args:
         accelerator, devices, precision, checkpoint_io, num_nodes: as :class:`XLAStrategy`.
-        args (FitArguments | None): ``fsdp_config`` (dict, JSON or path, ``fsdp_`` prefixes allowed) with
+        settings (XLAFSDPSettings | None): ``fsdp_config`` (read by the connector: dict, JSON or path, ``fsdp_``
+            prefixes allowed) with
             ``xla_fsdp_settings`` (dict: keyword arguments of ``XlaFullyShardedDataParallel``, e.g.
             ``{"compute_dtype": "bfloat16", "flatten_parameters": False}``; dtype names are converted),
             ``xla_fsdp_grad_ckpt`` (bool: gradient checkpointing of every wrapped layer), ``xla_fsdp_v2`` (bool:
-            SPMD FSDPv2), ``transformer_layer_cls_to_wrap`` (list[str]) or ``min_num_params`` (int) for auto-wrap.
+            SPMD FSDPv2), ``transformer_layer_cls_to_wrap`` (list[str]) or ``min_num_params`` (int) for auto-wrap;
+            and the ``devices`` option as given.
 
     Raises:
         ModuleNotFoundError: torch_xla is missing (names the extra).
@@ -37,23 +39,28 @@ class XLAFSDPStrategy(XLAStrategy):
 
     name = "xla_fsdp"
     shards_parameters = True
+    settings_type = XLAFSDPSettings
+    settings: XLAFSDPSettings
 
     def __init__(self, accelerator: Accelerator, devices: list[torch.device], precision: Precision,
-                 checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1, args: Any = None) -> None:
-        cfg = read_fsdp_config(getattr(args, "fsdp_config", None))
+                 checkpoint_io: CheckpointIO | None = None, num_nodes: int = 1,
+                 settings: XLAFSDPSettings | None = None) -> None:
+        settings = settings if settings is not None else XLAFSDPSettings()
+        cfg = settings.fsdp_config
         self.v2 = bool(cfg.get("xla_fsdp_v2", False))
-        settings = cfg.get("xla_fsdp_settings") or {}
-        if not isinstance(settings, dict):
+        fsdp_kwargs = cfg.get("xla_fsdp_settings") or {}
+        if not isinstance(fsdp_kwargs, dict):
             raise ValueError(f"fsdp_config 'xla_fsdp_settings' must be a dict of XlaFullyShardedDataParallel "
-                             f"arguments; got {type(settings).__name__}.")
-        if self.v2 and len(devices) > 1 and getattr(args, "devices", "auto") in ("auto", None, -1, "-1"):
+                             f"arguments; got {type(fsdp_kwargs).__name__}.")
+        if self.v2 and len(devices) > 1 and settings.devices in ("auto", None, -1, "-1"):
             devices = devices[:1]  # devices="auto": the one SPMD process uses every device of the host
         if self.v2 and len(devices) > 1:
             raise ValueError("fsdp_config xla_fsdp_v2=True (SPMD FSDPv2) runs in one process over every device "
                              f"of the host; devices={len(devices)} asks for several processes: use devices=1.")
-        super().__init__(accelerator, devices, precision, checkpoint_io, num_nodes, args)
-        self.settings = {k: getattr(torch, v) if k.endswith("_dtype") and isinstance(v, str) else v
-                         for k, v in settings.items()}
+        super().__init__(accelerator, devices, precision, checkpoint_io, num_nodes, settings)
+        #: keyword arguments of ``XlaFullyShardedDataParallel`` (``xla_fsdp_settings``, dtype names converted)
+        self.fsdp_kwargs = {k: getattr(torch, v) if k.endswith("_dtype") and isinstance(v, str) else v
+                            for k, v in fsdp_kwargs.items()}
         self.grad_ckpt = bool(cfg.get("xla_fsdp_grad_ckpt", False))
         self.layer_names = cfg.get("transformer_layer_cls_to_wrap") or []
         if isinstance(self.layer_names, str):
@@ -111,7 +118,7 @@ class XLAFSDPStrategy(XLAStrategy):
             kwargs: dict[str, Any] = {"mesh": self.mesh}
         else:
             # one shard per original parameter keeps the optimizer's groups (weight decay on/off) exact
-            FSDP, kwargs = XlaFullyShardedDataParallel, {"flatten_parameters": False, **self.settings}
+            FSDP, kwargs = XlaFullyShardedDataParallel, {"flatten_parameters": False, **self.fsdp_kwargs}
         wrapper_callable = None
         if self.grad_ckpt:
             def wrapper_callable(m: torch.nn.Module, *a: Any, **kw: Any) -> torch.nn.Module:

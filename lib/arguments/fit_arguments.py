@@ -8,9 +8,7 @@ properties HF scripts read (``world_size``, ``should_save``, ``get_process_log_l
 :mod:`taskfit.arguments.runtime`. ``Fit(...)`` keyword arguments, YAML/JSON configs and the ``taskfit`` CLI are
 views of this class.
 
-Options whose feature has not landed yet are accepted and stored, but :meth:`FitArguments.check_implemented`
-refuses them (``NotImplementedError`` naming the option and the issue where it lands, see
-:data:`PENDING_OPTIONS`); options taskfit will never support raise ``ValueError`` at construction.
+Options taskfit will never support raise ``ValueError`` at construction.
 """
 
 import copy
@@ -22,7 +20,6 @@ import re
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
-from collections.abc import Callable
 from typing import Any
 
 from taskfit.arguments.setters import (  # noqa: F401 - the option tables are re-exported
@@ -37,15 +34,6 @@ from taskfit.arguments.taskfit_fields import TaskfitFields
 from taskfit.registry import invalid_choice, unknown_option
 
 SECRET_FIELDS = ("hub_token", "push_to_hub_token")
-
-
-#: option name -> the issue where its feature lands. An option is *pending* when its value differs from the
-#: default (or matches the rule in ``_PENDING_WHEN``) and it is still listed here; remove a row when it lands.
-#: (``torchdynamo`` is a deprecated alias copied into ``torch_compile_backend``, which is what gets reported.)
-PENDING_OPTIONS: dict[str, str] = {}
-
-#: options that are only partly pending: the value is pending when the predicate is true.
-_PENDING_WHEN: dict[str, Callable[[Any], bool]] = {}
 
 
 @dataclass(repr=False)
@@ -136,38 +124,6 @@ class FitArguments(ArgumentSetters, RuntimeProperties, TaskfitFields, LegacyFiel
         if value is None:
             value = self.logging_steps
         return max(1, math.ceil(num_training_steps * value)) if value < 1 else int(value)
-
-    # ----------------------------------------------------------------------------------------------------------
-    # The "not implemented yet" gate
-    def pending_options(self) -> list[tuple[str, str]]:
-        """``(option, issue)`` for every option set to a non-default value whose feature has not landed.
-
-        Defaults never count. Options with partial support count only for the unbuilt values
-        (``num_nodes != 1``, ``skip_memory_metrics=False``,
-        ``report_to`` naming a logger other than ``csv``).
-        """
-        defaults = _default_values()
-        out = []
-        for name, issue in PENDING_OPTIONS.items():
-            value = getattr(self, name)
-            predicate = _PENDING_WHEN.get(name)
-            if (predicate(value) if predicate else value != defaults[name]):
-                out.append((name, issue))
-        return out
-
-    def check_implemented(self) -> "FitArguments":
-        """Raise if any option asks for a feature that has not landed yet; returns ``self`` otherwise.
-
-        Raises:
-            NotImplementedError: naming every pending option with its value and the issue where it lands, e.g.
-                ``torch_compile=True is not implemented yet (lands with the precision/efficiency issue #4)``.
-        """
-        pending = self.pending_options()
-        if pending:
-            lines = [f"{name}={_redacted(name, getattr(self, name))!r} is not implemented yet (lands with {issue})"
-                     for name, issue in pending]
-            raise NotImplementedError("; ".join(lines))
-        return self
 
     # ----------------------------------------------------------------------------------------------------------
     # Construction helpers
@@ -411,4 +367,4 @@ def _init_with_suggestions(init: Any) -> Any:
 
 FitArguments.__init__ = _init_with_suggestions(FitArguments.__init__)  # type: ignore[method-assign]
 
-__all__ = ["BUILT_LOGGERS", "PENDING_OPTIONS", "FitArguments", "read_config"]
+__all__ = ["BUILT_LOGGERS", "FitArguments", "read_config"]

@@ -106,8 +106,7 @@ class ArgumentSetters:
     def set_push_to_hub(self, model_id: str, strategy: str = "every_save", token: str | None = None,
                         private_repo: bool | None = None, always_push: bool = False,
                         revision: str | None = None) -> Any:
-        """Publishing options; also sets ``push_to_hub=True`` (mirrors ``set_push_to_hub``; publishing itself
-        lands with issue #9, so ``check_implemented`` refuses it until then).
+        """Publishing options; also sets ``push_to_hub=True`` (mirrors ``set_push_to_hub``).
 
         Args:
             model_id: ``hub_model_id``. strategy: ``end | every_save | checkpoint | all_checkpoints``. token:

@@ -98,7 +98,7 @@ def restore(run: ResumableRun, path: str, strategy: Any, args: Any, weights_only
                              weights_only=weights_only, reader=reader)
     ts = loaded["training_state"]
     _check_compatible(args, strategy.world_size, run.train_loader, loaded["args"], ts, loaded["manifest"],
-                      getattr(strategy, "data_parallel_size", strategy.world_size))
+                      strategy.data_parallel_size)
     run.training_state.load_state_dict(ts)
     if loaded["manifest"].get("format") == HF_FORMAT:  # HF records no position: derive it as HF does
         place_hf_position(run.state, _batches_per_epoch(run.train_loader), args.gradient_accumulation_steps)

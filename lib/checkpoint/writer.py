@@ -145,8 +145,9 @@ def save_checkpoint(fit: CheckpointSource, training_state: dict[str, Any], path:
     a, strategy = fit.args, fit.strategy
     final = path or checkpoint_path(fit)
     keep = {fit.state.best_model_checkpoint} if (a.load_best_model_at_end or a.metric_for_best_model) else set()
+    dp = strategy.data_parallel_size  # recorded under tensor parallelism only (fewer readers than processes)
     manifest = manifest_header(fit.state.global_step, strategy.world_size, bool(a.save_only_model),
-                               getattr(strategy, "data_parallel_size", None))  # tensor parallelism: fewer readers
+                               dp if dp != strategy.world_size else None)
     plan = FolderPlan(manifest, is_writer(fit), _ranks_in_folder(fit), a.output_dir,
                       None if path else a.save_total_limit, keep, float(a.ddp_timeout or 1800),
                       WEIGHTS_NAME if a.save_safetensors is not False else WEIGHTS_NAME_PT, _hf_groups(fit))

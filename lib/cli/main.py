@@ -406,7 +406,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(yaml.safe_dump({**keys, **args.to_dict(redact=True)}, sort_keys=False), end="")
         return 0
     try:
-        args.check_implemented()
         if command == "estimate":
             return run_estimate(args, extra)
         module, data, datamodule = load_run_objects(extra)

@@ -33,8 +33,8 @@ class LightningHooks:
         """The run's ``torch.distributed.DeviceMesh`` (``strategy="model_parallel"``: dimensions
         ``("data_parallel", "tensor_parallel")``) for :meth:`configure_model`; None under other strategies or
         outside a run (Lightning's ``LightningModule.device_mesh``)."""
-        fit = getattr(self, "_fit", None)
-        return getattr(getattr(fit, "strategy", None), "device_mesh", None)
+        strategy = getattr(getattr(self, "_fit", None), "strategy", None)  # None outside a run
+        return None if strategy is None else strategy.device_mesh
 
     def configure_callbacks(self) -> Any:
         """Callbacks this module needs (a callback or a list); they join the ``Fit``'s at the start of ``fit``

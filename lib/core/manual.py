@@ -79,7 +79,7 @@ def manual_outer_forward(strategy: Any) -> Iterator[None]:
     :func:`prepare_ddp_backward` prepares each (Lightning's ``_DDPForwardRedirection``)."""
     from torch.nn.parallel import DistributedDataParallel
 
-    model = getattr(strategy, "model", None)
+    model = strategy.model
     if not isinstance(model, DistributedDataParallel):
         yield
         return
@@ -96,7 +96,7 @@ def prepare_ddp_backward(strategy: Any, loss: Any) -> None:
     from torch.nn.parallel.distributed import _find_tensors  # noqa: PLC2701 (the helper DDP itself uses)
     from torch.nn.parallel import DistributedDataParallel
 
-    model = getattr(strategy, "model", None)
+    model = strategy.model
     if not isinstance(model, DistributedDataParallel) or not torch.is_grad_enabled():
         return
     model.require_forward_param_sync = True

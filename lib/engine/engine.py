@@ -3,7 +3,7 @@ users who write the training loop themselves (mirrors Lightning Fabric and Huggi
 
 The Engine is a second client of the Strategy contract next to ``Fit``: the same connector builds the same
 strategy, accelerator and precision objects from the same names, and the Engine calls only the contract
-(``launch``, ``setup``, ``no_sync``, ``backward``, ``clip_gradients``, ``optimizer_step``, collectives,
+(``launch``, ``setup``, ``no_backward_sync``, ``backward``, ``clip_gradients``, ``optimizer_step``, collectives,
 ``save_checkpoint``/``load_checkpoint``, ``teardown``).
 """
 
@@ -72,7 +72,7 @@ class Engine(Topology):
             plugins.append(precision)
         elif precision is not None:
             fields["precision"] = precision
-        self.args = FitArguments().replace(**fields).check_implemented()  # unknown names: "did you mean"
+        self.args = FitArguments().replace(**fields)  # unknown names: "did you mean"
         self.strategy = resolve_components(self.args, plugins, **{k: v for k, v in instances.items()
                                                                   if k in ("accelerator", "strategy")})
         rank_zero_only.rank = self.strategy.global_rank
@@ -82,7 +82,7 @@ class Engine(Topology):
         self._launched = False
         self._log_step = 0
         self._models: list[EngineModule] = []
-        self._inside_no_sync = False
+        self._inside_no_backward_sync = False
 
     # -- topology (global_rank, local_rank, node_rank, world_size, is_global_zero: ``Topology``) ----------
     @property
@@ -107,14 +107,15 @@ class Engine(Topology):
             raise RuntimeError("Engine.launch() was already called for this Engine.")
         if fn is not None and not callable(fn):
             raise TypeError(f"launch(fn) needs a callable; got {type(fn).__name__}.")
+        from taskfit.connector import configure_strategy
         from taskfit.strategies.launchers import MultiprocessingLauncher
 
-        spawns = isinstance(getattr(self.strategy, "launcher", None), MultiprocessingLauncher) and \
+        spawns = isinstance(self.strategy.launcher, MultiprocessingLauncher) and \
             not os.environ.get("TASKFIT_LAUNCHED")
         if fn is None and spawns:
             raise RuntimeError(f"strategy={self.strategy.name!r} runs the work in spawned processes: pass the "
                                "function to run, engine.launch(fn) (fn(engine, *args)), or use strategy='ddp'.")
-        self.strategy.configure(self.args)
+        configure_strategy(self.strategy, self.args)
         if fn is None:
             self.strategy.launch(self._join)
             return None
@@ -170,7 +171,7 @@ class Engine(Topology):
                 raise TypeError(f"engine.setup(module, *optimizers): optimizer {i} is a {type(opt).__name__}, not "
                                 "a torch.optim.Optimizer.")
         if self.strategy.parallel and any(m.module is not module for m in self._models):
-            # the strategy's gradient-sync control (no_sync) acts on the one module it wrapped last
+            # the strategy's gradient-sync control (no_backward_sync) acts on the one module it wrapped last
             raise ValueError(f"strategy={self.strategy.name!r} wraps one module per Engine; this Engine already set up "
                              f"{type(self._models[0].module).__name__}. Put the modules into one nn.Module (e.g. "
                              "nn.ModuleDict) and set that up, with one optimizer per part if needed.")
@@ -222,24 +223,24 @@ class Engine(Topology):
             raise TypeError(f"no_backward_sync(module) needs the module engine.setup() returned; got "
                             f"{type(module).__name__}.")
         if not self.strategy.engine_owns_step:
-            return self.strategy.no_sync(not enabled)
+            return self.strategy.no_backward_sync(enabled)
         return self._engine_window(enabled)
 
     @contextlib.contextmanager
     def _engine_window(self, enabled: bool) -> Generator[None, None, None]:
         # the engine keeps the boundary flag until told otherwise: backward outside this block re-opens it
-        self._inside_no_sync = True
+        self._inside_no_backward_sync = True
         try:
-            with self.strategy.no_sync(not enabled):
+            with self.strategy.no_backward_sync(enabled):
                 yield
         finally:
-            self._inside_no_sync = False
+            self._inside_no_backward_sync = False
 
     def backward(self, tensor: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """Backpropagate the scalar ``tensor`` through the strategy: the precision plugin's loss scaling
         (``"16-mixed"``) or the DeepSpeed engine's backward. Replaces ``loss.backward()``."""
-        if self.strategy.engine_owns_step and not self._inside_no_sync:
-            self.strategy.no_sync(True)  # a backward outside no_backward_sync ends its accumulation window
+        if self.strategy.engine_owns_step and not self._inside_no_backward_sync:
+            self.strategy.no_backward_sync(False)  # a backward outside no_backward_sync ends its accumulation window
         self.strategy.backward(tensor)
 
     def clip_gradients(self, module: EngineModule, optimizer: Any, max_norm: float | None = None,

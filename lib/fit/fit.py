@@ -66,7 +66,6 @@ def _arguments(args: FitArguments | Mapping | None, components: tuple[Any, ...],
             instances[key] = value
     if overrides:
         args = args.replace(**overrides)
-    args.check_implemented()
     return args, plugins, instances
 
 

@@ -179,7 +179,7 @@ class HFAdapter:
         fit = self.fit
         if not (isinstance(run.module, ModelTaskModule) and self.overrides("create_optimizer", "create_scheduler")):
             return None
-        engine_builds = bool(getattr(fit.strategy, "builds_own_optimizer", False))
+        engine_builds = fit.strategy.builds_own_optimizer
         self.creating = [_PLACEHOLDER_OPTIMIZER, _PLACEHOLDER_SCHEDULER] if engine_builds else list(fit._optimizers)
         try:
             fit.create_optimizer()
@@ -411,7 +411,7 @@ class HFTrainingStep:
         world = strategy.world_size
         if args.average_tokens_across_devices and world > 1:
             n = strategy.reduce(n, "sum")
-        return n / (world // getattr(strategy, "data_parallel_size", world))  # HF: / tp size, a float tensor
+        return n / (world // strategy.data_parallel_size)  # HF: / tp size, a float tensor
 
     def __call__(self, batch: Any, weight: Any, num_items: Any) -> torch.Tensor:
         self.run.loss_weight = weight

@@ -41,4 +41,4 @@ class Topology:
     @property
     def device_mesh(self) -> Any:
         """The strategy's ``DeviceMesh`` (``strategy="model_parallel"``); None for strategies without one."""
-        return getattr(self.strategy, "device_mesh", None)
+        return self.strategy.device_mesh

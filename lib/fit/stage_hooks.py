@@ -29,9 +29,7 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
     if datamodule is not None:
         datamodule.setup(stage)
     fit._hooks.call("setup", fit, module, stage)
-    prepare = getattr(fit.strategy, "prepare_for_configure_model", None)
-    if prepare is not None:  # model parallel: checks the module, builds the device mesh configure_model uses
-        prepare(module)
+    fit.strategy.prepare_for_configure_model(module)  # model parallel: checks the module, builds the mesh
     module.configure_model()
 
 

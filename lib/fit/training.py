@@ -22,6 +22,7 @@ from taskfit.core.hooks import module_loader
 from taskfit.core.module import infer_batch_size
 from taskfit.core.results import ResultCollection
 from taskfit.core.wrapping import ModelTaskModule
+from taskfit.connector import configure_strategy
 from taskfit.data.loaders import DataModule
 from taskfit.debugging import fast_dev_run_batches, sanity_check
 from taskfit.fit.metric_checks import check_before_training, missing_metric_error
@@ -108,7 +109,7 @@ class TrainingStage:
                                        num_train_epochs=1, save_strategy="no", load_best_model_at_end=False,
                                        eval_strategy="epoch" if args.eval_strategy != "no" else "no")
         fit.args = args  # a retry or a trial brings new arguments: the strategy re-derives its settings too
-        fit.strategy.configure(args)
+        configure_strategy(fit.strategy, args)
         return args, n_dev
 
     def _data(self, args: FitArguments, module: Any, datamodule: DataModule | None, train_data: Any,
@@ -239,7 +240,7 @@ class TrainingStage:
         loop = FitLoop(run, fit, args, fit.strategy, hooks, lambda logs: fit.log(logs),
                        self.evaluate_during_fit, self.write_checkpoint)
         loop.stop = install_graceful_stop(  # SIGTERM / Ctrl-C / SLURM
-            args.save_on_interrupt, fit.world_size, getattr(fit.strategy, "check_collective", None))
+            args.save_on_interrupt, fit.world_size, fit.strategy.check_collective)
         start = time.perf_counter()
         try:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:

@@ -239,8 +239,8 @@ class EvaluationLoop:
         p.indices = loader_indices(loader) if p.distributed else None
         p.real_limit = _padding_free_limit(loader) if p.distributed else None
         # the sampler's split: over the data-parallel ranks (tensor-parallel ranks read the same samples)
-        p.rank = getattr(strategy, "data_parallel_rank", strategy.global_rank)
-        p.world = getattr(strategy, "data_parallel_size", strategy.world_size)
+        p.rank = strategy.data_parallel_rank
+        p.world = strategy.data_parallel_size
         p.preds, p.labels, p.inputs, p.losses = (_Collector(args.eval_accumulation_steps) for _ in range(4))
         p.memory = None if args.skip_memory_metrics else MemoryTracker(strategy.root_device, strategy.accelerator)
         return p
@@ -302,7 +302,7 @@ class EvaluationLoop:
 
     def _finish(self, p: _Pass, prefix: str) -> tuple[dict[str, float], Any, Any]:
         """After the last batch: gathered outputs, the epoch-end hooks and logged values, the metrics."""
-        fit, hooks, module, stage = self.fit, self.hooks, self.fit.module, self.stage
+        fit, hooks, module = self.fit, self.hooks, self.fit.module
         concat = fit.args.eval_do_concat_batches
         self.peak_device_bytes = p.preds.peak_device_bytes
         all_preds, all_labels = p.preds.result(concat), p.labels.result(concat)

@@ -130,7 +130,7 @@ class FitLoop:
         sums.tr_loss = sums.tr_loss.to(strategy.root_device)
         sums.nan_filter.reset(sums.tr_loss, sums.steps_since_log)
         self.world = world = strategy.world_size
-        readers = getattr(strategy, "data_parallel_size", world)  # tensor-parallel ranks share their samples
+        readers = strategy.data_parallel_size  # tensor-parallel ranks share their samples
         self.readers = readers
         self.move = batch_mover(module, strategy)
         # batch-size item counts are equal on every process when the loader splits evenly or is not split (tensor

@@ -244,7 +244,7 @@ class AutomaticStep:
     def closure(self) -> torch.Tensor:
         """Lightning's training closure: training_step, zero_grad (first micro-batch of a window), backward;
         returns the detached weighted loss."""
-        with self.strategy.no_sync(self._i == self.last):
+        with self.strategy.no_backward_sync(enabled=self._i != self.last):
             self.forward_backward()
         return self._loss.detach()
 

@@ -21,7 +21,7 @@ def _worker(local_rank: int, fn: Callable[..., Any], payload: bytes, env: dict[s
     result = fn(*args)
     if local_rank == 0:  # through a file: a queue would need the worker alive (shared memory) or could fill up
         torch.save(result, result_path)
-    from taskfit.strategies.parallel import destroy_process_group
+    from taskfit.strategies.process_group import destroy_process_group
 
     destroy_process_group()  # before the worker exits (see destroy_process_group)
 

@@ -29,10 +29,11 @@ CALLS: set[str] = set()
 
 
 def public_methods(base: type) -> list[str]:
-    """The interface: public callables defined on ``base`` (properties and class attributes excluded)."""
+    """The interface: public callables defined on ``base`` (properties and class attributes, classes such as
+    ``Strategy.settings_type`` included, excluded)."""
     out = []
     for name, value in vars(base).items():
-        if name.startswith("_") or isinstance(value, property):
+        if name.startswith("_") or isinstance(value, (property, type)):
             continue
         if callable(value) or isinstance(value, (staticmethod, classmethod)):
             out.append(name)

@@ -11,9 +11,6 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 LIMIT = 80
 #: ``"path:function"``: reason
 EXCEPTIONS: dict[str, str] = {
-    "strategies/deepspeed_config.py:resolve_config": "being split (re-lay in progress)",
-    "lib/connector.py:resolve_components": "being split (re-lay in progress)",
-    "strategies/fsdp_options.py:resolve_fsdp_options": "being split (re-lay in progress)",
 }
 
 

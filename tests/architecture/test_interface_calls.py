@@ -30,6 +30,7 @@ CONTRACT = {"Strategy.teardown", "Strategy.save_checkpoint", "Strategy.load_chec
 EXEMPT = {
     ("single", "Strategy.all_gather"): "one process: evaluation gathers nothing (identity collective skipped)",
     ("single", "Strategy.broadcast"): "one process: nothing to agree on",
+    ("single", "Strategy.check_collective"): "one process: the graceful-stop flag is not all-reduced",
     ("ddp", "Accelerator.auto_device_count"): "devices=2 is explicit; only devices='auto' counts devices",
     ("single", "Accelerator.set_tf32"): "tf32 applies to CUDA only (the CPU refusal has its own test)",
     ("ddp", "Accelerator.set_tf32"): "tf32 applies to CUDA only (the CPU refusal has its own test)",

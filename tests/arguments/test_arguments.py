@@ -340,8 +340,8 @@ def test_never_supported_options_raise_value_error(kwargs, message):
 
 
 def test_ray_scope_is_accepted():
-    """F-CORE-4: ray_scope is stored for the later HPO feature without error or gate."""
-    assert FitArguments(ray_scope="all").check_implemented().ray_scope == "all"
+    """F-CORE-4: ray_scope is stored for the later HPO feature without error."""
+    assert FitArguments(ray_scope="all").ray_scope == "all"
 
 
 def test_deprecated_aliases_are_copied_and_reset():

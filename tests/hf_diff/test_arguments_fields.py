@@ -265,9 +265,11 @@ def test_hf5_data_and_ddp_options_are_applied():
     ctx = build_dataloader(data, FitArguments(dataloader_num_workers=1, dataloader_multiprocessing_context="spawn"),
                            train=True, batch_size=2)
     assert ctx.multiprocessing_context.get_start_method() == "spawn"
+    from taskfit.connector import strategy_settings
+
     strategy = DDPStrategy.__new__(DDPStrategy)
-    strategy.static_graph, strategy.args = False, FitArguments(ddp_static_graph=True)
-    strategy.root_device = torch.device("cpu")
+    strategy.static_graph, strategy.root_device = False, torch.device("cpu")
+    strategy.settings = strategy_settings(DDPStrategy, FitArguments(ddp_static_graph=True))
     assert strategy.ddp_kwargs()["static_graph"] is True
 
 

@@ -261,6 +261,27 @@ def test_F_STRAT_2_ddp_options_reach_distributed_data_parallel():
     assert s.backend == "gloo" and s.launcher is not None and s.launcher.num_processes == 2
 
 
+def test_F_STRAT_2_connector_resolves_typed_settings_once_per_run():
+    """F-STRAT-2: strategies read typed settings the connector resolved (no options object inside a strategy); a
+    run's new options (a trial, a retry) reach the strategy through ``configure_strategy``; settings of another
+    family are refused."""
+    from taskfit.connector import configure_strategy
+    from taskfit.strategies.settings import DDPSettings, StrategySettings
+
+    s = resolve_components(FitArguments(strategy="ddp", devices=2, ddp_timeout=60))
+    assert s.settings == DDPSettings(backend=None, timeout=60, find_unused_parameters=False)
+    assert s.launcher.join_timeout == 65.0 and not hasattr(s, "args")
+    configure_strategy(s, FitArguments(strategy="ddp", devices=2, ddp_timeout=120, ddp_static_graph=True,
+                                       ddp_backend="gloo"))
+    assert (s.settings.timeout_s, s.launcher.join_timeout, s.backend) == (120.0, 125.0, "gloo")
+    assert s.ddp_kwargs()["static_graph"] is True
+    with pytest.raises(TypeError, match=r"strategy='ddp' takes DDPSettings; got StrategySettings"):
+        s.apply_settings(StrategySettings())
+    single = resolve_components(FitArguments())
+    assert single.settings == StrategySettings() and single.data_parallel_size == single.world_size == 1
+    assert single.check_collective("x", lambda: 7) == 7 and single.device_mesh is None
+
+
 def test_F_STRAT_2_dp_needs_several_cuda_devices():
     with pytest.raises(ValueError, match=r"strategy='dp'.*needs several CUDA devices.*got 1 cpu device.*'ddp'"):
         resolve_components(FitArguments(strategy="dp"))
