@@ -329,7 +329,6 @@ class ModelParallelStrategy(FSDPStrategy):
         before clipping (a plain 0-dim tensor)."""
         from taskfit.strategies.tp_clip import clip_grad_norm
 
-        self.precision.unscale_gradients(optimizer)
         return clip_grad_norm(parameters, max_norm)
 
     def clip_gradients_value(self, parameters: list[torch.Tensor], clip_value: float,
@@ -340,5 +339,4 @@ class ModelParallelStrategy(FSDPStrategy):
         clip_grad_value`)."""
         from taskfit.strategies.tp_clip import clip_grad_value
 
-        self.precision.unscale_gradients(optimizer)
         clip_grad_value(parameters, clip_value)

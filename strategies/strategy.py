@@ -260,24 +260,39 @@ class Strategy:
 
     def clip_gradients(self, parameters: list[torch.Tensor], max_norm: float,
                        optimizer: torch.optim.Optimizer) -> torch.Tensor:
-        """Unscale, then clip the global L2 norm of ``parameters``' gradients to ``max_norm``.
+        """Clip the global L2 norm of ``parameters``' gradients to ``max_norm``; the gradients are unscaled
+        already (:meth:`before_optimizer_step` or :meth:`unscale_gradients`: this never unscales, so a norm read
+        after the step is not divided twice).
 
         Returns the total norm before clipping as a 0-dim tensor (no host sync). Mirrors
         ``torch.nn.utils.clip_grad_norm_``; sharded strategies compute the norm across shards.
         """
-        self.precision.unscale_gradients(optimizer)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
     def clip_gradients_value(self, parameters: list[torch.Tensor], clip_value: float,
                              optimizer: torch.optim.Optimizer) -> None:
-        """Unscale, then clamp every gradient of ``parameters`` to ``[-clip_value, clip_value]`` in place
+        """Clamp every (already unscaled) gradient of ``parameters`` to ``[-clip_value, clip_value]`` in place
         (``gradient_clip_algorithm="value"``; mirrors ``torch.nn.utils.clip_grad_value_``, which it calls here;
         tensor-parallel strategies clamp DTensor shards)."""
-        self.precision.unscale_gradients(optimizer)
         torch.nn.utils.clip_grad_value_(parameters, clip_value)
 
+    def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
+        """Divide ``optimizer``'s gradients by the loss scale (``"16-mixed"``; a no-op otherwise). Once per
+        optimizer per step: the precision plugin tracks what it unscaled, a second call does nothing."""
+        self.precision.unscale_gradients(optimizer)
+
+    def before_optimizer_step(self, optimizer: torch.optim.Optimizer,
+                              hook: Callable[[torch.optim.Optimizer], Any] | None = None) -> None:
+        """The first half of an optimizer step, the one place the step path unscales: :meth:`unscale_gradients`,
+        then ``hook(optimizer)`` (the loop's ``on_before_optimizer_step`` and clipping), which so sees unscaled
+        gradients (Lightning's order: ``_after_closure`` unscales before ``on_before_optimizer_step``)."""
+        self.precision.unscale_gradients(optimizer)
+        if hook is not None:
+            hook(optimizer)
+
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Step ``optimizer`` through the precision plugin; False when the step was skipped."""
+        """Step ``optimizer`` through the precision plugin (which unscales first when :meth:`before_optimizer_step`
+        did not: manual optimization, ``Engine``); False when the step was skipped (non-finite gradients)."""
         return self.precision.optimizer_step(optimizer)
 
     # -- collectives (identity for one process) ---------------------------------------------------------

@@ -177,7 +177,6 @@ class XLAFSDPStrategy(XLAStrategy):
                        optimizer: torch.optim.Optimizer) -> torch.Tensor:
         """Clip the global gradient norm: ``XlaFullyShardedDataParallel.clip_grad_norm_`` across shards; under
         FSDPv2 the SPMD tensors are global, so ``torch.nn.utils.clip_grad_norm_`` is exact."""
-        self.precision.unscale_gradients(optimizer)
         if not self.v2 and hasattr(self.model, "clip_grad_norm_"):
             return self.model.clip_grad_norm_(max_norm)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)

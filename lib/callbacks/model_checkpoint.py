@@ -114,13 +114,7 @@ class ModelCheckpoint(Callback):
 
     def on_train_epoch_end(self, fit: Any, module: Any) -> None:
         if self._on_epoch_end and self._epoch_due(fit):
-            sums = fit.run.sums
-            # the loop marks the epoch done right after this hook; the checkpoint must resume at the next epoch
-            done, sums.epoch_done = sums.epoch_done, True
-            try:
-                self._save_all(fit)
-            finally:
-                sums.epoch_done = done
+            self._save_all(fit)  # the loop marked the epoch ended: the checkpoint resumes at the next epoch
 
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         fit = self._fit

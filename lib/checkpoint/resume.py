@@ -21,6 +21,7 @@ from taskfit.io.checkpoint_format import (
 from taskfit.io.hf_checkpoint import (
     HF_FORMAT, adopt_message, is_hf_checkpoint, place_hf_position, select_scheduler_groups,
 )
+from taskfit.loops.state import upgrade_training_state
 from taskfit.strategies.checkpointing import (  # noqa: F401  (load_model_weights, open_checkpoint: re-exported)
     load_model_weights, open_checkpoint, require_model_entries,
 )
@@ -124,14 +125,11 @@ def _settled_position(position: int, saved_batches: int | None, n_batches: int |
     return 0 if ignore_data_skip else position
 
 
-def resume_position(state: dict[str, Any], loop: dict[str, Any], n_batches: int | None,
-                    ignore_data_skip: bool) -> tuple[int, int]:
+def resume_position(state: dict[str, Any], n_batches: int | None, ignore_data_skip: bool) -> tuple[int, int]:
     """``(epoch, micro-batch in it)`` where a run resumed from a checkpoint's saved ``state`` (``FitState``
-    fields) and ``loop`` (the loop sums, with ``epoch_done``) continues with ``n_batches`` micro-batches per epoch:
-    the next epoch's start after an epoch's end, else :func:`_settled_position` (what :func:`restore` sets)."""
+    fields of the current layout, :func:`~taskfit.loops.state.upgrade_training_state`: the resume point) continues
+    with ``n_batches`` micro-batches per epoch: :func:`_settled_position` (what :func:`restore` sets)."""
     epoch = int(state.get("current_epoch", 0))
-    if loop.get("epoch_done"):
-        return epoch + 1, 0
     return epoch, _settled_position(int(state.get("batch_in_epoch", 0)), state.get("batches_per_epoch"), n_batches,
                                     ignore_data_skip)
 
@@ -200,12 +198,12 @@ def plan_resumed_run(io: Any, path: str, loader: Any, args: Any, accumulation: A
         return max_steps, num_epochs, reader  # save_only_model: restore refuses it with its own message
     ts, saved_args = reader.read("training_state.pt"), reader.read("fit_args.json")
     reader.keeping = False
-    state, loop = ts.get("state") or {}, ts.get("loop") or {}
+    state = upgrade_training_state(ts).get("state") or {}
     n_before, accum_before = state.get("batches_per_epoch"), saved_args.get("gradient_accumulation_steps")
     if n_before is None or (n_before == n and accum_before in (None, args.gradient_accumulation_steps)):
         return max_steps, num_epochs, reader
     accum_at = accumulation or (lambda epoch: args.gradient_accumulation_steps)
-    epoch, position = resume_position(state, loop, n, args.ignore_data_skip)
+    epoch, position = resume_position(state, n, args.ignore_data_skip)
     step = int(state.get("global_step", 0))
     # steps left in the epoch the run continues in (from its current micro-batch), then whole epochs
     partial = math.ceil((n - position) / accum_at(epoch)) if position else 0
@@ -288,14 +286,13 @@ def _require_entries(reader: CheckpointReader, shards: list[str], full: bool, n_
 
 def _check_compatible(a: Any, world_size: int, train_loader: Any, saved: dict[str, Any], ts: dict[str, Any],
                       manifest: dict[str, Any], data_parallel_size: int | None = None) -> None:
-    state = ts["state"]
-    epoch_done = (ts.get("loop") or {}).get("epoch_done")
+    state = upgrade_training_state(ts)["state"]  # the resume point: an epoch's end is the next one's start
     n_batches = _batches_per_epoch(train_loader)
     before_batches = state.get("batches_per_epoch")
     # saved after the epoch's last batch (a step-based save at the epoch end): no sample position is left to
     # keep, whatever the layout now
     consumed = before_batches is not None and state.get("batch_in_epoch", 0) >= before_batches
-    mid_epoch = state.get("batch_in_epoch", 0) > 0 and not epoch_done and not a.ignore_data_skip and not consumed
+    mid_epoch = state.get("batch_in_epoch", 0) > 0 and not a.ignore_data_skip and not consumed
     changes = []
     before = saved.get("per_device_train_batch_size")
     if before is not None and before != a.per_device_train_batch_size:

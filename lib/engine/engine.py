@@ -267,9 +267,10 @@ class Engine(Topology):
                              "calling clip_gradients.")
         opt = unwrap_optimizer(optimizer)
         params = [p for group in opt.param_groups for p in group["params"]]
+        self.strategy.unscale_gradients(opt)  # clipping reads true gradients (once per step: tracked)
         if max_norm is not None:
             return self.strategy.clip_gradients(params, float(max_norm), opt)
-        self.strategy.clip_gradients_value(params, float(clip_val), opt)  # unscales first
+        self.strategy.clip_gradients_value(params, float(clip_val), opt)
         return None
 
     def autocast(self) -> ContextManager:

@@ -15,7 +15,6 @@ from taskfit.core.module import TaskModule, infer_batch_size
 from taskfit.data.loaders import set_loader_epoch, skip_first_batches, splits_evenly
 from taskfit.loops.finite import check_finite
 from taskfit.loops.optimization import AutomaticStep, ManualStep, batch_outputs, choose_policy, window_weights
-from taskfit.seed import set_rng_states
 
 if TYPE_CHECKING:
     from taskfit.protocols import RunView
@@ -146,16 +145,16 @@ class FitLoop:
 
     def run_epochs(self, loader: Any, steps_per_epoch: int | None, num_epochs: int) -> None:
         """Train until ``state.max_steps`` or ``num_epochs`` or a stop flag; a restored run continues where its
-        checkpoint was taken (also when that was after the last step: only the end of the run is left)."""
+        checkpoint was taken (also when that was after the last step: only the end of the run is left): the
+        restored state is the resume point (epoch, micro-batch in it), nothing is adjusted here."""
         run, state, sums = self.run, self.run.state, self.sums
         self._prepare(loader)
         resumed = run.resume_from is not None
-        rng = run.training_state.rng if resumed and run.training_state is not None else None
         finished = resumed and state.global_step >= state.max_steps  # saved at the last step: only the end is left
         for epoch in range(state.current_epoch, num_epochs):
             skip = state.batch_in_epoch if resumed else 0
-            iterator = self._start_epoch(loader, epoch, skip, rng, finished)
-            resumed, rng = False, None
+            iterator = self._start_epoch(loader, epoch, skip, finished)
+            resumed = False
             if not finished:
                 self._run_windows(iterator, epoch)
             self._end_epoch(epoch)
@@ -164,15 +163,16 @@ class FitLoop:
         if sums.steps_since_log:
             sums.total_loss += float(self._global_tr_loss())
 
-    def _start_epoch(self, loader: Any, epoch: int, skip: int, rng: dict[str, Any] | None, finished: bool) -> Any:
+    def _start_epoch(self, loader: Any, epoch: int, skip: int, finished: bool) -> Any:
         """The epoch's start: hooks, the accumulation and schedulers of this epoch, and its batch iterator (after
-        ``skip`` micro-batches when resumed mid-epoch). A restored RNG state is applied here, at the point of the
-        epoch where it was saved: before the epoch (saved at an epoch boundary) or after its iterator existed
-        (saved mid-epoch)."""
-        run, args, hooks, strategy = self.run, self.args, self.hooks, self.strategy
-        state, control, module = run.state, run.control, run.module
-        if rng is not None and not skip:
-            set_rng_states(rng, strategy.accelerator)  # saved at an epoch boundary: before this epoch
+        ``skip`` micro-batches when resumed mid-epoch). The resume's RNG states are applied here, once
+        (``TrainingState.restore_rng``), at the point where the saved run took them: the start of an epoch (before
+        its hooks and iterator) or, mid-epoch, the next window (after them)."""
+        run, args, hooks = self.run, self.args, self.hooks
+        state, control, module, training_state = run.state, run.control, run.module, run.training_state
+        if not skip:
+            training_state.restore_rng()  # saved at an epoch's start
+        training_state.epoch_ended = False
         state.current_epoch = epoch
         set_loader_epoch(loader, epoch)
         control._new_epoch()
@@ -194,8 +194,7 @@ class FitLoop:
         else:
             iterator = iter(skip_first_batches(loader, skip))
         state.batch_in_epoch = skip
-        if rng is not None and skip:
-            set_rng_states(rng, strategy.accelerator)  # saved mid-epoch: after the epoch's iterator existed
+        training_state.restore_rng()  # saved mid-epoch (a no-op when applied above)
         return iterator
 
     def _run_windows(self, iterator: Any, epoch: int) -> None:
@@ -289,6 +288,9 @@ class FitLoop:
         hooks.hf["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
         self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
         defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's epoch-end defaults
+        # a checkpoint from here on (ModelCheckpoint's in on_train_epoch_end, the epoch's save below) resumes at
+        # the next epoch's start
+        run.training_state.epoch_ended = True
         try:
             hooks.call("on_train_epoch_end", fit, module)  # on_train_epoch_end, which may log epoch values)
         finally:
@@ -302,14 +304,12 @@ class FitLoop:
         fit.callback_metrics.update(epoch_values)
         fit.callback_metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items()
                                      if k.endswith("_epoch")})
-        sums.epoch_done = True  # a checkpoint from here on resumes at the start of the next epoch
         if control.should_save:
             self._save(run.training_state.state_dict())
         control._new_step()
         for cfg in () if self.manual else self.plateau_schedulers:  # after validation, on the epoch's metrics
             if (epoch + 1) % cfg.frequency == 0:  # (Lightning)
                 self._step_scheduler(cfg)
-        sums.epoch_done = False
 
     def _monitor_values(self) -> dict[str, Any]:
         """What a ``ReduceLROnPlateau`` may monitor (Lightning's ``callback_metrics``): logged rows, the latest

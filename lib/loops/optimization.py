@@ -218,6 +218,7 @@ class AutomaticStep:
         self.finish_window = self._own_step_result if own_step else self._step_optimizers
         # Lightning keeps one LightningOptimizer per optimizer for the run; `stepped` is reset per window
         self.handles = [LightningOptimizer(opt, module, self.after_closure) for opt in self.optimizers]
+        self._before_step = self.before_step  # bound once: no method object per window
         self.weights: list[Any] | None = None
         self.items: Any = None
         self.last, self.epoch, self.stepped = 0, 0, False
@@ -313,15 +314,20 @@ class AutomaticStep:
         return stepped
 
     def after_closure(self, opt: Any) -> None:
-        """Between backward and the optimizer step (Lightning): unscale, hooks, then clipping."""
-        self.precision.unscale_gradients(opt)
+        """Between backward and the optimizer step (Lightning): the strategy unscales (its step path is the one
+        place that does), then :meth:`before_step` sees the unscaled gradients."""
+        self.strategy.before_optimizer_step(opt, self._before_step)
+
+    def before_step(self, opt: Any) -> None:
+        """``on_before_optimizer_step``, then clipping (the module's ``configure_gradient_clipping`` or
+        ``max_grad_norm``), on unscaled gradients."""
         module, max_norm, optimizer, strategy = self.module, self.max_norm, self.optimizer, self.strategy
         self.L["on_before_optimizer_step"] and self.hooks.call("on_before_optimizer_step", self.owner, module, opt)
         if self.own_clipping:
             clip = max_norm if max_norm and max_norm > 0 else None
             module.configure_gradient_clipping(opt, clip, ("value" if self.clip_by_value else "norm") if clip else None)
         elif max_norm and max_norm > 0 and opt is optimizer:
-            if self.clip_by_value:  # gradients already unscaled above; elementwise, so exact on shards
+            if self.clip_by_value:  # elementwise, so exact on shards
                 strategy.clip_gradients_value(self.params, max_norm, optimizer)
             else:
                 self.sums.grad_norm = strategy.clip_gradients(self.params, max_norm, optimizer)

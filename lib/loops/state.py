@@ -1,7 +1,10 @@
 """Loop state and control flags: plain objects saved and restored whole (DESIGN.md, F-LOOP-6).
 
 ``FitState`` mirrors HF ``TrainerState`` (its field names, so HF-style callbacks work unchanged) and adds the
-position inside the epoch that exact mid-epoch resume needs. ``FitControl`` mirrors HF ``TrainerControl``.
+position inside the epoch that exact mid-epoch resume needs. Its fields are of two kinds: the run's *plan*
+(marked ``plan`` in the field metadata: step budget, intervals, batch layout, which process this is), derived from
+the arguments and the loader and never restored, and its *progress*, which a checkpoint restores
+(:meth:`FitState.load_progress`). ``FitControl`` mirrors HF ``TrainerControl``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,10 @@ HF_TRAINER_STATE_FIELDS = (
     "trial_params", "stateful_callbacks")
 
 
+#: field metadata of the run plan: derived by the new run, saved for readers, never restored
+PLAN = {"plan": True}
+
+
 @dataclass
 class FitState:
     """Everything that decides what the loop does next.
@@ -26,41 +33,42 @@ class FitState:
         epoch (float): epochs done, fractional inside an epoch (HF semantics: micro-batches seen / per epoch).
         current_epoch (int): zero-based index of the running epoch (Lightning semantics).
         global_step (int): optimizer steps taken (one per accumulation window).
-        max_steps (int): total optimizer steps of the run.
-        num_train_epochs (int): epochs the run is planned for.
+        max_steps (int): total optimizer steps of the run (plan).
+        num_train_epochs (int): epochs the run is planned for (plan).
         batch_in_epoch (int): micro-batches consumed in the running epoch (the resume position).
-        batches_per_epoch (int | None): micro-batches per epoch (None for data without a length); a resume
-            checks it did not change.
+        batches_per_epoch (int | None): micro-batches per epoch (None for data without a length; plan); a resume
+            compares the saved one with its own.
         samples_seen (int): training samples consumed, all epochs.
-        logging_steps / eval_steps / save_steps (int): resolved trigger intervals (steps).
+        logging_steps / eval_steps / save_steps (int): resolved trigger intervals (steps; plan).
+        train_batch_size (int | None): per-device batch size (plan).
         total_flos (float): floating point operations of the training so far (estimate).
         log_history (list[dict]): every dict passed to the loggers, with ``step``.
         best_metric (float | None), best_model_checkpoint (str | None), best_global_step (int | None).
         num_input_tokens_seen (int): tokens consumed (when counted).
-        is_local_process_zero / is_world_process_zero (bool).
+        is_local_process_zero / is_world_process_zero (bool): which process this is (plan).
         stateful_callbacks (dict): callback states keyed by callback name.
     """
 
     epoch: float = 0.0
     current_epoch: int = 0
     global_step: int = 0
-    max_steps: int = 0
-    num_train_epochs: int = 0
+    max_steps: int = field(default=0, metadata=PLAN)
+    num_train_epochs: int = field(default=0, metadata=PLAN)
     batch_in_epoch: int = 0
-    batches_per_epoch: int | None = None
+    batches_per_epoch: int | None = field(default=None, metadata=PLAN)
     samples_seen: int = 0
-    logging_steps: int = 500
-    eval_steps: int = 500
-    save_steps: int = 500
-    train_batch_size: int | None = None
+    logging_steps: int = field(default=500, metadata=PLAN)
+    eval_steps: int = field(default=500, metadata=PLAN)
+    save_steps: int = field(default=500, metadata=PLAN)
+    train_batch_size: int | None = field(default=None, metadata=PLAN)
     total_flos: float = 0.0
     log_history: list[dict[str, Any]] = field(default_factory=list)
     best_metric: float | None = None
     best_model_checkpoint: str | None = None
     best_global_step: int | None = None
     num_input_tokens_seen: int = 0
-    is_local_process_zero: bool = True
-    is_world_process_zero: bool = True
+    is_local_process_zero: bool = field(default=True, metadata=PLAN)
+    is_world_process_zero: bool = field(default=True, metadata=PLAN)
     is_hyper_param_search: bool = False
     trial_name: str | None = None
     stateful_callbacks: dict[str, Any] = field(default_factory=dict)
@@ -78,11 +86,24 @@ class FitState:
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore fields from :meth:`state_dict` output (unknown keys are ignored for forward compatibility)."""
+        """Set every field from :meth:`state_dict` output, plan included (a copy of another process's state;
+        unknown keys are ignored for forward compatibility). A resume uses :meth:`load_progress`."""
         names = {f.name for f in dataclasses.fields(self)}
         for k, v in state.items():
             if k in names:
                 setattr(self, k, v)
+
+    def load_progress(self, state: dict[str, Any]) -> None:
+        """Restore the progress fields from :meth:`state_dict` output; the plan fields stay this run's (the saved
+        ones describe the run that wrote the checkpoint)."""
+        for f in dataclasses.fields(self):
+            if not f.metadata.get("plan") and f.name in state:
+                setattr(self, f.name, state[f.name])
+
+
+def plan_fields() -> tuple[str, ...]:
+    """The names of :class:`FitState`'s plan fields (derived by the run, never restored)."""
+    return tuple(f.name for f in dataclasses.fields(FitState) if f.metadata.get("plan"))
 
 
 @dataclass
@@ -123,8 +144,6 @@ class LossSums:
         grad_norm (Tensor | None): the last clipped step's gradient norm (global: equal everywhere).
         loss_start_step (int): the step ``total_loss`` counts from (0 once restored from a checkpoint).
         nan_filter (NonFiniteLossFilter): ``logging_nan_inf_filter``, applied lazily where ``tr_loss`` is read.
-        epoch_done (bool): True between the end of an epoch and the start of the next (a checkpoint taken then
-            resumes at the next epoch's start).
     """
 
     def __init__(self, start_step: int = 0) -> None:
@@ -138,7 +157,20 @@ class LossSums:
         self.total_loss = 0.0
         self.grad_norm: Any = None
         self.loss_start_step = start_step
-        self.epoch_done = False
+
+
+def upgrade_training_state(saved: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` (a :meth:`TrainingState.state_dict`, any version) in the current layout, where ``state`` is the
+    resume point itself. Versions 1 and 2 marked a checkpoint taken after an epoch's end with ``loop.epoch_done``
+    and kept that epoch's position: it becomes the next epoch's start, as version 3 writes it. Returns a new dict
+    (``saved`` is not changed)."""
+    loop = saved.get("loop") or {}
+    if saved.get("version", 1) >= 3 or not loop.get("epoch_done"):
+        return saved
+    state = dict(saved["state"])
+    state["current_epoch"] = state.get("current_epoch", 0) + 1
+    state["batch_in_epoch"] = 0
+    return {**saved, "state": state, "loop": {**loop, "epoch_done": False}}
 
 
 class TrainingState:
@@ -162,13 +194,18 @@ class TrainingState:
         restore_hf_callbacks (bool): ``restore_callback_states_from_checkpoint`` (HF callbacks are restored only
             with it, as HF does; taskfit/Lightning callbacks always are).
 
-    Version history: 1 = the loop sums of rank 0 only (read: every rank gets rank 0's sums); 2 = per rank.
+    Version history: 1 = the loop sums of rank 0 only (read: every rank gets rank 0's sums); 2 = per rank;
+    3 = ``state`` is the resume point (a checkpoint taken after an epoch's end records the next epoch's start;
+    ``loop.epoch_done`` is kept, always False; older files are read through :func:`upgrade_training_state`).
+
+    Restoring is "load, then continue": :meth:`load_state_dict` sets the progress (never the run's plan, see
+    :class:`FitState`) and keeps the RNG states, which the fit loop applies once, through :meth:`restore_rng`, at
+    the point of the loop where they were saved.
     """
 
-    VERSION = 2
-    #: FitState fields that belong to the new run's plan, not to the checkpoint
-    PLAN_FIELDS = ("is_local_process_zero", "is_world_process_zero", "max_steps", "num_train_epochs",
-                   "logging_steps", "eval_steps", "save_steps", "train_batch_size")
+    VERSION = 3
+    #: FitState's plan fields (the new run's, not the checkpoint's), from the field metadata: for readers
+    PLAN_FIELDS = plan_fields()
 
     def __init__(self, state: FitState, control: FitControl, sums: LossSums, precision: Any = None,
                  callbacks: list[Any] | None = None, module: Any = None, all_gather: Any = None, rank: int = 0,
@@ -177,7 +214,27 @@ class TrainingState:
         self.callbacks, self.module, self.all_gather = list(callbacks or []), module, all_gather
         self.rank, self.world_size, self.restore_hf_callbacks = rank, world_size, restore_hf_callbacks
         self.accelerator = accelerator  # its device RNG state is saved with the host ones
-        self.rng: dict[str, Any] | None = None  # restored RNG states (the loop applies them at the saved point)
+        self.rng: dict[str, Any] | None = None  # restored RNG states, until restore_rng applies them
+        #: set by the fit loop from an epoch's end (before on_train_epoch_end) to the next epoch's start: a
+        #: checkpoint taken then resumes at the next epoch's start
+        self.epoch_ended = False
+
+    def resume_point(self) -> dict[str, Any]:
+        """The :class:`FitState` dict a checkpoint taken now continues from: the live state, or the next
+        epoch's start after an epoch's end."""
+        state = self.state.state_dict()
+        if self.epoch_ended:
+            state["current_epoch"], state["batch_in_epoch"] = state["current_epoch"] + 1, 0
+        return state
+
+    def restore_rng(self) -> None:
+        """Apply the restored RNG states (python, numpy, torch and the accelerator's) once; later calls, and
+        calls without a restored state, do nothing."""
+        if self.rng is not None:
+            from taskfit.seed import set_rng_states
+
+            rng, self.rng = self.rng, None
+            set_rng_states(rng, self.accelerator)
 
     def state_dict(self) -> dict[str, Any]:
         """The whole state; ``rng`` is this process's (collected now), ``tr_loss_per_rank`` every process's
@@ -191,10 +248,10 @@ class TrainingState:
         results = getattr(self.module, "_results", None)
         return {
             "version": self.VERSION,
-            "state": self.state.state_dict(),
+            "state": self.resume_point(),
             "control": self.control.state_dict(),
             "loop": {"tr_loss_per_rank": per_rank.cpu().clone(), "steps_since_log": s.steps_since_log,
-                     "total_loss": s.total_loss, "epoch_done": s.epoch_done,
+                     "total_loss": s.total_loss, "epoch_done": False,  # (read by version 2)
                      "grad_norm": None if s.grad_norm is None else s.grad_norm.detach().cpu().clone()},
             "precision": self.precision.state_dict() if self.precision is not None else {},
             "callbacks": callback_states(self.callbacks),
@@ -203,20 +260,15 @@ class TrainingState:
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (also version 1 checkpoints). The plan fields of the new run
-        (:attr:`PLAN_FIELDS`) are kept; a checkpoint taken at an epoch's end continues at the next epoch's start.
-        This rank's running loss sum is its own saved one (the mean of the saved ranks' sums when the world size
-        changed, which keeps the logged mean)."""
+        """Restore :meth:`state_dict` output (any version): the progress of :class:`FitState` (the plan stays
+        this run's), control flags, precision, callbacks, ``self.log`` aggregates, loop sums, and the RNG states
+        kept for :meth:`restore_rng`. This rank's running loss sum is its own saved one (the mean of the saved
+        ranks' sums when the world size changed, which keeps the logged mean)."""
         import torch
 
-        keep = {k: getattr(self.state, k) for k in self.PLAN_FIELDS}
-        self.state.load_state_dict(saved["state"])
-        for k, v in keep.items():
-            setattr(self.state, k, v)
+        saved = upgrade_training_state(saved)
+        self.state.load_progress(saved["state"])
         loop = saved.get("loop") or {}
-        if loop.get("epoch_done"):  # saved after the end of an epoch: continue at the start of the next
-            self.state.current_epoch += 1
-            self.state.batch_in_epoch = 0
         self.control.load_state_dict(saved.get("control", {}))
         self.control._new_step()
         if self.precision is not None and saved.get("precision") is not None:

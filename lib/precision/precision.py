@@ -19,8 +19,9 @@ class Precision:
     """Full fp32 precision (``"32-true"``): the base plugin that every other one refines.
 
     Hooks are called by the strategy in this order per optimizer step: :meth:`forward_context` around each
-    ``training_step``, :meth:`backward` per micro-batch, :meth:`unscale_gradients` once before the
-    ``on_before_optimizer_step`` hook and gradient clipping, then :meth:`optimizer_step`.
+    ``training_step``, :meth:`backward` per micro-batch, :meth:`unscale_gradients` once per optimizer before the
+    ``on_before_optimizer_step`` hook and gradient clipping (``Strategy.before_optimizer_step``), then
+    :meth:`optimizer_step`, which unscales first when nothing did yet (manual optimization, ``Engine``).
     """
 
     name = "32-true"
@@ -67,7 +68,8 @@ class Precision:
         loss.backward()
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
-        """Undo loss scaling before gradient clipping (only scaling plugins do anything; safe to call twice)."""
+        """Undo loss scaling before gradient clipping (only scaling plugins do anything; the plugin tracks which
+        optimizers it unscaled this step, so a second call for the same optimizer is a no-op)."""
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
         """Run ``optimizer.step()``; returns False when the step was skipped (non-finite scaled gradients)."""
@@ -132,7 +134,8 @@ class MixedPrecision(Precision):
     ``"16-mixed"`` adds dynamic loss scaling with ``torch.amp.GradScaler(device_type)``: :meth:`backward` scales
     the loss, :meth:`unscale_gradients` divides the gradients by the scale before clipping (once per step),
     :meth:`optimizer_step` skips the step when any gradient is inf/NaN, halves the scale and counts the skip in
-    :attr:`skipped_steps` (reported as ``skipped_steps`` and ``loss_scale`` in the logs). bfloat16 has fp32's
+    :attr:`skipped_steps` (the scale is updated once per step, after the last unscaled optimizer stepped, as
+    ``GradScaler``'s docs ask for several optimizers) (reported as ``skipped_steps`` and ``loss_scale`` in the logs). bfloat16 has fp32's
     exponent range and needs no scaling.
 
     Args:
@@ -154,7 +157,7 @@ class MixedPrecision(Precision):
         self.loss_scaling = precision == "16-mixed"
         self.scaler = scaler
         self.skipped_steps = 0
-        self._unscaled = False
+        self._unscaled: set[int] = set()  # ids of the optimizers unscaled since their last step
         self._pending_state: dict[str, Any] | None = None
 
     def setup_device(self, device: torch.device) -> None:
@@ -186,13 +189,15 @@ class MixedPrecision(Precision):
         loss.backward()
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
-        """Divide ``optimizer``'s gradients by the loss scale (``"16-mixed"``), at most once per step."""
-        if self.scaler is not None and not self._unscaled:
+        """Divide ``optimizer``'s gradients by the loss scale (``"16-mixed"``), at most once per optimizer per
+        step (``GradScaler.unscale_`` raises on a second call)."""
+        if self.scaler is not None and id(optimizer) not in self._unscaled:
             self.scaler.unscale_(optimizer)
-            self._unscaled = True
+            self._unscaled.add(id(optimizer))
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Step (``GradScaler.step`` + ``update`` under ``"16-mixed"``); False when inf/NaN gradients skipped it."""
+        """Step (``GradScaler.step`` under ``"16-mixed"``, then ``update`` once the step's last unscaled optimizer
+        stepped); False when inf/NaN gradients skipped it."""
         if self.scaler is None:
             optimizer.step()
             return True
@@ -204,10 +209,11 @@ class MixedPrecision(Precision):
             found_inf = None
             before = self.scaler.get_scale()
         self.scaler.step(optimizer)
-        self.scaler.update()
+        self._unscaled.discard(id(optimizer))
+        if not self._unscaled:  # every optimizer of the step stepped: one update (it resets the scaler's
+            self.scaler.update()  # per-optimizer states, so an earlier one would unscale the others twice)
         if found_inf is None:  # pragma: no cover
             found_inf = self.scaler.get_scale() < before
-        self._unscaled = False
         if found_inf:
             self.skipped_steps += 1
         return not found_inf

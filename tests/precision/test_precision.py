@@ -124,6 +124,24 @@ def test_f_loop_3_gradients_unscaled_before_hook_and_clipping(tmp_path):
     assert logged16 == pytest.approx(logged32, rel=5e-2)
 
 
+def test_f_loop_3_unclipped_16_mixed_logs_the_true_norm_and_keeps_training(tmp_path):
+    """F-LOOP-3: without clipping, the grad_norm logged after each 16-mixed step is read on the gradients the step
+    unscaled (not divided by the scale a second time), and that read does not leave the next step's gradients
+    scaled: norms and weights follow the fp32 run."""
+    runs = {}
+    for precision in ("32-true", "16-mixed"):
+        torch.manual_seed(0)
+        module = MLP()
+        fit = Fit(_args(tmp_path, max_steps=4, logging_steps=1, max_grad_norm=0.0), precision=precision)
+        fit.fit(module, _data())
+        runs[precision] = ([h["grad_norm"] for h in fit.state.log_history if "grad_norm" in h],
+                           torch.cat([p.detach().flatten() for p in module.parameters()]))
+    norms32, weights32 = runs["32-true"]
+    norms16, weights16 = runs["16-mixed"]
+    assert len(norms16) == 4 and norms16 == pytest.approx(norms32, rel=5e-2) and 1e-3 < norms16[0] < 100
+    assert torch.allclose(weights16, weights32, atol=1e-2)
+
+
 def test_f_prec_1_bf16_mixed_keeps_fp32_master_weights(tmp_path):
     """F-PREC-1: bf16-mixed computes the forward in bf16 but weights and gradients stay fp32; bf16-true and
     16-true hold 16-bit weights and gradients."""
