@@ -286,7 +286,7 @@ class Strategy:
         """The first half of an optimizer step, the one place the step path unscales: :meth:`unscale_gradients`,
         then ``hook(optimizer)`` (the loop's ``on_before_optimizer_step`` and clipping), which so sees unscaled
         gradients (Lightning's order: ``_after_closure`` unscales before ``on_before_optimizer_step``)."""
-        self.precision.unscale_gradients(optimizer)
+        self.unscale_gradients(optimizer)
         if hook is not None:
             hook(optimizer)
 

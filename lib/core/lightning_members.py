@@ -425,7 +425,7 @@ class LightningMembers:
         if algorithm not in ("norm", "value"):
             raise ValueError(f"gradient_clip_algorithm={algorithm!r} is not valid; choose 'norm' or 'value'.")
         fit = self.trainer.fit
-        fit.strategy.precision.unscale_gradients(optimizer)
+        fit.strategy.unscale_gradients(optimizer)
         params = [p for g in optimizer.param_groups for p in g["params"]]
         if algorithm == "value":
             fit.strategy.clip_gradients_value(params, gradient_clip_val, optimizer)  # DTensor shards too
