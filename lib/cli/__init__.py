@@ -1,5 +1,5 @@
 """The ``taskfit`` command line (``taskfit fit|validate|test|predict|estimate|bench|plot|...``)."""
 
-from taskfit.cli.main import main
+from taskfit.cli.app import main
 
 __all__ = ["main"]

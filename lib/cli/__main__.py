@@ -2,6 +2,6 @@
 
 import sys
 
-from taskfit.cli.main import main
+from taskfit.cli.app import main
 
 sys.exit(main())

@@ -9,7 +9,7 @@ import pytest
 
 from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.arguments.fields import field_group
-from taskfit.cli.main import _GROUPS as CLI_GROUPS
+from taskfit.cli.app import _GROUPS as CLI_GROUPS
 
 GROUP_NAMES = set(CLI_GROUPS)
 from taskfit.arguments.setters import installed_loggers

@@ -109,7 +109,7 @@ def test_unknown_runner_and_check_on_other_suite(capsys):
 
 def test_taskfit_bench_delegates_to_benchmarks(capsys):
     """``taskfit bench`` is the same command line as ``python -m benchmarks`` (from a checkout)."""
-    from taskfit.cli.main import main
+    from taskfit.cli.app import main
 
     with pytest.raises(SystemExit) as exc:
         main(["bench", "nosuch"])

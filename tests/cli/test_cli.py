@@ -15,7 +15,7 @@ import pytest
 
 from taskfit.__about__ import __version__
 from taskfit.arguments.fit_arguments import FitArguments
-from taskfit.cli.main import build_arguments, build_parser, main
+from taskfit.cli.app import build_arguments, build_parser, main
 
 
 def write_config(tmp_path, text, name="run.yaml"):
@@ -135,7 +135,7 @@ def test_version_and_help(capsys):
 
 def test_help_does_not_import_torch():
     """F-CORE-6: the CLI imports the core lazily, so ``--help`` does not load torch."""
-    code = "import sys, taskfit.cli.main; taskfit.cli.main.build_parser(); print('torch' in sys.modules)"
+    code = "import sys, taskfit.cli.app; taskfit.cli.app.build_parser(); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -306,7 +306,7 @@ def make_data(n=32):
 
 
 def test_cli_fit_end_to_end(tmp_path):
-    """F-CORE-6: ``python -m taskfit.cli.main fit --config run.yaml --max_steps 3`` trains a real tiny model and prints
+    """F-CORE-6: ``python -m taskfit.cli.app fit --config run.yaml --max_steps 3`` trains a real tiny model and prints
     its metrics as the last stdout line; ``validate`` reports ``eval_loss``."""
     if importlib.util.find_spec("taskfit.fit.fit") is None:
         pytest.skip("core Fit not landed yet")
@@ -326,7 +326,7 @@ def test_cli_fit_end_to_end(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
     runs = {}
     for command, extra in (("fit", ["--max_steps", "3"]), ("validate", [])):
-        proc = subprocess.run([sys.executable, "-m", "taskfit.cli.main", command, "--config", config, *extra],
+        proc = subprocess.run([sys.executable, "-m", "taskfit.cli.app", command, "--config", config, *extra],
                               capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
                               check=False)
         assert proc.returncode == 0, proc.stderr[-3000:]

@@ -70,7 +70,7 @@ def _project(tmp_path):
 def _cli(cwd, *argv, rc=0):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["OMP_NUM_THREADS"] = "1"
-    proc = subprocess.run([sys.executable, "-m", "taskfit.cli.main", *argv], cwd=cwd, env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-m", "taskfit.cli.app", *argv], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == rc, proc.stderr[-3000:]
     return proc

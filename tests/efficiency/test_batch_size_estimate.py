@@ -99,7 +99,7 @@ def test_f_mem_5_estimate_exact_params_grads_and_activations_scale(tmp_path):
 
 def test_f_mem_5_estimate_cli(tmp_path, capsys, monkeypatch):
     """F-MEM-5: `taskfit estimate --config run.yaml` prints the table and a JSON line whose bytes match the API."""
-    from taskfit.cli.main import main
+    from taskfit.cli.app import main
 
     (tmp_path / "est_task.py").write_text(
         "import sys\nsys.path.insert(0, %r)\nfrom _tasks import TokenModel, token_data\n"

@@ -6,7 +6,7 @@ import os
 
 import pytest
 from taskfit import Fit
-from taskfit.cli.main import main as cli_main
+from taskfit.cli.app import main as cli_main
 from taskfit.loggers.plots import PNG_NAME, curve_names, panels, plot_history, read_metrics_csv
 
 from logger_test_model import Regression, regression_data

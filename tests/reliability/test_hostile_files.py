@@ -115,7 +115,7 @@ def test_F_REL_3_deepspeed_engine_files_and_convert_refuse_hostile_pickles(tmp_p
     replace_file(ck, optim, evil_torch_file(marker))
     resumed = _ds_run(tmp_path, "resume", {"steps": 3, "save_steps": 2, "resume": True})
     assert resumed.returncode != 0 and "Refusing to load" in resumed.stderr and "optim_states.pt" in resumed.stderr
-    conv = subprocess.run([sys.executable, "-m", "taskfit.cli.main", "convert", str(ck), str(tmp_path / "conv")],
+    conv = subprocess.run([sys.executable, "-m", "taskfit.cli.app", "convert", str(ck), str(tmp_path / "conv")],
                           capture_output=True, text=True, timeout=300, env=clean_env())
     assert conv.returncode == 2 and "Refusing to load" in conv.stderr
     assert not marker.exists()

@@ -55,7 +55,7 @@ def test_F_REL_5_non_numeric_optim_args_are_refused(text, match):
 
 
 def test_F_REL_5_config_directory_is_refused_by_the_cli(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "taskfit.cli.main", "fit", "--config", str(tmp_path)],
+    proc = subprocess.run([sys.executable, "-m", "taskfit.cli.app", "fit", "--config", str(tmp_path)],
                           capture_output=True, text=True, timeout=120, env=clean_env())
     assert proc.returncode == 2 and "is a directory; give the path of a YAML or JSON file" in proc.stderr
     assert str(tmp_path) in proc.stderr

@@ -136,7 +136,7 @@ def test_F_PREC_3_fp16_is_refused_on_cpu_with_a_clear_error(tmp_path):
 
 
 def test_F_CKPT_5_convert_cli_refuses_a_folder_that_is_no_deepspeed_checkpoint(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "taskfit.cli.main", "convert", str(tmp_path / "nope"), str(tmp_path / "o")],
+    proc = subprocess.run([sys.executable, "-m", "taskfit.cli.app", "convert", str(tmp_path / "nope"), str(tmp_path / "o")],
                           capture_output=True, text=True, timeout=120, env=job_env())
     assert proc.returncode == 2 and "does not exist" in proc.stderr
 
@@ -319,7 +319,7 @@ def test_F_CKPT_5_checkpoint_converts_to_fp32_and_loads_into_a_single_device_mod
 
     (r0, _), (ref,) = runs(f"stage{stage}"), runs("single")
     ckpt = r0["dir"] / f"stage{stage}" / "checkpoint-8"
-    proc = subprocess.run([sys.executable, "-m", "taskfit.cli.main", "convert", str(ckpt), str(tmp_path / "conv")],
+    proc = subprocess.run([sys.executable, "-m", "taskfit.cli.app", "convert", str(ckpt), str(tmp_path / "conv")],
                           capture_output=True, text=True, timeout=300, env=job_env())
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == str(tmp_path / "conv" / "model.safetensors")

@@ -4,7 +4,7 @@
 
     taskfit fit --config run.yaml --strategy ddp --devices 2 --max_steps 100
     taskfit validate|test|predict --config run.yaml --ckpt_path last   (or best, or a checkpoint path)
-    python -m taskfit.cli.main fit --config run.yaml
+    python -m taskfit.cli.app fit --config run.yaml
     taskfit bench overhead --quick --check    (benchmark suites, from a source checkout: benchmarks/README.md)
 
 ``--config`` names a YAML or JSON file whose top-level keys are :class:`~taskfit.arguments.fit_arguments.FitArguments`
