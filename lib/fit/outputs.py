@@ -13,6 +13,7 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 
 from taskfit.checkpoint.writer import exportable_model, save_model_folder
 from taskfit.io.checkpoint_io import join
+from taskfit.loops.finite import check_finite
 from taskfit.metrics import metrics_table, save_metrics_json
 
 
@@ -22,9 +23,11 @@ def save_model(fit: Any, output_dir: str | None = None) -> str:
 
     Raises:
         ValueError: no model attached yet.
+        NonFiniteError: a parameter holds NaN or inf (non-finite weights are never written).
     """
     if fit.model is None:
         raise ValueError("save_model() before any model was given to fit/validate/predict.")
+    check_finite(fit.strategy, fit.model, fit.state.global_step, None, action="save_model refused")
     folder = output_dir or fit.args.output_dir
     weights = fit.strategy.model_state_dict(exportable_model(fit.model))  # every rank: may be a gather
     if fit.is_global_zero:

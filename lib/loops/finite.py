@@ -23,7 +23,8 @@ def all_finite(module: torch.nn.Module) -> torch.Tensor:
     return torch.stack(flags).all() if flags else torch.tensor(True)
 
 
-def check_finite(strategy: Any, module: torch.nn.Module, step: int, output_dir: str | None = None) -> None:
+def check_finite(strategy: Any, module: torch.nn.Module, step: int, output_dir: str | None = None,
+                 action: str = "Training stopped") -> None:
     """Raise :class:`NonFiniteError` on every rank when any rank's parameters are not finite (one host sync, and a
     ``min`` reduction across ranks).
 
@@ -32,6 +33,10 @@ def check_finite(strategy: Any, module: torch.nn.Module, step: int, output_dir: 
         module (torch.nn.Module): the model being trained.
         step (int): the optimizer step just taken (named in the error).
         output_dir (str | None): where the run's checkpoints are; the newest complete one is named in the error.
+        action (str): what is refused, the error's first words (``"Training stopped"``, ``"save_model refused"``).
+
+    Raises:
+        NonFiniteError: a parameter holds NaN or inf on some rank (every rank raises).
     """
     ok = all_finite(module)
     if strategy.world_size > 1:
@@ -49,6 +54,6 @@ def check_finite(strategy: Any, module: torch.nn.Module, step: int, output_dir: 
         done = list_checkpoints(strategy.checkpoint_io, output_dir)
         newest = f" The newest complete checkpoint is {done[-1][1]}." if done else " No checkpoint was completed."
     raise NonFiniteError(
-        f"Training stopped at global step {step}: {where} holds NaN or inf values (the loss or the gradients "
+        f"{action} at global step {step}: {where} holds NaN or inf values (the loss or the gradients "
         "became non-finite). No checkpoint of these weights was written." + newest + " Lower learning_rate, set "
         "max_grad_norm, use bf16 instead of fp16, or check the data for NaN/inf.")

@@ -162,6 +162,9 @@ class FitLoop:
                 break
         if sums.steps_since_log:
             sums.total_loss += float(self._global_tr_loss())
+        # weights that became non-finite after the last logging/save step would end the run silently: one
+        # check (one host sync) per run, whatever the logging and save intervals
+        check_finite(self.strategy, run.module, state.global_step, self.args.output_dir)
 
     def _start_epoch(self, loader: Any, epoch: int, skip: int, finished: bool) -> Any:
         """The epoch's start: hooks, the accumulation and schedulers of this epoch, and its batch iterator (after

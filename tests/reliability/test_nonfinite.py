@@ -65,3 +65,25 @@ def test_F_REL_5_async_saves_never_complete_a_non_finite_checkpoint(tmp_path):
     with pytest.raises(NonFiniteError, match="global step 4"):
         _fit(out, logging_steps=100, save_steps=2, checkpoint_io="async").fit(NaNFrom(3), job.data())
     assert _complete(out) == [2]
+
+
+def test_F_REL_5_nan_with_no_logging_or_save_step_left_still_stops_at_the_end(tmp_path):
+    """NaN from step 1, logging past the end, no saves: no logging or save step ever checks the weights, so the
+    end of ``fit`` does (once per run), and ``save_model`` refuses to write non-finite weights."""
+    out = tmp_path / "out"
+    torch.manual_seed(0)
+    fit = _fit(out, logging_steps=1000, save_strategy="no")
+    with pytest.raises(NonFiniteError, match=r"Training stopped at global step 12: parameter 'body\.\d\.\w+'"):
+        fit.fit(NaNFrom(1), job.data())
+    with pytest.raises(NonFiniteError, match=r"save_model refused at global step 12"):
+        fit.save_model(str(tmp_path / "final"))
+    assert not (tmp_path / "final" / "model.safetensors").exists()
+
+
+def test_F_REL_5_finite_run_with_no_logging_step_ends_normally(tmp_path):
+    torch.manual_seed(0)
+    fit = _fit(tmp_path / "out", logging_steps=1000, save_strategy="no")
+    fit.fit(job.Net(), job.data())
+    assert fit.state.global_step == 12
+    fit.save_model(str(tmp_path / "final"))
+    assert (tmp_path / "final" / "model.safetensors").exists()
