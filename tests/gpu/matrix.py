@@ -7,6 +7,7 @@ reference row. Run by ``python tests/gpu/kit.py matrix``.
 from __future__ import annotations
 
 import importlib.util
+import math
 import tempfile
 from typing import Any
 
@@ -53,9 +54,10 @@ def fit_lm(device: str, sizes: dict[str, Any], model: torch.nn.Module | None = N
     from taskfit import Fit, FitArguments
 
     model = model if model is not None else build_lm(sizes)
-    kw = dict(output_dir=tempfile.mkdtemp(prefix="gpu-kit-"), max_steps=sizes["steps"], seed=0,
-              per_device_train_batch_size=sizes["batch"], learning_rate=3e-3, logging_steps=1, save_strategy="no",
-              report_to="none", disable_tqdm=True, accelerator=device, precision="32-true")
+    kw = {"output_dir": tempfile.mkdtemp(prefix="gpu-kit-"), "max_steps": sizes["steps"], "seed": 0,
+          "per_device_train_batch_size": sizes["batch"], "learning_rate": 3e-3, "logging_steps": 1,
+          "save_strategy": "no", "report_to": "none", "disable_tqdm": True, "accelerator": device,
+          "precision": "32-true"}
     kw.update(overrides)
     fit = (trainer or Fit)(args=FitArguments(**kw))
     out = fit.fit(model, lm_rows(sizes))
@@ -121,7 +123,7 @@ def row_options(device: str, sizes: dict[str, Any], state: dict[str, Any], rtol:
 
 def row_eager_attention(device: str, sizes: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     """The same model with eager attention: the SDPA reference must match it (same maths, other kernel)."""
-    fit, model, out = fit_lm(device, sizes, model=build_lm(sizes, attn="eager"))
+    _fit, model, out = fit_lm(device, sizes, model=build_lm(sizes, attn="eager"))
     return compare(out.training_loss, state["ref"], 1e-3, attn=model.config._attn_implementation)
 
 
@@ -146,7 +148,7 @@ def row_qlora(device: str, sizes: dict[str, Any], state: dict[str, Any]) -> dict
     model = get_peft_model(base, LoraConfig(r=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
     fit, _model, out = fit_lm(device, sizes, model=model, learning_rate=1e-2)
     losses = [r["loss"] for r in fit.state.log_history if "loss" in r]
-    ok = all(map(lambda v: v == v and abs(v) != float("inf"), losses)) and losses[-1] < losses[0]
+    ok = all(math.isfinite(v) for v in losses) and losses[-1] < losses[0]
     return {"status": "pass" if ok else "fail", "loss": out.training_loss, "first_loss": losses[0],
             "last_loss": losses[-1], "ref_loss": state["ref"], "trainable": model.get_nb_trainable_parameters()[0]}
 

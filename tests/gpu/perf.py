@@ -13,12 +13,13 @@ import tempfile
 from typing import Any
 
 import torch
+from kit import Report, Skip
+from torch.utils.data import DataLoader
+
 from benchmarks import runners
 from benchmarks.common import Skip as BenchSkip
 from benchmarks.common import step_times
 from benchmarks.workloads import Job, TimedBatches, build_job
-from kit import Report, Skip
-from torch.utils.data import DataLoader
 
 RUNNERS = ("raw", "taskfit", "engine", "lightning", "hf")
 #: dense bf16 tensor-core peak (FLOP/s) by device name (NVIDIA data sheets, SXM parts without sparsity)

@@ -16,7 +16,7 @@ def test_gpu_kit_dry_run_writes_every_part_and_no_row_fails(tmp_path):
     CUDA-only rows), and the matrix's rows that run on a CPU all pass against the fp32 reference."""
     out = tmp_path / "kit"
     proc = subprocess.run(["bash", str(REPO / "tests" / "gpu" / "run.sh"), str(out), "--device", "cpu", "--dry-run"],
-                          cwd=REPO, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True,
+                          cwd=REPO, env={**os.environ, "PYTHON": sys.executable}, capture_output=True, text=True, check=False,
                           timeout=1500)
     assert (out / "SUMMARY.md").exists() and (out / "command.txt").exists(), proc.stdout[-3000:]
     parts = (out / "parts.txt").read_text()
