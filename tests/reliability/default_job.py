@@ -6,8 +6,8 @@ variants, ``fsdp=<variant>``, in ``cfg["options"]``). Rank 0 writes
 ``Engine``, from the module.
 
 The model: ``up`` Linear(4, 8) -> tanh -> ``down`` Linear(8, 1), regressing ``x.sum(-1)``. The data has exactly
-one global batch (``8 x world_size`` samples, the default ``per_device_train_batch_size`` 8), so every step is a
-full-batch step and the reference (:func:`reference`) does not depend on the sampler's order.
+one global batch (``8 x cfg["world"]`` samples: the default ``per_device_train_batch_size`` 8 times the processes
+that read different samples), so every step is a full-batch step and the reference (:func:`reference`) does not depend on the sampler's order.
 """
 
 from __future__ import annotations
@@ -17,10 +17,9 @@ import os
 import sys
 
 import torch
+from taskfit import TaskModule
 from torch import nn
 from torch.utils.data import TensorDataset
-
-from taskfit import TaskModule
 
 BATCH = 8  # FitArguments' default per_device_train_batch_size
 
@@ -111,9 +110,8 @@ def run_hf(cfg: dict) -> dict:
 
 def run_engine(cfg: dict) -> dict:
     """Engine with its defaults (strategy and devices only); the loop is the user's: full-batch AdamW(lr=5e-5)."""
-    from torch.utils.data import DataLoader
-
     from taskfit import Engine
+    from torch.utils.data import DataLoader
 
     engine = Engine(strategy=cfg["strategy"], devices=cfg["devices"], **cfg.get("options", {}))
     engine.launch()
@@ -125,7 +123,9 @@ def run_engine(cfg: dict) -> dict:
             engine.backward(nn.functional.mse_loss(model(x), y))
             optimizer.step()
             optimizer.zero_grad()
-    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    # FSDP2 holds DTensor shards: every rank joins the gather of the full tensors
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+             for k, v in model.state_dict().items()}
     return {"weights": {k.removeprefix("module."): v for k, v in state.items()}, "rank": engine.global_rank,
             "steps": cfg["steps"], "optim": "AdamW"}
 

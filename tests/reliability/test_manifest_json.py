@@ -10,15 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from taskfit import Fit
-from taskfit.io import TorchCheckpointIO
-from taskfit.io import checkpoint_format
+from taskfit.io import TorchCheckpointIO, checkpoint_format
 from taskfit.io.checkpoint_format import read_manifest
 from taskfit.io.checkpoint_io import CheckpointError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checkpoint"))
-import job  # noqa: E402
+import job
 
 MANIFEST_MAX_BYTES = getattr(checkpoint_format, "MANIFEST_MAX_BYTES", 16 << 20)
 

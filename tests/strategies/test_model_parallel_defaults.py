@@ -10,12 +10,11 @@ import os
 import sys
 
 import pytest
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
-from mp_helpers import max_diff, run_job  # noqa: E402
+from mp_helpers import max_diff, run_job
 
 TOL = 1e-5
 

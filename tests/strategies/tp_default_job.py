@@ -13,9 +13,8 @@ import os
 import sys
 
 import torch
-from torch import nn
-
 from taskfit import Fit, TaskModule
+from torch import nn
 
 
 class Block(nn.Module):
