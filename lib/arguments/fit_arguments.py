@@ -16,7 +16,6 @@ import functools
 import json
 import math
 import os
-import re
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
@@ -29,11 +28,11 @@ from taskfit.arguments.setters import (  # noqa: F401 - the option tables are re
 )
 from taskfit.arguments.fields import HFTrainingFields, Seq2SeqFields
 from taskfit.arguments.legacy import LegacyFields
+from taskfit.arguments.redact import SECRET_FIELDS, redact_value  # noqa: F401 - re-exported
 from taskfit.arguments.runtime import ParallelMode, RuntimeProperties  # noqa: F401 - re-exported
 from taskfit.arguments.taskfit_fields import TaskfitFields
 from taskfit.registry import invalid_choice, unknown_option
 
-SECRET_FIELDS = ("hub_token", "push_to_hub_token")
 
 
 @dataclass(repr=False)
@@ -256,29 +255,6 @@ class FitArguments(ArgumentSetters, RuntimeProperties, TaskfitFields, LegacyFiel
         changed = [f"{f.name}={_redacted(f.name, getattr(self, f.name))!r}" for f in fields(self)
                    if getattr(self, f.name) != defaults.get(f.name)]
         return f"{type(self).__name__}({', '.join(changed)})"
-
-
-_SECRET_KEY = re.compile(r"token(?!s_seen)|secret|passw|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth",
-                         re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@", re.IGNORECASE)
-
-
-def redact_value(name: str, value: Any) -> Any:
-    """``value`` of option (or key) ``name`` with credentials replaced: a set value of a secret option
-    (``hub_token``) or of any key that names a credential (``token``, ``secret``, ``password``, ``api_key``,
-    ``access_key``, ``credentials``, ... inside dict options such as storage options) becomes ``"<NAME>"``;
-    passwords in URLs (``s3://user:pass@host``) become ``<REDACTED>``; dicts and lists are redacted recursively."""
-    if value is None:
-        return None
-    if name in SECRET_FIELDS or (_SECRET_KEY.search(str(name)) and not isinstance(value, (bool, dict, list))):
-        return f"<{str(name).upper()}>"
-    if isinstance(value, dict):
-        return {k: redact_value(str(k), v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact_value(name if not isinstance(v, (dict, list)) else "", v) for v in value)
-    if isinstance(value, str):
-        return _URL_PASSWORD.sub(lambda m: m.group("head") + "<REDACTED>@", value)
-    return value
 
 
 def _redacted(name: str, value: Any) -> Any:

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskfit.arguments.fields import _opt
+from taskfit.arguments.redact import shown
 
 
 @dataclass(repr=False)
@@ -79,8 +80,9 @@ def _rename(a: Any, old: str, new: str, old_default: Any, new_default: Any) -> N
         return
     current = getattr(a, new)
     if current != new_default and current != value:
-        raise ValueError(f"{old}={value!r} (deprecated alias of {new}) conflicts with {new}={current!r}; set only {new}.")
-    _future(old, f"{new}={value!r}" if "token" not in old else new)
+        raise ValueError(f"{old}={shown(old, value)} (deprecated alias of {new}) conflicts with "
+                         f"{new}={shown(new, current)}; set only {new}.")
+    _future(old, f"{new}={shown(new, value)}")
     setattr(a, new, value)
     setattr(a, old, old_default)
 
@@ -105,7 +107,7 @@ def apply_legacy_options(a: Any) -> None:
         name = a.hub_model_id or (a.output_dir or "taskfit_output").rstrip("/").split("/")[-1]
         if "/" not in name:
             a.hub_model_id = f"{a.push_to_hub_organization}/{name}"
-        _future("push_to_hub_organization", f"hub_model_id={a.hub_model_id!r}")
+        _future("push_to_hub_organization", f"hub_model_id={shown('hub_model_id', a.hub_model_id)}")
         a.push_to_hub_organization = None
     if a.warmup_ratio and a.warmup_ratio < 1 and not a.warmup_steps:  # 1.0 stays: warmup_steps=1 means one step
         _future("warmup_ratio", f"warmup_steps={a.warmup_ratio!r} (a float < 1 is a ratio)")
@@ -132,7 +134,7 @@ def apply_legacy_options(a: Any) -> None:
             _future(old, f"fsdp_config={{'{old.removeprefix('fsdp_')}': ...}}")
     for old, default in NO_EFFECT.items():
         if getattr(a, old) != default:
-            warnings.warn(f"{old}={getattr(a, old)!r} was removed in transformers 5 and has no effect in taskfit.",
+            warnings.warn(f"{old}={shown(old, getattr(a, old))} was removed in transformers 5 and has no effect in taskfit.",
                           FutureWarning, stacklevel=5)
     _mirror(a)
 

@@ -14,6 +14,7 @@ from typing import Any
 from taskfit.json_options import load_json_object  # noqa: F401  (re-exported for the setters)
 from taskfit.registry import invalid_choice
 
+from taskfit.arguments.redact import shown
 from taskfit.arguments.choices import (  # noqa: F401  (the tables are re-exported here)
     INTERVAL_STRATEGIES, SAVE_STRATEGIES, HUB_STRATEGIES, PRECISIONS, PRECISION_ALIASES, LOG_LEVELS, REPORT_TO, BUILT_LOGGERS, installed_loggers, FSDP_OPTIONS, DEBUG_OPTIONS, HALF_PRECISION_BACKENDS, DDP_BACKENDS, TRAIN_SAMPLING_STRATEGIES, INCLUDE_FOR_METRICS, TOKENS_SEEN, MULTIPROCESSING_CONTEXTS, LR_SCHEDULERS, OPTIMIZERS,
 )
@@ -70,7 +71,7 @@ _RANGES: tuple[tuple[str, Callable[[Any], bool], str], ...] = (
 
 def _type_error(name: str, value: Any, kinds: tuple[type, ...]) -> ValueError:
     expected = " | ".join("None" if k is _NONE else k.__name__ for k in kinds)
-    return ValueError(f"FitArguments.{name} must be {expected}, got {value!r} ({type(value).__name__}).")
+    return ValueError(f"FitArguments.{name} must be {expected}, got {shown(name, value)} ({type(value).__name__}).")
 
 
 def _number(text: str) -> int | float | None:
@@ -87,7 +88,7 @@ def _coerce(name: str, value: Any, kinds: tuple[type, ...]) -> Any:
     Numbers must be finite (no option takes NaN or inf)."""
     out = _coerce_kind(name, value, kinds)
     if isinstance(out, float) and not math.isfinite(out):
-        raise ValueError(f"FitArguments.{name} must be a finite number, got {value!r}.")
+        raise ValueError(f"FitArguments.{name} must be a finite number, got {shown(name, value)}.")
     return out
 
 
@@ -143,7 +144,7 @@ def _json_or_none(text: str) -> Any:
 def _json_object(name: str, text: str) -> dict:
     decoded = _json_or_none(text)
     if not isinstance(decoded, dict):
-        raise ValueError(f"FitArguments.{name} must be a dict or a JSON object string, got {text!r}.")
+        raise ValueError(f"FitArguments.{name} must be a dict or a JSON object string, got {shown(name, text)}.")
     return decoded
 
 
@@ -154,7 +155,7 @@ def _words(name: str, value: Any) -> list[str]:
         if text.startswith("["):
             value = _json_or_none(text)
             if not isinstance(value, list):
-                raise ValueError(f"FitArguments.{name}: cannot parse {text!r} as a JSON list.")
+                raise ValueError(f"FitArguments.{name}: cannot parse {shown(name, text)} as a JSON list.")
         else:
             return text.replace(",", " ").split()
     return [str(v) for v in value]
@@ -224,7 +225,7 @@ def _parse_optim_args(text: str) -> dict | None:
     for pair in text.split(","):
         key, sep, raw = pair.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"optim_args must be a dict, a JSON object or 'key=value,key2=value2'; got {text!r}.")
+            raise ValueError(f"optim_args must be a dict, a JSON object or 'key=value,key2=value2'; got {shown('optim_args', text)}.")
         decoded = _json_or_none(raw.strip())
         out[key.strip()] = raw.strip() if decoded is None else decoded
     for key, value in out.items():  # numeric optimizer settings given as words fail later, deep in the optimizer
@@ -335,11 +336,11 @@ def _validate(a: Any) -> None:
     }
     for name, (bad, reason) in unsupported.items():
         if bad:
-            raise ValueError(f"{name}={getattr(a, name)!r} is not supported: {reason}.")
+            raise ValueError(f"{name}={shown(name, getattr(a, name))} is not supported: {reason}.")
     for name, ok, requirement in _RANGES:
         value = getattr(a, name)
         if value is not None and not ok(value):
-            raise ValueError(f"{name} must be {requirement}, got {value!r}.")
+            raise ValueError(f"{name} must be {requirement}, got {shown(name, value)}.")
     for name, strategy in _STEP_FIELDS.items():
         value = getattr(a, name)
         if getattr(a, strategy) == "steps" and (value is None or value <= 0):
@@ -379,7 +380,7 @@ def _warn_ignored(a: Any) -> None:
     }
     for name, (set_, why) in ignored.items():
         if set_:
-            warnings.warn(f"{name}={getattr(a, name)!r} has no effect in taskfit: {why}.", UserWarning, stacklevel=5)
+            warnings.warn(f"{name}={shown(name, getattr(a, name))} has no effect in taskfit: {why}.", UserWarning, stacklevel=5)
 
 
 def _validate_conflicts(a: Any) -> None:

@@ -131,11 +131,58 @@ def read_manifest(io: CheckpointIO, folder: str) -> dict[str, Any]:
     except (NotADirectoryError, IsADirectoryError):
         raise CheckpointError(f"{folder!r} is not a checkpoint folder (a checkpoint is a checkpoint-N folder "
                               f"holding {MANIFEST_NAME}).") from None
+    return validate_manifest(parse_manifest_json(data, path), repr(path))
+
+
+#: bytes; a manifest lists one small entry per file (~150 bytes), so 16 MiB is ~100,000 files
+MANIFEST_MAX_BYTES = 16 << 20
+#: nesting levels; a manifest has 3 (``{"files": {name: {"size", "sha256"}}}``), the rest is room for new keys
+MANIFEST_MAX_DEPTH = 8
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _depth(value: Any) -> int:
+    """Nesting depth of parsed JSON (1 for a scalar), iterative so that no input can exhaust the stack."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth > MANIFEST_MAX_DEPTH:
+            break
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else ()
+        stack.extend((child, depth + 1) for child in children)
+    return deepest
+
+
+def parse_manifest_json(data: bytes, path: str) -> Any:
+    """Parse the bytes of the manifest at ``path``, bounded: at most :data:`MANIFEST_MAX_BYTES` bytes and
+    :data:`MANIFEST_MAX_DEPTH` nesting levels, strict JSON (no ``NaN``/``Infinity``), UTF-8.
+
+    Args:
+        data (bytes): the file's bytes.
+        path (str): where they were read (named in every error).
+
+    Raises:
+        CheckpointError: too large, not UTF-8, not valid JSON, or nested deeper than a manifest is (deep nesting
+            would otherwise end in a raw ``RecursionError`` inside ``json.loads``).
+    """
+    if len(data) > MANIFEST_MAX_BYTES:
+        raise CheckpointError(f"{path!r} is {len(data)} bytes, larger than any manifest ({MANIFEST_MAX_BYTES} "
+                              "bytes at most); it is not a taskfit checkpoint manifest.")
     try:
-        manifest = json.loads(data.decode("utf-8"))
+        manifest = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CheckpointError(f"{path!r} is not valid JSON: {exc}") from None
-    return validate_manifest(manifest, repr(path))
+    except RecursionError:
+        raise CheckpointError(f"{path!r} is nested deeper than a manifest can be (more than "
+                              f"{MANIFEST_MAX_DEPTH} levels); it is not a taskfit checkpoint manifest.") from None
+    if _depth(manifest) > MANIFEST_MAX_DEPTH:
+        raise CheckpointError(f"{path!r} is nested deeper than a manifest can be (more than {MANIFEST_MAX_DEPTH} "
+                              "levels); it is not a taskfit checkpoint manifest.")
+    return manifest
 
 
 def shard_names(manifest: dict[str, Any]) -> list[str]:

@@ -26,6 +26,7 @@ from taskfit.optim.construct import construct
 from taskfit.optim.construct import require_distribution as _require
 from taskfit.optim.hf_optimizers import BUILDERS, EXTRAS, NEEDS_MODEL, UNSUPPORTED
 from taskfit.optim.names import IMPLEMENTED_OPTIMIZERS, PENDING_OPTIMIZERS, TARGET_MODULE_OPTIMIZERS
+from taskfit.optim.param_kinds import split_by_tensor_kind, uses_multi_tensor_kernel
 from taskfit.registry import Registry
 
 __all__ = ["BNB_OPTIMIZERS", "OPTIMIZERS", "create_optimizer", "get_decay_parameter_names", "parse_optim_args"]
@@ -413,7 +414,8 @@ def create_optimizer(model: nn.Module, args: Any) -> torch.optim.Optimizer:
     * ``adam_beta1``, ``adam_beta2``, ``adam_epsilon`` (float): ``betas``/``eps`` of the AdamW variants only.
 
     Parameters with ``requires_grad=False`` are left out; an empty group is dropped, so the optimizer has one
-    or two param groups (decay first).
+    or two param groups (decay first); under tensor parallelism a group that mixes ``DTensor``s and plain
+    tensors becomes one sub-group per kind with the same hyperparameters (decay sub-groups still first).
 
     Args:
         model (nn.Module): the model whose parameters are optimised.
@@ -448,6 +450,12 @@ def create_optimizer(model: nn.Module, args: Any) -> torch.optim.Optimizer:
             f"create_optimizer: {type(model).__name__} has no parameter with requires_grad=True."
         )
     extra = {"model": model} if name in NEEDS_MODEL else {}  # GaLore / APOLLO pick their target modules
-    return entry.build(
+    by_kind = split_by_tensor_kind(groups)  # before the build: torch writes its defaults into the group dicts
+    optimizer = entry.build(
         param_groups=groups, args=args, optim_args=optim_args, name=name, weight_decay=weight_decay, **extra
     )
+    if by_kind is not groups and uses_multi_tensor_kernel(optimizer):  # tensor parallelism left plain tensors
+        optimizer = entry.build(
+            param_groups=by_kind, args=args, optim_args=optim_args, name=name, weight_decay=weight_decay, **extra
+        )
+    return optimizer
