@@ -58,3 +58,24 @@ VOLATILE = ("_runtime", "_per_second", "total_flos", "_model_preparation_time")
 def stable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Log rows without the wall-clock keys (and ``total_flos``, a documented difference)."""
     return [{k: v for k, v in row.items() if not k.endswith(VOLATILE)} for row in rows]
+
+
+def lora_model(seed: int = 0, **config: Any) -> Any:
+    """:func:`tiny_llama` with LoRA adapters (rank 4) on ``q_proj``/``v_proj``, no dropout; the adapters'
+    initialisation is seeded too, so two calls build the same model."""
+    from peft import LoraConfig, get_peft_model
+
+    base = tiny_llama(seed)
+    torch.manual_seed(seed + 1)
+    options = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
+    return get_peft_model(base, LoraConfig(**{**options, **config}))
+
+
+def equal_rows(n: int = 16, length: int = 5) -> list[dict[str, list[int]]]:
+    """:func:`token_rows` cut to the same ``length`` (a pre-tokenised dataset the default collator can stack)."""
+    return [{k: v[:length] for k, v in row.items()} for row in token_rows(n)]
+
+
+def adapter_weights(model: Any) -> dict[str, torch.Tensor]:
+    """The trainable (adapter) tensors of a PEFT model, by name."""
+    return {k: v.detach().clone() for k, v in model.named_parameters() if v.requires_grad}
