@@ -70,6 +70,16 @@ def is_hf_checkpoint(io: CheckpointIO, folder: str) -> bool:
             and not names & set(_TASKFIT_ONLY) and not any(_TASKFIT_RNG_RE.match(n) for n in names))
 
 
+def _adapter_subfiles(io: CheckpointIO, folder: str) -> list[str]:
+    """``{adapter}/adapter_model.safetensors``-style names: the files of every PEFT adapter but the default one,
+    which PEFT (and so ``transformers.Trainer``) saves in a sub-folder named after the adapter."""
+    out = []
+    for name in _listing(io, folder):
+        if "." not in name:  # file names have a suffix; adapter names rarely do
+            out += [f"{name}/{n}" for n in _listing(io, join(folder, name)) if n in ADAPTER_FILES]
+    return out
+
+
 @contextlib.contextmanager
 def numpy_rng_globals() -> Iterator[None]:
     """Allow, inside the block, exactly the numpy classes HF's ``rng_state.pth`` pickles (the MT19937 key array:
@@ -101,7 +111,8 @@ class HFCheckpointReader(CheckpointReader):
         self.io, self.folder, self.weights_only = io, folder, weights_only
         self.hf_state = self._trainer_state()
         rng = {int(m.group(1) or 0): n for n in names if (m := _HF_RNG_RE.match(n))}
-        files = {n: {"size": -1, "sha256": ""} for n in names if n in _HF_FILES}
+        subfiles = _adapter_subfiles(io, folder)
+        files = {n: {"size": -1, "sha256": ""} for n in [*names, *subfiles] if n in _HF_FILES or n in subfiles}
         virtual = {"fit_args.json", "training_state.pt"} | {f"rng_state_{r}.pt" for r in rng}
         files.update({n: {"size": -1, "sha256": ""} for n in virtual})
         self._rng_files = rng

@@ -129,3 +129,37 @@ def test_adapter_checkpoint_into_a_plain_model_is_refused_F_FT_3(tmp_path):
     trainer = _trainer(m, str(tmp_path / "other"), model=tiny_llama())
     with pytest.raises(CheckpointError, match="PEFT adapter weights"):
         trainer.train(resume_from_checkpoint=str(tmp_path / "run" / "checkpoint-2"))
+
+
+def _two_adapters() -> Any:
+    """LoRA with ``modules_to_save=["lm_head"]`` (trained in full, saved with the adapter) and a second, inactive
+    adapter (PEFT saves it in a sub-folder named after it)."""
+    from peft import LoraConfig
+
+    model = lora_model(modules_to_save=["lm_head"])
+    torch.manual_seed(5)
+    model.add_adapter("second", LoraConfig(r=2, target_modules=["k_proj"]))
+    return model
+
+
+def test_modules_to_save_and_several_adapters_as_transformers_F_FT_3(tmp_path):
+    """``modules_to_save`` and a second adapter: the same adapter files as transformers (the second one in its
+    sub-folder, byte for byte configs, tensor for tensor weights), and resume both ways ends bitwise at the weights
+    of the uninterrupted run."""
+    from safetensors.torch import load_file
+
+    (hf_log, hf_w, _), (tf_log, tf_w, _) = both(lambda m, out: _train(m, out, model=_two_adapters()), tmp_path)
+    assert tf_log == hf_log
+    _assert_equal(tf_w, hf_w)
+    hf_dir, tf_dir = tmp_path / "hf" / "checkpoint-2", tmp_path / "tf" / "checkpoint-2"
+    for name in ("adapter_config.json", "second/adapter_config.json"):
+        assert _read(tf_dir / name) == _read(hf_dir / name), name
+    for name in ("adapter_model.safetensors", "second/adapter_model.safetensors"):
+        _assert_equal(load_file(tf_dir / name), load_file(hf_dir / name))
+    assert any("lm_head" in k for k in load_file(tf_dir / "adapter_model.safetensors"))
+    manifest = json.loads(_read(tf_dir / "manifest.json"))
+    assert {"second/adapter_model.safetensors", "second/adapter_config.json"} <= set(manifest["files"])
+    for writer, reader in (("hf", "tf"), ("tf", "hf"), ("tf", "tf")):
+        trainer = _trainer(hf_names(reader), str(tmp_path / f"{writer}-to-{reader}"), model=_two_adapters())
+        trainer.train(resume_from_checkpoint=str(tmp_path / writer / "checkpoint-2"))
+        _assert_equal(weights(trainer.model), hf_w)
