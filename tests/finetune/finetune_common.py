@@ -5,7 +5,8 @@ rows of different lengths, and a runner that executes one scenario under ``trans
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
