@@ -163,3 +163,21 @@ def test_modules_to_save_and_several_adapters_as_transformers_F_FT_3(tmp_path):
         trainer = _trainer(hf_names(reader), str(tmp_path / f"{writer}-to-{reader}"), model=_two_adapters())
         trainer.train(resume_from_checkpoint=str(tmp_path / writer / "checkpoint-2"))
         _assert_equal(weights(trainer.model), hf_w)
+
+
+def test_fit_door_writes_and_resumes_adapter_checkpoints_F_FT_3(tmp_path):
+    """``taskfit.Fit`` with a PEFT model: the checkpoint holds the adapter, not the base, and resuming it with a
+    fresh PEFT model ends bitwise at the uninterrupted run's weights (the same writer as the HF door)."""
+    from taskfit import Fit
+
+    def run(out: str, resume: str | None = None) -> dict:
+        fit = Fit(output_dir=out, per_device_train_batch_size=4, max_steps=4, save_steps=2, learning_rate=1e-2,
+                  report_to="none", use_cpu=True)
+        model = lora_model()
+        fit.fit(model, ROWS, resume_from_checkpoint=resume)
+        return weights(model)
+
+    full = run(str(tmp_path / "a"))
+    names = set(os.listdir(tmp_path / "a" / "checkpoint-2"))
+    assert ADAPTER <= names and "model.safetensors" not in names
+    _assert_equal(run(str(tmp_path / "b"), resume=str(tmp_path / "a" / "checkpoint-2")), full)
