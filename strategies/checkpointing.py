@@ -25,6 +25,7 @@ from taskfit.io.checkpoint_format import (
     ManifestWriter, check_entry_name, hash_files_in_background, part_writer, require_entries, shard_names,
 )
 from taskfit.io.checkpoint_io import join
+from taskfit.io.peft_files import adapter_files, has_adapter_files, is_peft_model, load_adapter_files
 
 
 def exportable_model(model: torch.nn.Module) -> torch.nn.Module:
@@ -39,6 +40,22 @@ def exportable_model(model: torch.nn.Module) -> torch.nn.Module:
         if sum(p.numel() for p in children[0].parameters()) == n_all:
             return children[0]
     return model
+
+
+def weight_files(model: torch.nn.Module, weights: dict[str, torch.Tensor], weights_name: str) -> dict[str, Any]:
+    """Which weights ``model`` (an exported model, see :func:`exportable_model`) contributes to a checkpoint or
+    model folder: ``{weights_name: weights}`` (its full state dict), or for a PEFT model only its adapters, in
+    PEFT's layout (``adapter_model.safetensors`` + ``adapter_config.json``, :mod:`taskfit.io.peft_files`), as
+    ``transformers.Trainer`` saves a ``PeftModel``: the frozen base is not written.
+
+    Args:
+        model (nn.Module): the exported model.
+        weights (dict[str, Tensor]): its full state dict (the adapters' tensors are taken from it).
+        weights_name (str): ``model.safetensors`` or ``pytorch_model.bin`` (then ``adapter_model.bin``).
+    """
+    if is_peft_model(model):
+        return adapter_files(model, weights, safetensors=weights_name != WEIGHTS_NAME_PT)
+    return {weights_name: weights}
 
 
 def states_on_cpu(strategy: Any, state: Any) -> Any:
@@ -121,9 +138,10 @@ def _add_states(strategy: Any, files: dict[str, Any], module: torch.nn.Module | 
     """Add the full weights (a collective for sharded strategies: every rank takes part, only the writer keeps
     them) and, unless ``save_only_model``, the optimizer states in the ``Optimizer.state_dict()`` form."""
     if module is not None:
-        weights = strategy.model_state_dict(exportable_model(module))
+        model = exportable_model(module)
+        weights = strategy.model_state_dict(model)
         if plan.writer:
-            files[plan.weights_name] = weights
+            files.update(weight_files(model, weights, plan.weights_name))
     if not plan.writer or plan.manifest.get("save_only_model"):
         return
     for i, opt in enumerate(optimizers):
@@ -211,9 +229,9 @@ def require_model_entries(reader: CheckpointReader, shards: list[str]) -> None:
     path, files = reader.folder, reader.files
     for name in shards:
         check_entry_name(name, repr(path))
-    if not shards and not any(n in files for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT)):
+    if not shards and not any(n in files for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT)) and not has_adapter_files(files):
         raise CheckpointError(f"{path!r} holds no model weights: its manifest lists neither {WEIGHTS_NAME} nor "
-                              f"{WEIGHTS_NAME_PT} nor shards/.")
+                              f"{WEIGHTS_NAME_PT} nor PEFT adapter weights nor shards/.")
 
 
 def load_states(strategy: Any, folder: str, module: torch.nn.Module, optimizers: Sequence[Any] = (),
@@ -257,17 +275,26 @@ def load_states(strategy: Any, folder: str, module: torch.nn.Module, optimizers:
 def load_model_weights(strategy: Any, model: torch.nn.Module, path: str, manifest: dict[str, Any] | None = None,
                        weights_only: bool = True, reader: CheckpointReader | None = None) -> None:
     """Load the checkpoint's full weights into ``model`` (its exported part, see :func:`exportable_model`;
-    strict: every key must match).
+    strict: every key must match); a folder with PEFT adapter files instead loads them into a PEFT model
+    (:func:`taskfit.io.peft_files.load_adapter_files`).
 
     Raises:
-        CheckpointError: no weights file, or keys that do not match the model.
+        CheckpointError: no weights file, keys that do not match the model, or adapter files for a model that is
+            no PEFT model.
     """
     reader = reader or CheckpointReader(strategy.checkpoint_io, path, manifest, weights_only=weights_only)
     name = next((n for n in (WEIGHTS_NAME, WEIGHTS_NAME_PT) if n in reader.files), None)
+    model = exportable_model(model)
+    if name is None and has_adapter_files(reader.files):
+        if not is_peft_model(model):
+            raise CheckpointError(f"{path!r} holds PEFT adapter weights, not full weights; load it into the PEFT "
+                                  f"model it was written from (peft.get_peft_model(base, config)), not into "
+                                  f"{type(model).__name__}.")
+        load_adapter_files(model, reader.files, reader.read, path)
+        return
     if name is None:
         raise CheckpointError(f"{path!r} holds no model weights ({WEIGHTS_NAME} or {WEIGHTS_NAME_PT}).")
     state = reader.read(name)
-    model = exportable_model(model)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(f"{join(path, name)!r} does not match {type(model).__name__}: missing keys "

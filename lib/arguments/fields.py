@@ -107,7 +107,7 @@ class HFTrainingFields:
     torch_compile_mode: str | None = _opt(None, "torch.compile mode (implies torch_compile).", "precision")
     use_liger_kernel: bool = _opt(False, "Liger Triton kernels (CUDA only); not supported: True raises.", "precision")
     liger_kernel_config: dict | None = _opt(None, "Liger kernel options; not supported: a value raises.", "precision")
-    use_cache: bool = _opt(False, "model.config.use_cache during training (HF models).", "training")
+    use_cache: bool = _opt(False, "model.config.use_cache of a plain model, set for the run (as HF).", "training")
     neftune_noise_alpha: float | None = _opt(None, "NEFTune embedding-noise scale (training only); None = off.", "training")
     torch_empty_cache_steps: int | None = _opt(None, "Release cached accelerator memory every N steps (no effect on CPU); None = never.", "precision")
     auto_find_batch_size: bool = _opt(False, "Halve the batch size on out-of-memory and retry.", "training")

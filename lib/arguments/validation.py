@@ -372,7 +372,6 @@ def _warn_ignored(a: Any) -> None:
     import warnings
 
     ignored = {
-        "use_cache": (a.use_cache, "taskfit does not change model.config.use_cache"),
         "dataloader_in_order": (not a.dataloader_in_order, "batches are always returned in order"),
         "trackio_space_id": (a.trackio_space_id is not None, "there is no trackio logger"),
         "trackio_bucket_id": (a.trackio_bucket_id is not None, "there is no trackio logger"),

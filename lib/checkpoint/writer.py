@@ -19,7 +19,7 @@ from taskfit.io.checkpoint_format import (  # noqa: F401  (re-exported: the form
 )
 from taskfit.io.checkpoint_io import join
 from taskfit.strategies.checkpointing import (  # noqa: F401  (exportable_model, states_on_cpu: re-exported)
-    FolderPlan, exportable_model, manifest_header, states_on_cpu,
+    FolderPlan, exportable_model, manifest_header, states_on_cpu, weight_files,
 )
 
 if TYPE_CHECKING:
@@ -32,14 +32,15 @@ def checkpoint_path(fit: CheckpointSource, step: int | None = None) -> str:
 
 
 def model_files(fit: CheckpointSource, weights: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
-    """``{file name: object}`` of the model part of a checkpoint: weights and ``config.json``.
+    """``{file name: object}`` of the model part of a checkpoint: weights (a PEFT model's adapters only, see
+    :func:`~taskfit.strategies.checkpointing.weight_files`) and ``config.json``.
 
     ``weights`` (default: ``strategy.model_state_dict`` of the exported model, a collective for sharded
     strategies, so every rank must then call this) are the full state dict to write."""
     model = exportable_model(fit.model)
     name = WEIGHTS_NAME if fit.args.save_safetensors is not False else WEIGHTS_NAME_PT
-    return {name: fit.strategy.model_state_dict(model) if weights is None else weights,
-            "config.json": model_config(model)}
+    weights = fit.strategy.model_state_dict(model) if weights is None else weights
+    return {**weight_files(model, weights, name), "config.json": model_config(model)}
 
 
 def model_config(model: torch.nn.Module) -> Any:

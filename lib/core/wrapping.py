@@ -158,6 +158,22 @@ class LabelSmoother:
         return (1 - self.epsilon) * (nll.sum() / count) + self.epsilon * (smoothed.sum() / (count * log_probs.shape[-1]))
 
 
+def apply_use_cache(model: nn.Module, use_cache: bool) -> None:
+    """Set ``model.config.use_cache = use_cache`` when the model has a ``config`` (mirrors HF ``Trainer.__init__``,
+    which sets it from ``TrainingArguments.use_cache``, default False, for the whole life of the trainer).
+
+    Why it matters: an HF model with its cache on builds a cache while training and then ignores the sequence
+    boundaries that ``position_ids`` mark in a packed row (``DataCollatorWithFlattening``), so the loss differs.
+
+    Args:
+        model (nn.Module): the user's model (a PEFT model forwards ``config`` to its base model).
+        use_cache (bool): the value to set.
+    """
+    config = getattr(model, "config", None)
+    if config is not None:
+        config.use_cache = use_cache
+
+
 def default_label_names(model: nn.Module) -> list[str]:
     """HF's rule: ``["start_positions", "end_positions"]`` for question answering models, else ``["labels"]``."""
     return ["start_positions", "end_positions"] if "QuestionAnswering" in type(model).__name__ else ["labels"]
@@ -186,6 +202,11 @@ class ModelTaskModule(TaskModule):
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self.model(*args, **kwargs)
+
+    def setup(self, stage: str) -> None:
+        """Apply ``FitArguments.use_cache`` to the model's config at the start of every stage (see
+        :func:`apply_use_cache`)."""
+        apply_use_cache(self.model, self.fit.args.use_cache)
 
     def model_outputs(self, inputs: Any) -> Any:
         """``model(**inputs)`` (``model(*inputs)`` for a tuple): what an HF override point's ``model(...)`` call

@@ -66,17 +66,56 @@ class ColumnFilter:
 def default_collate_with_labels(samples: list[Any]) -> Any:
     """``default_collate`` after renaming a dict sample's ``label`` / ``label_ids`` key to ``labels``, with Python
     float values batched as float32 (mirrors HF ``default_data_collator``, the HF ``Trainer``'s collator without
-    a tokenizer)."""
+    a tokenizer). Dict samples holding Python lists (a pre-tokenised ``datasets.Dataset``) go to
+    :func:`collate_token_lists`."""
     first = samples[0] if samples else None
     if isinstance(first, Mapping) and "labels" not in first and ("label" in first or "label_ids" in first):
         old = "label" if "label" in first else "label_ids"
         samples = [{("labels" if k == old else k): v for k, v in s.items()} for s in samples]
         first = samples[0]
+    if isinstance(first, Mapping) and any(isinstance(v, (list, tuple)) for v in first.values()):
+        return collate_token_lists(samples)
     if isinstance(first, Mapping) and any(type(v) is float for v in first.values()):
         # Python floats become float32 (torch's default dtype) as in HF's collator, not float64
         return {k: torch.tensor([s[k] for s in samples]) if type(v) is float
                 else default_collate([s[k] for s in samples]) for k, v in first.items()}
     return default_collate(samples)
+
+
+def collate_token_lists(samples: list[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    """Dict samples whose fields are Python lists (``{"input_ids": [5, 9, 2], ...}``) as one batch of tensors of
+    shape ``(batch, length)``: ``transformers.default_data_collator`` when transformers is installed (HF's
+    ``Trainer`` collator without a tokenizer; ``label``/``label_ids`` become ``labels``, string and None fields
+    are left out), else the same rule here (lists, numbers and arrays become tensors, tensors are stacked).
+
+    Raises:
+        ValueError: rows of different lengths (a list per field cannot be one rectangular tensor); the message
+            names the padding and flattening collators that batch such rows.
+    """
+    try:
+        try:
+            from transformers import default_data_collator
+        except ImportError:  # the same rule without transformers
+            return _tensorise(samples)
+        return default_data_collator(list(samples), return_tensors="pt")
+    except ValueError as exc:
+        raise ValueError(f"Cannot batch rows whose fields are lists of different lengths ({exc}); pass a "
+                         "data_collator that pads (transformers.DataCollatorWithPadding or "
+                         "DataCollatorForLanguageModeling with a tokenizer) or flattens them "
+                         "(transformers.DataCollatorWithFlattening).") from None
+
+
+def _tensorise(samples: list[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
+    first = samples[0]
+    renamed = {"label": "labels", "label_ids": "labels"}
+    batch = {}
+    for key, value in first.items():
+        if value is None or isinstance(value, str) or (key in renamed and "labels" in first):
+            continue
+        values = [s[key] for s in samples]
+        batch[renamed.get(key, key)] = (torch.stack(values) if isinstance(value, torch.Tensor)
+                                        else torch.tensor(values))
+    return batch
 
 
 def forward_parameter_names(model: torch.nn.Module) -> set[str] | None:

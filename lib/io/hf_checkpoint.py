@@ -35,6 +35,7 @@ from taskfit.io.checkpoint_format import (
     MANIFEST_NAME, WEIGHTS_NAME, WEIGHTS_NAME_PT, CheckpointError, CheckpointReader,
 )
 from taskfit.io.checkpoint_io import CheckpointIO, join
+from taskfit.io.peft_files import ADAPTER_FILES, ADAPTER_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME_PT
 
 log = logging.getLogger("taskfit")
 
@@ -47,7 +48,8 @@ _HF_RNG_RE = re.compile(r"^rng_state(?:_(\d+))?\.pth$")
 _TASKFIT_ONLY = (MANIFEST_NAME, "fit_args.json", "training_state.pt")
 _TASKFIT_RNG_RE = re.compile(r"^rng_state_\d+\.pt$")  # taskfit writes these first; HF's end in .pth
 #: the files of a transformers checkpoint taskfit reads as they are
-_HF_FILES = (WEIGHTS_NAME, WEIGHTS_NAME_PT, "optimizer.pt", "scheduler.pt", HF_STATE_NAME, "config.json")
+_HF_FILES = (WEIGHTS_NAME, WEIGHTS_NAME_PT, "optimizer.pt", "scheduler.pt", HF_STATE_NAME, "config.json",
+             *ADAPTER_FILES)  # a PEFT model's checkpoint holds its adapter (PEFT's layout) instead of full weights
 
 
 def _listing(io: CheckpointIO, folder: str) -> list[str]:
@@ -59,11 +61,23 @@ def _listing(io: CheckpointIO, folder: str) -> list[str]:
 
 def is_hf_checkpoint(io: CheckpointIO, folder: str) -> bool:
     """Whether ``folder`` is a checkpoint written by ``transformers.Trainer``: it holds ``trainer_state.json`` and
-    full model weights (``model.safetensors`` or ``pytorch_model.bin``) and none of taskfit's own files (an
-    interrupted taskfit save lacks only its manifest, and stays refused as incomplete)."""
+    full model weights (``model.safetensors`` or ``pytorch_model.bin``) or a PEFT model's adapter weights
+    (``adapter_model.safetensors`` / ``adapter_model.bin``), and none of taskfit's own files (an interrupted
+    taskfit save lacks only its manifest, and stays refused as incomplete)."""
     names = set(_listing(io, folder))
-    return (HF_STATE_NAME in names and bool(names & {WEIGHTS_NAME, WEIGHTS_NAME_PT})
+    weights = {WEIGHTS_NAME, WEIGHTS_NAME_PT, ADAPTER_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME_PT}
+    return (HF_STATE_NAME in names and bool(names & weights)
             and not names & set(_TASKFIT_ONLY) and not any(_TASKFIT_RNG_RE.match(n) for n in names))
+
+
+def _adapter_subfiles(io: CheckpointIO, folder: str) -> list[str]:
+    """``{adapter}/adapter_model.safetensors``-style names: the files of every PEFT adapter but the default one,
+    which PEFT (and so ``transformers.Trainer``) saves in a sub-folder named after the adapter."""
+    out = []
+    for name in _listing(io, folder):
+        if "." not in name:  # file names have a suffix; adapter names rarely do
+            out += [f"{name}/{n}" for n in _listing(io, join(folder, name)) if n in ADAPTER_FILES]
+    return out
 
 
 @contextlib.contextmanager
@@ -97,7 +111,8 @@ class HFCheckpointReader(CheckpointReader):
         self.io, self.folder, self.weights_only = io, folder, weights_only
         self.hf_state = self._trainer_state()
         rng = {int(m.group(1) or 0): n for n in names if (m := _HF_RNG_RE.match(n))}
-        files = {n: {"size": -1, "sha256": ""} for n in names if n in _HF_FILES}
+        subfiles = _adapter_subfiles(io, folder)
+        files = {n: {"size": -1, "sha256": ""} for n in [*names, *subfiles] if n in _HF_FILES or n in subfiles}
         virtual = {"fit_args.json", "training_state.pt"} | {f"rng_state_{r}.pt" for r in rng}
         files.update({n: {"size": -1, "sha256": ""} for n in virtual})
         self._rng_files = rng

@@ -26,7 +26,7 @@ DIFFERENT_DEFAULTS = {
 #: HF fields taskfit accepts but refuses when set, or ignores with a warning (each named in the docs table).
 REFUSED_WHEN_SET = {"use_liger_kernel": True, "liger_kernel_config": {}, "eval_use_gather_object": True,
                     "train_sampling_strategy": "batch_rebalance"}
-WARNED_WHEN_SET = {"use_cache": True, "dataloader_in_order": False, "trackio_space_id": "me/space",
+WARNED_WHEN_SET = {"dataloader_in_order": False, "trackio_space_id": "me/space",
                    "trackio_bucket_id": "b", "trackio_static_space_id": "me/static"}
 #: transformers 4.x names (removed in 5) -> (value, the HF 5 option it sets, the value there)
 RENAMED_4X = {
