@@ -13,9 +13,10 @@ names.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import types
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 
@@ -171,7 +172,9 @@ def _overrides(obj: Any, name: str, base: type) -> bool:
 def _per_loader(metrics: dict[str, Any], n: int) -> list[dict[str, float]]:
     """Fit's flat evaluation result as Lightning's: one dict per dataloader of the logged values (keys ending in
     ``/dataloader_idx_i`` go to dict ``i``), without the run's timing rows and ``epoch``."""
-    logged = {k: float(v) for k, v in metrics.items() if k != "epoch" and not k.endswith(_RUN_KEYS)}
+    # the empty metric_key_prefix still joins with "_": strip it (Lightning returns names as logged)
+    logged = {k[1:] if k.startswith("_") else k: float(v) for k, v in metrics.items()
+              if k != "epoch" and not k.endswith(_RUN_KEYS)}
     if n <= 1:
         return [logged]
     out: list[dict[str, float]] = [{} for _ in range(n)]
@@ -274,10 +277,31 @@ class Trainer(Fit):
         if datamodule is not None:
             self.datamodule = datamodule
         run = super().validate if stage == "validate" else super().test
-        # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
-        metrics = run(model, dataloaders, datamodule=datamodule, ckpt_path=ckpt_path, metric_key_prefix="")
+        with self._stage_hooks(model, stage):
+            # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
+            metrics = run(model, dataloaders, datamodule=datamodule, ckpt_path=ckpt_path, metric_key_prefix="")
         n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
         return _per_loader(metrics, n)
+
+    @contextlib.contextmanager
+    def _stage_hooks(self, model: Any, stage: str) -> Iterator[None]:
+        """``setup(stage)`` / ``teardown(stage)`` of the callbacks and the module around a validate, test or
+        predict call, as Lightning runs them for every stage (Fit runs them for ``fit``; the datamodule's own
+        ``setup`` runs where Fit builds its loader)."""
+        module = model if model is not None else self.module
+        hooked = [cb for cb in self.callbacks if _overrides(cb, "setup", Callback) or
+                  _overrides(cb, "teardown", Callback)]
+        for cb in hooked:
+            cb.setup(self, module, stage)
+        if module is not None:
+            module.setup(stage)
+        try:
+            yield
+        finally:
+            for cb in hooked:
+                cb.teardown(self, module, stage)
+            if module is not None:
+                module.teardown(stage)
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
                  datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
@@ -300,7 +324,8 @@ class Trainer(Fit):
         self.callbacks.append(collector)
         self._hooks = HookRunner(self.callbacks)
         try:
-            super().predict(model=model, data=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
+            with self._stage_hooks(model, "predict"):
+                super().predict(model=model, data=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)
             self._hooks = HookRunner(self.callbacks)
