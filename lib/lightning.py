@@ -18,7 +18,6 @@ import os
 import types
 from typing import Any, Iterator
 
-import torch
 
 from taskfit import callbacks as _cb
 from taskfit.callbacks.base import Callback, HookRunner
@@ -51,7 +50,7 @@ loggers = types.SimpleNamespace(CSVLogger=_lg.CSVLogger, TensorBoardLogger=_lg.T
 #: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
 _UNSUPPORTED = {"min_epochs": (None, 0), "min_steps": (None, 0), "use_distributed_sampler": (True,),
                 "sync_batchnorm": (False,), "reload_dataloaders_every_n_epochs": (0,), "model_registry": (None,),
-                "check_val_every_n_epoch": (None, 1)}
+                "check_val_every_n_epoch": (None, 1), "benchmark": (None, False)}
 _RUN_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second")
 
 
@@ -195,7 +194,7 @@ class Trainer(Fit):
 
     Raises:
         NotImplementedError: ``min_epochs``, ``min_steps``, ``use_distributed_sampler=False``, ``sync_batchnorm``,
-            ``reload_dataloaders_every_n_epochs``, ``model_registry``, ``check_val_every_n_epoch`` > 1, or a
+            ``reload_dataloaders_every_n_epochs``, ``model_registry``, ``benchmark=True``, ``check_val_every_n_epoch`` > 1, or a
             fractional / time ``val_check_interval`` (the message names the flag), before any work.
         ValueError: as ``Fit`` (unknown accelerator, strategy, precision...).
     """
@@ -222,8 +221,6 @@ class Trainer(Fit):
         flags.pop("__class__", None)
         options = fit_options(flags)
         root = options["output_dir"]
-        if benchmark is not None:  # Lightning sets it when the Trainer is built
-            torch.backends.cudnn.benchmark = bool(benchmark)
         lightning_loggers = _default_logger(logger, root, barebones)
         given = callbacks if isinstance(callbacks, (list, tuple)) else ([callbacks] if callbacks else [])
         self._flags = flags
