@@ -263,6 +263,8 @@ class LightningMembers:
         """
         if self._fit is None:
             raise RuntimeError(f"{type(self).__name__} is not attached to a Fit run.")
+        if hasattr(type(self._fit), "lightning_module"):  # taskfit.lightning.Trainer: the trainer itself
+            return self._fit
         return TrainerView(self._fit)
 
     @property
@@ -347,7 +349,7 @@ class LightningMembers:
 
         from taskfit.core.manual import prepare_ddp_backward
 
-        fit = self.trainer.fit
+        fit = self._fit
         self._call_hook("on_before_backward", loss)
         if not self.__dict__.get("_block_backward_sync", False):
             prepare_ddp_backward(fit.strategy, loss)  # this backward all-reduces (DDP)
@@ -368,7 +370,7 @@ class LightningMembers:
         Raises:
             RuntimeError: the module is not attached to a run.
         """
-        strategy = self.trainer.fit.strategy
+        strategy = self._fit.strategy
         previous = self.__dict__.get("_block_backward_sync", False)
         object.__setattr__(self, "_block_backward_sync", bool(enabled))
         try:
@@ -424,7 +426,7 @@ class LightningMembers:
         algorithm = gradient_clip_algorithm or "norm"
         if algorithm not in ("norm", "value"):
             raise ValueError(f"gradient_clip_algorithm={algorithm!r} is not valid; choose 'norm' or 'value'.")
-        fit = self.trainer.fit
+        fit = self._fit
         fit.strategy.unscale_gradients(optimizer)
         params = [p for g in optimizer.param_groups for p in g["params"]]
         if algorithm == "value":

@@ -50,7 +50,7 @@ class LightningOptimizer:
             self._after_closure(self._optimizer)
         else:
             module._call_hook("on_before_optimizer_step", self._optimizer)
-        self.__dict__["stepped"] = module.trainer.fit.strategy.optimizer_step(self._optimizer)
+        self.__dict__["stepped"] = module._fit.strategy.optimizer_step(self._optimizer)
         module.__dict__["_manual_steps"] = module.__dict__.get("_manual_steps", 0) + 1
         return result
 

@@ -192,7 +192,10 @@ class TaskModule(LightningMembers, LightningHooks, nn.Module):
     @property
     def current_epoch(self) -> int:
         """Zero-based index of the running epoch (0 when detached)."""
-        return self._fit.state.current_epoch if self._fit is not None else 0
+        if self._fit is None:
+            return 0
+        # the Lightning door's trainer counts finished epochs after training (Lightning's current_epoch)
+        return self._fit.current_epoch if hasattr(type(self._fit), "current_epoch") else self._fit.state.current_epoch
 
     def num_parameters(self, only_trainable: bool = False) -> int:
         """Count of parameter elements (F-CORE-7), mirrors HF ``PreTrainedModel.num_parameters``."""

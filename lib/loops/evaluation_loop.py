@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from taskfit.core.step_call import by_signature
 from taskfit.loops.gather import gather_in_dataset_order, loader_indices
 from taskfit.metrics import metric_key
 from taskfit.metrics import EvalPrediction, MemoryTracker, nested_concat, speed_metrics, to_numpy
@@ -220,8 +221,9 @@ class EvaluationLoop:
         fit, stage, p = self.fit, self.stage, _Pass()
         module, strategy, args = fit.module, fit.strategy, fit.args
         # through the DDP/FSDP wrapper's forward (FSDP all-gathers the root's parameters in its hooks)
-        p.step_fn = strategy.step_function(module, {"validate": "validation_step", "test": "test_step",
-                                                    "predict": "predict_step"}[stage])
+        step_name = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}[stage]
+        # called with the arguments its signature accepts (Lightning allows dropping batch_idx/dataloader_idx)
+        p.step_fn = by_signature(strategy.step_function(module, step_name), getattr(module, step_name))
         p.hf_step = fit._hf_prediction_step(fit._run, stage, self.ignore_keys)  # a prediction_step override (HF)
         p.hook_stage = "validation" if stage == "validate" else stage
         p.compute_metrics = fit.compute_metrics

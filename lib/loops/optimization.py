@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import torch
 
+from taskfit.core.step_call import by_signature
 from taskfit.core.hooks import overrides
 from taskfit.core.manual import LightningOptimizer, manual_outer_forward
 from taskfit.optim.hf_optimizers import fused_backward_of, optimizers_with_modes
@@ -166,7 +167,8 @@ class ManualStep:
 
     def __init__(self, loop: Any) -> None:
         self.strategy = strategy = loop.strategy
-        self.train_fx = strategy.step_function(loop.run.module, "training_step")
+        self.train_fx = by_signature(strategy.step_function(loop.run.module, "training_step"),
+                                     loop.run.module.training_step)  # training_step(batch) is valid Lightning
         self.fwd_ctx, self.device = strategy.forward_context, strategy.root_device
 
     def start_window(self, window: list[Any], weights: list[Any] | None, epoch: int) -> None:
@@ -202,7 +204,8 @@ class AutomaticStep:
         self.module = module = run.module
         self.optimizers = run.optimizers
         self.optimizer, self.other_optimizers = run.optimizers[0], run.optimizers[1:]
-        self.train_fx = strategy.step_function(module, "training_step")  # through the wrapper's forward
+        self.train_fx = by_signature(strategy.step_function(module, "training_step"),  # through the wrapper
+                                     module.training_step)  # training_step(batch) is valid Lightning
         self.fwd_ctx, self.precision = strategy.forward_context, strategy.precision
         self.L, self.H = loop.hooks.lightning, loop.hooks.hf
         engine = strategy.engine_owns_step

@@ -1,0 +1,464 @@
+"""The Lightning names, for scripts written against ``lightning`` 2.x: change ``import lightning as L`` (or ``from
+lightning.pytorch import ...``) into ``import taskfit.lightning as L`` (``from taskfit.lightning import ...``).
+
+``LightningModule`` is :class:`taskfit.TaskModule`, ``LightningDataModule`` is :class:`taskfit.DataModule`,
+``Callback`` is :class:`taskfit.Callback`. ``Trainer`` is :class:`taskfit.Fit` with Lightning's constructor,
+defaults and return values: it maps its arguments to ``FitArguments`` (docs/lightning.md has the table), keeps
+Lightning's loop semantics where they differ from HF's (no clipping by default, validation every epoch when there
+is validation data, ``max_epochs`` and ``max_steps`` whichever first, ``current_epoch`` counting finished epochs
+after training) and runs the same loops, strategies, precision plugins and checkpoint format. A flag it does not
+support raises before any work, naming the flag. ``callbacks`` and ``loggers`` hold the built-ins under Lightning's
+names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import types
+from typing import Any, Iterator
+
+
+from taskfit import callbacks as _cb
+from taskfit.callbacks.base import Callback, HookRunner
+from taskfit.callbacks.console import LogPrinter
+from taskfit.callbacks.lambda_callback import LambdaCallback
+from taskfit.core.module import TaskModule
+from taskfit.data.loaders import DataModule
+from taskfit.fit.fit import Fit
+from taskfit.loggers import lightning_style as _lg
+from taskfit.seed import seed_everything
+
+__all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything", "callbacks",
+           "loggers"]
+
+LightningModule = TaskModule
+LightningDataModule = DataModule
+
+callbacks = types.SimpleNamespace(
+    Callback=Callback, ModelCheckpoint=_cb.ModelCheckpoint, EarlyStopping=_cb.EarlyStopping,
+    LearningRateMonitor=_cb.LearningRateMonitor, ModelSummary=_cb.ModelSummary, Timer=_cb.Timer,
+    GradientAccumulationScheduler=_cb.GradientAccumulationScheduler, LearningRateFinder=_cb.LearningRateFinder,
+    BatchSizeFinder=_cb.BatchSizeFinder, StochasticWeightAveraging=_cb.StochasticWeightAveraging,
+    WeightAveraging=_cb.WeightAveraging, EMAWeightAveraging=_cb.EMAWeightAveraging,
+    ThroughputMonitor=_cb.ThroughputMonitor, DeviceStatsMonitor=_cb.DeviceStatsMonitor,
+    ProgressBar=_cb.ProgressBar, TQDMProgressBar=_cb.ProgressBar, RichProgressBar=_cb.RichProgressBar,
+    LambdaCallback=LambdaCallback)
+loggers = types.SimpleNamespace(CSVLogger=_lg.CSVLogger, TensorBoardLogger=_lg.TensorBoardLogger,
+                                MLFlowLogger=_lg.MLFlowLogger, WandbLogger=_lg.WandbLogger)
+
+#: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
+_UNSUPPORTED = {"min_epochs": (None, 0), "min_steps": (None, 0), "use_distributed_sampler": (True,),
+                "sync_batchnorm": (False,), "reload_dataloaders_every_n_epochs": (0,), "model_registry": (None,),
+                "check_val_every_n_epoch": (None, 1), "benchmark": (None, False)}
+_RUN_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second")
+
+
+def _refuse_unsupported(flags: dict[str, Any]) -> None:
+    """Raise NotImplementedError naming the first flag of ``flags`` outside its accepted values."""
+    for name, ok in _UNSUPPORTED.items():
+        if flags[name] not in ok:
+            raise NotImplementedError(f"Trainer({name}={flags[name]!r}) is not supported by taskfit.lightning "
+                                      f"(accepted: {ok}); see docs/lightning.md.")
+    vci = flags["val_check_interval"]
+    if vci is not None and not isinstance(vci, int) and vci != 1.0:
+        raise NotImplementedError(f"Trainer(val_check_interval={vci!r}): only 1.0 (every epoch) or an int number of "
+                                  "optimizer steps is supported by taskfit.lightning.")
+
+
+def fit_options(f: dict[str, Any]) -> dict[str, Any]:
+    """``FitArguments`` fields for Lightning's ``Trainer`` flags ``f`` (all of them, with Lightning's defaults).
+
+    Raises:
+        NotImplementedError: a flag taskfit does not support (named).
+    """
+    _refuse_unsupported(f)
+    vci = f["val_check_interval"]
+    max_epochs, max_steps = f["max_epochs"], f["max_steps"]
+    if max_epochs is None:  # Lightning: 1000 epochs when neither limit is given, else no epoch limit
+        max_epochs = 1000 if max_steps in (None, -1) else 10 ** 9
+    out = dict(output_dir=str(f["default_root_dir"] or os.getcwd()), report_to="none", save_strategy="no",
+               num_train_epochs=max_epochs, max_steps=max_steps if max_steps not in (None, -1) else -1,
+               gradient_accumulation_steps=f["accumulate_grad_batches"],
+               max_grad_norm=float(f["gradient_clip_val"] or 0.0),
+               gradient_clip_algorithm=f["gradient_clip_algorithm"] or "norm",
+               logging_steps=f["log_every_n_steps"] if f["log_every_n_steps"] is not None else 50,
+               num_sanity_val_steps=f["num_sanity_val_steps"] if f["num_sanity_val_steps"] is not None else 2,
+               fast_dev_run=f["fast_dev_run"], overfit_batches=f["overfit_batches"],
+               detect_anomaly=f["detect_anomaly"], disable_tqdm=f["enable_progress_bar"] is False or f["barebones"],
+               full_determinism=bool(f["deterministic"]), eval_strategy="no")
+    if isinstance(vci, int) and not isinstance(vci, bool):
+        out.update(eval_steps=vci)
+    for k in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
+        if f[k] is not None:
+            out[k] = f[k]
+    if isinstance(f["profiler"], str):
+        out["profiler"] = f["profiler"]
+    return out
+
+
+class _LightningLoop(Callback):
+    """The loop semantics the Lightning door keeps (placed first among the callbacks): ``max_epochs`` also stops a
+    run that has ``max_steps`` (whichever comes first), and after training ``current_epoch`` counts the finished
+    epochs (Lightning increments it when an epoch ends)."""
+
+    def __init__(self, max_epochs: int | None) -> None:
+        self.max_epochs = max_epochs
+        self.trained = False
+
+    def on_train_start(self, fit: Any, module: Any) -> None:
+        self.trained = False
+
+    def on_train_epoch_end(self, fit: Any, module: Any) -> None:
+        if self.max_epochs is not None and fit.state.current_epoch + 1 >= self.max_epochs:
+            fit.should_stop = True
+
+    def on_train_end(self, fit: Any, module: Any) -> None:
+        self.trained = True
+
+
+class _Predictions(Callback):
+    """Keeps every ``predict_step`` output of a ``Trainer.predict`` call, per dataloader (Lightning's return)."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[int, list[Any]] = {}
+
+    def on_predict_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int,
+                             dataloader_idx: int = 0) -> None:
+        self.outputs.setdefault(dataloader_idx, []).append(outputs)
+
+
+def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: Any) -> list[Any]:
+    """Lightning's implicit callbacks: a checkpoint every epoch into ``logger.log_dir/checkpoints`` (or
+    ``root/checkpoints`` without a logger), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
+    out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None), *given]
+    if f["barebones"]:
+        return out
+    if f["enable_checkpointing"] is not False and not any(isinstance(c, _cb.ModelCheckpoint) for c in given):
+        folder = getattr(logger, "log_dir", None) or root
+        out.append(_cb.ModelCheckpoint(dirpath=os.path.join(folder, "checkpoints")))
+    if f["enable_model_summary"] is not False and not any(isinstance(c, _cb.ModelSummary) for c in given):
+        out.append(_cb.ModelSummary())
+    if f["max_time"] is not None:
+        out.append(_cb.Timer(duration=f["max_time"]))
+    if f["profiler"] is not None and not isinstance(f["profiler"], str):
+        out.append(f["profiler"])
+    return out
+
+
+def _default_logger(logger: Any, root: str, barebones: bool) -> list[Any]:
+    """Lightning's ``logger=``: None/True -> ``TensorBoardLogger(root)`` when tensorboard is installed, else
+    ``CSVLogger(root)``; False -> none; a logger or an iterable of them as given."""
+    if logger is False or barebones:
+        return []
+    if logger is None or logger is True:
+        try:
+            import tensorboard  # noqa: F401
+            return [_lg.TensorBoardLogger(root)]
+        except ImportError:
+            return [_lg.CSVLogger(root)]
+    return list(logger) if isinstance(logger, (list, tuple)) else [logger]
+
+
+def _is_datamodule(obj: Any) -> bool:
+    return isinstance(obj, DataModule) or all(hasattr(obj, n) for n in ("train_dataloader", "setup", "prepare_data"))
+
+
+def _overrides(obj: Any, name: str, base: type) -> bool:
+    return obj is not None and getattr(type(obj), name, None) not in (None, getattr(base, name, None))
+
+
+def _per_loader(metrics: dict[str, Any], n: int) -> list[dict[str, float]]:
+    """Fit's flat evaluation result as Lightning's: one dict per dataloader of the logged values (keys ending in
+    ``/dataloader_idx_i`` go to dict ``i``), without the run's timing rows and ``epoch``."""
+    # the empty metric_key_prefix still joins with "_": strip it (Lightning returns names as logged)
+    logged = {k[1:] if k.startswith("_") else k: float(v) for k, v in metrics.items()
+              if k != "epoch" and not k.endswith(_RUN_KEYS)}
+    if n <= 1:
+        return [logged]
+    out: list[dict[str, float]] = [{} for _ in range(n)]
+    for k, v in logged.items():
+        idx = k.rsplit("/dataloader_idx_", 1)
+        for i in ([int(idx[1])] if len(idx) == 2 and idx[1].isdigit() else range(n)):
+            out[i][k] = v
+    return out
+
+
+class Trainer(Fit):
+    """:class:`taskfit.Fit` with ``lightning.pytorch.Trainer``'s constructor (every argument keyword-only, with
+    Lightning 2.x's defaults), methods and return values. ``accelerator``, ``strategy``, ``devices``, ``num_nodes``,
+    ``precision``, ``plugins`` take the same names and objects as ``Fit``; the other flags map to ``FitArguments``
+    (:func:`fit_options`; docs/lightning.md). ``logger`` None/True gives a TensorBoard (else CSV) logger under
+    ``default_root_dir/lightning_logs/version_N``; ``enable_checkpointing`` adds a ``ModelCheckpoint`` into its
+    ``checkpoints`` folder (taskfit checkpoint folders, not ``.ckpt`` files).
+
+    Raises:
+        NotImplementedError: ``min_epochs``, ``min_steps``, ``use_distributed_sampler=False``, ``sync_batchnorm``,
+            ``reload_dataloaders_every_n_epochs``, ``model_registry``, ``benchmark=True``, ``check_val_every_n_epoch`` > 1, or a
+            fractional / time ``val_check_interval`` (the message names the flag), before any work.
+        ValueError: as ``Fit`` (unknown accelerator, strategy, precision...).
+    """
+
+    def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
+                 num_nodes: int = 1, precision: Any = None, logger: Any = None, callbacks: Any = None,
+                 fast_dev_run: int | bool = False, max_epochs: int | None = None, min_epochs: int | None = None,
+                 max_steps: int = -1, min_steps: int | None = None, max_time: Any = None,
+                 limit_train_batches: int | float | None = None, limit_val_batches: int | float | None = None,
+                 limit_test_batches: int | float | None = None, limit_predict_batches: int | float | None = None,
+                 overfit_batches: int | float = 0.0, val_check_interval: Any = None,
+                 check_val_every_n_epoch: int | None = 1, num_sanity_val_steps: int | None = None,
+                 log_every_n_steps: int | None = None, enable_checkpointing: bool | None = None,
+                 enable_progress_bar: bool | None = None, enable_model_summary: bool | None = None,
+                 accumulate_grad_batches: int = 1, gradient_clip_val: int | float | None = None,
+                 gradient_clip_algorithm: str | None = None, deterministic: Any = None, benchmark: bool | None = None,
+                 inference_mode: bool = True, use_distributed_sampler: bool = True, profiler: Any = None,
+                 detect_anomaly: bool = False, barebones: bool = False, plugins: Any = None,
+                 sync_batchnorm: bool = False, reload_dataloaders_every_n_epochs: int = 0,
+                 default_root_dir: Any = None, enable_autolog_hparams: bool = True,
+                 model_registry: str | None = None) -> None:
+        flags = dict(locals())
+        flags.pop("self")
+        flags.pop("__class__", None)
+        options = fit_options(flags)
+        root = options["output_dir"]
+        lightning_loggers = _default_logger(logger, root, barebones)
+        given = callbacks if isinstance(callbacks, (list, tuple)) else ([callbacks] if callbacks else [])
+        self._flags = flags
+        self._val_check_interval = val_check_interval
+        self.datamodule: Any = None
+        self._predictions: _Predictions | None = None
+        plugins = plugins if isinstance(plugins, (list, tuple)) or plugins is None else [plugins]
+        super().__init__(accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes,
+                         precision=precision, callbacks=_default_callbacks(flags, list(given), root,
+                                                                            (lightning_loggers or [None])[0]),
+                         loggers=lightning_loggers, plugins=plugins, **options)
+        # Lightning prints no per-log lines when the bar is off
+        self.callbacks = [cb for cb in self.callbacks if not isinstance(cb, LogPrinter)]
+        self._hooks = HookRunner(self.callbacks)
+
+    # ------------------------------------------------------------------------------------------ stages ---
+    def _eval_plan(self, model: Any, val: Any, datamodule: Any) -> str:
+        has_val = val is not None or _overrides(datamodule, "val_dataloader", DataModule) or \
+            _overrides(model, "val_dataloader", TaskModule)
+        if not has_val or not _overrides(model, "validation_step", TaskModule) or \
+                self._flags["limit_val_batches"] == 0:
+            return "no"
+        vci = self._val_check_interval
+        return "steps" if isinstance(vci, int) and not isinstance(vci, bool) else "epoch"
+
+    def fit(self, model: Any = None, train_dataloaders: Any = None, val_dataloaders: Any = None,
+            datamodule: Any = None, ckpt_path: Any = None, weights_only: bool | None = None) -> None:
+        """Train as ``lightning.Trainer.fit``: ``train_dataloaders`` may be a datamodule; ``ckpt_path`` (a
+        checkpoint folder, ``"last"``) resumes exactly. Validation runs every epoch when there is validation data
+        (``val_dataloaders``, a datamodule's or the module's ``val_dataloader``) and a ``validation_step``.
+
+        Raises:
+            As :meth:`taskfit.Fit.fit`.
+        """
+        if datamodule is None and train_dataloaders is not None and _is_datamodule(train_dataloaders):
+            datamodule, train_dataloaders = train_dataloaders, None
+        self.datamodule = datamodule
+        self.args = self.args.replace(eval_strategy=self._eval_plan(model, val_dataloaders, datamodule))
+        resume = ckpt_path
+        if ckpt_path == "last":
+            last = getattr(self.checkpoint_callback, "last_model_path", "") or ""
+            resume = last or True
+        super().fit(model, train_dataloaders, val_dataloaders, datamodule=datamodule,
+                    resume_from_checkpoint=str(resume) if resume not in (None, True) else resume,
+                    weights_only=True if weights_only is None else weights_only)
+
+    def _evaluate(self, stage: str, model: Any, dataloaders: Any, ckpt_path: Any,
+                  datamodule: Any) -> list[dict[str, float]]:
+        if datamodule is None and dataloaders is not None and _is_datamodule(dataloaders):
+            datamodule, dataloaders = dataloaders, None
+        if datamodule is not None:
+            self.datamodule = datamodule
+        run = super().validate if stage == "validate" else super().test
+        with self._stage_hooks(model, stage):
+            # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
+            metrics = run(model, dataloaders, datamodule=datamodule, ckpt_path=ckpt_path, metric_key_prefix="")
+        n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
+        return _per_loader(metrics, n)
+
+    @contextlib.contextmanager
+    def _stage_hooks(self, model: Any, stage: str) -> Iterator[None]:
+        """``setup(stage)`` / ``teardown(stage)`` of the callbacks and the module around a validate, test or
+        predict call, as Lightning runs them for every stage (Fit runs them for ``fit``; the datamodule's own
+        ``setup`` runs where Fit builds its loader)."""
+        module = model if model is not None else self.module
+        hooked = [cb for cb in self.callbacks if _overrides(cb, "setup", Callback) or
+                  _overrides(cb, "teardown", Callback)]
+        for cb in hooked:
+            cb.setup(self, module, stage)
+        if module is not None:
+            module.setup(stage)
+        try:
+            yield
+        finally:
+            for cb in hooked:
+                cb.teardown(self, module, stage)
+            if module is not None:
+                module.teardown(stage)
+
+    def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
+                 datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
+        """``lightning.Trainer.validate``: the values logged in ``validation_step``, one dict per dataloader."""
+        return self._evaluate("validate", model, dataloaders, ckpt_path, datamodule)
+
+    def test(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
+             datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
+        """``lightning.Trainer.test``: the values logged in ``test_step``, one dict per dataloader."""
+        return self._evaluate("test", model, dataloaders, ckpt_path, datamodule)
+
+    def predict(self, model: Any = None, dataloaders: Any = None, datamodule: Any = None,
+                return_predictions: bool | None = None, ckpt_path: Any = None,
+                weights_only: bool | None = None) -> list[Any] | None:
+        """``lightning.Trainer.predict``: the list of ``predict_step`` outputs, one per batch (a list of such
+        lists with several dataloaders); None with ``return_predictions=False``."""
+        if datamodule is None and dataloaders is not None and _is_datamodule(dataloaders):
+            datamodule, dataloaders = dataloaders, None
+        collector = _Predictions()
+        self.callbacks.append(collector)
+        self._hooks = HookRunner(self.callbacks)
+        try:
+            with self._stage_hooks(model, "predict"):
+                super().predict(model=model, data=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
+        finally:
+            self.callbacks.remove(collector)
+            self._hooks = HookRunner(self.callbacks)
+        if return_predictions is False:
+            return None
+        per = [collector.outputs[i] for i in sorted(collector.outputs)]
+        return per[0] if len(per) == 1 else per
+
+    # --------------------------------------------------------------- Lightning's trainer attributes ---
+    @property
+    def current_epoch(self) -> int:
+        """Epochs finished after training ends (Lightning increments it when an epoch ends); during training
+        the zero-based index of the running epoch."""
+        loop = next((c for c in self.callbacks if isinstance(c, _LightningLoop)), None)
+        return self.state.current_epoch + (1 if loop is not None and loop.trained else 0)
+
+    @property
+    def global_step(self) -> int:
+        """Optimizer steps taken so far."""
+        return self.state.global_step
+
+    @property
+    def max_epochs(self) -> int | None:
+        """The ``max_epochs`` flag (1000 when neither ``max_epochs`` nor ``max_steps`` was given, as Lightning)."""
+        f = self._flags
+        return f["max_epochs"] if f["max_epochs"] is not None else (1000 if f["max_steps"] == -1 else -1)
+
+    @property
+    def max_steps(self) -> int:
+        """The ``max_steps`` flag (-1: no step limit)."""
+        return self._flags["max_steps"]
+
+    @property
+    def estimated_stepping_batches(self) -> int:
+        """Optimizer steps of the whole run (what ``OneCycleLR(total_steps=...)`` needs)."""
+        return self.state.max_steps
+
+    @property
+    def num_training_batches(self) -> int | float:
+        """Batches per training epoch on this process (``inf`` without a length)."""
+        return self.state.batches_per_epoch or float("inf")
+
+    @property
+    def logger(self) -> Any:
+        """The first logger (None without any)."""
+        return self.loggers[0] if self.loggers else None
+
+    @property
+    def log_dir(self) -> str:
+        """The first logger's ``log_dir`` (``default_root_dir`` without a logger), as Lightning."""
+        return getattr(self.logger, "log_dir", None) or self.args.output_dir
+
+    @property
+    def default_root_dir(self) -> str:
+        """The ``default_root_dir`` flag (the working directory by default)."""
+        return self.args.output_dir
+
+    @property
+    def checkpoint_callbacks(self) -> list[Any]:
+        """The ``ModelCheckpoint`` callbacks."""
+        return [c for c in self.callbacks if isinstance(c, _cb.ModelCheckpoint)]
+
+    @property
+    def checkpoint_callback(self) -> Any:
+        """The first ``ModelCheckpoint`` (None without)."""
+        return next(iter(self.checkpoint_callbacks), None)
+
+    @property
+    def early_stopping_callback(self) -> Any:
+        """The first ``EarlyStopping`` (None without)."""
+        return next((c for c in self.callbacks if isinstance(c, _cb.EarlyStopping)), None)
+
+    @property
+    def lightning_module(self) -> Any:
+        """The module being run (the ``LightningModule``)."""
+        return self.module
+
+    @property
+    def precision(self) -> str:
+        """The precision name, e.g. ``"32-true"``, ``"bf16-mixed"``."""
+        return str(self.args.precision or "32-true")
+
+    @property
+    def num_devices(self) -> int:
+        """Processes taking part."""
+        return self.world_size
+
+    @property
+    def accumulate_grad_batches(self) -> int:
+        """Micro-batches per optimizer step."""
+        return self.args.gradient_accumulation_steps
+
+    @property
+    def gradient_clip_val(self) -> float | None:
+        """The clipping value (None when off, as Lightning's default)."""
+        return self.args.max_grad_norm or None
+
+    @property
+    def log_every_n_steps(self) -> int:
+        """Logging interval in optimizer steps."""
+        return int(self.args.logging_steps)
+
+    @property
+    def num_sanity_val_steps(self) -> int:
+        """Validation batches of the sanity check."""
+        return self.args.num_sanity_val_steps
+
+    @property
+    def fast_dev_run(self) -> int | bool:
+        """The ``fast_dev_run`` flag."""
+        return self.args.fast_dev_run
+
+    @property
+    def training(self) -> bool:
+        """True while the training loop runs (not during validation inside ``fit``)."""
+        run = self.run
+        return run is not None and run.stage == "fit" and self.module is not None and self.module.training
+
+    @property
+    def validating(self) -> bool:
+        """True during a validation pass (``validate`` or inside ``fit``), sanity check excluded."""
+        run = self.run
+        return run is not None and not self.sanity_checking and (
+            run.stage == "validate" or (run.stage == "fit" and self.module is not None and not self.module.training))
+
+    @property
+    def testing(self) -> bool:
+        """True during ``test``."""
+        return self.run is not None and self.run.stage == "test"
+
+    @property
+    def predicting(self) -> bool:
+        """True during ``predict``."""
+        return self.run is not None and self.run.stage == "predict"
+
+    @property
+    def progress_bar_callback(self) -> Any:
+        """The progress bar callback (None without)."""
+        return next((c for c in self.callbacks if isinstance(c, _cb.ProgressBar)), None)

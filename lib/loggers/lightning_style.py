@@ -1,0 +1,112 @@
+"""Loggers with Lightning's constructor arguments (``save_dir, name="lightning_logs", version=None, ...``): each
+writes under ``save_dir/name/version_N`` (the next free N, as Lightning's) through the taskfit logger of the same
+kind. Mirrors ``lightning.pytorch.loggers.CSVLogger`` / ``TensorBoardLogger`` / ``MLFlowLogger`` /
+``WandbLogger``; ``taskfit.lightning.loggers`` exports them under those names."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from taskfit.loggers.csv_logger import CSVLogger as _CSV
+from taskfit.loggers.mlflow import MLFlowLogger as _MLFlow
+from taskfit.loggers.tensorboard import TensorBoardLogger as _TB
+from taskfit.loggers.wandb import WandbLogger as _Wandb
+
+
+def next_version(root: str) -> int:
+    """The next free ``version_N`` index under ``root`` (0 when none exists), as Lightning's ``_get_next_version``."""
+    if not os.path.isdir(root):
+        return 0
+    found = [int(d.split("_", 1)[1]) for d in os.listdir(root)
+             if d.startswith("version_") and d.split("_", 1)[1].isdigit() and os.path.isdir(os.path.join(root, d))]
+    return max(found) + 1 if found else 0
+
+
+class _Versioned:
+    """``name``, ``version``, ``root_dir`` and ``log_dir`` as Lightning's file loggers have them."""
+
+    def _place(self, save_dir: Any, name: str | None, version: int | str | None, prefix: str) -> str:
+        if prefix:
+            raise NotImplementedError(f"{type(self).__name__}(prefix={prefix!r}): metric name prefixes are not "
+                                      "supported; name the metrics in self.log instead.")
+        self._root_save_dir, self._name = str(save_dir), name or ""
+        root = os.path.join(self._root_save_dir, self._name)
+        self._version = next_version(root) if version is None else version
+        version_dir = self._version if isinstance(self._version, str) else f"version_{self._version}"
+        return os.path.join(root, version_dir)
+
+    @property
+    def name(self) -> str:
+        """The experiment folder name (``"lightning_logs"`` by default)."""
+        return self._name
+
+    @property
+    def version(self) -> int | str:
+        """The version (an int gives the folder ``version_N``)."""
+        return self._version
+
+    @property
+    def root_dir(self) -> str:
+        """``save_dir/name``."""
+        return os.path.join(self._root_save_dir, self._name)
+
+    @property
+    def log_dir(self) -> str:
+        """``save_dir/name/version_N``: where the files go (and Lightning's default checkpoint folder's parent)."""
+        return self.save_dir
+
+
+class CSVLogger(_Versioned, _CSV):
+    """``metrics.csv`` under ``save_dir/name/version_N`` (Lightning's ``CSVLogger(save_dir, name, version, prefix,
+    flush_logs_every_n_steps)``).
+
+    Raises:
+        NotImplementedError: a non-empty ``prefix``.
+    """
+
+    def __init__(self, save_dir: Any, name: str | None = "lightning_logs", version: int | str | None = None,
+                 prefix: str = "", flush_logs_every_n_steps: int = 100) -> None:
+        _CSV.__init__(self, self._place(save_dir, name, version, prefix), flush_every=flush_logs_every_n_steps)
+
+    @property
+    def experiment(self) -> Any:
+        """The object that writes (this logger: ``log_metrics``/``log_hyperparams``), as Lightning's
+        ``logger.experiment``."""
+        return self
+
+
+class TensorBoardLogger(_Versioned, _TB):
+    """TensorBoard events under ``save_dir/name/version_N`` (Lightning's ``TensorBoardLogger(save_dir, name,
+    version, log_graph, default_hp_metric, prefix, sub_dir)``; ``log_graph`` and ``sub_dir`` are refused).
+
+    Raises:
+        NotImplementedError: ``log_graph=True``, ``sub_dir`` or a ``prefix``. ModuleNotFoundError: no tensorboard.
+    """
+
+    def __init__(self, save_dir: Any, name: str | None = "lightning_logs", version: int | str | None = None,
+                 log_graph: bool = False, default_hp_metric: bool = True, prefix: str = "",
+                 sub_dir: Any = None, **kwargs: Any) -> None:
+        if log_graph or sub_dir is not None:
+            raise NotImplementedError("TensorBoardLogger: log_graph and sub_dir are not supported.")
+        _TB.__init__(self, self._place(save_dir, name, version, prefix), **kwargs)
+
+
+class MLFlowLogger(_MLFlow):
+    """MLflow run (Lightning's ``MLFlowLogger(experiment_name="lightning_logs", run_name=None, tracking_uri=None,
+    ..., save_dir="./mlruns")``): ``run_name`` names the run, files go to ``save_dir``."""
+
+    def __init__(self, experiment_name: str = "lightning_logs", run_name: str | None = None,
+                 tracking_uri: str | None = None, tags: dict | None = None, save_dir: str | None = "./mlruns",
+                 **kwargs: Any) -> None:
+        super().__init__(save_dir or "./mlruns", experiment_name=experiment_name, run_name=run_name)
+
+
+class WandbLogger(_Wandb):
+    """W&B run (Lightning's ``WandbLogger(name=None, save_dir=".", version=None, offline=False, ..., project=None)``):
+    ``name`` names the run, files go to ``save_dir``."""
+
+    def __init__(self, name: str | None = None, save_dir: str = ".", version: str | None = None,
+                 offline: bool = False, dir: str | None = None, id: str | None = None, anonymous: bool | None = None,
+                 project: str | None = None, log_model: Any = False, **kwargs: Any) -> None:
+        super().__init__(dir or save_dir, project=project, run_name=name)

@@ -1,0 +1,169 @@
+"""The Lightning door as an import swap: the same script run with ``import lightning as L`` and with
+``import taskfit.lightning as L`` (only the import differs) gives the same weights, step counts, epochs and
+return values (F-LIT-DOOR)."""
+
+import warnings
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from harness import data, linear, same_weights
+
+
+def _frameworks():
+    import lightning
+    import taskfit.lightning
+
+    return {"lightning": lightning, "taskfit": taskfit.lightning}
+
+
+def script(L, make, tmp_path, calls=None, stages=("fit",), **flags):
+    """The user's script with ``L`` as its ``lightning`` import: build the module, a Trainer with ``flags``
+    (Lightning's defaults otherwise, progress bar off, files under ``tmp_path``), run ``stages``."""
+    torch.manual_seed(0)
+    module = make(L.LightningModule)()
+    trainer = L.Trainer(default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False,
+                        **flags)
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for stage in stages:
+            if stage == "fit":
+                trainer.fit(module, data(), data())
+            else:
+                out[stage] = getattr(trainer, stage)(module, data())
+    return module, trainer, out
+
+
+def evaluating(base_make):
+    def make(base):
+        class M(base_make(base)):
+            def validation_step(self, batch, batch_idx):
+                x, y = batch
+                self.log("val_loss", F.mse_loss(self.layer(x), y))
+
+            def test_step(self, batch, batch_idx):
+                x, y = batch
+                self.log("mae", F.l1_loss(self.layer(x), y))
+
+            def predict_step(self, batch, batch_idx):
+                return self.layer(batch[0])
+
+            def forward(self, x):
+                return self.layer(x)
+
+            def on_fit_end(self):
+                self.epoch_at_fit_end = self.current_epoch
+        return M
+    return make
+
+
+def both(make, tmp_path, **kw):
+    return {name: script(L, make, tmp_path / name, **kw) for name, L in _frameworks().items()}
+
+
+def test_F_LIT_DOOR_1_defaults_fit_validate_test_predict_match(tmp_path):
+    """Lightning's defaults (no clipping, validation every epoch, checkpoint per epoch under
+    lightning_logs/version_0/checkpoints): same weights bitwise, global_step, current_epoch at on_fit_end and
+    after, validate/test dicts without eval_/test_ prefixes, predict's list of batch outputs."""
+    r = both(evaluating(linear), tmp_path, stages=("fit", "validate", "test", "predict"), max_epochs=2,
+             logger=False)
+    (ml, tl, ol), (mt, tt, ot) = r["lightning"], r["taskfit"]
+    assert same_weights(ml, mt)
+    assert (tt.global_step, tt.current_epoch, mt.epoch_at_fit_end) == (tl.global_step, tl.current_epoch,
+                                                                       ml.epoch_at_fit_end) == (8, 2, 2)
+    assert ot["validate"] == ol["validate"] and ot["test"] == ol["test"]
+    assert len(ot["predict"]) == len(ol["predict"]) == 4
+    assert all(torch.equal(a, b) for a, b in zip(ol["predict"], ot["predict"]))
+    assert tt.checkpoint_callback.dirpath.endswith("checkpoints")
+
+
+def test_F_LIT_DOOR_2_max_epochs_and_max_steps_whichever_first(tmp_path):
+    """max_epochs=2 with max_steps=100 stops after 2 epochs (8 steps); max_epochs=3 with max_steps=5 at 5."""
+    for flags, steps in ((dict(max_epochs=2, max_steps=100), 8), (dict(max_epochs=3, max_steps=5), 5)):
+        r = both(evaluating(linear), tmp_path / str(steps), logger=False, enable_checkpointing=False, **flags)
+        (ml, tl, _), (mt, tt, _) = r["lightning"], r["taskfit"]
+        assert tt.global_step == tl.global_step == steps
+        assert tt.current_epoch == tl.current_epoch
+        assert same_weights(ml, mt)
+
+
+def test_F_LIT_DOOR_3_steps_called_by_their_signature(tmp_path):
+    """training_step(self, batch) and validation_step(self, batch) without batch_idx are valid Lightning."""
+    def make(base):
+        class M(evaluating(linear)(base)):
+            def training_step(self, batch):
+                x, y = batch
+                return F.mse_loss(self.layer(x), y)
+
+            def validation_step(self, batch):
+                x, y = batch
+                self.log("val_loss", F.mse_loss(self.layer(x), y))
+        return M
+
+    r = both(make, tmp_path, stages=("fit", "validate"), max_epochs=1, logger=False, enable_checkpointing=False)
+    (ml, _, ol), (mt, _, ot) = r["lightning"], r["taskfit"]
+    assert same_weights(ml, mt)
+    assert ot["validate"] == ol["validate"]
+
+
+@pytest.mark.xfail(strict=True, reason="open gap: Fit's results leave logger=False step values out of "
+                   "callback_metrics (lib/core/results + lib/fit, not changed by the door)")
+def test_F_LIT_DOOR_4_logger_false_values_in_callback_metrics(tmp_path):
+    """self.log(..., logger=False) values are in trainer.callback_metrics (Lightning's)."""
+    def make(base):
+        class M(evaluating(linear)(base)):
+            def training_step(self, batch, batch_idx):
+                loss = super().training_step(batch, batch_idx)
+                self.log("hidden", loss * 2, logger=False)
+                return loss
+        return M
+
+    r = both(make, tmp_path, max_epochs=1, logger=False, enable_checkpointing=False)
+    assert float(r["taskfit"][1].callback_metrics["hidden"]) == float(r["lightning"][1].callback_metrics["hidden"])
+
+
+def test_F_LIT_DOOR_5_setup_teardown_stages_match(tmp_path):
+    """setup(stage)/teardown(stage) of the module run for fit, validate, test and predict, as in Lightning."""
+    def make(base):
+        class M(evaluating(linear)(base)):
+            def setup(self, stage):
+                self.__dict__.setdefault("seen", []).append(("setup", stage))
+
+            def teardown(self, stage):
+                self.__dict__.setdefault("seen", []).append(("teardown", stage))
+        return M
+
+    r = both(make, tmp_path, stages=("fit", "validate", "test", "predict"), max_epochs=1, logger=False,
+             enable_checkpointing=False)
+    assert r["taskfit"][0].seen == r["lightning"][0].seen
+
+
+@pytest.mark.parametrize("flag, value", [("min_epochs", 2), ("sync_batchnorm", True),
+                                         ("use_distributed_sampler", False), ("val_check_interval", 0.5)])
+def test_F_LIT_DOOR_6_unsupported_flag_fails_first_naming_it(flag, value, tmp_path):
+    import taskfit.lightning as L
+
+    with pytest.raises(NotImplementedError, match=flag):
+        L.Trainer(default_root_dir=str(tmp_path), **{flag: value})
+    assert not any(tmp_path.iterdir())  # nothing was written
+
+
+def test_F_LIT_DOOR_7_trainer_attributes(tmp_path):
+    """The trainer seen by callbacks has Lightning's public attributes, with Lightning's values."""
+    seen = {}
+    names = ("current_epoch", "global_step", "max_epochs", "max_steps", "is_global_zero", "num_training_batches",
+             "estimated_stepping_batches", "precision", "training", "sanity_checking", "log_every_n_steps")
+
+    def grab(key):
+        def hook(trainer, pl_module):
+            seen.setdefault(key, []).append({n: getattr(trainer, n) for n in names})
+        return hook
+
+    for name, L in _frameworks().items():
+        cb = L.pytorch.callbacks.LambdaCallback(on_train_epoch_end=grab(name)) if name == "lightning" else \
+            L.callbacks.LambdaCallback(on_train_epoch_end=grab(name))
+        script(L, evaluating(linear), tmp_path / name, max_epochs=2, logger=False, enable_checkpointing=False,
+               callbacks=[cb])
+    assert seen["taskfit"] == seen["lightning"]
