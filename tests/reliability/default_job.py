@@ -130,9 +130,30 @@ def run_engine(cfg: dict) -> dict:
             "steps": cfg["steps"], "optim": "AdamW"}
 
 
-# taskfit.lightning.Trainer does not exist yet: its door goes here as ``run_lightning`` (Trainer(strategy=...,
-# devices=..., max_steps=...).fit(module, loader)), and into DOORS below.
-DOORS = {"fit": run_fit, "hf": run_hf, "engine": run_engine}
+class LitRegression(Regression):
+    """The module as a Lightning user writes it: Lightning requires ``configure_optimizers`` (AdamW(lr=5e-5), no
+    schedule, the same step as the Engine loop's)."""
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=5e-5, weight_decay=0.0)
+
+
+def run_lightning(cfg: dict) -> dict:
+    """``taskfit.lightning.Trainer`` with Lightning's defaults (only the root folder, the step limit, strategy and
+    devices set); the weights are the module's after ``fit`` (full tensors gathered for sharded strategies)."""
+    from taskfit.lightning import Trainer
+    from torch.utils.data import DataLoader
+
+    module = LitRegression()
+    trainer = Trainer(default_root_dir=cfg["out"], max_steps=cfg["steps"], strategy=cfg["strategy"],
+                      devices=cfg["devices"])
+    trainer.fit(module, DataLoader(TensorDataset(*data(cfg["world"])), batch_size=BATCH))
+    state = {k: (v.full_tensor() if hasattr(v, "full_tensor") else v).detach().clone()
+             for k, v in module.net.state_dict().items()}
+    return {"weights": state, "rank": trainer.global_rank, "steps": trainer.global_step, "optim": "AdamW"}
+
+
+DOORS = {"fit": run_fit, "hf": run_hf, "engine": run_engine, "lightning": run_lightning}
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ of their own choosing elsewhere; this module is where the next crash of the defa
 
 Single-process cases run in this process (default suite). Multi-process cases start real gloo processes
 (``devices=2``) and are ``distributed`` and ``slow`` (``make test-dist``); DeepSpeed cases are ``deepspeed`` too.
-``taskfit.lightning.Trainer`` does not exist yet: its door is :data:`LIGHTNING_DOOR` below (skipped)."""
+The Lightning door (``taskfit.lightning.Trainer``) runs with Lightning's defaults; Lightning requires the module's
+``configure_optimizers``, so its reference is the Engine's (AdamW, no schedule)."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ HAS_XLA = importlib.util.find_spec("torch_xla") is not None
 
 
 def _check(result: dict, world: int, door: str, tol: float = TOL) -> None:
-    ref = default_job.reference(world, STEPS, schedule=door != "engine")
+    ref = default_job.reference(world, STEPS, schedule=door not in ("engine", "lightning"))
     init = default_job.MLP().state_dict()
     got = result["weights"]
     assert sorted(got) == sorted(ref)
@@ -42,13 +43,13 @@ def _check(result: dict, world: int, door: str, tol: float = TOL) -> None:
     assert diff < tol, f"{door}: max weight difference {diff:.3g} to the reference"
     assert moved > 50 * TOL  # the comparison can tell a trained model from an untrained one
     assert result["steps"] == STEPS
-    if door != "engine":
+    if door not in ("engine", "lightning"):  # the user's loop / configure_optimizers (Lightning requires it)
         assert result["optim"] == "adamw_torch_fused"  # the default, not one a test chose
 
 
 # ---- one process, in this process (default suite) --------------------------------------------------------------
 @pytest.mark.parametrize("strategy", ["auto", "single_device"])
-@pytest.mark.parametrize("door", ["fit", "hf", "engine"])
+@pytest.mark.parametrize("door", ["fit", "hf", "engine", "lightning"])
 def test_defaults_one_process_every_door_equals_the_reference(door, strategy, tmp_path):
     cfg = {"door": door, "out": str(tmp_path / "run"), "steps": STEPS, "strategy": strategy, "devices": 1,
            "world": 1}
@@ -115,18 +116,15 @@ def test_defaults_engine_two_processes_equal_the_reference(strategy, tmp_path):
     _check(_run(tmp_path, "engine", strategy), 2, "engine")
 
 
-#: The door of ``taskfit.lightning.Trainer`` (not written yet): when it exists, add ``run_lightning`` to
-#: ``default_job.DOORS`` and its door name here, and the cases above run it too.
+@pytest.mark.distributed
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_defaults_lightning_trainer_two_processes_equal_the_reference(strategy, tmp_path):
+    _check(_run(tmp_path, "lightning", strategy), 2, "lightning")
+
+
 LIGHTNING_DOOR = "lightning"
 
 
-def _has_lightning_trainer() -> bool:
-    try:
-        return hasattr(importlib.import_module("taskfit.lightning"), "Trainer")
-    except ImportError:
-        return False
-
-
-@pytest.mark.skipif(not _has_lightning_trainer(), reason="taskfit.lightning.Trainer does not exist yet (its default-options door goes here)")
 def test_defaults_lightning_trainer_door():
     assert LIGHTNING_DOOR in default_job.DOORS, "add default_job.run_lightning for taskfit.lightning.Trainer"
