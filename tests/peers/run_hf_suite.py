@@ -249,7 +249,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="test files to run (default: the four main files that exist in the folder)")
     p.add_argument("--exceptions", type=Path, default=DEFAULT_EXCEPTIONS)
     p.add_argument("--out", type=Path, default=None, help="keep the junit files and logs here (default: temporary)")
-    p.add_argument("--report-only", action="store_true", help="report from the junit files already in --out")
+    p.add_argument("--report-only", action="store_true",
+                   help="report from the junit files already in --out (all of them, merged)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per test (pytest-timeout)")
     return p.parse_args(argv)
 
@@ -271,7 +272,10 @@ def main(argv: list[str] | None = None) -> int:
             procs = [run_side(roots[s], files, junit[s], a.timeout) for s in ("hf", "taskfit")]
             for proc in procs:
                 proc.wait()
-    unlisted = report(files, read_junit(junit["hf"]), read_junit(junit["taskfit"]), read_exceptions(a.exceptions))
+    # every junit file in ``out`` counts (keys carry the file name), so runs of single files can be reported together
+    merged = {side: {k: v for x in sorted(out.glob(f"*.{side}.xml")) for k, v in read_junit(x).items()}
+              for side in ("hf", "taskfit")}
+    unlisted = report(files, merged["hf"], merged["taskfit"], read_exceptions(a.exceptions))
     print(f"(junit files and logs in {out})")
     return 1 if unlisted else 0
 
