@@ -17,7 +17,6 @@ from torch import nn
 
 from taskfit import efficiency
 from taskfit.arguments.fit_arguments import FitArguments
-from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.console import LogPrinter, configure_console
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
@@ -25,6 +24,7 @@ from taskfit.connector import resolve_components
 from taskfit.core.wrapping import model_loss
 from taskfit.data.loaders import DataModule, floating_point_ops, num_examples, num_tokens
 from taskfit.fit import outputs
+from taskfit.fit.hf_api import HFTrainerAPI, warn_if_duplicate
 from taskfit.fit.hf_overrides import HFAdapter, default_collator
 from taskfit.fit.hpo import hyperparameter_search
 from taskfit.fit.mixins import Topology
@@ -73,7 +73,11 @@ def _arguments(args: FitArguments | Mapping | None, components: tuple[Any, ...],
 def _default_callbacks(args: FitArguments, callbacks: list[Any] | None) -> list[Any]:
     """The user's callbacks plus the ones ``args`` asks for (throughput monitor, profiler) and the console view
     (a progress bar, or one line per log with ``disable_tqdm``); a user's own bar replaces the default one."""
-    out = with_throughput_monitor(args, list(callbacks or []))
+    out: list[Any] = []
+    for cb in callbacks or []:
+        warn_if_duplicate(out, cb)
+        out.append(cb)
+    out = with_throughput_monitor(args, out)
     if args.profiler:  # a callback: a run without a profiler pays nothing for it
         from taskfit.callbacks.profilers import profiler_from_args
 
@@ -87,7 +91,7 @@ def _default_callbacks(args: FitArguments, callbacks: list[Any] | None) -> list[
     return out
 
 
-class Fit(Topology):
+class Fit(Topology, HFTrainerAPI):
     """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
 
     Args:
@@ -173,7 +177,7 @@ class Fit(Topology):
         self.sanity_checking = False  # True while num_sanity_val_steps runs (Lightning's trainer.sanity_checking)
         self.logged_metrics: dict[str, Any] = {}
         self.num_eval_batches: int | None = None
-        self._hooks = HookRunner(self.callbacks)
+        self._hooks = self._hook_runner()
         configure_console(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
@@ -200,6 +204,14 @@ class Fit(Topology):
     def state(self) -> Any:
         """The loop state (HF ``TrainerState`` fields) of the current or last run."""
         return self._run.state if self._run is not None else self._idle_state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        # HF lets a script replace trainer.state (e.g. with TrainerState.load_from_json(...))
+        if self._run is not None:
+            self._run.state = value
+        else:
+            self._idle_state = value
 
     @property
     def control(self) -> Any:
@@ -270,26 +282,6 @@ class Fit(Topology):
     def is_local_process_zero(self) -> bool:
         """True on the first process of each machine."""
         return self.strategy.local_rank == 0
-
-    # ------------------------------------------------------------------------------------- callbacks ---
-    def add_callback(self, callback: Any) -> None:
-        """Add a callback instance or class (instantiated without arguments), as HF ``add_callback``."""
-        self.callbacks.append(callback() if isinstance(callback, type) else callback)
-        self._hooks = HookRunner(self.callbacks, self.module)
-
-    def pop_callback(self, callback: Any) -> Any:
-        """Remove and return the first callback equal to ``callback`` or of that class (None if absent), as HF
-        ``pop_callback``."""
-        for cb in self.callbacks:
-            if cb is callback or (isinstance(callback, type) and isinstance(cb, callback)):
-                self.callbacks.remove(cb)
-                self._hooks = HookRunner(self.callbacks, self.module)
-                return cb
-        return None
-
-    def remove_callback(self, callback: Any) -> None:
-        """Remove the first callback equal to ``callback`` or of that class (HF ``remove_callback``)."""
-        self.pop_callback(callback)
 
     # ----------------------------------------------------------------------------------------- fitting ---
     def fit(self, model: nn.Module | None = None, train_data: Any = None, eval_data: Any = None, *,
@@ -569,17 +561,6 @@ class Fit(Topology):
         """Write ``trainer_state.json`` (the loop state, HF ``save_state``) under ``output_dir`` (path or URL) on
         rank zero."""
         outputs.save_state(self)
-
-    def create_model_card(self, model_name: str | None = None, dataset: str | list[str] | None = None,
-                          finetuned_from: str | None = None, tags: list[str] | None = None) -> str:
-        """Write ``README.md`` (the model card, see :func:`taskfit.checkpoint.publish.create_model_card`) under
-        ``output_dir`` on rank zero and return its text (HF ``create_model_card``)."""
-        return outputs.create_model_card(self, model_name, dataset, finetuned_from, tags)
-
-    def push_to_hub(self, dataset: str | list[str] | None = None) -> list[str]:
-        """Publish the model, card and metrics now to ``hub_model_id`` (HF ``push_to_hub``; see
-        :mod:`taskfit.checkpoint.publish`) and wait for it; returns the failed pushes (empty when it worked)."""
-        return outputs.push_to_hub(self, dataset)
 
     # ------------------------------------------------------ private members the loops and tests use ---
     def _loader(self, data: Any, *, train: bool, collator: Callable | None, what: str, run: Run | None = None) -> Any:
