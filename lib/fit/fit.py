@@ -91,7 +91,7 @@ def _default_callbacks(args: FitArguments, callbacks: list[Any] | None) -> list[
     return out
 
 
-class Fit(Topology, HFTrainerAPI):
+class Fit(Topology):
     """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
 
     Args:
@@ -165,6 +165,7 @@ class Fit(Topology, HFTrainerAPI):
         self._training = TrainingStage(self)
         self._stages = EvaluationStages(self)
         self._hf = HFAdapter(self, Fit)
+        self._api = HFTrainerAPI(self)
         self.callbacks: list[Any] = _default_callbacks(args, callbacks)
         efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
         self.loggers: list[Logger] = build_loggers(args, loggers)
@@ -177,7 +178,7 @@ class Fit(Topology, HFTrainerAPI):
         self.sanity_checking = False  # True while num_sanity_val_steps runs (Lightning's trainer.sanity_checking)
         self.logged_metrics: dict[str, Any] = {}
         self.num_eval_batches: int | None = None
-        self._hooks = self._hook_runner()
+        self._hooks = self._api.hook_runner()
         configure_console(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
@@ -282,6 +283,45 @@ class Fit(Topology, HFTrainerAPI):
     def is_local_process_zero(self) -> bool:
         """True on the first process of each machine."""
         return self.strategy.local_rank == 0
+
+    # ------------------------------------- HF Trainer members (bodies in taskfit.fit.hf_api.HFTrainerAPI) ---
+    @property
+    def callback_handler(self) -> Any:
+        """HF ``Trainer.callback_handler``: a live view of :attr:`callbacks` (``.callbacks`` is that list)."""
+        return self._api.callback_handler()
+
+    def add_callback(self, callback: Any) -> None:
+        """Add a callback instance or class (HF ``add_callback``; warns as HF for a second one of a class)."""
+        self._api.add_callback(callback)
+
+    def pop_callback(self, callback: Any) -> Any:
+        """Remove and return the first callback equal to ``callback`` or of that class (HF ``pop_callback``)."""
+        return self._api.pop_callback(callback)
+
+    def remove_callback(self, callback: Any) -> None:
+        """Remove the first callback equal to ``callback`` or of that class (HF ``remove_callback``)."""
+        self._api.pop_callback(callback)
+
+    @property
+    def model_wrapped(self) -> Any:
+        """The model as the strategy wrapped it for the current or last run (HF ``Trainer.model_wrapped``)."""
+        return self._api.model_wrapped()
+
+    def get_num_trainable_parameters(self) -> int:
+        """Parameters with ``requires_grad`` of :attr:`model` (HF ``get_num_trainable_parameters``)."""
+        return self._api.get_num_trainable_parameters()
+
+    def get_learning_rates(self) -> list[float]:
+        """Each parameter group's learning rate (HF ``get_learning_rates``). Raises ValueError: no optimizer."""
+        return self._api.get_learning_rates()
+
+    def get_optimizer_group(self, param: Any = None) -> Any:
+        """The group holding ``param``, or every group's parameters (HF ``get_optimizer_group``)."""
+        return self._api.get_optimizer_group(param)
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Names of ``model``'s parameters that get weight decay (HF ``get_decay_parameter_names``)."""
+        return self._api.get_decay_parameter_names(model)
 
     # ----------------------------------------------------------------------------------------- fitting ---
     def fit(self, model: nn.Module | None = None, train_data: Any = None, eval_data: Any = None, *,
@@ -561,6 +601,24 @@ class Fit(Topology, HFTrainerAPI):
         """Write ``trainer_state.json`` (the loop state, HF ``save_state``) under ``output_dir`` (path or URL) on
         rank zero."""
         outputs.save_state(self)
+
+    def create_model_card(self, language: str | None = None, license: str | None = None, tags: Any = None,
+                          model_name: str | None = None, finetuned_from: str | None = None, tasks: Any = None,
+                          dataset_tags: Any = None, dataset: Any = None, dataset_args: Any = None) -> str:
+        """Write ``README.md`` under ``output_dir`` on rank zero and return it (HF ``create_model_card``'s
+        keywords; see :meth:`taskfit.fit.hf_api.HFTrainerAPI.create_model_card`)."""
+        return self._api.create_model_card(language, license, tags, model_name, finetuned_from, tasks,
+                                           dataset_tags, dataset, dataset_args)
+
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, private: bool | None = None,
+                    **kwargs: Any) -> list[str]:
+        """Publish the model, card and metrics now and wait; returns the failed pushes (HF ``push_to_hub``'s
+        signature; see :meth:`taskfit.fit.hf_api.HFTrainerAPI.push_to_hub`)."""
+        return self._api.push_to_hub(commit_message, blocking, token, revision, private, **kwargs)
+
+    def _hook_runner(self, module: Any = None) -> Any:
+        return self._api.hook_runner(module)
 
     # ------------------------------------------------------ private members the loops and tests use ---
     def _loader(self, data: Any, *, train: bool, collator: Callable | None, what: str, run: Run | None = None) -> Any:

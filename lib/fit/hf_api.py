@@ -51,7 +51,7 @@ class CallbackHandler:
 
     def __getattr__(self, name: str) -> Any:
         if name in ("model", "processing_class", "optimizer", "lr_scheduler", "train_dataloader", "eval_dataloader"):
-            return self._fit._hf_event_kwargs()[name]
+            return self._fit._api.event_kwargs()[name]
         if name.startswith("on_"):
             return partial(self.call_event, name)
         raise AttributeError(f"'CallbackHandler' object has no attribute {name!r}")
@@ -59,7 +59,7 @@ class CallbackHandler:
     def call_event(self, event: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """Call ``event`` on every callback that has it, with HF's keyword arguments plus ``kwargs``; a returned
         control object replaces ``control`` for the next callback (as HF). Returns the control."""
-        kw = {**self._fit._hf_event_kwargs(), **kwargs}
+        kw = {**self._fit._api.event_kwargs(), **kwargs}
         for cb in list(self._fit.callbacks):
             fn = getattr(cb, event, None)
             if fn is not None:
@@ -79,48 +79,52 @@ def warn_if_duplicate(callbacks: list[Any], cb: Any) -> None:
 
 
 class HFTrainerAPI:
-    """HF ``Trainer`` members of :class:`taskfit.Fit` (see the module docstring). Reads ``Fit``'s ``callbacks``,
-    ``model``, ``optimizer``, ``lr_scheduler``, ``processing_class``, ``args`` and runs."""
+    """The bodies of HF ``Trainer`` members of :class:`taskfit.Fit` (see the module docstring; ``Fit``'s methods of
+    the same names delegate here). Reads ``Fit``'s ``callbacks``, ``model``, ``optimizer``, ``processing_class``,
+    ``args`` and runs.
 
-    callbacks: list[Any]
+    Args:
+        fit (Fit): the owner.
+    """
+
+    def __init__(self, fit: Any) -> None:
+        self.fit = fit
 
     # ------------------------------------------------------------------------------------- callbacks ---
-    @property
     def callback_handler(self) -> CallbackHandler:
-        """HF ``Trainer.callback_handler``: a live view of :attr:`callbacks` (``callback_handler.callbacks`` is
-        that list; see :class:`CallbackHandler`)."""
-        return CallbackHandler(self)
+        """HF ``Trainer.callback_handler``: a live view of ``fit.callbacks`` (see :class:`CallbackHandler`)."""
+        return CallbackHandler(self.fit)
 
-    def _hook_runner(self, module: Any = None) -> HookRunner:
+    def hook_runner(self, module: Any = None) -> HookRunner:
         # every HF event gets HF's keyword arguments (model, optimizer, loaders, ...) from this Fit
-        return HookRunner(self.callbacks, module, hf_kwargs=self._hf_event_kwargs)
+        return HookRunner(self.fit.callbacks, module, hf_kwargs=self.event_kwargs)
 
-    def _hf_event_kwargs(self) -> dict[str, Any]:
+    def event_kwargs(self) -> dict[str, Any]:
         """What HF's ``CallbackHandler.call_event`` passes every event: ``model``, ``processing_class``,
         ``optimizer``, ``lr_scheduler``, ``train_dataloader``, ``eval_dataloader`` (None where not built yet)."""
-        run = self._run
+        run = self.fit._run
         if run is None:
-            return {"model": self.model, "processing_class": self.processing_class, "optimizer": None,
+            return {"model": self.fit.model, "processing_class": self.fit.processing_class, "optimizer": None,
                     "lr_scheduler": None, "train_dataloader": None, "eval_dataloader": None}
         loaders = list(run.eval_loaders.values()) if run.eval_loaders else []
-        return {**run.hf_kwargs(), "processing_class": self.processing_class,
+        return {**run.hf_kwargs(), "processing_class": self.fit.processing_class,
                 "eval_dataloader": loaders[-1] if loaders else None}
 
     def add_callback(self, callback: Any) -> None:
         """Add a callback instance or class (instantiated without arguments), as HF ``add_callback``; adding a
         second callback of one class warns as HF does (on HF's ``transformers.trainer_callback`` logger)."""
         cb = callback() if isinstance(callback, type) else callback
-        warn_if_duplicate(self.callbacks, cb)
-        self.callbacks.append(cb)
-        self._hooks = self._hook_runner(self.module)
+        warn_if_duplicate(self.fit.callbacks, cb)
+        self.fit.callbacks.append(cb)
+        self.fit._hooks = self.hook_runner(self.fit.module)
 
     def pop_callback(self, callback: Any) -> Any:
         """Remove and return the first callback equal to ``callback`` or of that class (None if absent), as HF
         ``pop_callback``."""
-        for cb in self.callbacks:
+        for cb in self.fit.callbacks:
             if cb is callback or (isinstance(callback, type) and isinstance(cb, callback)):
-                self.callbacks.remove(cb)
-                self._hooks = self._hook_runner(self.module)
+                self.fit.callbacks.remove(cb)
+                self.fit._hooks = self.hook_runner(self.fit.module)
                 return cb
         return None
 
@@ -129,23 +133,22 @@ class HFTrainerAPI:
         self.pop_callback(callback)
 
     # ----------------------------------------------------------------------------- model / optimizer ---
-    @property
     def model_wrapped(self) -> Any:
         """HF ``Trainer.model_wrapped``: the model as the strategy wrapped it for the current or last run (DDP,
         FSDP, a DeepSpeed engine; the model itself on one device); before any run, :attr:`model`."""
-        run = self._run
+        run = self.fit._run
         if run is None:
-            return self.model
+            return self.fit.model
         return run.wrapped if run.wrapped is not None else run.model
 
     def get_num_trainable_parameters(self) -> int:
         """Number of parameters with ``requires_grad`` of :attr:`model` (HF ``get_num_trainable_parameters``);
         0 without a model."""
-        model = self.model
+        model = self.fit.model
         return sum(p.numel() for p in model.parameters() if p.requires_grad) if model is not None else 0
 
     def _require_optimizer(self) -> Any:
-        optimizer = self.optimizer
+        optimizer = self.fit.optimizer
         if optimizer is None:
             raise ValueError("Trainer optimizer is None, please make sure you have setup the optimizer before.")
         return optimizer
@@ -188,7 +191,7 @@ class HFTrainerAPI:
         ``license``, ``tasks``, ``dataset_tags``, ``dataset_args`` go to the card's metadata block."""
         meta = {"language": language, "license": license, "tasks": tasks, "dataset_tags": dataset_tags,
                 "dataset_args": dataset_args}
-        return outputs.create_model_card(self, model_name, dataset, finetuned_from, tags, meta)
+        return outputs.create_model_card(self.fit, model_name, dataset, finetuned_from, tags, meta)
 
     def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
                     token: str | None = None, revision: str | None = None, private: bool | None = None,
@@ -199,4 +202,4 @@ class HFTrainerAPI:
         ``hub_token``. ``commit_message``, ``revision``, ``private`` and ``blocking=False`` are accepted for HF's
         signature: taskfit's targets are fsspec folders (no commits or revisions; ``hub_private_repo`` sets the
         access) and the push always completes before returning (docs/hf.md)."""
-        return outputs.push_to_hub(self, kwargs.pop("dataset", None), card=kwargs, token=token)
+        return outputs.push_to_hub(self.fit, kwargs.pop("dataset", None), card=kwargs, token=token)
