@@ -9,6 +9,7 @@ import logging
 from typing import Any
 
 from taskfit.callbacks.base import Callback
+from taskfit.metrics import metric_key
 
 log = logging.getLogger("taskfit")
 
@@ -60,8 +61,7 @@ class EarlyStoppingCallback(Callback):
                     **kwargs: Any) -> None:
         if args.metric_for_best_model is None:  # a standalone evaluate(): nothing to watch
             return
-        key = args.metric_for_best_model
-        key = key if key.startswith("eval_") else f"eval_{key}"
+        key = metric_key(args.metric_for_best_model, "eval")  # HF's eval_ prefix; the key the best metric uses
         value = (metrics or {}).get(key)
         if value is None:
             log.warning("early stopping required metric_for_best_model, but did not find %s so early stopping "
