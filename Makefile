@@ -96,3 +96,14 @@ gpu-check:
 
 clean:
 	rm -rf $(VENV) $(XLA_VENV) build dist *.egg-info lib/*.egg-info
+
+# ---- peer suite: Hugging Face's own Trainer tests judge taskfit.hf (tests/peers/run_hf_suite.py) ----
+# PEER_HF_DIR: transformers' tests/trainer folder of the installed version, kept outside this repository.
+# PEER_HF_FILES: the files to run (default: test_trainer, _callback, _evaluation, _checkpointing).
+PEER_HF_DIR ?=
+PEER_HF_FILES ?=
+.PHONY: peer-hf
+peer-hf: install
+	@test -n "$(PEER_HF_DIR)" || (echo "make peer-hf PEER_HF_DIR=<transformers tests/trainer folder>"; exit 2)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) tests/peers/run_hf_suite.py "$(PEER_HF_DIR)" \
+		$(if $(PEER_HF_FILES),--files $(PEER_HF_FILES))

@@ -20,7 +20,7 @@ _EXPORTS = {
     "FitArguments": "taskfit.arguments.fit_arguments",
     "TaskModule": "taskfit.core.module",
     "Callback": "taskfit.callbacks.base", "EarlyStopping": "taskfit.callbacks.early_stopping",
-    "EarlyStoppingCallback": "taskfit.callbacks.early_stopping", "ProgressBar": "taskfit.callbacks.progress",
+    "EarlyStoppingCallback": "taskfit.callbacks.hf_early_stopping", "ProgressBar": "taskfit.callbacks.progress",
     "ThroughputMonitor": "taskfit.callbacks.throughput",
     "DeviceStatsMonitor": "taskfit.callbacks.device_stats",
     "DataModule": "taskfit.data.loaders",

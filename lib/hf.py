@@ -15,21 +15,20 @@ from torch import nn
 
 from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.callbacks.base import Callback
-from taskfit.callbacks.early_stopping import EarlyStopping
+from taskfit.callbacks.hf_early_stopping import EarlyStoppingCallback
 from taskfit.fit.fit import Fit
 from taskfit.loops.state import FitControl, FitState
-from taskfit.metrics import EvalPrediction, PredictionOutput, TrainOutput
+from taskfit.metrics import EvalLoopOutput, EvalPrediction, PredictionOutput, TrainOutput
 from taskfit.seed import enable_full_determinism, seed_everything
 
 __all__ = ["Trainer", "Seq2SeqTrainer", "TrainingArguments", "Seq2SeqTrainingArguments", "TrainerCallback",
            "EarlyStoppingCallback", "TrainerState", "TrainerControl", "EvalPrediction", "PredictionOutput",
-           "TrainOutput", "set_seed", "enable_full_determinism"]
+           "TrainOutput", "EvalLoopOutput", "set_seed", "enable_full_determinism"]
 
 TrainingArguments = FitArguments
 Seq2SeqTrainingArguments = FitArguments
 TrainerState = FitState
 TrainerControl = FitControl
-EarlyStoppingCallback = EarlyStopping
 
 
 class TrainerCallback(Callback):

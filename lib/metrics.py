@@ -42,18 +42,40 @@ class EvalPrediction:
                 f"inputs={self.inputs!r}, losses={self.losses!r})")
 
 
-class TrainOutput(dict):
-    """The metrics dict ``Fit.fit`` returns (``train_runtime``, ``train_samples_per_second``,
-    ``train_steps_per_second``, ``total_flos``, ``train_loss``, ``epoch``), with HF ``TrainOutput``'s
-    attributes ``global_step``, ``training_loss`` and ``metrics``."""
+class TrainOutput(NamedTuple):
+    """What ``Fit.fit``/``train`` return: HF ``transformers.trainer_utils.TrainOutput``, a NamedTuple
+    ``(global_step, training_loss, metrics)`` (``step, loss, metrics = fit.train()`` unpacks it), that also reads
+    as the metrics mapping taskfit returned before: ``out["train_loss"]``, ``out.get``, ``out.keys()``,
+    ``out.items()``, ``"train_loss" in out`` and ``dict(out)`` (the metrics) work.
 
-    def __init__(self, global_step: int, training_loss: float, metrics: dict[str, float]) -> None:
-        super().__init__(metrics)
-        self.global_step, self.training_loss = global_step, training_loss
+    Attributes:
+        global_step (int): optimizer steps taken.
+        training_loss (float): mean loss per optimizer step over the run.
+        metrics (dict[str, float]): ``train_runtime`` (s), ``train_samples_per_second``,
+            ``train_steps_per_second``, ``total_flos``, ``train_loss``, ``epoch`` (and the best-model entries).
+    """
 
-    @property
-    def metrics(self) -> dict[str, float]:
-        return dict(self)
+    global_step: int
+    training_loss: float
+    metrics: dict[str, float]
+
+    def __getitem__(self, key: Any) -> Any:  # type: ignore[override]
+        return self.metrics[key] if isinstance(key, str) else tuple.__getitem__(self, key)
+
+    def __contains__(self, key: object) -> bool:  # type: ignore[override]
+        return key in self.metrics if isinstance(key, str) else tuple.__contains__(self, key)
+
+    def keys(self) -> Any:
+        return self.metrics.keys()
+
+    def values(self) -> Any:
+        return self.metrics.values()
+
+    def items(self) -> Any:
+        return self.metrics.items()
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metrics.get(key, default)
 
 
 class PredictionOutput(NamedTuple):
@@ -69,6 +91,21 @@ class PredictionOutput(NamedTuple):
     predictions: Any
     label_ids: Any
     metrics: dict[str, float]
+
+
+class EvalLoopOutput(NamedTuple):
+    """HF ``transformers.trainer_utils.EvalLoopOutput``: what an evaluation loop returns (for HF scripts that
+    build or unpack one; ``predictions, label_ids, metrics, num_samples = out``).
+
+    Attributes:
+        predictions (np.ndarray | tuple), label_ids (np.ndarray | tuple | None), metrics (dict[str, float] | None),
+        num_samples (int | None): the samples evaluated.
+    """
+
+    predictions: Any
+    label_ids: Any
+    metrics: dict[str, float] | None
+    num_samples: int | None
 
 
 def speed_metrics(split: str, start_time: float, end_time: float, num_samples: int | None = None,

@@ -207,6 +207,10 @@ def _normalize(a: Any) -> None:
         a.eval_steps = a.logging_steps  # HF: eval_steps defaults to logging_steps
     if a.eval_strategy in ("steps", "epoch"):
         a.do_eval = True
+    if a.save_strategy == "best" and a.metric_for_best_model is None and not a.load_best_model_at_end \
+            and a.eval_strategy != "no":  # HF's Trainer raises (its words); eval "no" has its own error below
+        raise ValueError("`args.metric_for_best_model` must be provided when using 'best' save_strategy or if "
+                         "`args.load_best_model_at_end` is set to `True`.")
     if (a.load_best_model_at_end or a.save_strategy == "best" or a.lr_scheduler_type == "reduce_lr_on_plateau") \
             and a.metric_for_best_model is None:
         a.metric_for_best_model = "loss"

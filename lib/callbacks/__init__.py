@@ -4,7 +4,8 @@ averaging (EMA, SWA), gradient-accumulation schedule, learning-rate and batch-si
 from taskfit.callbacks.accumulation import GradientAccumulationScheduler
 from taskfit.callbacks.base import Callback, HookRunner
 from taskfit.callbacks.device_stats import DeviceStatsMonitor
-from taskfit.callbacks.early_stopping import EarlyStopping, EarlyStoppingCallback
+from taskfit.callbacks.early_stopping import EarlyStopping
+from taskfit.callbacks.hf_early_stopping import EarlyStoppingCallback
 from taskfit.callbacks.finders import BatchSizeFinder, LearningRateFinder
 from taskfit.callbacks.lr_monitor import LearningRateMonitor
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint

@@ -152,10 +152,16 @@ class HookRunner:
     Args:
         callbacks (list): callback objects (``Callback`` subclasses or HF ``TrainerCallback`` instances).
         module (TaskModule | None): the module, whose same-named hooks run after the callbacks'.
+        hf_kwargs (Callable[[], dict] | None): the keyword arguments every HF-style event gets (HF's
+            ``CallbackHandler.call_event``: ``model``, ``processing_class``, ``optimizer``, ...); an event's own
+            keywords win.
     """
 
-    def __init__(self, callbacks: list[Any], module: Any = None) -> None:
+    def __init__(self, callbacks: list[Any], module: Any = None,
+                 hf_kwargs: Callable[[], dict[str, Any]] | None = None) -> None:
         from taskfit.core.module import MODULE_HOOKS, TaskModule
+
+        self.hf_kwargs = hf_kwargs
 
         self.lightning: dict[str, list[tuple[Callable, bool]]] = {n: [] for n in LIGHTNING_HOOKS}
         self.hf: dict[str, list[Callable]] = {n: [] for n in HF_HOOKS + ("on_train_end",)}
@@ -184,7 +190,10 @@ class HookRunner:
 
     def call_hf(self, name: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """Call HF-style hook ``name``; flags of a returned control object are copied into ``control``."""
-        for fn in self.hf[name]:
+        fns = self.hf[name]
+        if fns and self.hf_kwargs is not None:
+            kwargs = {**self.hf_kwargs(), **kwargs}
+        for fn in fns:
             result = fn(args, state, control, **kwargs)
             if result is not None and result is not control:
                 for k in vars(control):

@@ -137,5 +137,3 @@ class EarlyStopping(Callback):
         for k, v in state_dict.items():
             setattr(self, k, v)
 
-
-EarlyStoppingCallback = EarlyStopping

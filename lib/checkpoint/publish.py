@@ -70,11 +70,13 @@ def hub_storage_options(args: Any, target: str) -> dict[str, Any]:
 
 
 def create_model_card(fit: FitView, model_name: str | None = None, dataset: str | list[str] | None = None,
-                      finetuned_from: str | None = None, tags: list[str] | None = None,
-                      metrics: dict[str, Any] | None = None) -> str:
+                      finetuned_from: str | None = None, tags: str | list[str] | None = None,
+                      metrics: dict[str, Any] | None = None, meta: dict[str, Any] | None = None) -> str:
     """Markdown model card (``README.md``): model class and parameter count, the arguments that matter, final
     (``metrics``, default: the ``train_*`` values logged so far) and best metrics, the last evaluation, the datasets
-    named, the taskfit version. Mirrors HF ``Trainer.create_model_card``; no credential is ever included."""
+    named, the taskfit version. Mirrors HF ``Trainer.create_model_card``; no credential is ever included.
+    ``meta``: HF's metadata keywords (``language``, ``license``, ``tasks``, ``dataset_tags``, ``dataset_args``:
+    a string or a list each), written into the card's YAML block when given."""
     a, st = fit.args, fit.state
     model = fit.model
     n_params = sum(p.numel() for p in model.parameters()) if model is not None else 0
@@ -86,9 +88,13 @@ def create_model_card(fit: FitView, model_name: str | None = None, dataset: str 
     train = {k: v for k, v in train.items() if isinstance(v, (int, float, str))}
     evals = next((row for row in reversed(st.log_history) if "eval_runtime" in row), {})  # the last evaluation
     evals = {k: v for k, v in evals.items() if k not in ("epoch", "step") and not k.endswith(("_runtime", "_second"))}
-    lines = ["---", "library_name: taskfit", f"tags: {json.dumps(['taskfit', *(tags or [])])}"]
+    tags = [tags] if isinstance(tags, str) else list(tags or [])
+    lines = ["---", "library_name: taskfit", f"tags: {json.dumps(['taskfit', *tags])}"]
     if datasets:
         lines.append(f"datasets: {json.dumps(datasets)}")
+    for key, value in (meta or {}).items():  # HF's card metadata, as given (JSON is valid YAML)
+        if value is not None:
+            lines.append(f"{key}: {json.dumps(value)}")
     lines += ["---", "", f"# {name}", ""]
     about = f"A `{type(model).__name__}` with {n_params:,} parameters ({n_train:,} trainable), trained with taskfit."
     if finetuned_from:
@@ -275,11 +281,14 @@ def push_checkpoint(fit: FitView, publisher: Publisher, path: str) -> None:
 
 
 def push_final(fit: FitView, publisher: Publisher, metrics: dict[str, Any], dataset: Any = None,
-               weights: dict[str, Any] | None = None) -> None:
+               weights: dict[str, Any] | None = None, card: dict[str, Any] | None = None) -> None:
     """Queue the end-of-training push: final model (``weights``: the full state dict, gathered by every rank
-    beforehand under sharded strategies), model card, metrics and arguments (a snapshot is taken now)."""
+    beforehand under sharded strategies), model card (``card``: HF's ``create_model_card`` keywords), metrics and
+    arguments (a snapshot is taken now)."""
     files = snapshot(model_files(fit, weights))
-    files["README.md"] = create_model_card(fit, dataset=dataset, metrics=metrics)
+    card = dict(card or {})
+    meta = {k: card.pop(k, None) for k in ("language", "license", "tasks", "dataset_tags", "dataset_args")}
+    files["README.md"] = create_model_card(fit, dataset=dataset, metrics=metrics, meta=meta, **card)
     files["train_results.json"] = dict(metrics)
     files["all_results.json"] = dict(metrics)
     files["fit_args.json"] = fit.args.to_json_string(redact=True)

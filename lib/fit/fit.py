@@ -17,7 +17,6 @@ from torch import nn
 
 from taskfit import efficiency
 from taskfit.arguments.fit_arguments import FitArguments
-from taskfit.callbacks.base import HookRunner
 from taskfit.callbacks.console import LogPrinter, configure_console
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.callbacks.throughput import with_throughput_monitor
@@ -25,6 +24,7 @@ from taskfit.connector import resolve_components
 from taskfit.core.wrapping import model_loss
 from taskfit.data.loaders import DataModule, floating_point_ops, num_examples, num_tokens
 from taskfit.fit import outputs
+from taskfit.fit.hf_api import HFTrainerAPI, warn_if_duplicate
 from taskfit.fit.hf_overrides import HFAdapter, default_collator
 from taskfit.fit.hpo import hyperparameter_search
 from taskfit.fit.mixins import Topology
@@ -72,7 +72,11 @@ def _arguments(args: FitArguments | Mapping | None, components: tuple[Any, ...],
 def _default_callbacks(args: FitArguments, callbacks: list[Any] | None) -> list[Any]:
     """The user's callbacks plus the ones ``args`` asks for (throughput monitor, profiler) and the console view
     (a progress bar, or one line per log with ``disable_tqdm``); a user's own bar replaces the default one."""
-    out = with_throughput_monitor(args, list(callbacks or []))
+    out: list[Any] = []
+    for cb in callbacks or []:
+        warn_if_duplicate(out, cb)
+        out.append(cb)
+    out = with_throughput_monitor(args, out)
     if args.profiler:  # a callback: a run without a profiler pays nothing for it
         from taskfit.callbacks.profilers import profiler_from_args
 
@@ -160,6 +164,7 @@ class Fit(Topology):
         self._training = TrainingStage(self)
         self._stages = EvaluationStages(self)
         self._hf = HFAdapter(self, Fit)
+        self._api = HFTrainerAPI(self)
         self.callbacks: list[Any] = _default_callbacks(args, callbacks)
         efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
         self.loggers: list[Logger] = build_loggers(args, loggers)
@@ -172,7 +177,7 @@ class Fit(Topology):
         self.sanity_checking = False  # True while num_sanity_val_steps runs (Lightning's trainer.sanity_checking)
         self.logged_metrics: dict[str, Any] = {}
         self.num_eval_batches: int | None = None
-        self._hooks = HookRunner(self.callbacks)
+        self._hooks = self._api.hook_runner()
         configure_console(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
@@ -199,6 +204,14 @@ class Fit(Topology):
     def state(self) -> Any:
         """The loop state (HF ``TrainerState`` fields) of the current or last run."""
         return self._run.state if self._run is not None else self._idle_state
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        # HF lets a script replace trainer.state (e.g. with TrainerState.load_from_json(...))
+        if self._run is not None:
+            self._run.state = value
+        else:
+            self._idle_state = value
 
     @property
     def control(self) -> Any:
@@ -270,25 +283,44 @@ class Fit(Topology):
         """True on the first process of each machine."""
         return self.strategy.local_rank == 0
 
-    # ------------------------------------------------------------------------------------- callbacks ---
+    # ------------------------------------- HF Trainer members (bodies in taskfit.fit.hf_api.HFTrainerAPI) ---
+    @property
+    def callback_handler(self) -> Any:
+        """HF ``Trainer.callback_handler``: a live view of :attr:`callbacks` (``.callbacks`` is that list)."""
+        return self._api.callback_handler()
+
     def add_callback(self, callback: Any) -> None:
-        """Add a callback instance or class (instantiated without arguments), as HF ``add_callback``."""
-        self.callbacks.append(callback() if isinstance(callback, type) else callback)
-        self._hooks = HookRunner(self.callbacks, self.module)
+        """Add a callback instance or class (HF ``add_callback``; warns as HF for a second one of a class)."""
+        self._api.add_callback(callback)
 
     def pop_callback(self, callback: Any) -> Any:
-        """Remove and return the first callback equal to ``callback`` or of that class (None if absent), as HF
-        ``pop_callback``."""
-        for cb in self.callbacks:
-            if cb is callback or (isinstance(callback, type) and isinstance(cb, callback)):
-                self.callbacks.remove(cb)
-                self._hooks = HookRunner(self.callbacks, self.module)
-                return cb
-        return None
+        """Remove and return the first callback equal to ``callback`` or of that class (HF ``pop_callback``)."""
+        return self._api.pop_callback(callback)
 
     def remove_callback(self, callback: Any) -> None:
         """Remove the first callback equal to ``callback`` or of that class (HF ``remove_callback``)."""
-        self.pop_callback(callback)
+        self._api.pop_callback(callback)
+
+    @property
+    def model_wrapped(self) -> Any:
+        """The model as the strategy wrapped it for the current or last run (HF ``Trainer.model_wrapped``)."""
+        return self._api.model_wrapped()
+
+    def get_num_trainable_parameters(self) -> int:
+        """Parameters with ``requires_grad`` of :attr:`model` (HF ``get_num_trainable_parameters``)."""
+        return self._api.get_num_trainable_parameters()
+
+    def get_learning_rates(self) -> list[float]:
+        """Each parameter group's learning rate (HF ``get_learning_rates``). Raises ValueError: no optimizer."""
+        return self._api.get_learning_rates()
+
+    def get_optimizer_group(self, param: Any = None) -> Any:
+        """The group holding ``param``, or every group's parameters (HF ``get_optimizer_group``)."""
+        return self._api.get_optimizer_group(param)
+
+    def get_decay_parameter_names(self, model: nn.Module) -> list[str]:
+        """Names of ``model``'s parameters that get weight decay (HF ``get_decay_parameter_names``)."""
+        return self._api.get_decay_parameter_names(model)
 
     # ----------------------------------------------------------------------------------------- fitting ---
     def fit(self, model: nn.Module | None = None, train_data: Any = None, eval_data: Any = None, *,
@@ -569,16 +601,23 @@ class Fit(Topology):
         rank zero."""
         outputs.save_state(self)
 
-    def create_model_card(self, model_name: str | None = None, dataset: str | list[str] | None = None,
-                          finetuned_from: str | None = None, tags: list[str] | None = None) -> str:
-        """Write ``README.md`` (the model card, see :func:`taskfit.checkpoint.publish.create_model_card`) under
-        ``output_dir`` on rank zero and return its text (HF ``create_model_card``)."""
-        return outputs.create_model_card(self, model_name, dataset, finetuned_from, tags)
+    def create_model_card(self, language: str | None = None, license: str | None = None, tags: Any = None,
+                          model_name: str | None = None, finetuned_from: str | None = None, tasks: Any = None,
+                          dataset_tags: Any = None, dataset: Any = None, dataset_args: Any = None) -> str:
+        """Write ``README.md`` under ``output_dir`` on rank zero and return it (HF ``create_model_card``'s
+        keywords; see :meth:`taskfit.fit.hf_api.HFTrainerAPI.create_model_card`)."""
+        return self._api.create_model_card(language, license, tags, model_name, finetuned_from, tasks,
+                                           dataset_tags, dataset, dataset_args)
 
-    def push_to_hub(self, dataset: str | list[str] | None = None) -> list[str]:
-        """Publish the model, card and metrics now to ``hub_model_id`` (HF ``push_to_hub``; see
-        :mod:`taskfit.checkpoint.publish`) and wait for it; returns the failed pushes (empty when it worked)."""
-        return outputs.push_to_hub(self, dataset)
+    def push_to_hub(self, commit_message: str | None = "End of training", blocking: bool = True,
+                    token: str | None = None, revision: str | None = None, private: bool | None = None,
+                    **kwargs: Any) -> list[str]:
+        """Publish the model, card and metrics now and wait; returns the failed pushes (HF ``push_to_hub``'s
+        signature; see :meth:`taskfit.fit.hf_api.HFTrainerAPI.push_to_hub`)."""
+        return self._api.push_to_hub(commit_message, blocking, token, revision, private, **kwargs)
+
+    def _hook_runner(self, module: Any = None) -> Any:
+        return self._api.hook_runner(module)
 
     # ------------------------------------------------------ private members the loops and tests use ---
     def _loader(self, data: Any, *, train: bool, collator: Callable | None, what: str, run: Run | None = None) -> Any:

@@ -57,25 +57,31 @@ def save_state(fit: Any) -> None:
 
 
 def create_model_card(fit: Any, model_name: str | None = None, dataset: str | list[str] | None = None,
-                      finetuned_from: str | None = None, tags: list[str] | None = None) -> str:
-    """``Fit.create_model_card``: ``README.md`` written under ``output_dir`` on rank zero; returns its text."""
+                      finetuned_from: str | None = None, tags: str | list[str] | None = None,
+                      meta: dict[str, Any] | None = None) -> str:
+    """``Fit.create_model_card``: ``README.md`` written under ``output_dir`` on rank zero; returns its text.
+    ``meta``: HF's card metadata keywords (``language``, ``license``, ``tasks``, ``dataset_tags``,
+    ``dataset_args``)."""
     from taskfit.checkpoint.publish import create_model_card as card_text
 
-    card = card_text(fit, model_name, dataset, finetuned_from, tags)
+    card = card_text(fit, model_name, dataset, finetuned_from, tags, meta=meta)
     if fit.is_global_zero:
         fit.strategy.checkpoint_io.write_bytes(join(fit.args.output_dir, "README.md"), card.encode())
     return card
 
 
-def push_to_hub(fit: Any, dataset: str | list[str] | None = None) -> list[str]:
-    """``Fit.push_to_hub``: publish the model, card and metrics now and wait; returns the failed pushes."""
+def push_to_hub(fit: Any, dataset: str | list[str] | None = None, card: dict[str, Any] | None = None,
+                token: str | None = None) -> list[str]:
+    """``Fit.push_to_hub``: publish the model, card and metrics now and wait; returns the failed pushes.
+    ``card``: :func:`create_model_card`'s keywords (HF's); ``token`` overrides ``hub_token``."""
     from taskfit.checkpoint.publish import Publisher, hub_storage_options, hub_target, push_final
 
     weights = fit.strategy.model_state_dict(exportable_model(fit.model))  # every rank: may be a gather
     if not fit.is_global_zero:
         return []
-    target = hub_target(fit.args)
-    publisher = Publisher(target, hub_storage_options(fit.args, target), always_push=True)
+    args = fit.args.replace(hub_token=token) if token else fit.args
+    target = hub_target(args)
+    publisher = Publisher(target, hub_storage_options(args, target), always_push=True)
     metrics = {k: v for k, v in fit.logged_metrics.items() if k.startswith("train_")}
-    push_final(fit, publisher, metrics, dataset, weights)
+    push_final(fit, publisher, metrics, dataset, weights, card=card)
     return publisher.finish()

@@ -19,7 +19,6 @@ from typing import Any, Callable
 
 from torch import nn
 
-from taskfit.callbacks.base import HookRunner
 from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size
 from taskfit.debugging import batch_limit, limit_batches
 from taskfit.loops.evaluation_loop import is_loader_list
@@ -197,7 +196,7 @@ class RunLauncher:
             module = model if isinstance(model, TaskModule) else ModelTaskModule(model, fit.args.label_names)
         module._fit = fit
         if last is None or module is not last.module:
-            fit._hooks = HookRunner(fit.callbacks, module)
+            fit._hooks = fit._hook_runner(module)
         return model, module
 
     def setup_run(self, run: Run, max_steps: int | None = None) -> None:

@@ -11,15 +11,13 @@ from taskfit.core.hooks import overrides
 def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
     """Lightning's order at the start of a stage: ``configure_callbacks`` (fit), ``prepare_data`` (datamodule,
     then module, on local rank 0), ``setup`` (datamodule, callbacks, module), ``configure_model``."""
-    from taskfit.callbacks.base import HookRunner
-
     if stage == "fit" and overrides(module, "configure_callbacks"):
         extra = module.configure_callbacks()
         extra = list(extra) if isinstance(extra, (list, tuple)) else [extra] if extra else []
         if extra:
             types = {type(cb) for cb in extra}
             fit.callbacks = [cb for cb in fit.callbacks if type(cb) not in types] + extra
-            fit._hooks = HookRunner(fit.callbacks, module)
+            fit._hooks = fit._hook_runner(module)
     if fit.strategy.local_rank == 0:
         if datamodule is not None:
             datamodule.prepare_data()

@@ -233,18 +233,56 @@ def adopt_message(folder: str, hf_state: dict[str, Any]) -> str:
             "HF's files.")
 
 
+def exportable(callback: Any) -> bool:
+    """True for an HF ``ExportableState`` callback: one with a ``state()`` method returning its ``args`` and
+    ``attributes`` (HF's ``EarlyStoppingCallback``, a user's ``TrainerCallback`` + ``ExportableState``)."""
+    return callable(getattr(callback, "state", None)) and not isinstance(callback, type)
+
+
+def export_callback_states(callbacks: list[Any], control: Any = None) -> dict[str, Any]:
+    """``stateful_callbacks`` as ``transformers.Trainer._save_checkpoint`` writes it: ``{class name: state()}`` of
+    every :func:`exportable` callback (a list, in order, for several of one class) and, with ``control``,
+    ``TrainerControl``'s flags."""
+    states: dict[str, list[Any]] = {}
+    for cb in callbacks:
+        if exportable(cb):
+            states.setdefault(type(cb).__name__, []).append(cb.state())
+    out: dict[str, Any] = {k: v[0] if len(v) == 1 else v for k, v in states.items()}
+    if control is not None:
+        flags = control.state_dict() if hasattr(control, "state_dict") else {}
+        out["TrainerControl"] = {"args": dict(flags), "attributes": {}}
+    return out
+
+
+def restore_callback_states(callbacks: list[Any], saved: dict[str, Any]) -> list[str]:
+    """Restore :func:`export_callback_states` output into ``callbacks`` as HF's ``Trainer._load_callback_state``
+    does: per saved class name, the callbacks of that class in order get their constructor ``args`` (the
+    callback is re-initialised with them, in place, so the run's hook lists keep it) and then their
+    ``attributes``. ``TrainerControl`` is left to the caller (the control flags are restored with the state).
+
+    Returns:
+        list[str]: the saved class names no callback of the run matches (HF warns about them).
+    """
+    missing = []
+    for name, data in (saved or {}).items():
+        if name == "TrainerControl":
+            continue
+        same = [cb for cb in callbacks if type(cb).__name__ == name and exportable(cb)]
+        if not same:
+            missing.append(name)
+            continue
+        for cb, state in zip(same, data if isinstance(data, list) else [data]):
+            type(cb).__init__(cb, **(state.get("args") or {}))
+            for k, v in (state.get("attributes") or {}).items():
+                setattr(cb, k, v)
+    return missing
+
+
 def hf_trainer_state(state: dict[str, Any], control: Any, callbacks: list[Any]) -> dict[str, Any]:
     """``trainer_state.json`` contents with ``stateful_callbacks`` as ``transformers.Trainer`` writes them: the
     state of every HF ``ExportableState`` callback (a list for several of one class) and of ``TrainerControl``
     (HF's ``_save_checkpoint`` looks each of them up after a resume)."""
-    states: dict[str, list[Any]] = {}
-    for cb in callbacks:
-        if not hasattr(cb, "state_dict") and callable(getattr(cb, "state", None)):
-            states.setdefault(type(cb).__name__, []).append(cb.state())
-    out: dict[str, Any] = {k: v[0] if len(v) == 1 else v for k, v in states.items()}
-    flags = control.state_dict() if hasattr(control, "state_dict") else {}
-    out["TrainerControl"] = {"args": dict(flags), "attributes": {}}
-    return {**state, "stateful_callbacks": out}
+    return {**state, "stateful_callbacks": export_callback_states(callbacks, control)}
 
 
 # ---- parameter groups ----------------------------------------------------------------------------------------

@@ -288,6 +288,11 @@ class FitLoop:
             for cfg in self.epoch_schedulers:
                 if (epoch + 1) % cfg.frequency == 0:
                     self._step_scheduler(cfg)
+        # HF's DefaultFlowCallback raises the epoch flags before the user callbacks' on_epoch_end runs
+        control.should_log = control.should_log or args.logging_strategy == "epoch"
+        control.should_evaluate = control.should_evaluate or (args.eval_strategy == "epoch"
+                                                              and (args.eval_delay or 0) <= state.epoch)
+        control.should_save = control.should_save or args.save_strategy == "epoch"
         hooks.hf["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
         self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
         defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's epoch-end defaults
@@ -376,13 +381,6 @@ class FitLoop:
                     control.should_evaluate = True  # HF 5: a last evaluation when max_steps is off the grid
             if hooks.hf["on_step_end"]:
                 hooks.call_hf("on_step_end", args, state, control, **run.hf_kwargs())
-        else:
-            if args.logging_strategy == "epoch":
-                control.should_log = True
-            if args.eval_strategy == "epoch" and (args.eval_delay or 0) <= state.epoch:
-                control.should_evaluate = True
-            if args.save_strategy == "epoch":
-                control.should_save = True
         if self._norm_due and (control.should_log or control.should_save):  # kept otherwise: an epoch-end log
             self._norm_due = False  # row may still read it; the step's gradients are intact
             params, optimizer = self._norm_of

@@ -13,6 +13,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from taskfit.io.hf_checkpoint import exportable, export_callback_states, restore_callback_states
 
 HF_TRAINER_STATE_FIELDS = (
     "epoch", "global_step", "max_steps", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
@@ -101,6 +102,44 @@ class FitState:
                 setattr(self, f.name, state[f.name])
 
 
+    def save_to_json(self, json_path: str) -> None:
+        """Write :meth:`hf_dict` to the local file ``json_path`` as HF ``TrainerState.save_to_json`` writes it
+        (``indent=2``, sorted keys, a final newline), so that ``transformers.TrainerState.load_from_json`` reads it.
+
+        Raises:
+            OSError: the file cannot be written.
+        """
+        import json
+
+        with open(json_path, "w", encoding="utf-8") as f:
+            f.write(json.dumps(self.hf_dict(), indent=2, sort_keys=True, default=str) + "\n")
+
+    @classmethod
+    def load_from_json(cls, json_path: str) -> "FitState":
+        """A state from a ``trainer_state.json`` (HF ``TrainerState.load_from_json``; written by taskfit or by
+        ``transformers.Trainer``). Keys that are no field (HF's ``trial_params``) are left out.
+
+        Raises:
+            OSError: the file cannot be read. json.JSONDecodeError: it is not JSON.
+        """
+        import json
+
+        with open(json_path, encoding="utf-8") as f:
+            data = json.loads(f.read())
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+    def compute_steps(self, args: Any, max_steps: int) -> None:
+        """Set ``logging_steps``/``eval_steps``/``save_steps`` from ``args`` (HF ``TrainerState.compute_steps``): a
+        value below 1 is a ratio of ``max_steps`` (rounded up), None leaves the field as it is."""
+        import math
+
+        for kind in ("logging", "eval", "save"):
+            steps = getattr(args, f"{kind}_steps")
+            if steps is not None:
+                setattr(self, f"{kind}_steps", math.ceil(max_steps * steps) if steps < 1 else steps)
+
+
 def plan_fields() -> tuple[str, ...]:
     """The names of :class:`FitState`'s plan fields (derived by the run, never restored)."""
     return tuple(f.name for f in dataclasses.fields(FitState) if f.metadata.get("plan"))
@@ -128,6 +167,10 @@ class FitControl:
 
     def state_dict(self) -> dict[str, bool]:
         return dataclasses.asdict(self)
+
+    def state(self) -> dict[str, Any]:
+        """HF ``TrainerControl.state()`` (an ``ExportableState``): the flags as ``args``, no ``attributes``."""
+        return {"args": dataclasses.asdict(self), "attributes": {}}
 
     def load_state_dict(self, state: dict[str, bool]) -> None:
         for k, v in state.items():
@@ -246,6 +289,8 @@ class TrainingState:
         tr = s.tr_loss.detach()
         per_rank = self.all_gather(tr) if self.all_gather is not None and self.world_size > 1 else tr.unsqueeze(0)
         results = getattr(self.module, "_results", None)
+        # HF ExportableState callbacks, as HF's TrainerState keeps them (written to trainer_state.json too)
+        self.state.stateful_callbacks = export_callback_states(self.callbacks, self.control)
         return {
             "version": self.VERSION,
             "state": self.resume_point(),
@@ -273,7 +318,8 @@ class TrainingState:
         self.control._new_step()
         if self.precision is not None and saved.get("precision") is not None:
             self.precision.load_state_dict(saved["precision"])
-        restore_callbacks(self.callbacks, saved.get("callbacks", {}), self.restore_hf_callbacks)
+        restore_callbacks(self.callbacks, saved.get("callbacks", {}), self.restore_hf_callbacks,
+                          saved["state"].get("stateful_callbacks"))
         results = getattr(self.module, "_results", None)
         if saved.get("results") and results is not None:
             results.load_state_dict(saved["results"])
@@ -295,7 +341,7 @@ class TrainingState:
 
 def callback_states(callbacks: list[Any]) -> dict[str, Any]:
     """``{state_key: state}`` of every callback with ``state_dict()`` (taskfit / Lightning) or ``state()`` (HF
-    ``ExportableState``)."""
+    ``ExportableState``; those are also kept HF's way in ``FitState.stateful_callbacks``)."""
     out = {}
     for cb in callbacks:
         if hasattr(cb, "state_dict"):
@@ -305,17 +351,31 @@ def callback_states(callbacks: list[Any]) -> dict[str, Any]:
     return out
 
 
-def restore_callbacks(callbacks: list[Any], states: dict[str, Any], restore_hf: bool) -> None:
+def restore_callbacks(callbacks: list[Any], states: dict[str, Any], restore_hf: bool,
+                      stateful: dict[str, Any] | None = None) -> None:
     """taskfit/Lightning callbacks (``load_state_dict``) are always restored, as Lightning does; HF callbacks
-    (``ExportableState``: ``state()`` with ``args``/``attributes``) only with ``restore_hf`` (HF's
-    ``restore_callback_states_from_checkpoint``)."""
+    (``ExportableState``: ``state()`` with ``args``/``attributes``, saved HF's way in ``stateful``) only with
+    ``restore_hf`` (HF's ``restore_callback_states_from_checkpoint``), as HF's ``Trainer._load_callback_state``:
+    constructor ``args`` and ``attributes``, several of one class in order, and a warning (on HF's
+    ``transformers.trainer`` logger) naming saved states no callback matches. Older checkpoints, without
+    ``stateful``, restore the HF callbacks' ``attributes`` from ``states``."""
+    import logging
+
     for cb in callbacks:
         if hasattr(cb, "load_state_dict"):
             key = getattr(cb, "state_key", type(cb).__qualname__)
             if key in states:
                 cb.load_state_dict(states[key])
-        elif restore_hf and hasattr(cb, "state"):
-            saved = states.get(type(cb).__qualname__)
-            if saved:
-                for k, v in saved.get("attributes", {}).items():
+    if not restore_hf:
+        return
+    if not stateful:  # a checkpoint written before stateful_callbacks were kept: attributes only
+        for cb in callbacks:
+            old = states.get(type(cb).__qualname__)
+            if exportable(cb) and isinstance(old, dict):
+                for k, v in (old.get("attributes") or {}).items():
                     setattr(cb, k, v)
+        return
+    missing = restore_callback_states(callbacks, stateful)
+    if missing:  # HF's words, on HF's logger (scripts written for transformers watch it)
+        logging.getLogger("transformers.trainer").warning(
+            f"Checkpoint included callbacks not included in current configuration. Ignoring. ({', '.join(missing)})")

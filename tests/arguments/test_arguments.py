@@ -373,7 +373,8 @@ def test_hf_derived_defaults():
     assert (b.metric_for_best_model, b.greater_is_better) == ("loss", False)
     c = FitArguments(load_best_model_at_end=True, eval_strategy="steps", eval_steps=0.1, save_steps=0.2)
     assert (c.eval_steps, c.save_steps) == (0.1, 0.2)
-    assert FitArguments(save_strategy="best", eval_strategy="epoch").metric_for_best_model == "loss"
+    with pytest.raises(ValueError, match="metric_for_best_model. must be provided"):  # as HF's Trainer
+        FitArguments(save_strategy="best", eval_strategy="epoch")
     assert FitArguments(logging_steps=20.0).logging_steps == 20 and isinstance(FitArguments(logging_steps=20.0).logging_steps, int)
 
 

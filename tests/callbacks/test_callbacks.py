@@ -452,15 +452,17 @@ def test_early_stopping_threshold_F_LOOP_6(tmp_path):
 
 
 def test_early_stopping_hf_alias_names_F_LOOP_6(tmp_path):
-    """F-LOOP-6: ``EarlyStoppingCallback(early_stopping_patience=, early_stopping_threshold=)`` with the metric
-    and direction taken from ``metric_for_best_model`` / ``greater_is_better`` as in HF."""
+    """F-LOOP-6: ``EarlyStoppingCallback(early_stopping_patience=, early_stopping_threshold=)`` is HF's class: the
+    metric and direction from ``metric_for_best_model`` / ``greater_is_better``, compared with ``state.best_metric``
+    (the Lightning-style ``EarlyStopping`` still takes HF's keyword names)."""
     es = EarlyStoppingCallback(early_stopping_patience=1, early_stopping_threshold=0.05)
-    assert es.patience == 1 and es.threshold == 0.05
+    assert es.early_stopping_patience == 1 and es.early_stopping_threshold == 0.05
+    assert EarlyStopping(early_stopping_patience=1, early_stopping_threshold=0.05).patience == 1
     fit, module = _early(tmp_path, [0.5, 0.6, 0.62, 0.9, 1.0], es, metric_for_best_model="val_metric",
                          greater_is_better=True)
     # 0.6 beats 0.5 by more than 0.05; 0.62 does not beat 0.6 by more than 0.05 -> stop after evaluation 3
     assert module.evaluations == 3 and fit.state.global_step == 6
-    assert es.best == 0.6
+    assert es.early_stopping_patience_counter == 1 and fit.state.best_metric == 0.62
 
 
 def test_early_stopping_defaults_to_eval_loss_F_LOOP_6(tmp_path):

@@ -83,7 +83,7 @@ def args_for(m: Any, output_dir: str, **kw: Any) -> Any:
     base = dict(output_dir=output_dir, per_device_train_batch_size=8, per_device_eval_batch_size=8,
                 learning_rate=0.1, num_train_epochs=2, logging_steps=4, report_to="none", use_cpu=True,
                 save_strategy="no", disable_tqdm=True, seed=42,
-                optim="adamw_torch_fused")  # HF 5's default; taskfit's default stays adamw_torch (documented)
+                optim="adamw_torch_fused")  # HF 5's default, and taskfit's with torch >= 2.8
     base.update(kw)
     return m.TrainingArguments(**base)
 
