@@ -14,11 +14,8 @@ minor page faults per step over the timed steps (``ru_minflt``: memory the step 
 (exactly 0 expected in fp32).
 
 ``--check`` exits with status 1 when taskfit's ratio on the larger workloads (``mlp``, ``transformer``)
-exceeds
-:data:`CHECK_RATIO` both as the median of per-repetition ratios and best-of-repetitions (fastest taskfit
-repetition over fastest raw one: load from other processes only adds time, so a real regression shows in
-both while a disturbed repetition does not fail the gate), or when taskfit's final weights differ from the
-hand-written loop's.
+exceeds :data:`CHECK_RATIO` as the median of per-repetition ratios (the statistic the table prints), or when
+taskfit's final weights differ from the hand-written loop's.
 """
 
 from __future__ import annotations
@@ -31,6 +28,7 @@ from typing import Any
 from benchmarks.common import (
     default_out_dir,
     fmt_bytes,
+    compare_ratio,
     fmt_range,
     log,
     machine_info,
@@ -240,7 +238,8 @@ def run_suite(
         for f in failures:
             log(f"CHECK FAILED: {f}")
         if not failures:
-            log(f"check passed: taskfit/raw <= {CHECK_RATIO} on {', '.join(LARGER_WORKLOADS)}, weights equal")
+            log(f"check passed: taskfit/raw median ratio <= {CHECK_RATIO} on {', '.join(LARGER_WORKLOADS)}, "
+                "weights equal")
         return 1 if failures else 0
     return 0
 
@@ -305,10 +304,12 @@ def _check_failures(data: dict, workloads: list[str]) -> list[str]:
         if row["ratio"] is None:
             failures.append(f"{w}: taskfit produced no measurement")
             continue
-        if w in LARGER_WORKLOADS and min(row["ratio"]["median"], row["best_ratio"]) > CHECK_RATIO:
+        # the statistic the table prints (median of the per-repetition ratios), not a more lenient one
+        if w in LARGER_WORKLOADS and row["ratio"]["median"] > CHECK_RATIO:
             failures.append(
-                f"{w}: taskfit/raw step-time ratio {row['ratio']['median']:.3f} (best-of-repetitions "
-                f"{row['best_ratio']:.3f}) > {CHECK_RATIO}"
+                f"{w}: taskfit/raw step-time ratio, median of {row['ratio']['n']} repetitions, "
+                f"{row['ratio']['median']:.3f} (min-max {row['ratio']['min']:.3f}-{row['ratio']['max']:.3f}) "
+                f"> {CHECK_RATIO}"
             )
         if row["weight_max_abs_diff"] != 0.0:
             failures.append(
@@ -348,8 +349,7 @@ def markdown(data: dict) -> str:
                 row.append("-")
                 continue
             row.append(
-                f"{x['overhead_us']['median']:+.0f} µs/step ({x['ratio']['median']:.3f}x, "
-                f"{x['ratio']['min']:.3f}-{x['ratio']['max']:.3f}); "
+                f"{x['overhead_us']['median']:+.0f} µs/step, {compare_ratio(x['ratio'])}; "
                 f"best-of: {x['best_overhead_us']:+.0f} µs, "
                 f"{x['best_ratio']:.3f}x"
             )

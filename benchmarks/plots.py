@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.common import log
+from benchmarks.common import log, plain_number
 
 
 def _pyplot():
@@ -71,7 +71,7 @@ def grouped_bars(
             )
         for bar, (_, v) in zip(bars, pts):
             ax.annotate(
-                f"{v:.3g}",
+                plain_number(v),
                 (bar.get_x() + bar.get_width() / 2, bar.get_height()),
                 ha="center",
                 va="bottom",

@@ -36,6 +36,7 @@ from benchmarks.common import (
     finish,
     fmt_bytes,
     fmt_load,
+    compare_ratio,
     fmt_range,
     log,
     machine_info,
@@ -356,8 +357,8 @@ def run_suite(
         results[name] = _combine(runs)
         res = results[name]
         _partial(out_dir or default_out_dir("strategies", device, quick), info, rows, results)
-        log(f"  {name:26s} " + (f"taskfit/raw {res['ratio']['median']:.3f} ({res['ratio']['min']:.3f}-"
-                                 f"{res['ratio']['max']:.3f}), {res['samples_per_s']:8.1f} samples/s"
+        log(f"  {name:26s} " + (f"taskfit/raw {compare_ratio(res['ratio'])}, "
+                                 f"{res['samples_per_s']:8.1f} samples/s"
                                  if "ratio" in res else str(res.get("error"))[:300]))
     load_after = machine_load()
     log(f"  load after: {load_after['uptime']}")
@@ -440,8 +441,8 @@ def markdown(data: dict) -> str:
             rss = ", ".join(fmt_bytes(b) for b in r["peak_rss_bytes_per_rank"])
             rows.append([
                 name, r["devices"], r.get("raw_label", ""), fmt_range(r["taskfit_step_s"], 1e3, 1),
-                fmt_range(r["raw_step_s"], 1e3, 1), fmt_range(r["ratio"], 1, 3),
-                fmt_range(r.get("cpu_ratio"), 1, 3), f"{r['samples_per_s']:.0f}",
+                fmt_range(r["raw_step_s"], 1e3, 1), compare_ratio(r["ratio"]),
+                compare_ratio(r.get("cpu_ratio")), f"{r['samples_per_s']:.0f}",
                 rss, fmt_bytes(r["checkpoint_bytes"]), f"{r['save_s']:.3f}",
                 f"{r['load_s']:.3f}" if r["load_s"] is not None else "-",
                 md_note(r["error"]) if r.get("error") else "",

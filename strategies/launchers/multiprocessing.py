@@ -53,10 +53,10 @@ def unguarded_main_call(start_method: str) -> tuple[str, int] | None:
         return None
     line = frame.f_lineno
     for node in tree.body:
-        if isinstance(node, ast.If) and {"__name__", "__main__"} <= set(ast.unparse(node.test).replace("'", '"')
-                                                                         .replace('"', " ").split()):
-            if node.lineno <= line <= (node.end_lineno or node.lineno):
-                return None
+        guard = isinstance(node, ast.If) and {"__name__", "__main__"} <= set(
+            ast.unparse(node.test).replace("'", " ").replace('"', " ").split())
+        if guard and node.lineno <= line <= (node.end_lineno or node.lineno):
+            return None
     return path, line
 
 

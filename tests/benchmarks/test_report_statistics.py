@@ -11,8 +11,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import compare_ratio, plain_number, summary  # noqa: E402
-from benchmarks.overhead import CHECK_RATIO, _check_failures  # noqa: E402
+from benchmarks.common import compare_ratio, plain_number, summary
+from benchmarks.overhead import CHECK_RATIO, _check_failures
 
 
 def test_a_ratio_whose_spread_exceeds_its_difference_is_not_compared():

@@ -9,7 +9,6 @@ import csv
 import json
 
 import pytest
-
 from test_cli_runs import _cli, _project, _result
 
 

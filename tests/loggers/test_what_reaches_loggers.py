@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 
 import yaml
+from logger_test_model import Regression, regression_data
 from taskfit import Fit
 from taskfit.loggers.tensorboard import tensorboard_tag
-
-from logger_test_model import Regression, regression_data
 
 
 def test_tensorboard_groups_lightning_stage_names():

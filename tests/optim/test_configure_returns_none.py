@@ -12,7 +12,7 @@ import pytest
 from taskfit import Fit
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from jobs_common import SumRegression, sum_data  # noqa: E402
+from jobs_common import SumRegression, sum_data
 
 
 class ReturnsNone(SumRegression):

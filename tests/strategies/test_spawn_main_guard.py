@@ -44,8 +44,8 @@ def _run(tmp_path, tail: str) -> subprocess.CompletedProcess:
     script = tmp_path / "train.py"
     script.write_text(SCRIPT.replace("OUT", repr(str(tmp_path / "out"))) + textwrap.dedent(tail))
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=180)
+    return subprocess.run([sys.executable, str(script)], check=False, cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=180)
 
 
 def test_ddp_spawn_without_main_guard_fails_fast_with_the_fix(tmp_path):
