@@ -164,7 +164,7 @@ def plain_number(v: float) -> str:
         return f"{v:.0f}"
     if a >= 10:
         return f"{v:.1f}"
-    if a >= 1 or a == 0:
+    if a >= 0.01 or a == 0:
         return f"{v:.2f}"
     return f"{v:.6f}".rstrip("0") if a >= 1e-6 else "0"
 

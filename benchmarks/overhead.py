@@ -451,7 +451,8 @@ def _chart(data: dict, out: str) -> None:
         groups,
         series,
         ylabel="step time / hand-written loop",
-        title="Per-step time relative to a hand-written PyTorch loop (1.0 = no overhead)",
+        title="Per-step time relative to a hand-written PyTorch loop (1.0 = no overhead; median, whiskers: "
+        "min-max over repetitions)",
         subtitle=machine_label(data["machine"]),
         baseline=1.0,
         errors=errors,
@@ -460,11 +461,18 @@ def _chart(data: dict, out: str) -> None:
         RUNNERS[r][0]: [(data["workloads"][w][r]["overhead_us"] or {}).get("median") for w in groups]
         for r in peers
     }
+    errors = {
+        RUNNERS[r][0]: [
+            ((x := data["workloads"][w][r]["overhead_us"]) and (x["min"], x["max"])) or None for w in groups
+        ]
+        for r in peers
+    }
     grouped_bars(
         os.path.join(out, "overhead_us.png"),
         groups,
         series,
         ylabel="µs per step",
-        title="Absolute per-step overhead over a hand-written loop",
+        title="Absolute per-step overhead over a hand-written loop (median; whiskers: min-max over repetitions)",
         subtitle=machine_label(data["machine"]),
+        errors=errors,
     )

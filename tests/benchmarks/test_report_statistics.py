@@ -40,3 +40,20 @@ def test_chart_labels_are_plain_numbers():
     assert plain_number(1170.4) == "1170" and plain_number(3860.0) == "3860"
     assert plain_number(1.2137) == "1.21" and plain_number(0.0042) == "0.0042" and plain_number(-38.6) == "-38.6"
     assert "e" not in plain_number(1.5e6) and "e" not in plain_number(2e-5)
+
+
+def test_quick_techniques_run_does_not_claim_per_row_memory():
+    """One process for all rows (``--quick``, CPU): the peak-RSS increase of a later row is what that row added
+    to memory the earlier rows already took (8-bit AdamW read 0.004x, 952 KiB), so no memory ratio is given
+    and the cell says why; a process per row gives the ratio."""
+    from benchmarks.techniques import relative_to_baseline
+
+    def rows():
+        return {"baseline": {"samples_per_s": 10.0, "peak_bytes": 250e6},
+                "adamw_8bit": {"samples_per_s": 9.0, "peak_bytes": 952 * 1024}}
+
+    one = relative_to_baseline(rows(), per_row_memory=False)
+    assert one["adamw_8bit"]["speed_vs_baseline"] == 0.9
+    assert one["adamw_8bit"]["memory_vs_baseline"] is None and one["adamw_8bit"]["memory_note"]
+    each = relative_to_baseline(rows(), per_row_memory=True)
+    assert abs(each["adamw_8bit"]["memory_vs_baseline"] - 952 * 1024 / 250e6) < 1e-12
