@@ -26,9 +26,9 @@ import time
 from typing import Any
 
 from benchmarks.common import (
+    compare_ratio,
     default_out_dir,
     fmt_bytes,
-    compare_ratio,
     fmt_range,
     log,
     machine_info,

@@ -32,11 +32,12 @@ from typing import Any
 from taskfit import Callback
 
 from benchmarks.common import (
+    NOT_COMPARABLE,
+    compare_ratio,
     default_out_dir,
     finish,
     fmt_bytes,
     fmt_load,
-    compare_ratio,
     fmt_range,
     log,
     machine_info,
@@ -456,6 +457,35 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _ratio_chart(data: dict, done: dict, out: str) -> None:
+    """taskfit/raw per-step time per row with min-max whiskers; a ratio from fewer than two repetitions is not
+    drawn (a one-repetition quick run spans 0.46 to 1.85 on a shared machine: not enough to compare)."""
+    from benchmarks.plots import grouped_bars
+
+    def medians(key: str) -> list[float | None]:
+        return [(r.get(key) or {}).get("median") if (r.get(key) or {}).get("n", 0) > 1 else None
+                for r in done.values()]
+
+    def spans(key: str) -> list[tuple[float, float] | None]:
+        return [(r[key]["min"], r[key]["max"]) if r.get(key) else None for r in done.values()]
+
+    series = {"wall-clock step time": medians("ratio"), "CPU time per step": medians("cpu_ratio")}
+    if not any(v is not None for values in series.values() for v in values):
+        log(f"strategies_ratio.png not drawn: {NOT_COMPARABLE} (one per row; run without --quick)")
+        return
+    grouped_bars(
+        os.path.join(out, "strategies_ratio.png"),
+        list(done),
+        series,
+        ylabel="taskfit / raw",
+        title="taskfit / raw per-step time (median of repetitions, whiskers: min-max; 1.0 = no overhead; rows "
+        "with one repetition are not drawn)",
+        subtitle=machine_label(data["machine"]),
+        baseline=1.0,
+        errors={"wall-clock step time": spans("ratio"), "CPU time per step": spans("cpu_ratio")},
+    )
+
+
 def _chart(data: dict, out: str) -> None:
     from benchmarks.plots import grouped_bars
 
@@ -471,19 +501,7 @@ def _chart(data: dict, out: str) -> None:
         title="Throughput per strategy: taskfit and the same job written by hand",
         subtitle=machine_label(data["machine"]),
     )
-    grouped_bars(
-        os.path.join(out, "strategies_ratio.png"),
-        list(done),
-        {"wall-clock step time": [r["ratio"]["median"] for r in done.values()],
-         "CPU time per step": [(r.get("cpu_ratio") or {}).get("median") for r in done.values()]},
-        ylabel="taskfit / raw",
-        title="taskfit / raw per-step time (median of repetitions; 1.0 = no overhead)",
-        subtitle=machine_label(data["machine"]),
-        baseline=1.0,
-        errors={"wall-clock step time": [(r["ratio"]["min"], r["ratio"]["max"]) for r in done.values()],
-                "CPU time per step": [(r["cpu_ratio"]["min"], r["cpu_ratio"]["max"]) if r.get("cpu_ratio") else None
-                                      for r in done.values()]},
-    )
+    _ratio_chart(data, done, out)
     grouped_bars(
         os.path.join(out, "strategies_memory.png"),
         list(done),

@@ -361,7 +361,7 @@ def bench_main(argv: Sequence[str]) -> int:
     """
     import pathlib
 
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]  # lib/cli/main.py -> the checkout (lib/ maps to taskfit)
     if not (root / "benchmarks" / "__main__.py").is_file():
         print("taskfit bench: error: the benchmark suites run from a source checkout of taskfit (benchmarks/ is "
               "not part of the installed package); clone the repository, install it with `pip install -e .`, "
