@@ -134,6 +134,41 @@ def fmt_range(s: dict[str, float] | None, scale: float = 1.0, digits: int = 2, u
     return f"{med}{unit} ({lo}-{hi})" if s["n"] > 1 else f"{med}{unit}"
 
 
+NOT_COMPARABLE = "not enough repetitions to compare"
+
+
+def comparable(s: dict[str, float] | None, reference: float = 1.0) -> bool:
+    """Whether the repetitions of a ratio's :func:`summary` tell it apart from ``reference``: two or more
+    repetitions whose spread (max - min) is smaller than the median's distance from ``reference``."""
+    return bool(s) and s["n"] > 1 and (s["max"] - s["min"]) < abs(s["median"] - reference)
+
+
+def compare_ratio(s: dict[str, float] | None, reference: float = 1.0) -> str:
+    """A ratio's cell: ``"1.21x (1.19-1.38, 3 reps)"`` (median, min-max, repetitions), or ``"not enough
+    repetitions to compare (...)"`` when the spread across repetitions exceeds the difference from
+    ``reference`` (see :func:`comparable`); ``"-"`` without a value."""
+    if not s:
+        return "-"
+    if s["n"] < 2:
+        return f"{NOT_COMPARABLE} (1 repetition)"
+    spread = f"{s['min']:.2f}-{s['max']:.2f}, {s['n']} reps"
+    if not comparable(s, reference):
+        return f"{NOT_COMPARABLE} ({spread}, median {s['median']:.2f}x)"
+    return f"{s['median']:.2f}x ({spread})"
+
+
+def plain_number(v: float) -> str:
+    """A chart label without exponent notation: ``1170``, ``38.6``, ``1.21``, ``0.0042``."""
+    a = abs(v)
+    if a >= 100:
+        return f"{v:.0f}"
+    if a >= 10:
+        return f"{v:.1f}"
+    if a >= 0.01 or a == 0:
+        return f"{v:.2f}"
+    return f"{v:.6f}".rstrip("0") if a >= 1e-6 else "0"
+
+
 # -------------------------------------------------------------------------------------------- memory ---
 def reset_peak_rss() -> bool:
     """Reset this process's peak RSS (``VmHWM``) to its current RSS (Linux ``/proc/self/clear_refs``); returns

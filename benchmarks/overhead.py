@@ -14,11 +14,8 @@ minor page faults per step over the timed steps (``ru_minflt``: memory the step 
 (exactly 0 expected in fp32).
 
 ``--check`` exits with status 1 when taskfit's ratio on the larger workloads (``mlp``, ``transformer``)
-exceeds
-:data:`CHECK_RATIO` both as the median of per-repetition ratios and best-of-repetitions (fastest taskfit
-repetition over fastest raw one: load from other processes only adds time, so a real regression shows in
-both while a disturbed repetition does not fail the gate), or when taskfit's final weights differ from the
-hand-written loop's.
+exceeds :data:`CHECK_RATIO` as the median of per-repetition ratios (the statistic the table prints), or when
+taskfit's final weights differ from the hand-written loop's.
 """
 
 from __future__ import annotations
@@ -29,6 +26,9 @@ import time
 from typing import Any
 
 from benchmarks.common import (
+    NOT_COMPARABLE,
+    comparable,
+    compare_ratio,
     default_out_dir,
     fmt_bytes,
     fmt_range,
@@ -240,7 +240,8 @@ def run_suite(
         for f in failures:
             log(f"CHECK FAILED: {f}")
         if not failures:
-            log(f"check passed: taskfit/raw <= {CHECK_RATIO} on {', '.join(LARGER_WORKLOADS)}, weights equal")
+            log(f"check passed: taskfit/raw median ratio <= {CHECK_RATIO} on {', '.join(LARGER_WORKLOADS)}, "
+                "weights equal")
         return 1 if failures else 0
     return 0
 
@@ -305,10 +306,19 @@ def _check_failures(data: dict, workloads: list[str]) -> list[str]:
         if row["ratio"] is None:
             failures.append(f"{w}: taskfit produced no measurement")
             continue
-        if w in LARGER_WORKLOADS and min(row["ratio"]["median"], row["best_ratio"]) > CHECK_RATIO:
+        # the statistic the table prints (median of the per-repetition ratios), not a more lenient one
+        ratio = row["ratio"]
+        if w in LARGER_WORKLOADS and ratio["median"] > CHECK_RATIO and not comparable(ratio):
+            # the table says "not enough repetitions to compare" here: the gate says the same, not pass or slow
             failures.append(
-                f"{w}: taskfit/raw step-time ratio {row['ratio']['median']:.3f} (best-of-repetitions "
-                f"{row['best_ratio']:.3f}) > {CHECK_RATIO}"
+                f"{w}: {NOT_COMPARABLE} (taskfit/raw median {ratio['median']:.3f}, min-max {ratio['min']:.3f}-"
+                f"{ratio['max']:.3f} over {ratio['n']} repetitions); rerun with more --reps on a quieter machine"
+            )
+        elif w in LARGER_WORKLOADS and ratio["median"] > CHECK_RATIO:
+            failures.append(
+                f"{w}: taskfit/raw step-time ratio, median of {row['ratio']['n']} repetitions, "
+                f"{row['ratio']['median']:.3f} (min-max {row['ratio']['min']:.3f}-{row['ratio']['max']:.3f}) "
+                f"> {CHECK_RATIO}"
             )
         if row["weight_max_abs_diff"] != 0.0:
             failures.append(
@@ -347,9 +357,11 @@ def markdown(data: dict) -> str:
             if not x["ratio"]:
                 row.append("-")
                 continue
+            if not comparable(x["ratio"]):  # no overhead figure the repetitions do not support
+                row.append(compare_ratio(x["ratio"]))
+                continue
             row.append(
-                f"{x['overhead_us']['median']:+.0f} µs/step ({x['ratio']['median']:.3f}x, "
-                f"{x['ratio']['min']:.3f}-{x['ratio']['max']:.3f}); "
+                f"{x['overhead_us']['median']:+.0f} µs/step, {compare_ratio(x['ratio'])}; "
                 f"best-of: {x['best_overhead_us']:+.0f} µs, "
                 f"{x['best_ratio']:.3f}x"
             )
@@ -451,7 +463,8 @@ def _chart(data: dict, out: str) -> None:
         groups,
         series,
         ylabel="step time / hand-written loop",
-        title="Per-step time relative to a hand-written PyTorch loop (1.0 = no overhead)",
+        title="Per-step time relative to a hand-written PyTorch loop (1.0 = no overhead; median, whiskers: "
+        "min-max over repetitions)",
         subtitle=machine_label(data["machine"]),
         baseline=1.0,
         errors=errors,
@@ -460,11 +473,18 @@ def _chart(data: dict, out: str) -> None:
         RUNNERS[r][0]: [(data["workloads"][w][r]["overhead_us"] or {}).get("median") for w in groups]
         for r in peers
     }
+    errors = {
+        RUNNERS[r][0]: [
+            ((x := data["workloads"][w][r]["overhead_us"]) and (x["min"], x["max"])) or None for w in groups
+        ]
+        for r in peers
+    }
     grouped_bars(
         os.path.join(out, "overhead_us.png"),
         groups,
         series,
         ylabel="µs per step",
-        title="Absolute per-step overhead over a hand-written loop",
+        title="Absolute per-step overhead over a hand-written loop (median; whiskers: min-max over repetitions)",
         subtitle=machine_label(data["machine"]),
+        errors=errors,
     )

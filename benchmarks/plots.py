@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from benchmarks.common import log
+from benchmarks.common import log, plain_number
 
 
 def _pyplot():
@@ -49,13 +50,17 @@ def grouped_bars(
         return None
     n = max(1, len(series))
     width = 0.8 / n
-    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 * len(groups) + 2), 4.2))
+    # a readable page-width figure however many groups: about 0.7 inch a group, 6 to 11 inches wide, 4:7 at most
+    many = len(groups) > 4
+    width_in = min(11.0, max(6.0, 0.7 * len(groups) * max(1, n) ** 0.5 + 2))
+    fig, ax = plt.subplots(figsize=(width_in, 5.2 if many else 4.4))
     for i, (label, values) in enumerate(series.items()):
         xs = [g + (i - (n - 1) / 2) * width for g in range(len(groups))]
         pts = [(x, v) for x, v in zip(xs, values) if v is not None]
         if not pts:
             continue
         bars = ax.bar([p[0] for p in pts], [p[1] for p in pts], width, label=label)
+        tops = [v for _, v in pts]
         if errors and errors.get(label):
             errs = [e for e, v in zip(errors[label], values) if v is not None]
             lo = [max(0.0, v - (e[0] if e else v)) for (_, v), e in zip(pts, errs)]
@@ -69,10 +74,11 @@ def grouped_bars(
                 capsize=3,
                 linewidth=1,
             )
-        for bar, (_, v) in zip(bars, pts):
+            tops = [max(v, e[1]) if e else v for (_, v), e in zip(pts, errs)]
+        for bar, top, (_, v) in zip(bars, tops, pts):
             ax.annotate(
-                f"{v:.3g}",
-                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                plain_number(v),
+                (bar.get_x() + bar.get_width() / 2, top),  # above the whisker, not across it
                 ha="center",
                 va="bottom",
                 fontsize=7,
@@ -82,15 +88,16 @@ def grouped_bars(
     if baseline is not None:
         ax.axhline(baseline, color="grey", linestyle="--", linewidth=1)
     ax.set_xticks(range(len(groups)))
-    ax.set_xticklabels(
-        groups, fontsize=8, rotation=20 if len(groups) > 4 else 0, ha="right" if len(groups) > 4 else "center"
-    )
+    ax.set_xticklabels(groups, fontsize=8, rotation=30 if many else 0, ha="right" if many else "center")
     ax.set_ylabel(ylabel)
-    ax.set_title(title + (f"\n{subtitle}" if subtitle else ""), fontsize=9)
+    chars = int(width_in * 11)  # characters a line of 9-point text holds across the figure
+    ax.set_title("\n".join([*textwrap.wrap(title, chars), *textwrap.wrap(subtitle, int(chars * 1.15))]), fontsize=9)
+    ax.ticklabel_format(axis="y", style="plain", useOffset=False)  # 1000, not 1e3 or an offset
+    ax.margins(y=0.12)  # room for the value labels above the bars
     ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")  # nothing clipped: the canvas grows to the labels
     plt.close(fig)
     return path

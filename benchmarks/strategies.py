@@ -32,6 +32,8 @@ from typing import Any
 from taskfit import Callback
 
 from benchmarks.common import (
+    NOT_COMPARABLE,
+    compare_ratio,
     default_out_dir,
     finish,
     fmt_bytes,
@@ -356,8 +358,8 @@ def run_suite(
         results[name] = _combine(runs)
         res = results[name]
         _partial(out_dir or default_out_dir("strategies", device, quick), info, rows, results)
-        log(f"  {name:26s} " + (f"taskfit/raw {res['ratio']['median']:.3f} ({res['ratio']['min']:.3f}-"
-                                 f"{res['ratio']['max']:.3f}), {res['samples_per_s']:8.1f} samples/s"
+        log(f"  {name:26s} " + (f"taskfit/raw {compare_ratio(res['ratio'])}, "
+                                 f"{res['samples_per_s']:8.1f} samples/s"
                                  if "ratio" in res else str(res.get("error"))[:300]))
     load_after = machine_load()
     log(f"  load after: {load_after['uptime']}")
@@ -440,8 +442,8 @@ def markdown(data: dict) -> str:
             rss = ", ".join(fmt_bytes(b) for b in r["peak_rss_bytes_per_rank"])
             rows.append([
                 name, r["devices"], r.get("raw_label", ""), fmt_range(r["taskfit_step_s"], 1e3, 1),
-                fmt_range(r["raw_step_s"], 1e3, 1), fmt_range(r["ratio"], 1, 3),
-                fmt_range(r.get("cpu_ratio"), 1, 3), f"{r['samples_per_s']:.0f}",
+                fmt_range(r["raw_step_s"], 1e3, 1), compare_ratio(r["ratio"]),
+                compare_ratio(r.get("cpu_ratio")), f"{r['samples_per_s']:.0f}",
                 rss, fmt_bytes(r["checkpoint_bytes"]), f"{r['save_s']:.3f}",
                 f"{r['load_s']:.3f}" if r["load_s"] is not None else "-",
                 md_note(r["error"]) if r.get("error") else "",
@@ -453,6 +455,35 @@ def markdown(data: dict) -> str:
                            "taskfit/raw", "CPU time taskfit/raw", "samples/s (taskfit)", "peak RSS per rank",
                            "checkpoint size", "save s", "load s", "note"], rows))
     return "\n".join(lines) + "\n"
+
+
+def _ratio_chart(data: dict, done: dict, out: str) -> None:
+    """taskfit/raw per-step time per row with min-max whiskers; a ratio from fewer than two repetitions is not
+    drawn (a one-repetition quick run spans 0.46 to 1.85 on a shared machine: not enough to compare)."""
+    from benchmarks.plots import grouped_bars
+
+    def medians(key: str) -> list[float | None]:
+        return [(r.get(key) or {}).get("median") if (r.get(key) or {}).get("n", 0) > 1 else None
+                for r in done.values()]
+
+    def spans(key: str) -> list[tuple[float, float] | None]:
+        return [(r[key]["min"], r[key]["max"]) if r.get(key) else None for r in done.values()]
+
+    series = {"wall-clock step time": medians("ratio"), "CPU time per step": medians("cpu_ratio")}
+    if not any(v is not None for values in series.values() for v in values):
+        log(f"strategies_ratio.png not drawn: {NOT_COMPARABLE} (one per row; run without --quick)")
+        return
+    grouped_bars(
+        os.path.join(out, "strategies_ratio.png"),
+        list(done),
+        series,
+        ylabel="taskfit / raw",
+        title="taskfit / raw per-step time (median of repetitions, whiskers: min-max; 1.0 = no overhead; rows "
+        "with one repetition are not drawn)",
+        subtitle=machine_label(data["machine"]),
+        baseline=1.0,
+        errors={"wall-clock step time": spans("ratio"), "CPU time per step": spans("cpu_ratio")},
+    )
 
 
 def _chart(data: dict, out: str) -> None:
@@ -470,19 +501,7 @@ def _chart(data: dict, out: str) -> None:
         title="Throughput per strategy: taskfit and the same job written by hand",
         subtitle=machine_label(data["machine"]),
     )
-    grouped_bars(
-        os.path.join(out, "strategies_ratio.png"),
-        list(done),
-        {"wall-clock step time": [r["ratio"]["median"] for r in done.values()],
-         "CPU time per step": [(r.get("cpu_ratio") or {}).get("median") for r in done.values()]},
-        ylabel="taskfit / raw",
-        title="taskfit / raw per-step time (median of repetitions; 1.0 = no overhead)",
-        subtitle=machine_label(data["machine"]),
-        baseline=1.0,
-        errors={"wall-clock step time": [(r["ratio"]["min"], r["ratio"]["max"]) for r in done.values()],
-                "CPU time per step": [(r["cpu_ratio"]["min"], r["cpu_ratio"]["max"]) if r.get("cpu_ratio") else None
-                                      for r in done.values()]},
-    )
+    _ratio_chart(data, done, out)
     grouped_bars(
         os.path.join(out, "strategies_memory.png"),
         list(done),

@@ -226,6 +226,32 @@ def _run_row(row: tuple, spec: dict[str, Any], example: Any, tokenizer: Any, twe
     return res
 
 
+#: the memory cell of a row measured in the same process as earlier rows
+SHARED_PROCESS_MEMORY = "n/a: rows share one process (--quick)"
+
+
+def relative_to_baseline(results: dict[str, dict[str, Any]], per_row_memory: bool) -> dict[str, dict[str, Any]]:
+    """Add ``speed_vs_baseline`` and ``memory_vs_baseline`` (ratios to the ``baseline`` row) to each measured row
+    of ``results`` (in place; also returned).
+
+    Args:
+        results: row name -> measurement (``samples_per_s``, ``peak_bytes``).
+        per_row_memory (bool): each row ran in its own process (or on CUDA, whose peak counter resets per row).
+            When False (``--quick`` on CPU: one process), a later row's peak-RSS increase is only what it added to
+            memory the earlier rows already took, so its memory ratio is None and ``memory_note`` says why.
+    """
+    base = results.get("baseline", {})
+    for name, r in results.items():
+        if "samples_per_s" not in r or "samples_per_s" not in base:
+            continue
+        r["speed_vs_baseline"] = r["samples_per_s"] / base["samples_per_s"]
+        if per_row_memory or name == "baseline":
+            r["memory_vs_baseline"] = r["peak_bytes"] / base["peak_bytes"] if base["peak_bytes"] > 0 else None
+        else:
+            r["memory_vs_baseline"], r["memory_note"] = None, SHARED_PROCESS_MEMORY
+    return results
+
+
 def _classifier(example: Any, small: bool) -> Any:
     """The pretrained MiniLM classifier, or (``small``) a randomly initialised 1-layer model of its width."""
     import torch
@@ -307,11 +333,7 @@ def run_suite(
             )
     load_after = machine_load()
     log(f"  load after: {load_after['uptime']}")
-    base = results.get("baseline", {})
-    for r in results.values():
-        if "samples_per_s" in r and "samples_per_s" in base:
-            r["speed_vs_baseline"] = r["samples_per_s"] / base["samples_per_s"]
-            r["memory_vs_baseline"] = r["peak_bytes"] / base["peak_bytes"] if base["peak_bytes"] > 0 else None
+    relative_to_baseline(results, per_row_memory=not quick or device.startswith("cuda"))
     model = (
         "random-init 1-layer MiniLM-width BERT, batch sizes / 4 (quick smoke run; memory figures of "
         "later rows are not comparable: one process)"
@@ -376,8 +398,8 @@ def markdown(data: dict) -> str:
                     r["label"],
                     f"{r['samples_per_s']:.1f}",
                     f"{r.get('speed_vs_baseline', 1):.2f}x",
-                    fmt_bytes(r["peak_bytes"]),
-                    _ratio(r.get("memory_vs_baseline")),
+                    r.get("memory_note") or fmt_bytes(r["peak_bytes"]),
+                    r.get("memory_note") or _ratio(r.get("memory_vs_baseline")),
                     f"{r['train_loss']:.4f}",
                     guide[0],
                     guide[1],
@@ -433,16 +455,18 @@ def _chart(data: dict, out: str) -> None:
     if not done:
         return
     groups = [r["label"] for r in done.values()]
-    series = {
-        "throughput vs baseline": [r.get("speed_vs_baseline") for r in done.values()],
-        "peak memory vs baseline": [r.get("memory_vs_baseline") for r in done.values()],
-    }
+    series = {"throughput vs baseline": [r.get("speed_vs_baseline") for r in done.values()]}
+    memory = [r.get("memory_vs_baseline") for r in done.values()]
+    shared = any(r.get("memory_note") for r in done.values())
+    if not shared:  # a one-process quick run measures no per-row memory: no bars that would claim it
+        series["peak memory vs baseline"] = memory
     grouped_bars(
         os.path.join(out, "techniques.png"),
         groups,
         series,
         ylabel="relative to the baseline row",
-        title="Efficiency techniques: throughput and peak memory (baseline = 1)",
+        title="Efficiency techniques: throughput" + (" (memory: not per row in a one-process quick run)" if shared
+                                                     else " and peak memory") + " (baseline = 1)",
         subtitle=machine_label(data["machine"]),
         baseline=1.0,
     )

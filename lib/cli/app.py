@@ -361,7 +361,7 @@ def bench_main(argv: Sequence[str]) -> int:
     """
     import pathlib
 
-    root = pathlib.Path(__file__).resolve().parent.parent
+    root = pathlib.Path(__file__).resolve().parents[2]  # lib/cli/main.py -> the checkout (lib/ maps to taskfit)
     if not (root / "benchmarks" / "__main__.py").is_file():
         print("taskfit bench: error: the benchmark suites run from a source checkout of taskfit (benchmarks/ is "
               "not part of the installed package); clone the repository, install it with `pip install -e .`, "
@@ -415,6 +415,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from taskfit.fit.fit import Fit  # imported only when a command runs: `taskfit --help` stays fast
 
     fit = Fit(args=args)
+    path = None
     if extra.get("ckpt_path"):
         from taskfit.fit.ckpt_path import resolve_ckpt_path
         from taskfit.cli.checkpoints import load_checkpoint_weights
@@ -425,12 +426,39 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"taskfit {command}: error: {err}", file=sys.stderr)
             return 2
         load_checkpoint_weights(fit, module, path)
+    if command != "fit":
+        _log_apart(fit, command, path)
     result = run_command(fit, command, module, data, datamodule)
     sys.stdout.flush()
     if fit.is_global_zero:  # one result line, however many processes ran
-        print(json.dumps(metrics_of(result), default=_to_json), flush=True)
+        metrics = json.loads(json.dumps(metrics_of(result), default=_to_json))
+        if command == "predict":
+            _report_predictions(result, metrics, fit.args, path)
+        print(json.dumps(metrics), flush=True)
     return 0
 
+
+def _log_apart(fit: Any, command: str, ckpt_path: str | None) -> None:
+    """Point ``fit``'s loggers at the evaluation's own folder (``<logging_dir>/<command>-<checkpoint>``): a fresh
+    run logs at step 0, and in the training run's ``metrics.csv`` those rows would bend its curves back to 0."""
+    from taskfit.cli.outputs import evaluation_logging_dir
+    from taskfit.loggers import build_loggers
+
+    fit.args = fit.args.replace(logging_dir=evaluation_logging_dir(fit.args, command, ckpt_path))
+    fit.loggers = build_loggers(fit.args)
+
+
+def _report_predictions(result: Any, metrics: dict[str, Any], args: FitArguments, ckpt_path: str | None) -> None:
+    """Write ``predictions.pt`` and ``predict_results.json`` into ``<output_dir>/predict-<checkpoint>`` (for a
+    remote ``output_dir``, into the evaluation's local logging folder) and say where on stdout."""
+    import os
+
+    from taskfit.cli.outputs import evaluation_name, save_predictions
+
+    folder = (args.resolved_logging_dir if "://" in args.output_dir else
+              os.path.join(args.output_dir, evaluation_name("predict", ckpt_path)))
+    pred_path, metrics_path = save_predictions(result, metrics, folder)
+    print(f"taskfit predict: predictions written to {pred_path}, metrics to {metrics_path}", flush=True)
 
 if __name__ == "__main__":
     sys.exit(main())

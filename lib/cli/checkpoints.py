@@ -70,6 +70,15 @@ def convert_main(argv: Sequence[str] | None = None) -> int:
     ns = parser.parse_args(list(sys.argv[1:] if argv is None else argv))
     from taskfit.strategies.checkpoint_shards import METADATA_NAME, SHARDS_DIR
 
+    from taskfit.checkpoint.writer import WEIGHTS_NAME, WEIGHTS_NAME_PT
+
+    full = [name for name in (WEIGHTS_NAME, WEIGHTS_NAME_PT)
+            if os.path.isfile(os.path.join(ns.checkpoint, name))]
+    if full:  # DDP, single-device, DP: the weights are whole already
+        print(f"taskfit convert: error: {ns.checkpoint!r} already holds full weights ({full[0]}), as every checkpoint "
+              "of an unsharded strategy (ddp, single device) does: nothing to convert. Score it with --ckpt_path "
+              "or load that file directly.", file=sys.stderr)
+        return 2
     try:
         if os.path.isfile(os.path.join(ns.checkpoint, SHARDS_DIR, METADATA_NAME)):
             from taskfit.strategies.checkpoint_shards import convert_checkpoint

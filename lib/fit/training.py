@@ -31,6 +31,7 @@ from taskfit.fit.signals import install_graceful_stop
 from taskfit.fit.stage_hooks import end_stage, start_stage
 from taskfit.fit.summary import log_summary
 from taskfit.loggers import resume_loggers
+from taskfit.loggers.logger import run_hyperparams
 from taskfit.loops.evaluation_loop import metric_key
 from taskfit.loops.fit_loop import FitLoop, accumulation_schedule, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState, TrainingState
@@ -89,7 +90,7 @@ class TrainingStage:
         ctl._new_training()
         if fit.is_global_zero and not n_dev:
             for lg in fit.loggers:
-                lg.log_hyperparams(args.to_sanitized_dict())
+                lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
         hooks.call("on_fit_start", fit, module)
         hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
         hooks.call("on_train_start", fit, module)

@@ -90,6 +90,28 @@ def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+#: prefix of a module hyperparameter whose name an argument of the run already holds
+HPARAMS_PREFIX = "hparams/"
+
+
+def run_hyperparams(args: dict[str, Any], module: Any) -> dict[str, Any]:
+    """What ``log_hyperparams`` receives: the run's arguments plus the module's ``save_hyperparameters`` values
+    (its JSON-able ``hparams``, unless saved with ``logger=False``; mirrors Lightning, which logs the module's
+    hparams). A module value under a name the arguments hold keeps both: it goes in as ``hparams/<name>``.
+
+    Args:
+        args (dict): the arguments as a flat dict (``FitArguments.to_sanitized_dict()``).
+        module: the ``TaskModule`` (any object; without ``hparams_for_checkpoint`` only ``args`` are returned).
+    """
+    out = dict(args)
+    saved = getattr(module, "hparams_for_checkpoint", None)
+    if not callable(saved) or not getattr(module, "_log_hyperparams", True):
+        return out
+    for k, v in saved().items():
+        out[HPARAMS_PREFIX + k if k in args and args[k] != v else k] = v
+    return out
+
+
 def flat_params(params: dict[str, Any], max_len: int = 500) -> dict[str, Any]:
     """``params`` with values a tracker accepts: numbers, bools and strings kept, None as ``"None"``, anything
     else as its ``str`` cut to ``max_len`` characters (MLflow/TensorBoard hparams only take scalars)."""

@@ -16,7 +16,7 @@ from typing import Any
 from taskfit.loggers.logger import require
 
 PNG_NAME = "training_curves.png"
-_SKIP_SUFFIXES = ("_runtime", "_per_second", "epoch")  # speed and bookkeeping: not curves
+_SKIP_SUFFIXES = ("_runtime", "_per_second", "_preparation_time", "epoch")  # speed and bookkeeping: not curves
 
 
 def find_metrics_csv(run_dir: str) -> str:
@@ -35,7 +35,8 @@ def find_metrics_csv(run_dir: str) -> str:
 
 
 def read_metrics_csv(path: str) -> list[dict[str, float]]:
-    """Rows of a ``metrics.csv`` with their numeric cells as floats (empty cells left out)."""
+    """Rows of a ``metrics.csv`` with their numeric cells as floats (empty cells left out), without the rows that an
+    evaluation outside ``fit`` appended after training (see :func:`training_rows`)."""
     rows = []
     with open(path, newline="") as f:
         for raw in csv.DictReader(f):
@@ -47,7 +48,19 @@ def read_metrics_csv(path: str) -> list[dict[str, float]]:
                     continue
             if "step" in row:
                 rows.append(row)
-    return rows
+    return training_rows(rows)
+
+
+def training_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` without those logged at a step below one already seen: a training run's steps never go back (a
+    resumed run rewrites its log from the checkpoint on), so such rows come from an evaluation appended later by a
+    fresh run at step 0 (``taskfit validate`` before it logged into its own folder) and are no curve points."""
+    kept, top = [], -math.inf
+    for row in rows:
+        if row["step"] >= top:
+            kept.append(row)
+            top = row["step"]
+    return kept
 
 
 #: stage prefixes that name the same quantity in training and evaluation (``train_acc`` / ``val_acc``)
@@ -81,7 +94,7 @@ def curve_names(rows: list[dict[str, Any]]) -> list[str]:
 
 def panels(rows: list[dict[str, Any]]) -> list[tuple[str, list[str]]]:
     """The panels to draw: ``(quantity, names)`` pairs. Every logged scalar is drawn except bookkeeping
-    (``step``, ``epoch``, ``total_flos``, ``*_runtime``, ``*_per_second``) and constant series (two or more
+    (``step``, ``epoch``, ``total_flos``, ``*_runtime``, ``*_per_second``, ``*_preparation_time``) and constant series (two or more
     points, all equal); names of one quantity share a panel (``loss`` with ``eval_loss``, ``train_acc`` with
     ``val_acc``). Points a ``fit.test()`` logged before training (step 0) are left out. Order: ``loss``,
     ``learning_rate``, then the other quantities sorted."""

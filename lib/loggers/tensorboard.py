@@ -6,12 +6,14 @@ from typing import Any
 
 from taskfit.loggers.logger import Logger, entries_at, flat_params, require, scalar_metrics
 
-_GROUPS = (("eval_", "eval/"), ("test_", "test/"), ("predict_", "predict/"))
+_GROUPS = (("eval_", "eval/"), ("test_", "test/"), ("predict_", "predict/"), ("val_", "val/"),
+           ("validation_", "validation/"), ("valid_", "valid/"))
 
 
 def tensorboard_tag(name: str) -> str:
     """The TensorBoard tag of a logged name, grouped as HF's ``TensorBoardCallback`` does: ``eval_loss`` ->
-    ``eval/loss``, ``test_acc`` -> ``test/acc``, anything else -> ``train/<name>`` (``loss`` ->
+    ``eval/loss``, ``test_acc`` -> ``test/acc``, Lightning's stage names by their own group (``val_loss`` ->
+    ``val/loss``, ``validation_acc`` -> ``validation/acc``), anything else -> ``train/<name>`` (``loss`` ->
     ``train/loss``, a user's ``train_loss`` -> ``train/train_loss``); names that already hold a ``/`` (e.g.
     ``device/...``, ``summary/...``) are kept."""
     if "/" in name:

@@ -4,6 +4,7 @@ follow."""
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -86,6 +87,12 @@ def _as_list(x: Any) -> list[Any]:
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
+def _user_defined(obj: Any, name: str) -> bool:
+    """Whether the class that defines ``obj.<name>`` is the user's (not one of taskfit's own classes)."""
+    owner = next((c for c in type(obj).__mro__ if name in vars(c)), None)
+    return owner is not None and not owner.__module__.startswith("taskfit.")
+
+
 def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, max_steps: int,
                          hf_optimizers: tuple[Any, Any] = (None, None), *,
                          strategy_builds_optimizer: bool = False) -> tuple[list[Any], list[SchedulerConfig]]:
@@ -108,6 +115,13 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
         RuntimeError: several optimizers under automatic optimization (Lightning's refusal).
     """
     cfg = module.configure_optimizers()
+    if cfg is None and hf_optimizers[0] is None and not strategy_builds_optimizer and _user_defined(
+            module, "configure_optimizers"):
+        warnings.warn(f"{type(module).__name__}.configure_optimizers returned None, so this run trains with the "
+                      f"default optimizer built from the arguments (optim={args.optim!r}, learning_rate="
+                      f"{args.learning_rate}). Return the optimizer (or {{'optimizer': ..., 'lr_scheduler': ...}}) "
+                      "to use your own; delete the method to keep the default without this warning.",
+                      UserWarning, stacklevel=2)
     opt, sched = hf_optimizers
     if strategy_builds_optimizer:
         if opt is not None or cfg is not None:

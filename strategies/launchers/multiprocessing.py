@@ -26,6 +26,40 @@ def _worker(local_rank: int, fn: Callable[..., Any], payload: bytes, env: dict[s
     destroy_process_group()  # before the worker exits (see destroy_process_group)
 
 
+def unguarded_main_call(start_method: str) -> tuple[str, int] | None:
+    """Where the running script's top-level code calls us outside an ``if __name__ == "__main__":`` block, as
+    ``(file, line)``; None when it does not (or when it cannot tell: no script file, unreadable source).
+
+    ``spawn``/``forkserver`` children re-run the script's top level to find ``fn`` (Python's "safe importing of the
+    main module"); unguarded, that top level launches again and the child dies on Python's bootstrapping error while
+    the parent blocks writing the payload. ``fork`` children do not re-run it.
+    """
+    import ast
+    import sys
+
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    if start_method == "fork" or not path or not path.endswith(".py"):
+        return None
+    frame = sys._getframe(1)
+    while frame is not None and not (frame.f_globals is vars(main) and frame.f_code.co_name == "<module>"):
+        frame = frame.f_back
+    if frame is None:
+        return None
+    try:
+        with open(path) as f:
+            tree = ast.parse(f.read())
+    except (OSError, SyntaxError, ValueError):
+        return None
+    line = frame.f_lineno
+    for node in tree.body:
+        guard = isinstance(node, ast.If) and {"__name__", "__main__"} <= set(
+            ast.unparse(node.test).replace("'", " ").replace('"', " ").split())
+        if guard and node.lineno <= line <= (node.end_lineno or node.lineno):
+            return None
+    return path, line
+
+
 class MultiprocessingLauncher:
     """Spawn ``num_processes`` workers (start method ``spawn``: picklable arguments, CUDA-safe) that each run
     ``fn(*args)``; return what rank 0 returned.
@@ -42,6 +76,22 @@ class MultiprocessingLauncher:
         self.main_address, self.main_port, self.start_method = main_address, main_port, start_method
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """Run ``fn(*args)`` in the workers and return rank 0's result.
+
+        Raises:
+            RuntimeError: the calling script runs this from its top level without an ``if __name__ ==
+                "__main__":`` guard (start method ``spawn``: the children would re-run it; the message gives the fix).
+        """
+        where = unguarded_main_call(self.start_method)
+        if where is not None:
+            raise RuntimeError(
+                f"strategy='ddp_spawn' starts its workers by re-running {where[0]!r} (start method "
+                f"'{self.start_method}'), and line {where[1]} of that script launches the run outside the main guard, "
+                "so every worker would launch again and the run would hang. Put the script's top-level code under\n"
+                '    if __name__ == "__main__":\n'
+                "        main()\n"
+                "(Python's 'safe importing of the main module'), or use strategy='ddp', which starts every worker as a "
+                "fresh run of the whole script, as torchrun does.")
         env = {"MASTER_ADDR": self.main_address, "MASTER_PORT": str(self.main_port),
                "WORLD_SIZE": str(self.num_processes * self.num_nodes), "NODE_RANK": str(self.node_rank),
                "TASKFIT_LAUNCHED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),

@@ -77,11 +77,7 @@ def test_check_flags_large_ratio_and_weight_difference(smoke):
     fake["workloads"]["transformer"]["taskfit"]["ratio"]["median"] = 1.0
     assert overhead._check_failures(fake, list(SMOKE_STEPS)) == []
     fake["workloads"]["mlp"]["taskfit"]["ratio"]["median"] = 1.2
-    fake["workloads"]["mlp"]["taskfit"]["best_ratio"] = (
-        1.01  # one disturbed repetition does not fail the gate
-    )
-    assert [f for f in overhead._check_failures(fake, list(SMOKE_STEPS)) if "mlp" in f] == []
-    fake["workloads"]["mlp"]["taskfit"]["best_ratio"] = 1.1
+    fake["workloads"]["mlp"]["taskfit"]["best_ratio"] = 1.01  # issue 31: the gate reads the median the table prints
     fake["workloads"]["transformer"]["taskfit"]["weight_max_abs_diff"] = 1e-7
     failures = overhead._check_failures(fake, list(SMOKE_STEPS))
     assert len(failures) == 2 and "mlp" in failures[0] and "transformer" in failures[1]

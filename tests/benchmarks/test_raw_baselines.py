@@ -96,5 +96,5 @@ def test_F_BENCH_3_every_row_has_a_raw_counterpart_and_the_table_shows_ratios_an
                  "model_parallel": {"devices": 2, "skipped": "not available (strategy 'model_parallel' is not "
                                                              "registered)"}},
     })
-    assert "| ddp | 2 | DDP loop | 21.0 (20.0-22.0) | 19.5 (19.0-20.0) | 1.076 (1.053-1.100) |" in md
+    assert "| ddp | 2 | DDP loop | 21.0 (20.0-22.0) | 19.5 (19.0-20.0) | 1.08x (1.05-1.10, 2 reps) |" in md
     assert "skipped: not available" in md and "before the suite: 5.00, 4.00, 3.00" in md

@@ -334,3 +334,22 @@ def test_cli_fit_end_to_end(tmp_path):
     losses = {k: v for k, v in runs["fit"].items() if "loss" in k}
     assert losses and all(isinstance(v, float) and math.isfinite(v) for v in losses.values()), runs["fit"]
     assert isinstance(runs["validate"]["eval_loss"], float) and math.isfinite(runs["validate"]["eval_loss"])
+
+
+def test_convert_of_a_checkpoint_with_full_weights_says_so_not_deepspeed(tmp_path, capsys):
+    """Issue 31: ``taskfit convert`` on a DDP (or single-device) checkpoint, which already holds
+    ``model.safetensors``, says there is nothing to convert, without speaking of DeepSpeed."""
+    import sys as _sys
+
+    from taskfit import Fit
+    from taskfit.cli.checkpoints import convert_main
+
+    _sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from jobs_common import SumRegression, sum_data
+
+    fit = Fit(output_dir=str(tmp_path / "out"), disable_tqdm=True, report_to="none", save_strategy="steps",
+              save_steps=2, max_steps=2, per_device_train_batch_size=4)
+    fit.fit(SumRegression(), sum_data(8))
+    assert convert_main([str(tmp_path / "out" / "checkpoint-2"), str(tmp_path / "full")]) == 2
+    err = capsys.readouterr().err
+    assert "model.safetensors" in err and "nothing to convert" in err and "DeepSpeed" not in err
