@@ -199,6 +199,9 @@ class Trainer(Fit):
         ValueError: as ``Fit`` (unknown accelerator, strategy, precision...).
     """
 
+    #: Names logged in ``validation_step`` during ``fit`` keep their names (Lightning adds no ``eval_`` prefix).
+    fit_eval_prefix = ""
+
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
                  num_nodes: int = 1, precision: Any = None, logger: Any = None, callbacks: Any = None,
                  fast_dev_run: int | bool = False, max_epochs: int | None = None, min_epochs: int | None = None,
@@ -235,6 +238,17 @@ class Trainer(Fit):
         # Lightning prints no per-log lines when the bar is off
         self.callbacks = [cb for cb in self.callbacks if not isinstance(cb, LogPrinter)]
         self._hooks = HookRunner(self.callbacks)
+
+    def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
+        """:meth:`taskfit.Fit.log` without the evaluation's speed figures (``_runtime``, ``_samples_per_second``,
+        ``_steps_per_second`` under the empty prefix): Lightning's loggers receive only what was logged."""
+        if not any(k in _RUN_KEYS for k in logs):
+            super().log(logs, start_time)
+            return
+        row = {k: v for k, v in logs.items() if k not in _RUN_KEYS}
+        super().log(row, start_time)
+        if "epoch" in row:
+            logs.setdefault("epoch", row["epoch"])
 
     # ------------------------------------------------------------------------------------------ stages ---
     def _eval_plan(self, model: Any, val: Any, datamodule: Any) -> str:

@@ -163,6 +163,24 @@ class ResultCollection:
                 e.fresh = False
         return out
 
+    def update_callback_metrics(self, target: dict[str, Any], synced_too: bool) -> None:
+        """Write the latest ``on_step`` values into ``target`` (Lightning's training ``callback_metrics``): every
+        one, ``logger=False`` included, under its name and, when also ``on_epoch``, under ``name_step`` too. The
+        values stay detached 0-dim tensors (no host sync, no collective), so the loop may call this every step.
+
+        Args:
+            target (dict[str, Any]): the ``callback_metrics`` dict, updated in place.
+            synced_too (bool): also write ``sync_dist`` values (their own value is the synced one only on a
+                single process; on several they arrive synced with the log row and the epoch values, so that
+                no two processes see different monitored values).
+        """
+        for e in self.values.values():
+            if not e.on_step or e.last is None or (e.sync_dist and not synced_too):
+                continue
+            target[e.key()] = e.last
+            if e.on_epoch:
+                target[e.key("_step")] = e.last
+
     def epoch_values(self, logger_only: bool = False) -> dict[str, float]:
         """Floats of the ``on_epoch`` aggregates (``name_epoch`` when also ``on_step``)."""
         out = {}

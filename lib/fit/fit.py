@@ -132,6 +132,10 @@ class Fit(Topology):
         NotImplementedError: an option or component whose feature has not landed yet (names the issue).
     """
 
+    #: The key prefix of an evaluation during ``fit`` (HF's ``metric_key_prefix="eval"``: ``eval_acc``); the
+    #: Lightning door sets "" (names as logged with ``self.log``). A class attribute: chosen once, not per step.
+    fit_eval_prefix: str = "eval"
+
     def __init__(self, args: FitArguments | dict | None = None, *, accelerator: Any = None, strategy: Any = None,
                  devices: Any = None, num_nodes: int | None = None, precision: Any = None,
                  callbacks: list[Any] | None = None, loggers: list[Logger] | None = None,

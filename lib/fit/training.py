@@ -272,7 +272,9 @@ class TrainingStage:
         from taskfit.checkpoint.resume import finish_checkpoints
 
         fit, st, module = self.fit, run.state, run.module
-        metrics.update(total_flos=float(st.total_flos), train_loss=loop.training_loss)  # log() adds epoch
+        metrics.update(total_flos=float(st.total_flos))  # log() adds epoch
+        if loop.has_loss:  # none for a manual-optimization run that returned no loss (Lightning logs none)
+            metrics.update(train_loss=loop.training_loss)
         for cb in fit.callbacks:  # e.g. ThroughputMonitor: tokens/s, FLOP/s, MFU, memory deltas
             metrics.update(getattr(cb, "train_metrics", dict)())
         metrics.update(finish_checkpoints(fit, metrics, run.publisher))  # best model, final push
@@ -305,7 +307,7 @@ class TrainingStage:
             with fit._hf.loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):
                 metrics = fit.evaluate(ignore_keys=fit._ignore_keys_for_eval)
         else:
-            metrics = fit._stages.evaluate_in_run(run.eval_loaders, "eval", fit._ignore_keys_for_eval)
+            metrics = fit._stages.evaluate_in_run(run.eval_loaders, fit.fit_eval_prefix, fit._ignore_keys_for_eval)
         for cfg in () if skip_scheduler else run.schedulers:
             if cfg.interval != "eval":
                 continue

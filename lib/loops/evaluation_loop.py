@@ -320,10 +320,11 @@ class EvaluationLoop:
             results = p.results
             results.dataloader_idx = None  # values logged in on_*_epoch_end get no suffix (Lightning)
             hooks.call(f"on_{p.hook_stage}_epoch_end", fit, module)  # may still log epoch values (Lightning)
-            logged = {metric_key(k, prefix): v for k, v in results.epoch_values(logger_only=False).items()}
-            self.hidden = {metric_key(k, prefix) for k in results.hidden_names()}  # logger=False: no loggers
-            aliases = {metric_key(k, prefix): logged[metric_key(f, prefix)]
-                       for k, f in results.epoch_aliases().items() if metric_key(f, prefix) in logged}
+            # HF's prefix rule for self.log names; an empty prefix (the Lightning door) keeps them as logged
+            key = (lambda k: metric_key(k, prefix)) if prefix else (lambda k: k)
+            logged = {key(k): v for k, v in results.epoch_values(logger_only=False).items()}
+            self.hidden = {key(k) for k in results.hidden_names()}  # logger=False: no loggers
+            aliases = {key(k): logged[key(f)] for k, f in results.epoch_aliases().items() if key(f) in logged}
             results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
         metrics = self._metrics(p, prefix, all_preds, all_labels, all_inputs, all_losses)
         metrics = {**logged, **metrics}

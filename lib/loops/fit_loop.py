@@ -113,6 +113,8 @@ class FitLoop:
         self._norm_due = False  # the last step's gradient norm is not computed yet (only for a log row or a save)
         self.stop: Any = None  # taskfit.fit.signals.GracefulStop: read once per optimizer step
         self.step_lr: float | None = None
+        self.lossless_steps = self.lossless_total = 0  # see _prepare
+        self.loss_seen = True
 
     def _prepare(self, loader: Any) -> None:
         """Decide once per run what every window needs: the step (automatic or manual) and its policy, the
@@ -129,6 +131,10 @@ class FitLoop:
         sums.tr_loss = sums.tr_loss.to(strategy.root_device)
         sums.nan_filter.reset(sums.tr_loss, sums.steps_since_log)
         self.world = world = strategy.world_size
+        # manual optimization whose training_step returns no loss: those steps add nothing to the logged loss
+        # (Lightning logs only what it is given); counted per log window and over the run
+        self.lossless_steps = self.lossless_total = 0
+        self.loss_seen = not self.manual or bool(sums.total_loss)
         readers = strategy.data_parallel_size  # tensor-parallel ranks share their samples
         self.readers = readers
         self.move = batch_mover(module, strategy)
@@ -160,7 +166,7 @@ class FitLoop:
             self._end_epoch(epoch)
             if run.control.should_training_stop:
                 break
-        if sums.steps_since_log:
+        if sums.steps_since_log > self.lossless_steps:
             sums.total_loss += float(self._global_tr_loss())
         # weights that became non-finite after the last logging/save step would end the run silently: one
         # check (one host sync) per run, whatever the logging and save intervals
@@ -243,10 +249,15 @@ class FitLoop:
             for opt in mode_optimizers:  # schedule-free: back to the train point after an evaluation (HF)
                 opt.train()
             out, loss = step.micro_batch(i, batch, batch_idx)
-            detached = loss.detach()
-            sums.tr_loss += detached  # per micro-batch, in HF's summation order
-            if record_loss is not None:  # HF's logging_nan_inf_filter, applied where the sum is read
-                record_loss(detached, sums.steps_since_log)
+            if loss is None:  # manual optimization, no loss returned (windows hold one batch)
+                detached = None
+                self.lossless_steps += 1
+                self.lossless_total += 1
+            else:
+                detached = loss.detach()
+                sums.tr_loss += detached  # per micro-batch, in HF's summation order
+                if record_loss is not None:  # HF's logging_nan_inf_filter, applied where the sum is read
+                    record_loss(detached, sums.steps_since_log)
             window_samples += infer_batch_size(batch)
             state.batch_in_epoch += 1
             if i != last:
@@ -277,6 +288,9 @@ class FitLoop:
         state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
         state.samples_seen += window_samples * self.readers  # every data-parallel rank takes as many
         state.total_flos += run.flos_per_sample * window_samples * self.readers
+        results = run.module._results
+        if results.values:  # Lightning's callback_metrics hold the step's self.log values (logger=False too)
+            results.update_callback_metrics(self.owner.callback_metrics, synced_too=self.world == 1)
 
     def _end_epoch(self, epoch: int) -> None:
         """The epoch's end: epoch schedulers, the epoch's log row, validation and save, plateau schedulers."""
@@ -386,13 +400,16 @@ class FitLoop:
             params, optimizer = self._norm_of
             sums.grad_norm = self.strategy.clip_gradients(params, math.inf, optimizer)
         if control.should_log and sums.steps_since_log:
-            tr_loss = float(self._global_tr_loss())
-            loss = tr_loss / sums.steps_since_log
-            sums.total_loss += tr_loss
+            with_loss = sums.steps_since_log - self.lossless_steps
+            logs = {}
+            if with_loss:
+                tr_loss = float(self._global_tr_loss())
+                sums.total_loss += tr_loss
+                self.loss_seen = True
+                logs["loss"] = tr_loss / with_loss  # unrounded, as HF 5
             sums.tr_loss.zero_()
-            sums.steps_since_log = 0
+            sums.steps_since_log = self.lossless_steps = 0
             sums.nan_filter.reset()
-            logs = {"loss": loss}  # unrounded, as HF 5
             if sums.grad_norm is not None:
                 logs["grad_norm"] = float(sums.grad_norm)
             step_lr = self.step_lr
@@ -421,5 +438,11 @@ class FitLoop:
     @property
     def training_loss(self) -> float:
         """Mean loss per optimizer step over the whole run (HF ``TrainOutput.training_loss``)."""
-        steps = self.run.state.global_step - self.sums.loss_start_step
-        return self.sums.total_loss / steps if steps else math.nan
+        steps = self.run.state.global_step - self.sums.loss_start_step - self.lossless_total
+        return self.sums.total_loss / steps if steps > 0 and self.loss_seen else math.nan
+
+    @property
+    def has_loss(self) -> bool:
+        """False for a manual-optimization run whose ``training_step`` returned no loss: there is no training
+        loss to report (Lightning logs none)."""
+        return self.loss_seen

@@ -50,20 +50,22 @@ def extract_training_loss(out: Any) -> torch.Tensor:
     return loss
 
 
-def manual_loss(out: Any, device: torch.device) -> torch.Tensor:
-    """The loss a manual-optimization ``training_step`` returned (a tensor, a dict with ``"loss"``, or None:
-    then 0), only for the logged running loss; a 0-dim tensor on ``device``."""
+def manual_loss(out: Any) -> torch.Tensor | None:
+    """The loss a manual-optimization ``training_step`` returned (a scalar tensor, or a dict with one under
+    ``"loss"``), detached as a 0-dim tensor, only for the logged running loss; None when it returned none (then
+    the step adds nothing to the logged loss: Lightning logs only what it is given)."""
     loss = out.get("loss") if isinstance(out, Mapping) else out
     if isinstance(loss, torch.Tensor) and loss.numel() == 1:
         return loss.detach().reshape(())
-    return torch.zeros((), device=device)
+    return None
 
 
-def batch_outputs(out: Any, loss: torch.Tensor) -> dict[str, Any]:
+def batch_outputs(out: Any, loss: torch.Tensor | None) -> dict[str, Any]:
     """What ``on_train_batch_end`` receives as ``outputs`` (Lightning): ``{"loss": <detached, accumulation-scaled
-    loss>}`` plus the other items of a dict ``training_step`` result."""
+    loss>}`` plus the other items of a dict ``training_step`` result; without ``"loss"`` when ``loss`` is None (a
+    manual-optimization step that returned none: Lightning's ``ManualResult`` is then ``{}``)."""
     extra = {k: v for k, v in out.items() if k != "loss"} if isinstance(out, Mapping) else {}
-    return {"loss": loss, **extra}
+    return {"loss": loss, **extra} if loss is not None else extra
 
 
 def precision_scaled(precision: Any, loss: torch.Tensor) -> torch.Tensor:
@@ -174,11 +176,11 @@ class ManualStep:
     def start_window(self, window: list[Any], weights: list[Any] | None, epoch: int) -> None:
         """Nothing to prepare: manual optimization has no window weights."""
 
-    def micro_batch(self, i: int, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor]:
-        """``(training_step output, its loss or 0)`` of one batch."""
+    def micro_batch(self, i: int, batch: Any, batch_idx: int) -> tuple[Any, torch.Tensor | None]:
+        """``(training_step output, its detached loss or None)`` of one batch."""
         with self.fwd_ctx(), manual_outer_forward(self.strategy):
             out = self.train_fx(batch, batch_idx)
-        return out, manual_loss(out, self.device)
+        return out, manual_loss(out)
 
     def finish_window(self) -> bool:
         """False: the loop's schedulers of interval ``"step"`` are the module's to step."""
