@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import os
 import types
+import warnings
 from typing import Any, Iterator
 
 
@@ -272,6 +273,11 @@ class Trainer(Fit):
         if datamodule is None and train_dataloaders is not None and _is_datamodule(train_dataloaders):
             datamodule, train_dataloaders = train_dataloaders, None
         self.datamodule = datamodule
+        if val_dataloaders is not None and model is not None and not _overrides(model, "validation_step",
+                                                                                TaskModule):
+            warnings.warn("You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.",
+                          UserWarning, stacklevel=2)  # Lightning's warning; Fit refuses eval data without a step
+            val_dataloaders = None
         self.args = self.args.replace(eval_strategy=self._eval_plan(model, val_dataloaders, datamodule))
         resume = ckpt_path
         if ckpt_path == "last":
