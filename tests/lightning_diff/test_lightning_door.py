@@ -202,7 +202,7 @@ def test_F_LIT_DOOR_8_validation_keys_without_eval_prefix(tmp_path):
         rows = [r for r in _csv_rows(tmp_path / name) if "acc" in r]
         got[name] = ({k: float(trainer.callback_metrics[k]) for k in ("acc", "val_loss")},
                      [v for r in rows for v in (r["acc"], r["val_loss"])], set().union(*rows))
-    (cm_l, rows_l, keys_l), (cm_t, rows_t, keys_t) = got["lightning"], got["taskfit"]
+    (cm_l, rows_l, _), (cm_t, rows_t, keys_t) = got["lightning"], got["taskfit"]
     assert cm_t == pytest.approx(cm_l, rel=1e-6)
     assert len(rows_t) == len(rows_l) == 4 and rows_t == pytest.approx(rows_l, rel=1e-6)
     assert not any(k.startswith(("eval_", "_")) or k.endswith("_runtime") for k in keys_t)
@@ -242,7 +242,7 @@ def test_F_LIT_DOOR_9_manual_optimization_without_loss_logs_no_loss(tmp_path):
                                     log_every_n_steps=1)
         rows = _csv_rows(tmp_path / name)
         got[name] = module, [r["mine"] for r in rows if "mine" in r], set().union(*rows), trainer
-    (ml, mine_l, keys_l, tl), (mt, mine_t, keys_t, tt) = got["lightning"], got["taskfit"]
+    (ml, mine_l, _, tl), (mt, mine_t, keys_t, tt) = got["lightning"], got["taskfit"]
     assert same_weights(ml, mt)
     assert mine_t == pytest.approx(mine_l, rel=1e-6) and len(mine_t) == 8
     assert "loss" not in keys_t and "train_loss" not in keys_t
