@@ -107,3 +107,14 @@ peer-hf: install
 	@test -n "$(PEER_HF_DIR)" || (echo "make peer-hf PEER_HF_DIR=<transformers tests/trainer folder>"; exit 2)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) tests/peers/run_hf_suite.py "$(PEER_HF_DIR)" \
 		$(if $(PEER_HF_FILES),--files $(PEER_HF_FILES))
+
+# ---- peer suite: Lightning's own tests judge taskfit.lightning (tests/peers/run_lightning_suite.py) ----
+# PEER_LIGHTNING_DIR: Lightning's tests/tests_pytorch folder of the installed version, kept outside this repository.
+# PEER_LIGHTNING_FILES: files relative to tests_pytorch (default: core/test_datamodules.py, callbacks/test_early_stopping.py).
+PEER_LIGHTNING_DIR ?=
+PEER_LIGHTNING_FILES ?=
+.PHONY: peer-lightning
+peer-lightning: install
+	@test -n "$(PEER_LIGHTNING_DIR)" || (echo "make peer-lightning PEER_LIGHTNING_DIR=<Lightning tests/tests_pytorch folder>"; exit 2)
+	$(PY) tests/peers/run_lightning_suite.py "$(PEER_LIGHTNING_DIR)" \
+		$(if $(PEER_LIGHTNING_FILES),--files $(PEER_LIGHTNING_FILES))

@@ -1,0 +1,151 @@
+"""The Lightning peer-suite runner itself (tests/peers/run_lightning_suite.py): its import rewriting, its
+exceptions list and its verdict, on small synthetic test files (no Lightning test file, no network)."""
+
+import ast
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("run_lightning_suite", HERE / "run_lightning_suite.py")
+run_lightning_suite = importlib.util.module_from_spec(_spec)
+sys.modules["run_lightning_suite"] = run_lightning_suite
+_spec.loader.exec_module(run_lightning_suite)
+
+PROVIDED = run_lightning_suite.Provided(
+    top={"LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything"},
+    spaces={"callbacks": {"Callback", "EarlyStopping", "ModelCheckpoint"}, "loggers": {"CSVLogger"}})
+
+SOURCE = '''\
+import os
+from lightning.pytorch import LightningModule, Trainer as T, LightningOptimizer
+from lightning.pytorch.callbacks import (
+    EarlyStopping,
+    ModelCheckpoint as MC,
+    Timer,
+)
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from lightning.pytorch.core.module import LightningModule as LM
+from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.demos.boring_classes import BoringModel
+from lightning.fabric.utilities.seed import seed_everything
+from tests_pytorch.helpers.runif import RunIf
+
+
+def helper():
+    from lightning.pytorch import Trainer
+    return Trainer, "from lightning.pytorch import Trainer"
+'''
+
+EXPECTED = '''\
+import os
+from taskfit.lightning import LightningModule, Trainer as T
+from lightning.pytorch import LightningOptimizer
+from taskfit.lightning import callbacks as _taskfit_callbacks
+EarlyStopping = _taskfit_callbacks.EarlyStopping
+MC = _taskfit_callbacks.ModelCheckpoint
+from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason
+from taskfit.lightning import LightningModule as LM
+from taskfit.lightning import loggers as _taskfit_loggers
+CSVLogger = _taskfit_loggers.CSVLogger
+from tests_pytorch._taskfit_demos import BoringModel
+from taskfit.lightning import seed_everything
+from tests_pytorch.helpers.runif import RunIf
+
+
+def helper():
+    from taskfit.lightning import Trainer
+    return Trainer, "from lightning.pytorch import Trainer"
+'''
+
+
+def test_rewrite_moves_only_provided_names():
+    text, moved = run_lightning_suite.rewrite_imports(SOURCE, PROVIDED)
+    assert text == EXPECTED
+    assert moved == ["LightningModule", "Trainer", "EarlyStopping", "ModelCheckpoint", "LightningModule", "CSVLogger",
+                     "BoringModel", "seed_everything", "Trainer"]
+    ast.parse(text)
+
+
+def test_rewrite_keeps_demos_when_asked():
+    text, moved = run_lightning_suite.rewrite_imports(
+        "from lightning.pytorch.demos.boring_classes import BoringModel\n", PROVIDED, demos=False)
+    assert text == "from lightning.pytorch.demos.boring_classes import BoringModel\n" and moved == []
+
+
+@pytest.mark.parametrize("body, swapped", [
+    ("class M(pl.LightningModule):\n    pass\nt = pl.Trainer(callbacks=[pl.callbacks.EarlyStopping('x')])\n", True),
+    ("t = pl.Trainer()\nx = pl.utilities.rank_zero_only\n", False),  # a name taskfit.lightning does not provide
+    ("t = pl.Trainer()\nprint(pl)\n", False),  # the module object itself
+    ("t = pl.callbacks.Timer()\n", False),  # a callback taskfit.lightning.callbacks does not hold
+])
+def test_module_alias_swapped_only_when_every_use_is_provided(body, swapped):
+    source = "import lightning.pytorch as pl\n" + body
+    text, moved = run_lightning_suite.rewrite_imports(source, PROVIDED)
+    assert text.splitlines()[0] == ("import taskfit.lightning as pl" if swapped else "import lightning.pytorch as pl")
+    assert text.splitlines()[1:] == source.splitlines()[1:]
+    assert moved == (["pl"] if swapped else [])
+
+
+def test_provided_names_read_from_the_source():
+    provided = run_lightning_suite.taskfit_lightning_names()
+    assert {"LightningModule", "Trainer", "seed_everything"} <= provided.top
+    assert "callbacks" not in provided.top
+    assert {"EarlyStopping", "ModelCheckpoint", "LambdaCallback"} <= provided.spaces["callbacks"]
+    assert {"CSVLogger", "TensorBoardLogger"} <= provided.spaces["loggers"]
+
+
+def _junit(path: Path, cases: str) -> Path:
+    path.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>')
+    return path
+
+
+def test_verdict_counts_listed_and_unlisted(tmp_path, capsys):
+    f = "tests_pytorch/core/test_x.py"
+    pl = _junit(tmp_path / "a.lightning.xml",
+                f'<testcase classname="tests_pytorch.core.test_x" name="test_a" file="{f}"/>'
+                f'<testcase classname="tests_pytorch.core.test_x" name="test_b" file="{f}"/>'
+                f'<testcase classname="tests_pytorch.core.test_x.TestK" name="test_c" file="{f}"/>'
+                f'<testcase classname="tests_pytorch.core.test_x" name="test_d" file="{f}"><skipped message="gpu"/>'
+                '</testcase>')
+    tf = _junit(tmp_path / "a.taskfit.xml",
+                f'<testcase classname="tests_pytorch.core.test_x" name="test_a" file="{f}"/>'
+                f'<testcase classname="tests_pytorch.core.test_x" name="test_b" file="{f}">'
+                '<failure message="AttributeError: fit_loop"/></testcase>'
+                f'<testcase classname="tests_pytorch.core.test_x.TestK" name="test_c" file="{f}">'
+                '<failure message="AssertionError: 3 != 4"/></testcase>')
+    exc = tmp_path / "exc.txt"
+    exc.write_text("# comment\ncore/test_x.py::test_b | 1 | reads trainer.fit_loop\n")
+    lightning, taskfit = run_lightning_suite.read_junit(pl), run_lightning_suite.read_junit(tf)
+    assert set(lightning) == {"core/test_x.py::test_a", "core/test_x.py::test_b", "core/test_x.py::TestK::test_c",
+                              "core/test_x.py::test_d"}
+    unlisted = run_lightning_suite.report(["core/test_x.py"], lightning, taskfit,
+                                          run_lightning_suite.read_exceptions(exc))
+    out = capsys.readouterr().out
+    assert unlisted == 1
+    assert "UNLISTED: AssertionError: 3 != 4" in out and "listed (1: Lightning internal)" in out
+    assert ("summary core/test_x.py: Lightning-passing 3, taskfit-passing 1, listed kind-1 1, kind-2 0, "
+            "unlisted failures 1") in out
+
+
+def test_exceptions_refuse_other_kinds(tmp_path):
+    exc = tmp_path / "exc.txt"
+    exc.write_text("core/test_x.py::test_b | 3 | a gap\n")
+    with pytest.raises(ValueError, match="1 or 2"):
+        run_lightning_suite.read_exceptions(exc)
+
+
+def test_prepare_copies_rewrites_only_the_taskfit_side(tmp_path):
+    src = tmp_path / "src" / "tests_pytorch"
+    (src / "core").mkdir(parents=True)
+    (src / "conftest.py").write_text("")
+    (src / "core" / "test_m.py").write_text("from lightning.pytorch import Trainer\n")
+    roots = run_lightning_suite.prepare_copies(tmp_path / "src", tmp_path / "work", PROVIDED, demos=True)
+    assert (roots["lightning"] / "tests_pytorch/core/test_m.py").read_text() == "from lightning.pytorch import Trainer\n"
+    assert (roots["taskfit"] / "tests_pytorch/core/test_m.py").read_text() == "from taskfit.lightning import Trainer\n"
+    demos = (roots["taskfit"] / "tests_pytorch/_taskfit_demos.py").read_text()
+    assert "from taskfit.lightning import LightningDataModule, LightningModule" in demos
+    assert not (roots["lightning"] / "tests_pytorch/_taskfit_demos.py").exists()
