@@ -268,3 +268,25 @@ def test_F_LIT_DOOR_10_manual_optimization_returned_loss_still_logged(tmp_path):
     assert len(rows) == 4 and all(r["loss"] > 0 for r in rows)
     summary = fit.state.log_history[-1]
     assert summary["train_loss"] == pytest.approx(sum(r["loss"] for r in rows) / 4, rel=1e-6)
+
+
+def test_F_LIT_DOOR_11_callback_and_logger_imports_swap_line_for_line():
+    """``from lightning.pytorch.callbacks import X`` and ``...loggers import X`` have a one-line swap: the
+    namespaces are modules, and each name is the built-in Lightning users know."""
+    import importlib
+
+    from lightning.pytorch import callbacks as pl_callbacks
+    from lightning.pytorch import loggers as pl_loggers
+
+    tf_callbacks = importlib.import_module("taskfit.lightning.callbacks")
+    tf_loggers = importlib.import_module("taskfit.lightning.loggers")
+    for name in ("ModelCheckpoint", "EarlyStopping", "LearningRateMonitor", "TQDMProgressBar", "LambdaCallback",
+                 "ModelSummary", "Timer", "StochasticWeightAveraging", "Callback"):
+        assert hasattr(pl_callbacks, name) and hasattr(tf_callbacks, name), name
+    for name in ("CSVLogger", "TensorBoardLogger", "MLFlowLogger", "WandbLogger"):
+        assert hasattr(pl_loggers, name) and hasattr(tf_loggers, name), name
+    from taskfit.lightning.callbacks import EarlyStopping
+    from taskfit.lightning.loggers import CSVLogger
+
+    assert EarlyStopping(monitor="val_loss", patience=2).patience == 2
+    assert CSVLogger("root", name="exp").name == "exp"

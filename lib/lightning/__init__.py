@@ -15,38 +15,24 @@ from __future__ import annotations
 
 import contextlib
 import os
-import types
 import warnings
 from typing import Any, Iterator
 
-
-from taskfit import callbacks as _cb
 from taskfit.callbacks.base import Callback, HookRunner
 from taskfit.callbacks.console import LogPrinter
-from taskfit.callbacks.lambda_callback import LambdaCallback
 from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
-from taskfit.loggers import lightning_style as _lg
+from taskfit.lightning import callbacks, loggers  # modules: `from taskfit.lightning.callbacks import X` works
 from taskfit.seed import seed_everything
+
+_cb, _lg = callbacks, loggers
 
 __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything", "callbacks",
            "loggers"]
 
 LightningModule = TaskModule
 LightningDataModule = DataModule
-
-callbacks = types.SimpleNamespace(
-    Callback=Callback, ModelCheckpoint=_cb.ModelCheckpoint, EarlyStopping=_cb.EarlyStopping,
-    LearningRateMonitor=_cb.LearningRateMonitor, ModelSummary=_cb.ModelSummary, Timer=_cb.Timer,
-    GradientAccumulationScheduler=_cb.GradientAccumulationScheduler, LearningRateFinder=_cb.LearningRateFinder,
-    BatchSizeFinder=_cb.BatchSizeFinder, StochasticWeightAveraging=_cb.StochasticWeightAveraging,
-    WeightAveraging=_cb.WeightAveraging, EMAWeightAveraging=_cb.EMAWeightAveraging,
-    ThroughputMonitor=_cb.ThroughputMonitor, DeviceStatsMonitor=_cb.DeviceStatsMonitor,
-    ProgressBar=_cb.ProgressBar, TQDMProgressBar=_cb.ProgressBar, RichProgressBar=_cb.RichProgressBar,
-    LambdaCallback=LambdaCallback)
-loggers = types.SimpleNamespace(CSVLogger=_lg.CSVLogger, TensorBoardLogger=_lg.TensorBoardLogger,
-                                MLFlowLogger=_lg.MLFlowLogger, WandbLogger=_lg.WandbLogger)
 
 #: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
 _UNSUPPORTED = {"min_epochs": (None, 0), "min_steps": (None, 0), "use_distributed_sampler": (True,),
