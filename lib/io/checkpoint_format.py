@@ -36,7 +36,8 @@ are written in place and the manifest last. With several processes every rank wr
 Hashes are taken from the bytes as they are written: files serialised by taskfit are hashed in memory before
 the write; files written by a strategy's backend (torch.distributed.checkpoint, DeepSpeed) are hashed (and
 synced) on a background thread while the rest of the checkpoint is written. On load every file is read once:
-the same bytes are verified against the manifest and then deserialised (:class:`CheckpointReader`).
+the same bytes are verified against the manifest and then deserialised (:class:`CheckpointReader`); the
+listed files a resume does not load are verified after it (:meth:`CheckpointReader.verify`).
 
 Trust: a manifest is validated before use (schema, names that stay inside the folder, the entries a resume
 needs); listing and rotation never follow links out of ``output_dir``; every error names the file.
