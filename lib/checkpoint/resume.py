@@ -16,10 +16,12 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from taskfit.io.checkpoint_format import (
-    MANIFEST_NAME, CheckpointError, CheckpointReader, list_checkpoints, read_manifest, require_entries, shard_names,
+    MANIFEST_NAME, SHARDS_PREFIX, CheckpointError, CheckpointReader, list_checkpoints, read_manifest,
+    require_entries, shard_names,
 )
 from taskfit.io.hf_checkpoint import (
-    HF_FORMAT, adopt_message, is_hf_checkpoint, place_hf_position, select_scheduler_groups,
+    HF_FORMAT, HF_RNG_NAME, adopt_message, is_hf_checkpoint, numpy_rng_globals, place_hf_position,
+    select_scheduler_groups,
 )
 from taskfit.loops.state import upgrade_training_state
 from taskfit.strategies.checkpointing import (  # noqa: F401  (load_model_weights, open_checkpoint: re-exported)
@@ -265,7 +267,46 @@ def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), 
     rng_name = f"rng_state_{strategy.global_rank}.pt"
     ts["rng"] = reader.read(rng_name) if rng_name in manifest["files"] else None
     out["training_state"] = ts
+    verify_listed_files(reader, strategy.global_rank, strategy.world_size)
     return out
+
+
+def verify_listed_files(reader: CheckpointReader, rank: int, world_size: int) -> list[str]:
+    """Verify (size and SHA-256) every file the manifest lists that the resume did not read, so a damaged file
+    is found when the checkpoint is resumed, not when ``transformers.Trainer`` or a person reads it later: HF's
+    ``rng_state.pth``, ``trainer_state.json``, ``config.json``, another world size's ``rng_state_{r}.pt``. The
+    small interop files (``rng_state.pth`` and JSON files) are also parsed, safely (``rng_state.pth`` with
+    ``weights_only`` and exactly the numpy classes HF pickles), so a hostile file with a matching manifest entry
+    is refused too. Global rank 0 checks them; under several processes, each rank's own ``rng_state_{r}.pt`` and
+    strategy shards are checked by the rank that reads them. Returns the names checked here.
+
+    Args:
+        reader (CheckpointReader): the reader the resume read its files with (it knows what was verified).
+        rank (int): this process's global rank; world_size (int): the number of processes.
+
+    Raises:
+        CheckpointError: a listed file is missing, truncated, corrupted or does not parse (names the file).
+        UnsafeCheckpointError: ``rng_state.pth`` needs full unpickling and the reader is ``weights_only``.
+    """
+    if rank != 0:
+        return []
+    names = reader.unverified()
+    if world_size > 1:  # read (and verified) by the ranks that hold them
+        own = {f"rng_state_{r}.pt" for r in range(world_size)}
+        names = [n for n in names if n not in own and not n.startswith(SHARDS_PREFIX)]
+    for name in names:
+        if reader.files[name]["size"] > _PARSE_MAX_BYTES or not (name == HF_RNG_NAME or name.endswith(".json")):
+            reader.verify(name)
+        elif name == HF_RNG_NAME:
+            with numpy_rng_globals():
+                reader.read(name)
+        else:
+            reader.read(name)
+    return names
+
+
+#: bytes; listed interop files up to this size are parsed as well as hashed (HF's rng_state.pth is ~15 KB)
+_PARSE_MAX_BYTES = 1 << 20
 
 
 def _require_entries(reader: CheckpointReader, shards: list[str], full: bool, n_optimizers: int,

@@ -60,13 +60,17 @@ class TrainingStage:
         self.fit = fit
 
     def fit_stage(self, model: nn.Module | None, **kwargs: Any) -> TrainOutput:
-        """One training, retried with a halved batch on out-of-memory under ``auto_find_batch_size``."""
+        """One training, retried with a halved batch on out-of-memory under ``auto_find_batch_size``; global rank 0
+        holds the ``output_dir`` run lock meanwhile (:mod:`taskfit.io.run_lock`: a second run on it is refused)."""
+        from taskfit.io.run_lock import run_lock
+
         fit = self.fit
-        if not fit.args.auto_find_batch_size:
-            return self.fit_once(fit.args, model, **kwargs)
-        return efficiency.fit_with_auto_batch_size(  # halve the batch on out-of-memory, retry
-            lambda args: self.fit_once(args, model, **kwargs), fit.args, model, kwargs.get("train_data"),
-            fit.strategy.accelerator)
+        with run_lock(fit.args.output_dir, enabled=fit.is_global_zero):
+            if not fit.args.auto_find_batch_size:
+                return self.fit_once(fit.args, model, **kwargs)
+            return efficiency.fit_with_auto_batch_size(  # halve the batch on out-of-memory, retry
+                lambda args: self.fit_once(args, model, **kwargs), fit.args, model, kwargs.get("train_data"),
+                fit.strategy.accelerator)
 
     def fit_once(self, args: FitArguments, model: nn.Module | None, train_data: Any, eval_data: Any,
                  data_collator: Callable | None, datamodule: DataModule | None,

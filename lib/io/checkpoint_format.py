@@ -36,7 +36,8 @@ are written in place and the manifest last. With several processes every rank wr
 Hashes are taken from the bytes as they are written: files serialised by taskfit are hashed in memory before
 the write; files written by a strategy's backend (torch.distributed.checkpoint, DeepSpeed) are hashed (and
 synced) on a background thread while the rest of the checkpoint is written. On load every file is read once:
-the same bytes are verified against the manifest and then deserialised (:class:`CheckpointReader`).
+the same bytes are verified against the manifest and then deserialised (:class:`CheckpointReader`); the
+listed files a resume does not load are verified after it (:meth:`CheckpointReader.verify`).
 
 Trust: a manifest is validated before use (schema, names that stay inside the folder, the entries a resume
 needs); listing and rotation never follow links out of ``output_dir``; every error names the file.
@@ -217,6 +218,8 @@ class CheckpointReader:
         self.io, self.folder, self.weights_only = io, folder, weights_only
         self.manifest = manifest if manifest is not None else read_manifest(io, folder)
         self._lock = threading.Lock()
+        #: names whose bytes were read and verified (:meth:`unverified` lists the others)
+        self.verified: set[str] = set()
 
     @property
     def files(self) -> dict[str, FileEntry]:
@@ -238,13 +241,39 @@ class CheckpointReader:
             raise CheckpointError(f"Checkpoint file {path!r} is missing (listed in the manifest).") from None
         except OSError as exc:  # a failing disk or store
             raise CheckpointError(f"Could not read checkpoint file {path!r}: {exc.strerror or exc}") from exc
-        got = file_entry(data)
-        if got != expected:
-            what = "truncated" if got["size"] < expected["size"] else "corrupted"
-            raise CheckpointError(f"Checkpoint file {path!r} is {what}: {got['size']} bytes with SHA-256 "
-                                  f"{got['sha256'][:12]}..., the manifest says {expected['size']} bytes with "
-                                  f"{expected['sha256'][:12]}...")
+        _check_entry(path, file_entry(data), expected)
+        self.verified.add(name)
         return data
+
+    def unverified(self) -> list[str]:
+        """The listed names not yet verified by this reader (a reader of a folder without recorded hashes, such
+        as a ``transformers.Trainer`` checkpoint, has nothing to verify: empty)."""
+        done = getattr(self, "verified", set())
+        return [n for n, e in self.files.items() if n not in done and _SHA256_RE.match(str(e.get("sha256", "")))]
+
+    def verify(self, name: str) -> None:
+        """Check the size and SHA-256 of listed file ``name`` without keeping its bytes: a local file is hashed in
+        1 MiB blocks (its size is checked first, so a truncated file costs no read), a remote one is read whole.
+
+        Raises:
+            CheckpointError: not listed, missing, unreadable, truncated or corrupted (names the file).
+        """
+        if not self.io.is_local(self.folder):
+            self.read_bytes(name)
+            return
+        path, expected = join(self.folder, name), self.files.get(name)
+        if expected is None:
+            raise CheckpointError(f"{path!r} is not listed in the checkpoint's manifest.")
+        inner = self.io.fs(path)[1]
+        try:
+            size = os.stat(inner).st_size
+            got = _hash_file(inner) if size == expected["size"] else {"size": size, "sha256": "?" * 64}
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            raise CheckpointError(f"Checkpoint file {path!r} is missing (listed in the manifest).") from None
+        except OSError as exc:  # a failing disk
+            raise CheckpointError(f"Could not read checkpoint file {path!r}: {exc.strerror or exc}") from exc
+        _check_entry(path, got, expected)
+        self.verified.add(name)
 
     def read(self, name: str, weights_only: bool | None = None, map_location: Any = "cpu") -> Any:
         """Read, verify and deserialise ``name`` (see :func:`~taskfit.io.checkpoint_io.deserialize`).
@@ -264,6 +293,27 @@ class CheckpointReader:
         except Exception as exc:  # garbage that matches its manifest entry: name the file, not the parser
             raise CheckpointError(f"Checkpoint file {join(self.folder, name)!r} cannot be read as "
                                   f"{_kind(name)}: {type(exc).__name__}: {str(exc)[:200]}") from None
+
+
+def _check_entry(path: str, got: FileEntry, expected: FileEntry) -> None:
+    """Raise :class:`CheckpointError` naming ``path`` when its size or SHA-256 differ from the manifest's."""
+    if got != expected:
+        what = "truncated" if got["size"] < expected["size"] else "corrupted"
+        raise CheckpointError(f"Checkpoint file {path!r} is {what}: {got['size']} bytes with SHA-256 "
+                              f"{got['sha256'][:12]}..., the manifest says {expected['size']} bytes with "
+                              f"{expected['sha256'][:12]}...")
+
+
+def _hash_file(path: str, sync: bool = False) -> FileEntry:
+    """Size and SHA-256 of local file ``path``, read in 1 MiB blocks; ``sync``: ``fsync`` it too."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+            size += len(block)
+        if sync:
+            os.fsync(fh.fileno())
+    return {"size": size, "sha256": digest.hexdigest()}
 
 
 def _kind(name: str) -> str:
@@ -303,16 +353,6 @@ def fsync_path(path: str, directory: bool = False) -> None:
             raise
     finally:
         os.close(fd)
-
-
-def _hash_and_sync(path: str) -> FileEntry:
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(block)
-            size += len(block)
-        os.fsync(fh.fileno())
-    return {"size": size, "sha256": digest.hexdigest()}
 
 
 class BackgroundResult:
@@ -355,7 +395,7 @@ def hash_files_in_background(io: CheckpointIO, folder: str, names: list[str]) ->
         out = {}
         for name in names:
             path = join(folder, name)
-            out[name] = _hash_and_sync(io.fs(path)[1]) if local else file_entry(io.read_bytes(path))
+            out[name] = _hash_file(io.fs(path)[1], sync=True) if local else file_entry(io.read_bytes(path))
         return out
 
     return BackgroundResult(run)

@@ -114,10 +114,7 @@ GARBAGE = {"fit_args.json": b"\xff\xfe\x00 not json", "trainer_state.json": b"{"
 def test_F_REL_3_garbage_with_a_matching_manifest_entry_names_the_file(ck, name):
     """The corruption matrix: each file of the checkpoint replaced by garbage whose size and SHA-256 the manifest
     records (so the checksum passes): the error is a CheckpointError naming the file."""
-    replace_file(ck, name, GARBAGE[name])
-    if name == "trainer_state.json":  # informational copy, never read on resume
-        assert _resume(ck).global_step == 6
-        return
+    replace_file(ck, name, GARBAGE[name])  # trainer_state.json too: every listed file is checked on resume
     with pytest.raises(CheckpointError, match=name.replace(".", r"\.")):
         _resume(ck)
 
