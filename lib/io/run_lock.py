@@ -27,6 +27,9 @@ from taskfit.io.checkpoint_io import filesystem, is_local_fs
 log = logging.getLogger("taskfit")
 
 LOCK_NAME = ".taskfit-run.lock"
+#: lock files this process holds -> nesting depth: a run started inside a run of the same process (the tuner's
+#: finder callbacks, an HPO trial) is the same run's work, not a second run
+_HELD: dict[str, int] = {}
 
 
 class RunLockedError(RuntimeError):
@@ -90,7 +93,14 @@ def run_lock(output_dir: str, enabled: bool = True) -> Iterator[bool]:
         return
     created = not os.path.isdir(inner)
     os.makedirs(inner, exist_ok=True)
-    path = os.path.join(inner, LOCK_NAME)
+    path = os.path.realpath(os.path.join(inner, LOCK_NAME))
+    if _HELD.get(path):
+        _HELD[path] += 1
+        try:
+            yield True
+        finally:
+            _HELD[path] -= 1
+        return
     try:
         fd = _acquire(path)
     except BaseException:
@@ -99,8 +109,10 @@ def run_lock(output_dir: str, enabled: bool = True) -> Iterator[bool]:
     try:
         os.ftruncate(fd, 0)
         os.write(fd, json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}).encode())
+        _HELD[path] = 1
         yield True
     finally:
+        _HELD.pop(path, None)
         with contextlib.suppress(OSError):
             os.unlink(path)  # still locked: a process waiting on this file retries on the new one
         os.close(fd)
