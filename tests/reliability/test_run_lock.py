@@ -12,13 +12,12 @@ import sys
 import time
 from pathlib import Path
 
-import pytest
 import torch
 
 from proc import clean_env
 
 from taskfit import Fit
-from taskfit.io.run_lock import RunLockedError, run_lock
+from taskfit.io.run_lock import run_lock
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checkpoint"))
 import job  # noqa: E402
