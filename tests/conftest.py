@@ -1,4 +1,5 @@
-"""Shared test settings: one thread per process (2-core machines), offline Hugging Face; the S3 fixtures."""
+"""Shared test settings: one thread per process (2-core machines), offline Hugging Face; the S3 fixtures; the
+pytest-xdist groups (`make test` runs ``pytest -n 2 --dist loadgroup``)."""
 
 import os
 import socket
@@ -11,6 +12,25 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 torch.set_num_threads(1)
+
+MULTIPROCESS_GROUP = "multiprocess"
+
+
+# ---- pytest-xdist groups for ``--dist loadgroup`` ----------------------------------------------------------------
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the marks into node-id suffixes
+def pytest_collection_modifyitems(config, items):
+    """Give every test an ``xdist_group`` unless it names one: a file whose default run starts several processes
+    (a ``distributed`` test not marked ``slow``) goes whole into one shared group, so at most one multi-process job
+    runs at a time beside one single-process worker (2 cores); every other file is its own group, so a file's
+    module-scoped fixtures are built once and its tests run in file order on one worker, as in a serial run.
+    Without xdist the marks are inert."""
+    multi = {item.path for item in items
+             if item.get_closest_marker("distributed") and not item.get_closest_marker("slow")}
+    root = config.rootpath
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            name = MULTIPROCESS_GROUP if item.path in multi else item.path.relative_to(root).as_posix()
+            item.add_marker(pytest.mark.xdist_group(name))
 
 
 # ---- a real S3 API on 127.0.0.1 (moto's server), for the checkpoint and publishing tests ----------------------
