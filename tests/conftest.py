@@ -24,20 +24,21 @@ _GROUPS_DIR = "taskfit_xdist_groups"  # workerinput key: where each worker write
 # xdist 3.8 passes groups to its scheduler by rewriting ``item._nodeid``, which pytest 9 no longer reads; so each
 # worker writes its groups to a file and the scheduler below (a LoadScopeScheduling) reads them by node id.
 def _group(item, multi: set) -> str:
-    """The group of one test: its ``xdist_group`` mark's name, else MULTIPROCESS_GROUP for a file in ``multi``, else
-    its file (rootdir-relative)."""
+    """The group of one test: its ``xdist_group`` mark's name, else its file (rootdir-relative), prefixed with
+    ``MULTIPROCESS_GROUP:`` for a file in ``multi``."""
     mark = item.get_closest_marker("xdist_group")
     if mark is not None:
         return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
-    return MULTIPROCESS_GROUP if item.path in multi else item.path.relative_to(item.config.rootpath).as_posix()
+    name = item.path.relative_to(item.config.rootpath).as_posix()
+    return f"{MULTIPROCESS_GROUP}:{name}" if item.path in multi else name
 
 
 @pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects: node ids are looked up, extra ones cost nothing
 def pytest_collection_modifyitems(config, items):
-    """On an xdist worker, write ``{nodeid: group}``: a file whose default run starts several processes (a
-    ``distributed`` test not marked ``slow``) goes whole into one shared group, so at most one multi-process job runs
-    at a time beside one single-process worker (2 cores); every other file is its own group, so its module-scoped
-    fixtures are built once and its tests run in file order on one worker, as in a serial run."""
+    """On an xdist worker, write ``{nodeid: group}``: each file is its own group, so its module-scoped fixtures are
+    built once and its tests run in file order on one worker, as in a serial run; a file whose default run starts
+    several processes (a ``distributed`` test not marked ``slow``) is named ``MULTIPROCESS_GROUP:<file>``, and the
+    scheduler runs one such file at a time while single-process files remain (2 workers on 2 cores)."""
     folder = getattr(config, "workerinput", {}).get(_GROUPS_DIR)
     if folder is None:
         return
@@ -63,7 +64,8 @@ def pytest_configure_node(node):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup``: xdist's LoadScopeScheduling (largest group first, then whichever worker is free) over
-    the groups the workers wrote; other ``--dist`` modes are xdist's own."""
+    the groups the workers wrote, except that one worker runs the multi-process files one after another while the
+    other runs the single-process ones, until one kind is used up; other ``--dist`` modes are xdist's own."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -79,6 +81,18 @@ def pytest_xdist_make_scheduler(config, log):
                         with open(os.path.join(config._taskfit_groups_dir, name), encoding="utf-8") as f:
                             self.groups.update(json.load(f))
             return self.groups.get(nodeid) or nodeid.split("::", 1)[0]
+
+        def _assign_work_unit(self, node) -> None:
+            multi = MULTIPROCESS_GROUP + ":"
+            busy = any(scope.startswith(multi) and not all(unit.values())
+                       for other, work in self.assigned_work.items() if other is not node
+                       for scope, unit in work.items())
+            # the other worker runs a multi-process file: a single-process one; else the next multi-process one
+            # (the longest work, so it starts first), each while any is left
+            first = next((scope for scope in self.workqueue if scope.startswith(multi) != busy), None)
+            if first is not None:
+                self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 
