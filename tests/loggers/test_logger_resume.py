@@ -24,8 +24,9 @@ SPEED = ("_runtime", "_per_second")
 
 def _run(out: str, kill: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_SILENT": "true", "OMP_NUM_THREADS": "1"}
+    # WANDB_SERVICE: set by an earlier in-process wandb test; sharing that wandb-core keeps a killed run "in use"
     for var in ("MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID", "MLFLOW_EXPERIMENT_NAME", "WANDB_MODE", "WANDB_RUN_ID",
-                "MLFLOW_ALLOW_FILE_STORE"):
+                "MLFLOW_ALLOW_FILE_STORE", "WANDB_SERVICE"):
         env.pop(var, None)
     proc = subprocess.run([sys.executable, JOB, out] + ([str(kill)] if kill else []), env=env, capture_output=True,
                           text=True, timeout=600)
