@@ -22,6 +22,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 import argparse
 import importlib.util
+import logging
 import math
 import pathlib
 import sys
@@ -32,6 +33,9 @@ import numpy as np
 import torch
 from taskfit import Fit, FitArguments, TaskModule
 from torch.utils.data import Dataset
+
+# torchao (pulled in by transformers when installed) reports its optional CUDA kernels missing on every import
+logging.getLogger("torchao").setLevel(logging.ERROR)
 
 LABELS = ("HillaryClinton", "realDonaldTrump")  # label id = index
 
