@@ -90,7 +90,7 @@ PENDING_SAMPLES = {
     "save_on_each_node": {"save_on_each_node": True},
     "restore_callback_states_from_checkpoint": {"restore_callback_states_from_checkpoint": True},
     "ignore_data_skip": {"ignore_data_skip": True},
-    "save_strategy": {"save_strategy": "best", "eval_strategy": "epoch"},
+    "save_strategy": {"save_strategy": "best", "eval_strategy": "epoch", "metric_for_best_model": "loss"},
     "fp16": {"fp16": True},
     "fp16_full_eval": {"fp16_full_eval": True},
     "bf16_full_eval": {"bf16_full_eval": True},

@@ -9,6 +9,7 @@ import pytest
 import torch
 from taskfit import Fit, FitArguments, TaskModule
 from taskfit.callbacks import ModelCheckpoint
+from taskfit.loops.finite import NonFiniteError
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -140,7 +141,8 @@ def test_detect_anomaly_names_the_op_making_nan_F_LIT_7(tmp_path):
 
     with pytest.raises(RuntimeError, match="returned nan values"):
         _fit(tmp_path, detect_anomaly=True).fit(NaNGrad(), _data())
-    _fit(tmp_path / "off").fit(NaNGrad(), _data())  # without the switch the NaN passes silently
+    with pytest.raises(NonFiniteError):  # without the switch the NaN is found at the end of fit, not at the op
+        _fit(tmp_path / "off").fit(NaNGrad(), _data())
 
 
 def test_gradient_clip_by_value_clamps_each_element_F_LIT_7(tmp_path):

@@ -299,7 +299,7 @@ def test_train_metrics_keys_and_values_F_EVAL_4(tmp_path):
     ``train_steps_per_second``, ``total_flos`` (6 x parameters x samples), ``train_loss`` and ``epoch``."""
     fit = _fit(tmp_path, num_train_epochs=2)
     out = fit.fit(Regression(), _data(10))
-    assert set(out) == {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos",
+    assert set(out.metrics) == {"train_runtime", "train_samples_per_second", "train_steps_per_second", "total_flos",
                         "train_loss", "epoch"}
     assert out.global_step == 10 and out["epoch"] == 2.0
     assert out["total_flos"] == 6 * 4 * 20  # Linear(3, 1): 4 parameters, 20 samples
@@ -391,8 +391,8 @@ def test_save_metrics_of_a_real_run_F_EVAL_5(tmp_path):
     """F-EVAL-5: the dict ``fit()`` returns can be saved as is (JSON-serialisable floats)."""
     fit = _fit(tmp_path, max_steps=2)
     out = fit.fit(Regression(), _data(4))
-    fit.save_metrics("train", out)
-    assert json.loads((tmp_path / "train_results.json").read_text()) == dict(out)
+    fit.save_metrics("train", out.metrics)
+    assert json.loads((tmp_path / "train_results.json").read_text()) == out.metrics
 
 
 # ----------------------------------------------------------------------------------------- hot path ---
@@ -438,7 +438,7 @@ def test_no_host_sync_on_steps_that_do_not_log_DESIGN_hot_path(tmp_path, monkeyp
     steps = {step for _, step, _ in calls}
     assert steps <= {0, 10, 20}, calls
     assert len([c for c in calls if c[1] == 0]) <= 2, calls
-    assert len(calls) <= 12, calls
+    assert len(calls) <= 13, calls  # 12, plus the end of fit's one finite check of the weights (once per run)
     assert [h["mse"] for h in _history(fit, "loss")]  # the logged tensor was converted on the logging steps
 
 

@@ -63,28 +63,32 @@ class Provided:
     spaces: dict[str, set[str]]
 
 
+def _literal_all(path: Path) -> set[str] | None:
+    """The literal ``__all__`` of the module at ``path`` (None without one)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        target = getattr(node.targets[0], "id", None) if isinstance(node, ast.Assign) else None
+        if target == "__all__" and len(node.targets) == 1:
+            return set(ast.literal_eval(node.value))
+    return None
+
+
 def taskfit_lightning_names() -> Provided:
-    """Read ``taskfit.lightning``'s ``__all__`` and the keywords of its ``callbacks``/``loggers`` namespaces from
-    its source, without importing it (no torch import).
+    """Read ``taskfit.lightning``'s ``__all__`` and those of its ``callbacks``/``loggers`` modules from their
+    sources, without importing them (no torch import).
 
     Raises:
-        RuntimeError: when ``taskfit.lightning`` cannot be found or has no literal ``__all__``.
+        RuntimeError: when ``taskfit.lightning`` cannot be found or a module has no literal ``__all__``.
     """
     spec = importlib.util.find_spec("taskfit.lightning")
     if spec is None or spec.origin is None:
         raise RuntimeError("taskfit.lightning is not importable from this interpreter")
-    tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
-    top, spaces = None, {n: set() for n in NAMESPACES}
-    for node in tree.body:
-        if not isinstance(node, ast.Assign) or len(node.targets) != 1:
-            continue
-        target = getattr(node.targets[0], "id", None)
-        if target == "__all__":
-            top = set(ast.literal_eval(node.value))
-        elif target in spaces and isinstance(node.value, ast.Call):
-            spaces[target] = {k.arg for k in node.value.keywords if k.arg}
-    if top is None:
-        raise RuntimeError(f"no __all__ in {spec.origin}")
+    package = Path(spec.origin).parent
+    top = _literal_all(Path(spec.origin))
+    spaces = {n: _literal_all(package / f"{n}.py") for n in NAMESPACES}
+    missing = [str(p) for p, names in [(spec.origin, top), *((package / f"{n}.py", v) for n, v in spaces.items())]
+               if names is None]
+    if missing:
+        raise RuntimeError(f"no literal __all__ in {', '.join(missing)}")
     return Provided(top - set(NAMESPACES), spaces)
 
 
