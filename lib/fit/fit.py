@@ -17,17 +17,16 @@ from torch import nn
 
 from taskfit import efficiency
 from taskfit.arguments.fit_arguments import FitArguments
-from taskfit.callbacks.console import LogPrinter, configure_console
-from taskfit.callbacks.progress import ProgressBar
-from taskfit.callbacks.throughput import with_throughput_monitor
+from taskfit.callbacks.console import configure_console
 from taskfit.connector import resolve_components
 from taskfit.core.wrapping import model_loss
 from taskfit.data.loaders import DataModule, floating_point_ops, num_examples, num_tokens
 from taskfit.fit import outputs
-from taskfit.fit.hf_api import HFTrainerAPI, warn_if_duplicate
+from taskfit.fit.hf_api import HFTrainerAPI
 from taskfit.fit.hf_overrides import HFAdapter, default_collator
 from taskfit.fit.hpo import hyperparameter_search
 from taskfit.fit.mixins import Topology
+from taskfit.fit.options import default_callbacks, fit_arguments
 from taskfit.fit.run import Run, RunLauncher
 from taskfit.fit.stages import EvaluationStages, _hf_positional
 from taskfit.fit.training import TrainingStage
@@ -36,59 +35,6 @@ from taskfit.loops.state import FitControl, FitState
 from taskfit.metrics import PredictionOutput, TrainOutput
 
 log = logging.getLogger("taskfit")
-_COMPONENT_KEYS = ("accelerator", "strategy", "devices", "num_nodes", "precision")
-
-
-def _arguments(args: FitArguments | Mapping | None, components: tuple[Any, ...], plugins: list[Any],
-               kwargs: dict[str, Any]) -> tuple[FitArguments, list[Any], dict[str, Any]]:
-    """``Fit(...)``'s options as one ``FitArguments`` (component names and keywords override ``args``), plus the
-    plugin and component instances given.
-
-    Raises:
-        TypeError: ``args`` of another type. ValueError / NotImplementedError: as ``FitArguments``.
-    """
-    if args is None:
-        args = FitArguments()
-    elif isinstance(args, Mapping):
-        args = FitArguments.from_dict(dict(args))
-    elif not isinstance(args, FitArguments):
-        raise TypeError(f"args must be FitArguments, a dict or None; got {type(args).__name__}.")
-    instances: dict[str, Any] = {}
-    overrides = dict(kwargs)
-    for key, value in zip(_COMPONENT_KEYS, components):
-        if value is None:
-            continue
-        if isinstance(value, (str, int, list, tuple)):
-            overrides[key] = list(value) if isinstance(value, tuple) else value
-        elif key == "precision":
-            plugins.append(value)
-        else:
-            instances[key] = value
-    if overrides:
-        args = args.replace(**overrides)
-    return args, plugins, instances
-
-
-def _default_callbacks(args: FitArguments, callbacks: list[Any] | None) -> list[Any]:
-    """The user's callbacks plus the ones ``args`` asks for (throughput monitor, profiler) and the console view
-    (a progress bar, or one line per log with ``disable_tqdm``); a user's own bar replaces the default one."""
-    out: list[Any] = []
-    for cb in callbacks or []:
-        warn_if_duplicate(out, cb)
-        out.append(cb)
-    out = with_throughput_monitor(args, out)
-    if args.profiler:  # a callback: a run without a profiler pays nothing for it
-        from taskfit.callbacks.profilers import profiler_from_args
-
-        out.append(profiler_from_args(args))
-    if any(isinstance(cb, ProgressBar) for cb in out):
-        pass  # the user's bar (tqdm or rich) replaces the default console view, as in Lightning
-    elif args.disable_tqdm:  # the console view: one line per log, or the bar
-        out.append(LogPrinter())
-    else:
-        out.insert(0, ProgressBar())
-    return out
-
 
 class Fit(Topology):
     """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
@@ -145,7 +91,7 @@ class Fit(Topology):
                  processing_class: Any = None, tokenizer: Any = None, model_init: Callable | None = None,
                  model: nn.Module | None = None, train_dataset: Any = None, eval_dataset: Any = None,
                  optimizer_cls_and_kwargs: tuple[type, dict[str, Any]] | None = None, **kwargs: Any) -> None:
-        args, plugins, instances = _arguments(args, (accelerator, strategy, devices, num_nodes, precision),
+        args, plugins, instances = fit_arguments(args, (accelerator, strategy, devices, num_nodes, precision),
                                               list(plugins or []), kwargs)
         self.args = args
         self.strategy = resolve_components(args, plugins, **instances)
@@ -169,7 +115,7 @@ class Fit(Topology):
         self._stages = EvaluationStages(self)
         self._hf = HFAdapter(self, Fit)
         self._api = HFTrainerAPI(self)
-        self.callbacks: list[Any] = _default_callbacks(args, callbacks)
+        self.callbacks: list[Any] = default_callbacks(args, callbacks)
         efficiency.check_run(self)  # tf32, compile/checkpointing options, label smoothing, NEFTune
         self.loggers: list[Logger] = build_loggers(args, loggers)
         self._idle_state = FitState(is_local_process_zero=self.strategy.local_rank == 0,
