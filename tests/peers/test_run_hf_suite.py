@@ -141,7 +141,9 @@ def test_run_verdict_unlisted_then_listed(tmp_path, capsys):
                             str(none)])
     text = capsys.readouterr().out
     assert rc == 1
-    assert "HF pass  taskfit FAIL  test_trainer_tiny.py::test_sees_rewrite  -- UNLISTED: AssertionError" in text
+    # the failure's first line comes from pytest's junit file and its wording varies with pytest's options; the
+    # verdict (FAIL, unlisted) is what this runner decides
+    assert "HF pass  taskfit FAIL  test_trainer_tiny.py::test_sees_rewrite  -- UNLISTED: " in text, text
     assert "HF pass  taskfit pass  test_trainer_tiny.py::TestGroup::test_in_class" in text
     assert "HF skip  taskfit skip  test_trainer_tiny.py::test_skipped" in text
     assert ("summary test_trainer_tiny.py: HF-passing 3, taskfit-passing 2, listed kind-1 0, kind-2 0, "
