@@ -8,7 +8,7 @@ from typing import Any
 from taskfit.arguments.validation import (  # noqa: F401 - re-exported
     BUILT_LOGGERS, DDP_BACKENDS, DEBUG_OPTIONS, FSDP_OPTIONS, HALF_PRECISION_BACKENDS, HUB_STRATEGIES,
     INTERVAL_STRATEGIES, LOG_LEVELS, LR_SCHEDULERS, OPTIMIZERS, PRECISION_ALIASES, PRECISIONS, REPORT_TO,
-    SAVE_STRATEGIES, TRAIN_SAMPLING_STRATEGIES, field_kinds, installed_loggers, load_json_object,
+    SAVE_STRATEGIES, TRAIN_SAMPLING_STRATEGIES, field_kinds, installed_loggers,
     normalize_and_validate,
 )
 

@@ -11,7 +11,6 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from taskfit.json_options import load_json_object  # noqa: F401  (re-exported for the setters)
 from taskfit.registry import invalid_choice
 
 from taskfit.arguments.redact import shown

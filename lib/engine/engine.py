@@ -19,7 +19,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 from lightning_utilities.core.rank_zero import rank_zero_only
 from torch import nn
 
-from taskfit.fit.mixins import Topology
+from taskfit.fit.topology import Topology
 from taskfit.engine.wrappers import (
     EngineDataLoader, EngineModule, EngineOptimizer, unwrap_module, unwrap_optimizer,
 )

@@ -25,7 +25,7 @@ from taskfit.fit import outputs
 from taskfit.fit.hf_api import HFTrainerAPI
 from taskfit.fit.hf_overrides import HFAdapter, default_collator
 from taskfit.fit.hpo import hyperparameter_search
-from taskfit.fit.mixins import Topology
+from taskfit.fit.topology import Topology
 from taskfit.fit.options import default_callbacks, fit_arguments
 from taskfit.fit.run import Run, RunLauncher
 from taskfit.fit.stages import EvaluationStages, _hf_positional

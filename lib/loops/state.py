@@ -247,8 +247,6 @@ class TrainingState:
     """
 
     VERSION = 3
-    #: FitState's plan fields (the new run's, not the checkpoint's), from the field metadata: for readers
-    PLAN_FIELDS = plan_fields()
 
     def __init__(self, state: FitState, control: FitControl, sums: LossSums, precision: Any = None,
                  callbacks: list[Any] | None = None, module: Any = None, all_gather: Any = None, rank: int = 0,

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from taskfit import Callback, Fit, FitArguments, TaskModule
-from taskfit.loops.state import FitControl, FitState, LossSums, TrainingState
+from taskfit.loops.state import FitControl, FitState, LossSums, TrainingState, plan_fields
 from taskfit.precision.precision import Precision
 
 
@@ -229,7 +229,7 @@ def test_F_LOOP_6_training_state_round_trip_restores_every_field(tmp_path):
     fresh._results.reset_epoch()
     restored = TrainingState(state, control, sums, precision, [cb2], fresh)
     restored.load_state_dict(copy.deepcopy(saved))
-    plan = set(TrainingState.PLAN_FIELDS)
+    plan = set(plan_fields())
     for k, v in saved["state"].items():
         if k not in plan:
             assert getattr(state, k) == v, k

@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 
-
 class Topology:
     """Where this process sits, read from ``self.strategy`` (shared by ``Fit`` and ``Engine``; Lightning's
     ``is_global_zero``/``global_rank``/``local_rank``/``node_rank``/``world_size``)."""
