@@ -22,6 +22,8 @@ class RunView(Protocol):
         train_loader (Any), eval_loaders (dict[str | None, Any]): the run's loaders.
         sums (LossSums): the fit loop's running loss sums.
         training_state (TrainingState | None): the state a checkpoint saves and restores whole (``fit`` only).
+        resume_from (str | None), start_step (int): the checkpoint this run continues and ``global_step`` at its
+            start (set by :func:`taskfit.checkpoint.resume.restore`).
     """
 
     stage: str
@@ -35,6 +37,8 @@ class RunView(Protocol):
     eval_loaders: dict[Any, Any]
     sums: Any
     training_state: Any
+    resume_from: str | None
+    start_step: int
 
     @property
     def optimizer(self) -> Any:
@@ -52,6 +56,8 @@ class FitView(Protocol):
         callback_metrics (dict[str, Any]), logged_metrics (dict[str, Any]): Lightning's metric dicts.
         num_eval_batches (int | None): batches of the running evaluation, when known.
         sanity_checking (bool): True while ``num_sanity_val_steps`` runs.
+        processing_class (Any | None): the tokenizer / processor saved next to the model (HF
+            ``Trainer.processing_class``).
     """
 
     args: Any
@@ -62,6 +68,7 @@ class FitView(Protocol):
     logged_metrics: dict[str, Any]
     num_eval_batches: int | None
     sanity_checking: bool
+    processing_class: Any
 
     @property
     def run(self) -> RunView | None:
@@ -78,6 +85,18 @@ class FitView(Protocol):
     @property
     def model(self) -> Any:
         """The user's model of the current or last run."""
+
+    @property
+    def optimizers(self) -> list[Any]:
+        """The optimizers of the current or last run (as the strategy returned them)."""
+
+    @property
+    def lr_scheduler_configs(self) -> list[Any]:
+        """The LR scheduler configs (``.scheduler``) of the current or last run."""
+
+    @property
+    def local_rank(self) -> int:
+        """Index of this process on its machine (0-based)."""
 
     @property
     def is_global_zero(self) -> bool:

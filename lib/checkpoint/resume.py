@@ -29,7 +29,7 @@ from taskfit.strategies.checkpointing import (  # noqa: F401  (load_model_weight
 )
 
 if TYPE_CHECKING:
-    from taskfit.checkpoint.source import CheckpointSource, ResumableRun
+    from taskfit.protocols import FitView, RunView
 
 log = logging.getLogger("taskfit")
 
@@ -85,7 +85,7 @@ def _newest_complete(io: Any, out: str, value: str | bool) -> str | None:
     return done[-1][1]
 
 
-def restore(run: ResumableRun, path: str, strategy: Any, args: Any, weights_only: bool = True,
+def restore(run: RunView, path: str, strategy: Any, args: Any, weights_only: bool = True,
             reader: CheckpointReader | None = None) -> dict[str, Any]:
     """Load the checkpoint at ``path`` into ``run`` (already set up: the strategy returned its optimizers and
     schedulers): model and optimizers through ``strategy.load_checkpoint``, the schedulers, then the run's
@@ -371,7 +371,7 @@ def _batches_per_epoch(loader: Any) -> int | None:
         return None
 
 
-def load_best_model(fit: CheckpointSource) -> dict[str, Any]:
+def load_best_model(fit: FitView) -> dict[str, Any]:
     """``load_best_model_at_end``: load the weights of ``state.best_model_checkpoint`` into the model; returns
     ``{"best_global_step", "best_metric", "best_model_checkpoint"}`` for the train metrics (empty when no best
     checkpoint was recorded)."""
@@ -388,7 +388,7 @@ def load_best_model(fit: CheckpointSource) -> dict[str, Any]:
             "best_model_checkpoint": st.best_model_checkpoint}
 
 
-def finish_checkpoints(fit: CheckpointSource, metrics: dict[str, Any], publisher: Any = None) -> dict[str, Any]:
+def finish_checkpoints(fit: FitView, metrics: dict[str, Any], publisher: Any = None) -> dict[str, Any]:
     """End of ``fit``: wait for a background save (raising its failure), load the best model
     (``load_best_model_at_end``), with ``save_total_limit=1`` delete every checkpoint but the best one (HF: the
     newest was kept during training for resuming), publish the final model (``push_to_hub``) and wait for every

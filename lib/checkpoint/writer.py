@@ -23,15 +23,15 @@ from taskfit.strategies.checkpointing import (  # noqa: F401  (exportable_model,
 )
 
 if TYPE_CHECKING:
-    from taskfit.checkpoint.source import CheckpointSource
+    from taskfit.protocols import FitView
 
 
-def checkpoint_path(fit: CheckpointSource, step: int | None = None) -> str:
+def checkpoint_path(fit: FitView, step: int | None = None) -> str:
     """``output_dir/checkpoint-{global_step}``: where the checkpoint of ``step`` (default: now) goes."""
     return join(fit.args.output_dir, f"{PREFIX}{fit.state.global_step if step is None else step}")
 
 
-def model_files(fit: CheckpointSource, weights: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
+def model_files(fit: FitView, weights: dict[str, torch.Tensor] | None = None) -> dict[str, Any]:
     """``{file name: object}`` of the model part of a checkpoint: weights (a PEFT model's adapters only, see
     :func:`~taskfit.strategies.checkpointing.weight_files`) and ``config.json``.
 
@@ -57,7 +57,7 @@ def model_config(model: torch.nn.Module) -> Any:
     return out
 
 
-def save_model_folder(fit: CheckpointSource, folder: str, weights: dict[str, torch.Tensor] | None = None) -> None:
+def save_model_folder(fit: FitView, folder: str, weights: dict[str, torch.Tensor] | None = None) -> None:
     """Write the unwrapped model's weights and config (and the processing class) into ``folder``.
 
     HF-style models (with ``save_pretrained``, also when a TaskModule only wraps one, see
@@ -80,7 +80,7 @@ def save_model_folder(fit: CheckpointSource, folder: str, weights: dict[str, tor
         processor.save_pretrained(io.fs(folder)[1])
 
 
-def checkpoint_files(fit: CheckpointSource, training_state: dict[str, Any]) -> dict[str, Any]:
+def checkpoint_files(fit: FitView, training_state: dict[str, Any]) -> dict[str, Any]:
     """``{file name: object}`` this rank contributes to the checkpoint of the current step, besides the model and
     optimizer states (the strategy adds those: its shards, or the full weights and ``optimizer.pt``...).
     ``training_state`` is the run's :class:`~taskfit.loops.state.TrainingState` dict (its ``rng`` part goes into
@@ -107,7 +107,7 @@ def checkpoint_files(fit: CheckpointSource, training_state: dict[str, Any]) -> d
     return files
 
 
-def _hf_groups(fit: CheckpointSource) -> list[tuple[int, float]]:
+def _hf_groups(fit: FitView) -> list[tuple[int, float]]:
     """The empty groups to insert into ``optimizer.pt``/``scheduler.pt`` so that ``transformers.Trainer`` resumes
     from a one-process folder when it would have built the optimizer from the same arguments (it keeps an empty
     decay / no-decay group, taskfit drops it); taskfit's reader drops the empty group again
@@ -123,20 +123,20 @@ def _hf_groups(fit: CheckpointSource) -> list[tuple[int, float]]:
                              set(get_decay_parameter_names(fit.model)) if fit.model is not None else set())
 
 
-def is_writer(fit: CheckpointSource) -> bool:
+def is_writer(fit: FitView) -> bool:
     """Whether this process writes the shared files and the manifest: global rank 0, or the first process of
     every node with ``save_on_each_node`` (mirrors HF ``TrainingArguments.should_save``)."""
     return fit.local_rank == 0 if fit.args.save_on_each_node else fit.is_global_zero
 
 
-def save_checkpoint(fit: CheckpointSource, training_state: dict[str, Any], path: str | None = None) -> str:
+def save_checkpoint(fit: FitView, training_state: dict[str, Any], path: str | None = None) -> str:
     """Write ``output_dir/checkpoint-{global_step}/``: the files this run contributes (:func:`checkpoint_files`),
     handed to ``strategy.save_checkpoint`` with the model and optimizers (their shards or full states, the manifest
     last, through the strategy's checkpoint IO, so in the background with ``AsyncCheckpointIO``); old checkpoints
     are rotated per ``save_total_limit`` once it is complete. Every process must call it.
 
     Args:
-        fit (CheckpointSource): the running fit (its current run's model, optimizers, schedulers and state).
+        fit (FitView): the running fit (its current run's model, optimizers, schedulers and state).
         training_state (dict): the run's ``TrainingState.state_dict()`` (saved whole).
         path (str | None): another folder to write (``ModelCheckpoint``); the same format, no rotation.
 
@@ -156,7 +156,7 @@ def save_checkpoint(fit: CheckpointSource, training_state: dict[str, Any], path:
                                     plan=plan)
 
 
-def _ranks_in_folder(fit: CheckpointSource) -> list[int]:
+def _ranks_in_folder(fit: FitView) -> list[int]:
     strategy = fit.strategy
     if not fit.args.save_on_each_node or strategy.world_size == 1:
         return list(range(strategy.world_size))
