@@ -24,6 +24,10 @@ from taskfit.fit.run import Run
 from taskfit.core.wrapping import ModelTaskModule
 
 
+# each stage's loader method of a datamodule or module (Lightning's names)
+_LOADER_METHODS = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
+
+
 def _hf_positional(model: Any, data: Any, ignore_keys: Any) -> tuple[Any, Any, Any]:
     """``(model, data, ignore_keys)`` from Fit-style ``(model, data)`` or HF-style ``(dataset, ignore_keys)``
     positional arguments: a first argument that is no module is the dataset, and a list of strings after it is
@@ -102,6 +106,23 @@ class EvaluationStages:
         datamodule.setup(stage)
         return getattr(datamodule, method)()
 
+    def stage_entry(self, model: Any, data: Any, datamodule: DataModule | None, stage: str,
+                    ckpt_path: str | None, required: bool) -> tuple[TaskModule, Any]:
+        """:meth:`eval_entry`, then the stage's data: ``data``, else ``datamodule``'s loader of the stage (after its
+        ``prepare_data``/``setup``), else the module's own (Lightning's ``val/test/predict_dataloader`` order).
+
+        Raises:
+            ValueError: ``required`` and no data from any of the three.
+        """
+        module, data = self.eval_entry(model, data, stage, ckpt_path)
+        method = _LOADER_METHODS[stage]
+        if data is None:
+            data = (self.from_datamodule(datamodule, stage, method) if datamodule is not None
+                    else module_loader(module, method))
+        if data is None and required:
+            raise ValueError(f"{stage}() needs data: pass data or a datamodule with {method}().")
+        return module, data
+
     def validate_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
                        metric_key_prefix: str, ckpt_path: str | None = None,
                        ignore_keys: list[str] | None = None) -> dict[str, float]:
@@ -111,9 +132,7 @@ class EvaluationStages:
             ValueError: no eval data.
         """
         fit = self.fit
-        module, data = self.eval_entry(model, data, "validate", ckpt_path)
-        data = data if data is not None else (self.from_datamodule(datamodule, "validate", "val_dataloader")
-                                              if datamodule is not None else module_loader(module, "val_dataloader"))
+        module, data = self.stage_entry(model, data, datamodule, "validate", ckpt_path, required=False)
         if isinstance(module, ModelTaskModule) and fit._hf.overrides("get_eval_dataloader"):
             if data is None and fit.eval_dataset is None and fit._last_fit is not None:
                 data = fit._last_fit.eval_data
@@ -194,11 +213,7 @@ class EvaluationStages:
             ValueError: no data.
         """
         fit = self.fit
-        module, data = self.eval_entry(model, data, "test", ckpt_path)
-        data = data if data is not None else (self.from_datamodule(datamodule, "test", "test_dataloader")
-                                              if datamodule is not None else module_loader(module, "test_dataloader"))
-        if data is None:
-            raise ValueError("test() needs data: pass data or a datamodule with test_dataloader().")
+        _, data = self.stage_entry(model, data, datamodule, "test", ckpt_path, required=True)
         metrics, hidden = self.run_eval(fit._launcher.eval_loader_dict(data, data_collator), "test",
                                         metric_key_prefix)
         fit.log({k: v for k, v in metrics.items() if k not in hidden})
@@ -213,11 +228,7 @@ class EvaluationStages:
             ValueError: no data.
         """
         fit = self.fit
-        module, data = self.eval_entry(model, data, "predict", ckpt_path)
-        data = data if data is not None else (self.from_datamodule(datamodule, "predict", "predict_dataloader")
-                                              if datamodule is not None else module_loader(module, "predict_dataloader"))
-        if data is None:
-            raise ValueError("predict() needs data: pass data or a datamodule with predict_dataloader().")
+        module, data = self.stage_entry(model, data, datamodule, "predict", ckpt_path, required=True)
         if isinstance(module, ModelTaskModule) and fit._hf.overrides("get_test_dataloader"):
             with fit._hf.loader_context(fit._run, data_collator=data_collator):
                 loader = fit.get_test_dataloader(data)
