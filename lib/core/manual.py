@@ -38,8 +38,10 @@ class LightningOptimizer:
         setattr(self._optimizer, name, value)
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        """Run ``closure`` (if any: it computes the loss and calls ``manual_backward``), the
-        ``on_before_optimizer_step`` hooks, then the optimizer step through the precision plugin.
+        """Run ``closure`` (if any: it computes the loss and calls ``manual_backward``), unscale the gradients
+        (``"16-mixed"``), the ``on_before_optimizer_step`` hooks, then the optimizer step through the precision
+        plugin. Mirrors Lightning's ``LightningOptimizer.step`` (its precision plugin unscales before the hook in
+        manual optimization too).
 
         Returns:
             the closure's result (None without one).
@@ -48,11 +50,14 @@ class LightningOptimizer:
         module = self._module
         if self._after_closure is not None:  # automatic optimization: the hook and clipping, as the loop does
             self._after_closure(self._optimizer)
-        else:
-            module._call_hook("on_before_optimizer_step", self._optimizer)
+        else:  # manual: the strategy unscales first (the one place that does), so the hooks see true gradients
+            module._fit.strategy.before_optimizer_step(self._optimizer, self._before_step_hooks)
         self.__dict__["stepped"] = module._fit.strategy.optimizer_step(self._optimizer)
         module.__dict__["_manual_steps"] = module.__dict__.get("_manual_steps", 0) + 1
         return result
+
+    def _before_step_hooks(self, optimizer: Any) -> None:
+        self._module._call_hook("on_before_optimizer_step", optimizer)
 
     @contextlib.contextmanager
     def toggle_model(self, sync_grad: bool = True) -> Iterator[None]:

@@ -124,6 +124,45 @@ def test_f_loop_3_gradients_unscaled_before_hook_and_clipping(tmp_path):
     assert logged16 == pytest.approx(logged32, rel=5e-2)
 
 
+class ManualMLP(MLP):
+    """Manual optimization: ``manual_backward`` then ``opt.step()``; records the loss-scaled gradient norm right
+    after the backward with the scale in force, and the norm ``on_before_optimizer_step`` sees."""
+
+    def __init__(self):
+        super().__init__()
+        self.automatic_optimization = False
+        self.scaled, self.seen = [], []
+
+    def training_step(self, batch, batch_idx):
+        opt = self.optimizers()
+        opt.zero_grad()
+        loss = super().training_step(batch, batch_idx)
+        self.manual_backward(loss)
+        scaler = self.trainer.strategy.precision.scaler
+        self.scaled.append((_grad_norm(self), scaler.get_scale() if scaler is not None else 1.0))
+        opt.step()
+        return loss
+
+    def on_before_optimizer_step(self, optimizer):
+        self.seen.append(_grad_norm(self))
+
+
+def _grad_norm(module):
+    return float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in module.parameters()])))
+
+
+def test_f_loop_3_manual_optimization_hook_sees_unscaled_gradients(tmp_path):
+    """F-LOOP-3: under manual optimization with 16-mixed (GradScaler('cpu')), ``opt.step()`` unscales before
+    ``on_before_optimizer_step`` as the automatic loop does (Lightning's precision plugin unscales before the hook
+    in both modes): the hook's gradient norm is the loss-scaled norm divided by the scale, not 65536 x the true."""
+    module = ManualMLP()
+    Fit(_args(tmp_path, max_steps=3), precision="16-mixed").fit(module, _data())
+    assert len(module.seen) == len(module.scaled) == 3
+    assert module.scaled[0][1] == 65536.0
+    for seen, (scaled, scale) in zip(module.seen, module.scaled):
+        assert seen == pytest.approx(scaled / scale, rel=1e-5) and seen < 100
+
+
 def test_f_loop_3_unclipped_16_mixed_logs_the_true_norm_and_keeps_training(tmp_path):
     """F-LOOP-3: without clipping, the grad_norm logged after each 16-mixed step is read on the gradients the step
     unscaled (not divided by the scale a second time), and that read does not leave the next step's gradients
