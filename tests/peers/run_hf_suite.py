@@ -21,24 +21,23 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
-import xml.etree.ElementTree as ET
-from dataclasses import dataclass
 from pathlib import Path
+
+from peer_common import Peer, run_and_report
 
 HERE = Path(__file__).resolve().parent
 DEFAULT_EXCEPTIONS = HERE / "hf_exceptions.txt"
+PEER = Peer(side="hf", label="HF", tests_root="tests/trainer",
+            env={"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
+                 "TOKENIZERS_PARALLELISM": "false"})
 MAIN_FILES = ["test_trainer.py", "test_trainer_callback.py", "test_trainer_evaluation.py",
               "test_trainer_checkpointing.py"]
 # the transformers modules a user script imports the Trainer names from; only these lines are rewritten
 TRAINER_MODULES = {"transformers", "transformers.trainer", "transformers.trainer_callback",
                    "transformers.training_args", "transformers.training_args_seq2seq", "transformers.trainer_utils",
                    "transformers.trainer_seq2seq"}
-KINDS = {"1": "HF internal", "2": "documented difference"}
 
 
 def taskfit_hf_names() -> list[str]:
@@ -131,117 +130,6 @@ def prepare_copies(folder: Path, work: Path, names: set[str]) -> dict[str, Path]
     return roots
 
 
-def _pytest_cmd(files: list[str], junit: Path, timeout: int) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN", "--junitxml", str(junit),
-           "-o", "junit_family=xunit1"]
-    if importlib.util.find_spec("pytest_timeout") is not None:
-        cmd += ["--timeout", str(timeout)]
-    return cmd + [f"tests/trainer/{f}" for f in files]
-
-
-def run_side(root: Path, files: list[str], junit: Path, timeout: int) -> subprocess.Popen:
-    """Start pytest on ``files`` of one copy: CPU only, offline, one thread; output to ``junit.log``."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", CUDA_VISIBLE_DEVICES="",
-               OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONDONTWRITEBYTECODE="1")
-    env.pop("PYTHONPATH", None)
-    log = open(junit.with_suffix(".log"), "w", encoding="utf-8")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen(_pytest_cmd(files, junit, timeout), cwd=root, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-
-
-@dataclass
-class Outcome:
-    """One test's result on one side: ``status`` is ``passed``, ``failed`` or ``skipped``; ``message`` the first
-    line of the failure or skip reason."""
-    status: str
-    message: str = ""
-
-
-def read_junit(path: Path) -> dict[str, Outcome]:
-    """Per-test outcomes of a pytest ``--junitxml`` file, keyed ``file.py::Class::test`` (``file.py::test``).
-
-    Returns:
-        dict[str, Outcome]: empty when the file is missing (pytest did not run).
-    """
-    if not path.is_file():
-        return {}
-    out = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        parts = case.get("classname", "").split(".")
-        file = parts[-2] if len(parts) >= 2 and parts[-2].startswith("test") else parts[-1]
-        cls = parts[-1] if len(parts) >= 2 and parts[-2].startswith("test") else ""
-        key = "::".join(p for p in (f"{file}.py", cls, case.get("name", "")) if p)
-        status, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            el = case.find(tag)
-            if el is not None:
-                status = "skipped" if tag == "skipped" else "failed"
-                message = (el.get("message") or el.text or "").strip().splitlines()[0:1]
-                message = message[0][:200] if message else ""
-                break
-        out[key] = Outcome(status, message)
-    return out
-
-
-def read_exceptions(path: Path) -> dict[str, tuple[str, str]]:
-    """``hf_exceptions.txt``: ``test id | kind | reason`` a line (``#`` comments); kind ``1`` (reads an HF
-    internal, named) or ``2`` (a documented difference, docs/hf.md row named).
-
-    Raises:
-        ValueError: a line without three fields or with another kind.
-    """
-    out = {}
-    if not path.is_file():
-        return out
-    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = raw.split("#", 1)[0].strip() if raw.lstrip().startswith("#") else raw.strip()
-        if not line:
-            continue
-        fields = [f.strip() for f in line.split("|", 2)]
-        if len(fields) != 3 or fields[1] not in KINDS or not fields[2]:
-            raise ValueError(f"{path}:{n}: expected 'test id | 1 or 2 | reason', got {raw!r}")
-        out[fields[0]] = (fields[1], fields[2])
-    return out
-
-
-def _fmt(o: Outcome | None) -> str:
-    return "-" if o is None else {"passed": "pass", "failed": "FAIL", "skipped": "skip"}[o.status]
-
-
-def report(files: list[str], hf: dict[str, Outcome], tf: dict[str, Outcome],
-           exceptions: dict[str, tuple[str, str]]) -> int:
-    """Print one line per test and a summary line per file and in total; returns the unlisted failures."""
-    total = {"hf": 0, "tf": 0, "1": 0, "2": 0, "unlisted": 0}
-    for file in files:
-        counts = {"hf": 0, "tf": 0, "1": 0, "2": 0, "unlisted": 0}
-        keys = sorted(k for k in set(hf) | set(tf) if k.split("::", 1)[0] == file)
-        print(f"== {file}")
-        for key in keys:
-            h, t = hf.get(key), tf.get(key)
-            note = ""
-            if h is not None and h.status == "passed":
-                counts["hf"] += 1
-                if t is not None and t.status == "passed":
-                    counts["tf"] += 1
-                elif key in exceptions:
-                    kind, why = exceptions[key]
-                    counts[kind] += 1
-                    note = f"listed ({kind}: {KINDS[kind]}): {why}"
-                else:
-                    counts["unlisted"] += 1
-                    note = f"UNLISTED: {t.message if t else 'did not run under taskfit'}"
-            elif key in exceptions:
-                note = "listed, but does not pass under HF here"
-            print(f"  HF {_fmt(h):4}  taskfit {_fmt(t):4}  {key}" + (f"  -- {note}" if note else ""))
-        print(f"summary {file}: HF-passing {counts['hf']}, taskfit-passing {counts['tf']}, listed kind-1 "
-              f"{counts['1']}, kind-2 {counts['2']}, unlisted failures {counts['unlisted']}")
-        for k in total:
-            total[k] += counts[k]
-    print(f"summary all: HF-passing {total['hf']}, taskfit-passing {total['tf']}, listed kind-1 {total['1']}, "
-          f"kind-2 {total['2']}, unlisted failures {total['unlisted']}")
-    return total["unlisted"]
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folder", type=Path, help="transformers' tests/trainer folder (or a folder holding tests/trainer)")
@@ -262,22 +150,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run_hf_suite: {a.folder} is not a folder", file=sys.stderr)
         return 2
     files = a.files or [f for f in MAIN_FILES if (_trainer_dir(a.folder) / f).is_file()]
-    out = a.out or Path(tempfile.mkdtemp(prefix="peer-hf-out-"))
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "_".join(Path(f).stem for f in files) if len(files) < 3 else "suite"
-    junit = {side: out / f"{stem}.{side}.xml" for side in ("hf", "taskfit")}
-    if not a.report_only:
-        with tempfile.TemporaryDirectory(prefix="peer-hf-") as work:
-            roots = prepare_copies(a.folder, Path(work), set(taskfit_hf_names()))
-            procs = [run_side(roots[s], files, junit[s], a.timeout) for s in ("hf", "taskfit")]
-            for proc in procs:
-                proc.wait()
-    # every junit file in ``out`` counts (keys carry the file name), so runs of single files can be reported together
-    merged = {side: {k: v for x in sorted(out.glob(f"*.{side}.xml")) for k, v in read_junit(x).items()}
-              for side in ("hf", "taskfit")}
-    unlisted = report(files, merged["hf"], merged["taskfit"], read_exceptions(a.exceptions))
-    print(f"(junit files and logs in {out})")
-    return 1 if unlisted else 0
+    prepare = None if a.report_only else (
+        lambda work: prepare_copies(a.folder, work, set(taskfit_hf_names())))
+    return run_and_report(PEER, files, a.out, a.exceptions, a.timeout, prepare)
 
 
 if __name__ == "__main__":

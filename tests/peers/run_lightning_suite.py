@@ -31,19 +31,18 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
-import os
 import shutil
-import subprocess
 import sys
-import tempfile
-import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+from peer_common import Peer, run_and_report
+
 HERE = Path(__file__).resolve().parent
 DEFAULT_EXCEPTIONS = HERE / "lightning_exceptions.txt"
+PEER = Peer(side="lightning", label="Lightning", tests_root="tests_pytorch",
+            env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "disabled"})
 MAIN_FILES = ["core/test_datamodules.py", "callbacks/test_early_stopping.py"]
-KINDS = {"1": "Lightning internal", "2": "documented difference"}
 TOP_MODULES = {"lightning", "lightning.pytorch"}
 # modules whose same-named objects taskfit.lightning provides at its top level (the defining submodules included)
 NAME_MODULES = TOP_MODULES | {"lightning.pytorch.core", "lightning.pytorch.core.module", "lightning.pytorch.core.datamodule",
@@ -215,124 +214,6 @@ def prepare_copies(folder: Path, work: Path, provided: Provided, demos: bool = T
     return roots
 
 
-def _pytest_cmd(files: list[str], junit: Path, timeout: int) -> list[str]:
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rN", "--junitxml", str(junit),
-           "-o", "junit_family=xunit1"]
-    if importlib.util.find_spec("pytest_timeout") is not None:
-        cmd += ["--timeout", str(timeout)]
-    return cmd + [f"tests_pytorch/{f}" for f in files]
-
-
-def run_side(root: Path, files: list[str], junit: Path, timeout: int) -> subprocess.Popen:
-    """Start pytest on ``files`` of one copy: CPU only, offline, one thread; output to ``junit.log``."""
-    env = dict(os.environ, HF_HUB_OFFLINE="1", CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1", WANDB_MODE="disabled",
-               PYTHONDONTWRITEBYTECODE="1")
-    env.pop("PYTHONPATH", None)
-    log = open(junit.with_suffix(".log"), "w", encoding="utf-8")  # noqa: SIM115 (closed with the process)
-    return subprocess.Popen(_pytest_cmd(files, junit, timeout), cwd=root, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
-
-
-@dataclass
-class Outcome:
-    """One test's result on one side: ``status`` is ``passed``, ``failed`` or ``skipped``; ``message`` the first
-    line of the failure or skip reason."""
-    status: str
-    message: str = ""
-
-
-def read_junit(path: Path) -> dict[str, Outcome]:
-    """Per-test outcomes of a pytest ``--junitxml`` (xunit1) file, keyed ``dir/file.py::Class::test`` relative to
-    ``tests_pytorch`` (``dir/file.py::test`` for a function).
-
-    Returns:
-        dict[str, Outcome]: empty when the file is missing (pytest did not run).
-    """
-    if not path.is_file():
-        return {}
-    out = {}
-    for case in ET.parse(path).getroot().iter("testcase"):
-        file = case.get("file", "").replace(os.sep, "/").removeprefix("tests_pytorch/")
-        stem = Path(file).stem
-        parts = case.get("classname", "").split(".")
-        cls = parts[-1] if len(parts) >= 2 and parts[-1] != stem else ""
-        key = "::".join(p for p in (file, cls, case.get("name", "")) if p)
-        status, message = "passed", ""
-        for tag in ("failure", "error", "skipped"):
-            el = case.find(tag)
-            if el is not None:
-                status = "skipped" if tag == "skipped" else "failed"
-                first = (el.get("message") or el.text or "").strip().splitlines()[0:1]
-                message = first[0][:200] if first else ""
-                break
-        if key in out and out[key].status == "failed":  # a teardown error reported after the call keeps the failure
-            continue
-        out[key] = Outcome(status, message)
-    return out
-
-
-def read_exceptions(path: Path) -> dict[str, tuple[str, str]]:
-    """``lightning_exceptions.txt``: ``test id | kind | reason`` a line (``#`` comments); kind ``1`` (reads a
-    Lightning internal, named) or ``2`` (a documented difference, docs/lightning.md row named).
-
-    Raises:
-        ValueError: a line without three fields or with another kind.
-    """
-    out = {}
-    if not path.is_file():
-        return out
-    for n, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        fields = [f.strip() for f in line.split("|", 2)]
-        if len(fields) != 3 or fields[1] not in KINDS or not fields[2]:
-            raise ValueError(f"{path}:{n}: expected 'test id | 1 or 2 | reason', got {raw!r}")
-        out[fields[0]] = (fields[1], fields[2])
-    return out
-
-
-def _fmt(o: Outcome | None) -> str:
-    return "-" if o is None else {"passed": "pass", "failed": "FAIL", "skipped": "skip"}[o.status]
-
-
-def _line(key: str, pl: Outcome | None, tf: Outcome | None, exceptions: dict, counts: dict) -> str:
-    """One test's report line; counts it into ``counts``."""
-    note = ""
-    if pl is not None and pl.status == "passed":
-        counts["pl"] += 1
-        if tf is not None and tf.status == "passed":
-            counts["tf"] += 1
-        elif key in exceptions:
-            kind, why = exceptions[key]
-            counts[kind] += 1
-            note = f"listed ({kind}: {KINDS[kind]}): {why}"
-        else:
-            counts["unlisted"] += 1
-            note = f"UNLISTED: {tf.message if tf else 'did not run under taskfit'}"
-    elif key in exceptions:
-        note = "listed, but does not pass under Lightning here"
-    return f"  Lightning {_fmt(pl):4}  taskfit {_fmt(tf):4}  {key}" + (f"  -- {note}" if note else "")
-
-
-def report(files: list[str], pl: dict[str, Outcome], tf: dict[str, Outcome],
-           exceptions: dict[str, tuple[str, str]]) -> int:
-    """Print one line per test and a summary line per file and in total; returns the unlisted failures."""
-    total = dict.fromkeys(("pl", "tf", "1", "2", "unlisted"), 0)
-    for file in files:
-        counts = dict.fromkeys(total, 0)
-        print(f"== {file}")
-        for key in sorted(k for k in set(pl) | set(tf) if k.split("::", 1)[0] == file):
-            print(_line(key, pl.get(key), tf.get(key), exceptions, counts))
-        print(f"summary {file}: Lightning-passing {counts['pl']}, taskfit-passing {counts['tf']}, listed kind-1 "
-              f"{counts['1']}, kind-2 {counts['2']}, unlisted failures {counts['unlisted']}")
-        for k in total:
-            total[k] += counts[k]
-    print(f"summary all: Lightning-passing {total['pl']}, taskfit-passing {total['tf']}, listed kind-1 {total['1']}, "
-          f"kind-2 {total['2']}, unlisted failures {total['unlisted']}")
-    return total["unlisted"]
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("folder", type=Path, help="Lightning's tests/tests_pytorch folder (or a folder holding it)")
@@ -355,21 +236,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"run_lightning_suite: {a.folder} is not a folder", file=sys.stderr)
         return 2
     files = a.files or [f for f in MAIN_FILES if (_tests_dir(a.folder) / f).is_file()]
-    out = a.out or Path(tempfile.mkdtemp(prefix="peer-lightning-out-"))
-    out.mkdir(parents=True, exist_ok=True)
-    stem = "_".join(Path(f).stem for f in files) if len(files) < 3 else "suite"
-    junit = {side: out / f"{stem}.{side}.xml" for side in ("lightning", "taskfit")}
-    if not a.report_only:
-        with tempfile.TemporaryDirectory(prefix="peer-lightning-") as work:
-            roots = prepare_copies(a.folder, Path(work), taskfit_lightning_names(), demos=not a.keep_demos)
-            procs = [run_side(roots[s], files, junit[s], a.timeout) for s in ("lightning", "taskfit")]
-            for proc in procs:
-                proc.wait()
-    merged = {side: {k: v for x in sorted(out.glob(f"*.{side}.xml")) for k, v in read_junit(x).items()}
-              for side in ("lightning", "taskfit")}
-    unlisted = report(files, merged["lightning"], merged["taskfit"], read_exceptions(a.exceptions))
-    print(f"(junit files and logs in {out})")
-    return 1 if unlisted else 0
+    prepare = None if a.report_only else (
+        lambda work: prepare_copies(a.folder, work, taskfit_lightning_names(), demos=not a.keep_demos))
+    return run_and_report(PEER, files, a.out, a.exceptions, a.timeout, prepare)
 
 
 if __name__ == "__main__":

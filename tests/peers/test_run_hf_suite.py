@@ -1,11 +1,12 @@
-"""The peer-suite runner itself (tests/peers/run_hf_suite.py): its import rewriting, its exceptions list and its
-verdict, on small synthetic test files (no transformers test file, no network)."""
+"""The HF peer-suite runner itself (tests/peers/run_hf_suite.py): its import rewriting and, end to end through the
+code it shares with the Lightning runner (tests/peers/peer_common.py), its verdict, on small synthetic test files
+(no transformers test file, no network)."""
 
 import importlib.util
 import sys
 from pathlib import Path
 
-import pytest
+from peer_common import read_exceptions
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("run_hf_suite", HERE / "run_hf_suite.py")
@@ -84,16 +85,10 @@ def test_taskfit_hf_names_are_read_from_the_module_source():
             "TrainerControl"} <= set(names)
 
 
-def test_exceptions_file_accepts_kinds_1_and_2_only(tmp_path):
-    good = tmp_path / "ok.txt"
-    good.write_text("# comment\n\nf.py::C::t | 1 | reads Trainer.accelerator\nf.py::t2 | 2 | docs/hf.md row X\n")
-    assert run_hf_suite.read_exceptions(good) == {"f.py::C::t": ("1", "reads Trainer.accelerator"),
-                                                  "f.py::t2": ("2", "docs/hf.md row X")}
-    bad = tmp_path / "bad.txt"
-    bad.write_text("f.py::t | 3 | not allowed\n")
-    with pytest.raises(ValueError, match="1 or 2"):
-        run_hf_suite.read_exceptions(bad)
-    assert isinstance(run_hf_suite.read_exceptions(run_hf_suite.DEFAULT_EXCEPTIONS), dict)  # the repository's list
+def test_the_repositorys_exceptions_list_reads():
+    listed = read_exceptions(run_hf_suite.DEFAULT_EXCEPTIONS, run_hf_suite.PEER.kinds)
+    assert isinstance(listed, dict) and all(kind in ("1", "2") for kind, _ in listed.values())
+    assert run_hf_suite.PEER.kinds == {"1": "HF internal", "2": "documented difference"}
 
 
 PEER_TEST = '''\

@@ -1,5 +1,6 @@
-"""The Lightning peer-suite runner itself (tests/peers/run_lightning_suite.py): its import rewriting, its
-exceptions list and its verdict, on small synthetic test files (no Lightning test file, no network)."""
+"""The Lightning peer-suite runner itself (tests/peers/run_lightning_suite.py): its import rewriting and its two
+copies, on small synthetic test files (no Lightning test file, no network). The verdict and the report it shares
+with the HF runner are tested in test_peer_common.py."""
 
 import ast
 import importlib.util
@@ -7,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from peer_common import read_exceptions
 
 HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("run_lightning_suite", HERE / "run_lightning_suite.py")
@@ -98,44 +100,10 @@ def test_provided_names_read_from_the_source():
     assert {"CSVLogger", "TensorBoardLogger"} <= provided.spaces["loggers"]
 
 
-def _junit(path: Path, cases: str) -> Path:
-    path.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{cases}</testsuite></testsuites>')
-    return path
-
-
-def test_verdict_counts_listed_and_unlisted(tmp_path, capsys):
-    f = "tests_pytorch/core/test_x.py"
-    pl = _junit(tmp_path / "a.lightning.xml",
-                f'<testcase classname="tests_pytorch.core.test_x" name="test_a" file="{f}"/>'
-                f'<testcase classname="tests_pytorch.core.test_x" name="test_b" file="{f}"/>'
-                f'<testcase classname="tests_pytorch.core.test_x.TestK" name="test_c" file="{f}"/>'
-                f'<testcase classname="tests_pytorch.core.test_x" name="test_d" file="{f}"><skipped message="gpu"/>'
-                '</testcase>')
-    tf = _junit(tmp_path / "a.taskfit.xml",
-                f'<testcase classname="tests_pytorch.core.test_x" name="test_a" file="{f}"/>'
-                f'<testcase classname="tests_pytorch.core.test_x" name="test_b" file="{f}">'
-                '<failure message="AttributeError: fit_loop"/></testcase>'
-                f'<testcase classname="tests_pytorch.core.test_x.TestK" name="test_c" file="{f}">'
-                '<failure message="AssertionError: 3 != 4"/></testcase>')
-    exc = tmp_path / "exc.txt"
-    exc.write_text("# comment\ncore/test_x.py::test_b | 1 | reads trainer.fit_loop\n")
-    lightning, taskfit = run_lightning_suite.read_junit(pl), run_lightning_suite.read_junit(tf)
-    assert set(lightning) == {"core/test_x.py::test_a", "core/test_x.py::test_b", "core/test_x.py::TestK::test_c",
-                              "core/test_x.py::test_d"}
-    unlisted = run_lightning_suite.report(["core/test_x.py"], lightning, taskfit,
-                                          run_lightning_suite.read_exceptions(exc))
-    out = capsys.readouterr().out
-    assert unlisted == 1
-    assert "UNLISTED: AssertionError: 3 != 4" in out and "listed (1: Lightning internal)" in out
-    assert ("summary core/test_x.py: Lightning-passing 3, taskfit-passing 1, listed kind-1 1, kind-2 0, "
-            "unlisted failures 1") in out
-
-
-def test_exceptions_refuse_other_kinds(tmp_path):
-    exc = tmp_path / "exc.txt"
-    exc.write_text("core/test_x.py::test_b | 3 | a gap\n")
-    with pytest.raises(ValueError, match="1 or 2"):
-        run_lightning_suite.read_exceptions(exc)
+def test_the_repositorys_exceptions_list_reads():
+    listed = read_exceptions(run_lightning_suite.DEFAULT_EXCEPTIONS, run_lightning_suite.PEER.kinds)
+    assert isinstance(listed, dict) and all(kind in ("1", "2") for kind, _ in listed.values())
+    assert run_lightning_suite.PEER.kinds == {"1": "Lightning internal", "2": "documented difference"}
 
 
 def test_prepare_copies_rewrites_only_the_taskfit_side(tmp_path):
