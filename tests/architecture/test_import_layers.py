@@ -37,6 +37,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     "run the tuner's search inside fit, as Lightning's do",
     ("taskfit.callbacks.finders", "taskfit.tuner.tuner"): "the same: the finder callbacks call lr_find / "
     "scale_batch_size",
+    ("taskfit.json_options", "taskfit.redact"): "both in the lowest layer: an unparsable JSON option is echoed "
+    "with its credentials redacted",
 }
 
 
