@@ -116,7 +116,8 @@ cases = {
     "resume_local": dict(resume_from_checkpoint=f"{OUT}/user:{C}@host/ckpt"),
     "hub_url": dict(push_to_hub=True, hub_model_id=f"https://user:{C}@{host}/org/model", save_steps=1),
     "mlflow_uri": dict(report_to="mlflow"),
-    "deepspeed_section": dict(strategy="deepspeed", deepspeed={"bf16": "token=" + A, "zero_optimization": {"stage": 1}}),
+    "deepspeed_section": dict(strategy="deepspeed",
+                              deepspeed={"bf16": "token=" + A, "zero_optimization": {"stage": 1}}),
     "deepspeed_json": dict(strategy="deepspeed", deepspeed='{"api_key": "' + D + '", broken'),
     "fsdp_bool": dict(strategy="fsdp", fsdp_config={"use_orig_params": "password=" + B}),
 }
