@@ -19,16 +19,18 @@ from typing import Any
 
 SECRET_FIELDS = ("hub_token", "push_to_hub_token")
 
-_SECRET_KEY = re.compile(r"token(?!s_seen)|secret|passw|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth",
-                         re.IGNORECASE)
+#: words that make a key a credential's; not ``tokens`` (``max_new_tokens``, ``train_tokens_per_second``),
+#: ``token_id``, ``tokenizer`` or ``author``: metric and option names that must stay readable in logs and errors
+_KEY_WORDS = r"token(?!s|iz|_id|_type)|secret|passw|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth(?!or)"
+_SECRET_KEY = re.compile(_KEY_WORDS, re.IGNORECASE)
 #: ``user:password@host`` with or without a scheme: ``s3://user:pw@bucket``, and the ``"user:pw@host"`` a storage
 #: library's error keeps of it once the scheme is split off
 _URL_PASSWORD = re.compile(r"(?P<head>(?:[a-z][a-z0-9+.-]*://)?[^/\s:@\"'<>]+:)[^/\s@\"'<>]+@(?=[\w.\[-])",
                            re.IGNORECASE)
 #: ``"aws_secret_key": "v"``, ``'token': 'v'``, ``password=v``, ``api_key: v`` inside a string
 _KEYED_VALUE = re.compile(
-    r"(?P<key>[\w.-]*(?:token(?!s_seen)|secret|passw|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth)"
-    r"[\w.-]*)(?P<quote>[\"']?)(?P<sep>\s*[:=]\s*)(?P<open>[\"']?)(?P<value>[^\"',;}\]\s]+)", re.IGNORECASE)
+    rf"(?P<key>[\w.-]*(?:{_KEY_WORDS})[\w.-]*)"
+    r"(?P<quote>[\"']?)(?P<sep>\s*[:=]\s*)(?P<open>[\"']?)(?P<value>[^\"',;}\]\s]+)", re.IGNORECASE)
 
 
 def redact_text(text: str) -> str:
