@@ -14,6 +14,9 @@ import importlib
 from typing import Any
 
 from taskfit.__about__ import __version__
+from taskfit.redact import install_log_filter as _install_log_filter
+
+_install_log_filter()  # no record of the taskfit logger shows a credential
 
 _EXPORTS = {
     "Fit": "taskfit.fit.fit", "TrainOutput": "taskfit.fit.fit",

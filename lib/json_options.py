@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from taskfit.redact import redact_text  # option text in messages: no credential shown
+
 
 def load_json_object(value: Any, what: str) -> dict:
     """A copy of an option that takes a dict, a JSON object string (``'{...}'``) or the path of a JSON file
@@ -29,14 +31,14 @@ def load_json_object(value: Any, what: str) -> dict:
     text = str(value)
     if not text.strip().startswith("{"):
         if not os.path.isfile(text):
-            raise FileNotFoundError(f"{what} file {text!r} does not exist ({what} takes a dict, a JSON string or "
+            raise FileNotFoundError(f"{what} file {redact_text(repr(text))} does not exist ({what} takes a dict, a JSON string or "
                                     "the path of a JSON file).")
         with open(text, encoding="utf-8") as fh:
             text = fh.read()
     try:
         decoded = json.loads(text)
     except ValueError as exc:
-        raise ValueError(f"{what} {str(value)[:80]!r} is not valid JSON: {exc}") from None
+        raise ValueError(f"{what} {redact_text(repr(str(value)[:80]))} is not valid JSON: {exc}") from None
     if not isinstance(decoded, dict):
         raise ValueError(f"{what} must be a JSON object; got {type(decoded).__name__}.")
     return decoded

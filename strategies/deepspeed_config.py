@@ -27,6 +27,7 @@ import copy
 from typing import Any
 
 from taskfit.precision.deepspeed import DS_PRECISIONS  # noqa: F401  (re-exported: the config's precision names)
+from taskfit.redact import shown  # config values in messages: no credential shown
 
 AUTO = "auto"
 #: ``optim`` -> DeepSpeed optimizer type (``optimizer.type``); others stay taskfit optimizers handed to the engine
@@ -170,7 +171,7 @@ def _zero_section(cfg: dict[str, Any], filler: ConfigFiller, stage: int | None, 
     """
     zero = cfg.setdefault("zero_optimization", {})
     if not isinstance(zero, dict):
-        raise ValueError(f"zero_optimization must be an object; got {zero!r}.")
+        raise ValueError(f"zero_optimization must be an object; got {shown('zero_optimization', zero)}.")
     if stage is not None:
         filler.fill(zero, "stage", stage, "strategy stage", "zero_optimization.stage")
     zero.setdefault("stage", 2)
@@ -211,7 +212,7 @@ def _fill_batch_and_precision(cfg: dict[str, Any], filler: ConfigFiller, a: Any,
     for name in ("bf16", "fp16"):
         section = cfg.setdefault(name, {})
         if not isinstance(section, dict):
-            raise ValueError(f"DeepSpeed config section {name!r} must be an object; got {section!r}.")
+            raise ValueError(f"DeepSpeed config section {name!r} must be an object; got {shown(name, section)}.")
         filler.fill(section, "enabled", half == name, f"precision={precision!r}, so {name}", f"{name}.enabled")
     if cfg.get("bf16", {}).get("enabled") and cfg.get("fp16", {}).get("enabled"):
         filler.conflicts.append("bf16.enabled and fp16.enabled are both true")
@@ -236,7 +237,7 @@ def _optimizer_section(cfg: dict[str, Any], filler: ConfigFiller, a: Any, zero: 
     if opt is None:
         return
     if not isinstance(opt, dict):
-        raise ValueError(f"DeepSpeed config 'optimizer' must be an object; got {opt!r}.")
+        raise ValueError(f"DeepSpeed config 'optimizer' must be an object; got {shown('optimizer', opt)}.")
     if opt.get("type", AUTO) == AUTO:
         if ds_optim is None:
             raise ValueError(f"optimizer.type='auto' but optim={a.optim!r} has no DeepSpeed optimizer; choose "
@@ -268,7 +269,7 @@ def _scheduler_section(cfg: dict[str, Any], filler: ConfigFiller, a: Any) -> Non
     if sched is None:
         return
     if not isinstance(sched, dict):
-        raise ValueError(f"DeepSpeed config 'scheduler' must be an object; got {sched!r}.")
+        raise ValueError(f"DeepSpeed config 'scheduler' must be an object; got {shown('scheduler', sched)}.")
     if sched.get("type", AUTO) == AUTO:
         if a.lr_scheduler_type not in SCHED_TO_DS:
             raise ValueError(f"scheduler.type='auto' but lr_scheduler_type={a.lr_scheduler_type!r} has no "

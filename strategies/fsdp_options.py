@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from taskfit.redact import shown  # config values in messages: no credential shown
+
 #: sharding strategy -> (FSDP2 ``reshard_after_forward``, mesh kind). ``no_shard`` replicates on a
 #: ``(world, 1)`` mesh; the hybrid kinds shard within a node and replicate across nodes on a 2-D mesh.
 SHARDING_STRATEGIES: dict[str, tuple[bool, str]] = {
@@ -112,7 +114,7 @@ def _bool(name: str, value: Any) -> bool:
         return value.strip().lower() == "true"
     if isinstance(value, bool):
         return value
-    raise ValueError(f"fsdp_config {name!r} must be true or false; got {value!r}.")
+    raise ValueError(f"fsdp_config {name!r} must be true or false; got {shown(name, value)}.")
 
 
 def _names(value: Any) -> list[Any]:

@@ -148,6 +148,7 @@ class ParallelStrategy(Strategy):
                     self.launcher.failed = True
                 raise DistributedError(f"Could not form the process group ({env.describe()}, backend "
                                        f"{self.backend!r}): {exc}") from exc
+            process_group.reset()
             log.info("Process group ready: %s, backend %s.", env.describe(), self.backend)
             atexit.register(destroy_process_group)
 
@@ -178,7 +179,8 @@ class ParallelStrategy(Strategy):
     # -- collectives ------------------------------------------------------------------------------------
     def check_collective(self, what: str, fn: Callable[[], Any]) -> Any:
         """Run the collective ``fn``; a communication failure (a peer stopped, vanished or timed out) becomes
-        :class:`DistributedError` naming ``what`` and this rank, and marks the job failed (bounded exit).
+        :class:`DistributedError` naming ``what`` and this rank, and marks the job failed (bounded exit); after
+        such a failure every later collective raises at once, without waiting for the peer again.
 
         Raises:
             DistributedError: see above; other errors pass through unchanged.
@@ -186,6 +188,9 @@ class ParallelStrategy(Strategy):
         return self._check(what, fn)
 
     def _check(self, what: str, fn: Callable[[], Any]) -> Any:
+        if process_group.collective_failed:  # a peer is known gone: waiting ddp_timeout again would find nothing
+            raise DistributedError(f"{what} skipped on rank {self.global_rank} of {self.world_size}: an earlier "
+                                   "collective of this process failed (another process stopped or vanished).")
         try:
             return fn()
         except RuntimeError as exc:
@@ -194,7 +199,7 @@ class ParallelStrategy(Strategy):
                     k in text for k in ("gloo", "Gloo", "NCCL", "Connection", "connection", "timed out", "Timed out",
                                         "timeout", "pair closure"))):
                 raise  # an ordinary error (e.g. in the user's backward), not a communication failure
-            process_group.collective_failed = True
+            process_group.mark_failed()
             if isinstance(self.launcher, SubprocessScriptLauncher):
                 self.launcher.failed = True  # at exit, do not wait long for workers that may be stuck
             raise DistributedError(

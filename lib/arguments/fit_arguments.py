@@ -28,7 +28,7 @@ from taskfit.arguments.setters import (  # noqa: F401 - the option tables are re
 )
 from taskfit.arguments.fields import HFTrainingFields, Seq2SeqFields
 from taskfit.arguments.legacy import LegacyFields
-from taskfit.arguments.redact import SECRET_FIELDS, redact_value  # noqa: F401 - re-exported
+from taskfit.redact import SECRET_FIELDS, redact_value  # noqa: F401 - re-exported
 from taskfit.arguments.runtime import ParallelMode, RuntimeProperties  # noqa: F401 - re-exported
 from taskfit.arguments.taskfit_fields import TaskfitFields
 from taskfit.registry import invalid_choice, unknown_option

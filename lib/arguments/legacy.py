@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from taskfit.arguments.fields import _opt
-from taskfit.arguments.redact import shown
+from taskfit.redact import shown
 
 
 @dataclass(repr=False)

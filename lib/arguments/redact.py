@@ -1,65 +1,6 @@
-"""The one place credentials are taken out of text (F-REL-6): option values written to files, and every message,
-warning or log line that shows an option value. Nothing here changes an option itself.
+"""Kept for imports of ``taskfit.arguments.redact``: redaction lives in :mod:`taskfit.redact` (the lowest layer, so
+storage, loggers and strategies use it too)."""
 
-- a set value of a secret option (``hub_token``, ``push_to_hub_token``) or of any key naming a credential
-  (``token``, ``secret``, ``password``, ``api_key``, ``access_key``, ``credentials``, ... inside dict options such as
-  DeepSpeed / FSDP configs or storage options) becomes ``"<NAME>"``;
-- a password in a URL (``s3://user:pass@host``) becomes ``<REDACTED>``;
-- inside free text (a JSON or ``key=value`` string that failed to parse), the value after such a key becomes
-  ``<REDACTED>``.
-"""
+from taskfit.redact import SECRET_FIELDS, redact_text, redact_value, shown
 
-from __future__ import annotations
-
-import re
-from typing import Any
-
-SECRET_FIELDS = ("hub_token", "push_to_hub_token")
-
-_SECRET_KEY = re.compile(r"token(?!s_seen)|secret|passw|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth",
-                         re.IGNORECASE)
-_URL_PASSWORD = re.compile(r"(?P<head>[a-z][a-z0-9+.-]*://[^/\s:@]+:)[^/\s@]+@", re.IGNORECASE)
-#: ``"aws_secret_key": "v"``, ``'token': 'v'``, ``password=v``, ``api_key: v`` inside a string
-_KEYED_VALUE = re.compile(
-    r"(?P<key>[\w.-]*(?:token(?!s_seen)|secret|passw|api[_-]?key|access[_-]?key|private[_-]?key|credential|auth)"
-    r"[\w.-]*)(?P<quote>[\"']?)(?P<sep>\s*[:=]\s*)(?P<open>[\"']?)(?P<value>[^\"',;}\]\s]+)", re.IGNORECASE)
-
-
-def redact_text(text: str) -> str:
-    """``text`` with URL passwords and the values of credential-named keys (``"token": "..."``, ``password=...``)
-    replaced by ``<REDACTED>``; for free text that may hold an option value (an unparsable JSON string)."""
-    text = _URL_PASSWORD.sub(lambda m: m.group("head") + "<REDACTED>@", text)
-    return _KEYED_VALUE.sub(lambda m: f"{m.group('key')}{m.group('quote')}{m.group('sep')}{m.group('open')}<REDACTED>",
-                            text)
-
-
-def redact_value(name: str, value: Any) -> Any:
-    """``value`` of option (or key) ``name`` with credentials replaced: a set value of a secret option
-    (``hub_token``) or of any key that names a credential (``token``, ``secret``, ``password``, ``api_key``,
-    ``access_key``, ``credentials``, ... inside dict options such as storage options) becomes ``"<NAME>"``;
-    passwords in URLs (``s3://user:pass@host``) become ``<REDACTED>``; dicts and lists are redacted recursively.
-
-    Args:
-        name (str): the option or key name.
-        value (Any): its value (not changed).
-
-    Returns:
-        Any: a redacted copy (the same object when there is nothing to redact in a non-container value).
-    """
-    if value is None:
-        return None
-    if name in SECRET_FIELDS or (_SECRET_KEY.search(str(name)) and not isinstance(value, (bool, dict, list))):
-        return f"<{str(name).upper()}>"
-    if isinstance(value, dict):
-        return {k: redact_value(str(k), v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(redact_value(name if not isinstance(v, (dict, list)) else "", v) for v in value)
-    if isinstance(value, str):
-        return _URL_PASSWORD.sub(lambda m: m.group("head") + "<REDACTED>@", value)
-    return value
-
-
-def shown(name: str, value: Any) -> str:
-    """``repr`` of option ``name``'s value for a message, warning or log line, credentials redacted
-    (:func:`redact_value`, and :func:`redact_text` over the result for strings that hold keyed credentials)."""
-    return redact_text(repr(redact_value(name, value)))
+__all__ = ["SECRET_FIELDS", "redact_text", "redact_value", "shown"]

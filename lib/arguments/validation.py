@@ -13,7 +13,7 @@ from typing import Any
 
 from taskfit.registry import invalid_choice
 
-from taskfit.arguments.redact import shown
+from taskfit.redact import shown
 from taskfit.arguments.choices import (  # noqa: F401  (the tables are re-exported here)
     INTERVAL_STRATEGIES, SAVE_STRATEGIES, HUB_STRATEGIES, PRECISIONS, PRECISION_ALIASES, LOG_LEVELS, REPORT_TO, BUILT_LOGGERS, installed_loggers, FSDP_OPTIONS, DEBUG_OPTIONS, HALF_PRECISION_BACKENDS, DDP_BACKENDS, TRAIN_SAMPLING_STRATEGIES, INCLUDE_FOR_METRICS, TOKENS_SEEN, MULTIPROCESSING_CONTEXTS, LR_SCHEDULERS, OPTIMIZERS,
 )

@@ -23,6 +23,7 @@ from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_
 from taskfit.debugging import batch_limit, limit_batches
 from taskfit.loops.evaluation_loop import is_loader_list
 from taskfit.loops.state import FitControl, FitState, LossSums, TrainingState
+from taskfit.redact import redact_exception
 from taskfit.core.module import TaskModule
 from taskfit.core.wrapping import ModelTaskModule
 
@@ -152,11 +153,12 @@ class RunLauncher:
         self.depth += 1
         try:
             out = body(model, **kwargs)
-        except BaseException:
+        except BaseException as exc:
             try:
                 fit.strategy.teardown()
             except Exception:  # the run's own error matters more than a failed clean-up
                 log.exception("Strategy teardown failed after an error in %s.", stage)
+            redact_exception(exc)  # e.g. a storage library's error naming s3://user:password@host/...
             raise
         finally:
             self.depth -= 1

@@ -68,11 +68,14 @@ class MultiprocessingLauncher:
         num_processes (int): processes on this node.
         num_nodes (int), node_rank (int), main_address (str), main_port (int): the rendezvous.
         start_method (str): ``"spawn"`` (default) or ``"fork"``.
+        grace (float): seconds, once a worker failed, before the others are terminated, and from SIGTERM to
+            SIGKILL (mirrors the ``grace_period`` of ``torch.multiprocessing``'s ``ProcessContext.join``).
     """
 
     def __init__(self, num_processes: int, num_nodes: int, node_rank: int, main_address: str, main_port: int,
-                 start_method: str = "spawn") -> None:
+                 start_method: str = "spawn", grace: float = 2.5) -> None:
         self.num_processes, self.num_nodes, self.node_rank = num_processes, num_nodes, node_rank
+        self.grace = float(grace)
         self.main_address, self.main_port, self.start_method = main_address, main_port, start_method
 
     def launch(self, fn: Callable[..., Any], *args: Any) -> Any:
@@ -102,8 +105,12 @@ class MultiprocessingLauncher:
             # plain pickle bytes: torch.multiprocessing would hand every worker the SAME shared-memory tensors,
             # so the replicas' optimizers would all update one set of weights
             payload = pickle.dumps(args)
-            mp.start_processes(_worker, args=(fn, payload, env, path), nprocs=self.num_processes, join=True,
-                               start_method=self.start_method)
+            context = mp.start_processes(_worker, args=(fn, payload, env, path), nprocs=self.num_processes,
+                                         join=False, start_method=self.start_method)
+            # once a worker failed, the others get ``grace`` s to end, then SIGTERM, then ``grace`` s more before
+            # SIGKILL (torch's default waits 30 s for a SIGTERM that a stopped worker never acts on)
+            while not context.join(grace_period=self.grace):
+                pass
             import torch
 
             return torch.load(path, weights_only=False)  # written by our own worker just now

@@ -11,6 +11,8 @@ import sys
 import time
 from typing import Any
 
+from taskfit.strategies import process_group
+
 log = logging.getLogger("taskfit")
 
 
@@ -35,6 +37,16 @@ def script_command() -> list[str]:
 _STOPPED_ON_SIGNAL = (130, 143, 138)
 
 
+def _is_stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP, or a debugger's stop), from ``/proc`` (False where there is
+    none, e.g. macOS: such a worker is then killed after the usual ``grace``)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 class SubprocessScriptLauncher:
     """Start local ranks 1..n-1 of this node as copies of the running command; this process is local rank 0.
 
@@ -43,8 +55,10 @@ class SubprocessScriptLauncher:
     core, several processes do not oversubscribe the CPU). At exit this process waits for its workers, bounded:
     ``join_timeout`` seconds after a successful run, ``grace`` seconds after a failed one (an exception, or a
     failed collective: the workers then fail on their own within ``ddp_timeout``); workers still running are then
-    terminated (SIGTERM), and after ``grace`` more seconds killed (SIGKILL, which also ends stopped processes), and
-    reaped, so no orphan or zombie remains.
+    terminated (SIGTERM), and after ``grace`` more seconds killed (SIGKILL), and reaped, so no orphan or zombie
+    remains. After a failure a stopped worker (SIGSTOP) is killed as soon as it is the only kind left (it would
+    neither exit nor act on SIGTERM), and this process's own exit is bounded too (``process_group.bound_exit``):
+    the whole job ends within ``ddp_timeout`` plus a few seconds.
 
     Args:
         num_processes (int): processes on this node.
@@ -86,33 +100,52 @@ class SubprocessScriptLauncher:
 
     def join(self, timeout: float | None = None) -> list[int]:
         """Wait for the workers (at most ``timeout`` seconds; default ``join_timeout``, or ``grace`` when this run
-        failed), then terminate and kill those still running; returns their exit codes (negative: the signal)."""
+        failed), then terminate and kill those still running; returns their exit codes (negative: the signal).
+        After a failure a stopped worker (SIGSTOP) is killed at once: it cannot exit on its own, nor act on
+        SIGTERM; and the rest of this process's exit is bounded (``process_group.bound_exit``)."""
+        failed = self.failed or getattr(sys, "last_value", None) is not None  # an uncaught exception
         if timeout is None:
-            failed = self.failed or getattr(sys, "last_value", None) is not None  # an uncaught exception
             timeout = self.grace if failed else self.join_timeout
-        deadline = time.monotonic() + timeout
-        codes: list[int | None] = [None] * len(self.procs)
-        for i, p in enumerate(self.procs):
-            try:
-                codes[i] = p.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
+        if failed:  # every wait below, then the interpreter's shutdown
+            process_group.bound_exit(timeout + self.grace + process_group.EXIT_GRACE_S)
+        t0 = time.monotonic()
+        codes = self._wait(timeout, give_up_on_stopped=failed)
         late = [i for i, c in enumerate(codes) if c is None]
         if late:
-            log.error("Worker process(es) (local ranks %s) did not exit within %.0f s; terminating them.",
-                      [i + 1 for i in late], timeout)
+            log.error("Worker process(es) (local ranks %s) still running %.1f s after this one ended; ending them.",
+                      [i + 1 for i in late], time.monotonic() - t0)
             for i in late:
-                self.procs[i].terminate()
+                if _is_stopped(self.procs[i].pid):
+                    self.procs[i].kill()  # SIGTERM stays pending in a stopped process
+                else:
+                    self.procs[i].terminate()
+            deadline = time.monotonic() + self.grace
             for i in late:
                 try:
-                    codes[i] = self.procs[i].wait(timeout=self.grace)
+                    codes[i] = self.procs[i].wait(timeout=max(0.0, deadline - time.monotonic()))
                 except subprocess.TimeoutExpired:
-                    self.procs[i].kill()  # also ends a stopped (SIGSTOP) process
+                    self.procs[i].kill()
                     codes[i] = self.procs[i].wait()
+        if failed:
+            process_group.bound_exit(process_group.EXIT_GRACE_S)
         bad = [(i + 1, c) for i, c in enumerate(codes) if c and c not in _STOPPED_ON_SIGNAL]  # those reported it
         if bad:
             log.error("Worker process(es) exited with errors (local rank, exit code): %s", bad)
         return [int(c) for c in codes if c is not None]
+
+    def _wait(self, timeout: float, give_up_on_stopped: bool) -> list[int | None]:
+        """Exit codes of the workers that ended within ``timeout`` s (None: still running); with
+        ``give_up_on_stopped``, stop waiting as soon as every worker left is stopped (SIGSTOP)."""
+        deadline = time.monotonic() + timeout
+        codes: list[int | None] = [None] * len(self.procs)
+        while True:
+            codes = [c if c is not None else p.poll() for c, p in zip(codes, self.procs)]
+            pending = [p for c, p in zip(codes, self.procs) if c is None]
+            if not pending or time.monotonic() >= deadline:
+                return codes
+            if give_up_on_stopped and all(_is_stopped(p.pid) for p in pending):
+                return codes
+            time.sleep(0.05)
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "procs": []}

@@ -16,7 +16,7 @@ PACKAGES = {"lib": "taskfit", "strategies": "taskfit.strategies", "accelerators"
 
 #: bottom up; a unit imports only units of a lower layer (or itself)
 LAYERS: list[tuple[str, ...]] = [
-    ("__about__", "registry", "json_options", "protocols", "loggers", "debugging"),
+    ("__about__", "registry", "json_options", "protocols", "loggers", "debugging", "redact"),
     ("io", "precision", "accelerators"),
     ("core", "seed", "metrics"),
     ("optim",),
@@ -37,6 +37,8 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
     "run the tuner's search inside fit, as Lightning's do",
     ("taskfit.callbacks.finders", "taskfit.tuner.tuner"): "the same: the finder callbacks call lr_find / "
     "scale_batch_size",
+    ("taskfit.json_options", "taskfit.redact"): "both in the lowest layer: an unparsable JSON option is echoed "
+    "with its credentials redacted",
 }
 
 

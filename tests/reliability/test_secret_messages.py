@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SECRETS = ("tok-SECRET-A1", "tok-SECRET-B2", "pw-SECRET-C3", "key-SECRET-D4", "987654321013")
 
 FAILING = r"""
@@ -91,4 +93,63 @@ def test_F_REL_6_a_run_with_credentials_prints_and_writes_none(tmp_path):
     assert "DONE" in proc.stdout and "FutureWarning" in proc.stderr  # the deprecated spellings warned
     assert (out / "checkpoint-4" / "trainer_state.json").is_file()
     assert _leaks(proc.stdout) == [] and _leaks(proc.stderr) == []
+    assert _written(out) == {}
+
+
+URLS = r"""
+import logging, os, traceback, warnings
+warnings.simplefilter("always")
+logging.basicConfig(level=logging.WARNING)
+logging.getLogger("taskfit").setLevel(logging.DEBUG)  # every taskfit record, debug ones included
+sys.path.insert(0, JOBDIR)
+import torch, job
+from taskfit import Fit
+from taskfit.checkpoint.publish import Publisher
+Publisher.RETRIES = 0  # one failed push is enough to print the target
+A, B, C, D, N = SECRETS
+os.environ.update(MLFLOW_HTTP_REQUEST_MAX_RETRIES="0", MLFLOW_HTTP_REQUEST_TIMEOUT="2")
+host = "127.0.0.1:1"  # nothing listens there: every remote access fails at once
+cases = {
+    "output_dir": dict(output_dir=f"s3://user:{C}@{host}/bucket/out", save_steps=1),
+    "logging_dir": dict(logging_dir=f"ftp://user:{C}@{host}/logs", report_to="tensorboard"),
+    "resume_remote": dict(resume_from_checkpoint=f"s3://user:{C}@{host}/bucket/ckpt"),
+    "resume_local": dict(resume_from_checkpoint=f"{OUT}/user:{C}@host/ckpt"),
+    "hub_url": dict(push_to_hub=True, hub_model_id=f"https://user:{C}@{host}/org/model", save_steps=1),
+    "mlflow_uri": dict(report_to="mlflow"),
+    "deepspeed_section": dict(strategy="deepspeed",
+                              deepspeed={"bf16": "token=" + A, "zero_optimization": {"stage": 1}}),
+    "deepspeed_json": dict(strategy="deepspeed", deepspeed='{"api_key": "' + D + '", broken'),
+    "fsdp_bool": dict(strategy="fsdp", fsdp_config={"use_orig_params": "password=" + B}),
+}
+for name, kw in cases.items():
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    if name == "mlflow_uri":
+        os.environ["MLFLOW_TRACKING_URI"] = f"http://user:{C}@{host}/"
+    try:
+        torch.manual_seed(0)
+        fit = Fit(**{"output_dir": OUT, "max_steps": 1, "per_device_train_batch_size": 4, "disable_tqdm": True,
+                     **kw})
+        fit.fit(job.Net(), job.data())
+        print(name, "ACCEPTED", flush=True)
+    except Exception:
+        print(name, "REFUSED", flush=True)
+        traceback.print_exc()
+"""
+
+
+@pytest.mark.slow  # about 25 s on a loaded 2-core machine (nine configurations); make test-reliability runs it
+def test_F_REL_6_urls_and_configs_with_credentials_print_none(tmp_path):
+    """A password in a URL of every path option (``output_dir``, ``logging_dir``, ``resume_from_checkpoint`` remote
+    and local, the publishing target, the MLflow tracking URI) and a credential inside strategy configurations
+    that the strategy refuses: what the storage, tracking and strategy code print (taskfit's log records, its
+    errors, the errors of fsspec/botocore/MLflow that leave a stage) shows no secret."""
+    out = tmp_path / "urls"
+    proc = _run("import sys\n" + URLS, out)
+    text = proc.stdout + proc.stderr
+    for name in ("output_dir", "logging_dir", "resume_remote", "resume_local", "mlflow_uri", "deepspeed_section",
+                 "deepspeed_json", "fsdp_bool"):
+        assert f"{name} REFUSED" in text, text[-3000:]
+    assert "hub_url ACCEPTED" in text and "failed after 1 attempts" in text  # a failed push is logged, not raised
+    assert "user:<REDACTED>@127.0.0.1:1" in text  # the messages still name the target
+    assert _leaks(proc.stdout) == [] and _leaks(proc.stderr) == [], [ln for ln in text.splitlines() if _leaks(ln)]
     assert _written(out) == {}

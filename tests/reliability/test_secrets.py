@@ -52,3 +52,32 @@ def test_F_REL_6_no_file_a_run_writes_holds_a_credential(tmp_path):
     leaks = {str(p.relative_to(out)): [s for s in secrets if s in p.read_bytes().decode("latin-1")]
              for p in written}
     assert {k: v for k, v in leaks.items() if v} == {}
+
+
+def test_F_REL_6_log_records_and_stage_errors_are_redacted_but_metric_names_stay(caplog):
+    """The taskfit logger's filter and the error redaction take URL passwords and credential values out, and leave
+    metric and option names that merely contain ``token`` or ``auth`` (``train_tokens_per_second``,
+    ``max_new_tokens``, ``pad_token_id``, ``author``) readable."""
+    import logging
+
+    from taskfit.redact import redact_exception
+
+    log = logging.getLogger("taskfit")
+    with caplog.at_level(logging.INFO, logger="taskfit"):
+        log.info("push to %s failed", f"s3://user:{SECRETS[1]}@bucket/m")
+        log.info("%s", {"train_tokens_per_second": 12.5, "max_new_tokens": 3, "pad_token_id": 0, "author": "me",
+                        "auth_token": SECRETS[0]})
+    text = caplog.text
+    assert _leaks(text) == [] and "s3://user:<REDACTED>@bucket/m" in text
+    assert "'train_tokens_per_second': 12.5, 'max_new_tokens': 3, 'pad_token_id': 0, 'author': 'me'" in text
+    try:
+        try:
+            raise OSError(2, "No such file", f"/data/user:{SECRETS[1]}@host/x")
+        except OSError as inner:
+            raise ValueError(f"resume failed: password={SECRETS[2]}") from inner
+    except ValueError as exc:
+        redact_exception(exc)
+        import traceback
+
+        printed = "".join(traceback.format_exception(exc))
+    assert _leaks(printed) == [] and "password=<REDACTED>" in printed and "user:<REDACTED>@host" in printed
