@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import math
 import re
 import time
@@ -65,6 +67,8 @@ class ModelCheckpoint(Callback):
         if set_triggers > 1:
             raise ValueError("ModelCheckpoint: every_n_train_steps, every_n_epochs and train_time_interval are "
                              "mutually exclusive; set one.")
+        # a pathlib.Path is accepted as Lightning does; kept as a str (local path or fsspec URL)
+        dirpath = os.fspath(dirpath) if dirpath is not None else None
         self.dirpath, self.filename, self.monitor, self.verbose = dirpath, filename, monitor, verbose
         self.save_last, self.save_top_k, self.mode = save_last, save_top_k, mode
         self.auto_insert_metric_name = auto_insert_metric_name

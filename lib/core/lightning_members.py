@@ -18,7 +18,7 @@ import torch
 
 from taskfit.core.trainer_view import FabricTrainerView, TrainerView, is_plain_fit
 
-__all__ = ["AttributeDict", "LightningMembers", "TrainerView"]
+__all__ = ["AttributeDict", "HyperparametersMixin", "LightningMembers", "TrainerView"]
 
 
 class AttributeDict(dict):
@@ -49,10 +49,9 @@ def _init_args(frame: Any) -> dict[str, Any]:
     return out
 
 
-class LightningMembers:
-    """Mixin of :class:`taskfit.TaskModule` with Lightning's ``LightningModule`` members."""
-
-    # the running Fit is the instance attribute _fit (no class annotation: torch.jit.script would read it)
+class HyperparametersMixin:
+    """``save_hyperparameters``/``hparams`` (Lightning's ``HyperparametersMixin``), shared by ``TaskModule`` and
+    ``DataModule``."""
 
     # -- hyperparameters ---------------------------------------------------------------------------------
     def save_hyperparameters(self, *args: Any, ignore: str | list[str] | None = None, frame: Any = None,
@@ -110,6 +109,12 @@ class LightningMembers:
                 continue
             out[k] = v
         return out
+
+
+class LightningMembers(HyperparametersMixin):
+    """Mixin of :class:`taskfit.TaskModule` with Lightning's ``LightningModule`` members."""
+
+    # the running Fit is the instance attribute _fit (no class annotation: torch.jit.script would read it)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str, map_location: Any = None, hparams_file: str | None = None,
