@@ -183,7 +183,7 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, nn.Module):
         Raises:
             RuntimeError: the module is not attached to a run.
         """
-        if self._fit is None:
+        if self._fit is None and not self.__dict__.get("_jit_is_scripting"):  # torch.jit reads every attribute
             raise RuntimeError(f"{type(self).__name__} is not attached to a Fit run.")
         return self._fit
 

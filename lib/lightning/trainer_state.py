@@ -39,6 +39,8 @@ class RunningStage(str, enum.Enum):
 _STAGE = {"fit": RunningStage.TRAINING, "validate": RunningStage.VALIDATING, "test": RunningStage.TESTING,
           "predict": RunningStage.PREDICTING}
 _OWN = ("fn", "status", "stage")
+_PROFILED = ("prepare_data", "setup", "teardown", "train_dataloader", "val_dataloader", "test_dataloader",
+             "predict_dataloader")
 
 
 class LightningState:
@@ -134,13 +136,16 @@ class DataModuleState(Callback):
 
 @contextlib.contextmanager
 def profiled_datamodule(datamodule: Any, profiler: Any) -> Iterator[None]:
-    """Inside, ``datamodule``'s ``prepare_data``, ``setup`` and ``teardown`` are timed by ``profiler`` as
-    ``[LightningDataModule]<Class>.<hook>`` (Lightning's action names); the methods are restored after."""
-    if datamodule is None:
+    """Inside, ``datamodule``'s ``prepare_data``, ``setup``, ``teardown`` and ``*_dataloader`` are timed by
+    ``profiler`` as ``[LightningDataModule]<Class>.<hook>`` (Lightning's action names); the methods are restored
+    after."""
+    from taskfit.callbacks.profilers import PassThroughProfiler
+
+    if datamodule is None or isinstance(profiler, PassThroughProfiler):  # nothing to record: methods untouched
         yield
         return
-    own = {n: datamodule.__dict__[n] for n in ("prepare_data", "setup", "teardown") if n in datamodule.__dict__}
-    for name in ("prepare_data", "setup", "teardown"):
+    own = {n: datamodule.__dict__[n] for n in _PROFILED if n in datamodule.__dict__}
+    for name in _PROFILED:
         method = getattr(datamodule, name)
         action = f"[LightningDataModule]{type(datamodule).__qualname__}.{name}"
 
@@ -152,7 +157,7 @@ def profiled_datamodule(datamodule: Any, profiler: Any) -> Iterator[None]:
     try:
         yield
     finally:
-        for name in ("prepare_data", "setup", "teardown"):
+        for name in _PROFILED:
             if name in own:
                 setattr(datamodule, name, own[name])
             else:
