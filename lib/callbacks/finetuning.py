@@ -18,8 +18,8 @@ log = logging.getLogger(__name__)
 
 
 def multiplicative(epoch: int) -> float:
-    """Lightning's default ``lambda_func``: the backbone's learning rate grows by 1.5 per epoch."""
-    return 1.5
+    """Lightning's default ``lambda_func``: the backbone's learning rate doubles each epoch."""
+    return 2.0
 
 
 class BaseFinetuning(Callback):
@@ -157,7 +157,7 @@ class BackboneFinetuning(BaseFinetuning):
 
     Args:
         unfreeze_backbone_at_epoch (int): zero-based epoch at which the backbone starts training.
-        lambda_func (Callable[[int], float]): lr factor per epoch (default 1.5).
+        lambda_func (Callable[[int], float]): lr factor per epoch (default 2.0).
         backbone_initial_ratio_lr (float), backbone_initial_lr (float | None), should_align (bool),
         initial_denom_lr (float), train_bn (bool), verbose (bool: log the lrs), rounding (int: digits logged).
 
