@@ -15,7 +15,7 @@ from lightning_utilities.core.apply_func import apply_to_collection
 
 #: ``torch.jit.script`` compiles every property of a module unless listed here (Lightning's list, and ours).
 JIT_UNUSED_PROPERTIES = [
-    "example_input_array", "on_gpu", "current_epoch", "global_step", "global_rank", "local_rank", "logger",
+    "example_input_array", "current_epoch", "global_step", "global_rank", "local_rank", "logger",
     "loggers", "automatic_optimization", "trainer", "fabric", "strict_loading", "device_mesh", "device", "dtype",
     "fit", "hparams", "hparams_initial", "_trainer",
 ]
@@ -55,11 +55,6 @@ class LightningTools:
     def local_rank(self) -> int:
         """Index of this process on its node (0 when not attached to a run)."""
         return self.trainer.local_rank if self._fit is not None else 0
-
-    @property
-    def on_gpu(self) -> bool:
-        """True when the module's parameters are on a CUDA device."""
-        return self.device.type == "cuda"
 
     def all_gather(self, data: Any, group: Any = None, sync_grads: bool = False) -> Any:
         """Gather ``data`` (a tensor of shape ``(batch, ...)``, a number, or a dict/list/tuple of them) from every

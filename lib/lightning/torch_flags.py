@@ -11,8 +11,8 @@ import torch
 
 def set_deterministic(deterministic: Any) -> None:
     """Apply ``Trainer(deterministic=...)`` as Lightning: None leaves PyTorch as it is; True/False call
-    ``torch.use_deterministic_algorithms``; ``"warn"`` does so with ``warn_only=True``. When on, cuDNN is
-    deterministic and ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is set (CUDA needs it for deterministic matmuls); unlike
+    ``torch.use_deterministic_algorithms`` (which covers cuDNN); ``"warn"`` does so with ``warn_only=True``. When
+    on, ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is set (CUDA needs it for deterministic matmuls); unlike
     HF's ``full_determinism``, ``CUDA_LAUNCH_BLOCKING`` is left alone.
 
     Raises:
@@ -25,5 +25,4 @@ def set_deterministic(deterministic: Any) -> None:
                          "'warn'.")
     torch.use_deterministic_algorithms(bool(deterministic), warn_only=deterministic == "warn")
     if deterministic:
-        torch.backends.cudnn.deterministic = True
         os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
