@@ -387,10 +387,13 @@ class LightningMembers(HyperparametersMixin):
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
-        """Clip the gradients of ``optimizer``'s parameters by norm (default) or by value (mirrors Lightning).
+        """Clip the gradients of ``optimizer``'s parameters by norm (default) or by value (mirrors Lightning's
+        ``LightningModule.clip_gradients``). A value or algorithm not given is the trainer's
+        (``Trainer(gradient_clip_val=, gradient_clip_algorithm=)``; none: no clipping, by norm).
 
         Raises:
-            ValueError: an algorithm other than ``"norm"`` or ``"value"``.
+            ValueError: an algorithm other than ``"norm"`` or ``"value"``; a value or algorithm that differs from
+                the one the trainer was given (Lightning raises ``MisconfigurationException`` with this message).
         """
         fabric = self.__dict__.get("_fabric")
         if fabric is not None:  # Lightning Fabric clips (Lightning's LightningModule.clip_gradients)
@@ -398,9 +401,9 @@ class LightningMembers(HyperparametersMixin):
             fabric.clip_gradients(self, optimizer, clip_val=gradient_clip_val if by_value else None,
                                   max_norm=None if by_value else gradient_clip_val)
             return
-        if gradient_clip_val is None or gradient_clip_val <= 0:
+        gradient_clip_val, algorithm = _clip_settings(self.trainer, gradient_clip_val, gradient_clip_algorithm)
+        if gradient_clip_val <= 0:
             return
-        algorithm = gradient_clip_algorithm or "norm"
         if algorithm not in ("norm", "value"):
             raise ValueError(f"gradient_clip_algorithm={algorithm!r} is not valid; choose 'norm' or 'value'.")
         fit = self._fit
@@ -410,3 +413,24 @@ class LightningMembers(HyperparametersMixin):
             fit.strategy.clip_gradients_value(params, gradient_clip_val, optimizer)  # DTensor shards too
         else:
             fit.strategy.clip_gradients(params, gradient_clip_val, optimizer)
+
+
+def _clip_settings(trainer: Any, value: float | None, algorithm: Any) -> tuple[float, str]:
+    """The clipping value and algorithm of a ``clip_gradients`` call: the arguments, else the trainer's flags
+    (Lightning's rule: giving both, differently, is an error)."""
+    own_value = getattr(trainer, "gradient_clip_val", None)
+    own_algorithm = getattr(trainer, "gradient_clip_algorithm", None)
+    own_algorithm = getattr(own_algorithm, "value", own_algorithm)  # Lightning's GradClipAlgorithmType
+    if value is None:
+        value = own_value or 0.0
+    elif own_value is not None and own_value != value:
+        raise ValueError(f"You have set `Trainer(gradient_clip_val={own_value!r})` and have passed "
+                         f"`clip_gradients(gradient_clip_val={value!r})`. Please use only one of them.")
+    if algorithm is None:
+        algorithm = own_algorithm or "norm"
+    else:
+        algorithm = str(getattr(algorithm, "value", algorithm)).lower()
+        if own_algorithm is not None and own_algorithm != algorithm:
+            raise ValueError(f"You have set `Trainer(gradient_clip_algorithm={own_algorithm!r})` and have passed "
+                             f"`clip_gradients(gradient_clip_algorithm={algorithm!r}) Please use only one of them.")
+    return value, algorithm

@@ -31,6 +31,11 @@ class DataModule(HyperparametersMixin):
     #: ``prepare_data`` on local rank 0 of every node (True) or on global rank 0 only (False), as Lightning
     prepare_data_per_node: bool = True
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """Takes and ignores any arguments, as ``LightningDataModule.__init__`` (so ``from_datasets`` can pass
+        ``batch_size``/``num_workers`` to a subclass that does not name them)."""
+        super().__init__()
+
     def prepare_data(self) -> None: ...
     def setup(self, stage: str) -> None: ...
     def teardown(self, stage: str) -> None: ...

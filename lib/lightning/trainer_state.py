@@ -119,7 +119,7 @@ class DataModuleState(Callback):
         self.datamodule, self.profiler = datamodule, profiler
 
     def _action(self, hook: str) -> str:
-        return f"[LightningDataModule]{type(self.datamodule).__qualname__}.{hook}"
+        return f"[LightningDataModule]{type(self.datamodule).__name__}.{hook}"
 
     def on_save_checkpoint(self, fit: Any, module: Any, checkpoint: dict[str, Any]) -> None:
         with self.profiler.profile(self._action("state_dict")):
@@ -147,7 +147,7 @@ def profiled_datamodule(datamodule: Any, profiler: Any) -> Iterator[None]:
     own = {n: datamodule.__dict__[n] for n in _PROFILED if n in datamodule.__dict__}
     for name in _PROFILED:
         method = getattr(datamodule, name)
-        action = f"[LightningDataModule]{type(datamodule).__qualname__}.{name}"
+        action = f"[LightningDataModule]{type(datamodule).__name__}.{name}"
 
         def timed(*args: Any, _m: Any = method, _a: str = action, **kwargs: Any) -> Any:
             with profiler.profile(_a):
