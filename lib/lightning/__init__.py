@@ -371,7 +371,11 @@ class Trainer(Fit):
     def state(self) -> Any:
         """The run's loop state (``global_step``, ``current_epoch``...) with Lightning's ``TrainerState`` fields
         ``fn``, ``status``, ``stage``, ``finished`` and ``stopped``."""
-        return LightningState(self, Fit.state.fget(self))
+        loop_state = Fit.state.fget(self)
+        view = self.__dict__.get("_state_view")
+        if view is None or view._loop_state is not loop_state:  # one view per loop state: no object per read
+            view = self.__dict__["_state_view"] = LightningState(self, loop_state)
+        return view
 
     @state.setter
     def state(self, value: Any) -> None:
