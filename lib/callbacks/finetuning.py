@@ -9,10 +9,9 @@ from collections.abc import Iterable
 from typing import Any, Callable
 
 import torch
+from taskfit.callbacks.base import Callback
 from torch.nn import Module, ModuleDict
 from torch.nn.modules.batchnorm import _BatchNorm
-
-from taskfit.callbacks.base import Callback
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,8 @@ from collections.abc import Sized
 from typing import Any
 
 from lightning_utilities.core.apply_func import apply_to_collection
-from torch.utils.data import DataLoader, Dataset, IterableDataset
-
 from taskfit.core.lightning_members import HyperparametersMixin
+from torch.utils.data import DataLoader, Dataset, IterableDataset
 
 _LOADERS = (("Train dataloader", "train_dataloader"), ("Validation dataloader", "val_dataloader"),
             ("Test dataloader", "test_dataloader"), ("Predict dataloader", "predict_dataloader"))
@@ -99,7 +98,7 @@ class DataModule(HyperparametersMixin):
 def _loader_summary(dm: DataModule, method: str) -> str:
     try:
         loaders = getattr(dm, method)()
-    except Exception:  # a loader that cannot be built yet (before setup) counts as absent, as in Lightning
+    except Exception:  # noqa: BLE001  (a loader that cannot be built yet, before setup, counts as absent: Lightning)
         return "None"
     if loaders is None:
         return "None"

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness import data, linear  # noqa: E402  (this folder: the job runs as a script from it)
-from jobs_common import job_main  # noqa: E402
+from harness import data, linear  # this folder: the job runs as a script from it
+from jobs_common import job_main
 
 
 def run(cfg: dict) -> dict:

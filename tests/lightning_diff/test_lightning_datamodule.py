@@ -11,10 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from harness import linear, regression
 from torch.nn import functional as F
 from torch.utils.data import DataLoader
-
-from harness import linear, regression
 
 
 def _frameworks():

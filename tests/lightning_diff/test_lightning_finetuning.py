@@ -8,9 +8,8 @@ import importlib
 import warnings
 
 import torch
-from torch.nn import functional as F
-
 from harness import data
+from torch.nn import functional as F
 
 
 def _frameworks():
@@ -72,8 +71,9 @@ def test_F_LIT_CB_2_lambda_callback_and_tqdm_progress_bar_constructors(tmp_path)
         torch.manual_seed(0)
         m = linear(L.LightningModule)()
         bar = cbs.TQDMProgressBar(refresh_rate=0, process_position=0, leave=True)
-        lam = cbs.LambdaCallback(on_train_epoch_end=lambda trainer, module: epochs.append(trainer.current_epoch),
-                                 on_fit_start=None)
+        lam = cbs.LambdaCallback(
+            on_train_epoch_end=lambda trainer, module, seen=epochs: seen.append(trainer.current_epoch),
+            on_fit_start=None)
         trainer = L.Trainer(max_epochs=2, logger=False, enable_model_summary=False, enable_checkpointing=False,
                             default_root_dir=str(tmp_path / name), callbacks=[bar, lam])
         with warnings.catch_warnings():

@@ -10,7 +10,6 @@ import warnings
 
 import pytest
 import torch
-
 from harness import data, linear
 
 
@@ -89,10 +88,9 @@ def test_F_LIT_MODULE_4_to_torchscript_bad_method_and_to_onnx_without_onnx(tmp_p
     errors = {}
     for name, L in _bases().items():
         m = model(L)
-        with pytest.raises(ValueError) as bad:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                m.to_torchscript(method="compile")
+        with pytest.raises(ValueError) as bad, warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            m.to_torchscript(method="compile")
         if importlib.util.find_spec("onnx") is None:
             with pytest.raises(ModuleNotFoundError) as onnx:
                 m.to_onnx(tmp_path / "m.onnx")
@@ -167,7 +165,7 @@ def test_F_LIT_MODULE_6_module_run_by_lightning_fabric():
         opt = torch.optim.SGD(m.parameters(), lr=0.1)
         rec = _Recorder()
         fabric = Fabric(accelerator="cpu", devices=1, loggers=[rec])
-        wrapped, wrapped_opt = fabric.setup(m, opt)
+        _, wrapped_opt = fabric.setup(m, opt)
         m.log("a", 1)
         m.log_dict({"b": 0.5, "c": torch.tensor(2.0)})
         m.log("hidden", 1, logger=False)
