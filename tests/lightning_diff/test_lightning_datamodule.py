@@ -1,7 +1,7 @@
 """LightningDataModule and the trainer around it, the same script under ``lightning`` and ``taskfit.lightning``
 (scenarios after Lightning's tests_pytorch/core/test_datamodules.py): ``from_datasets``, ``hparams``, ``str()``,
 the datamodule's state in checkpoints, its hooks in the profiler, a step set to None, ``trainer.state``,
-``deterministic="warn"`` (F-LIT-DM)."""
+``deterministic="warn"`` (F-LIT-9)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _batches(loaders):
     return [[torch.cat([t.flatten() for t in b]) for b in dl] for dl in loaders]
 
 
-def test_F_LIT_DM_1_from_datasets_hparams_and_str():
+def test_F_LIT_9_from_datasets_hparams_and_str():
     """from_datasets: the same batches per stage (training shuffled from the same seed), batch_size/num_workers
     and extra kwargs passed to __init__; save_hyperparameters fills hparams; str() is Lightning's summary before
     and after the loaders exist."""
@@ -98,7 +98,7 @@ def _trainer(L, root, **flags):
                      enable_model_summary=False, **flags)
 
 
-def test_F_LIT_DM_2_state_in_checkpoints_profiled_hooks_and_trainer_state(tmp_path):
+def test_F_LIT_9_state_in_checkpoints_profiled_hooks_and_trainer_state(tmp_path):
     """ModelCheckpoint(dirpath=pathlib.Path) writes a checkpoint holding the datamodule's state_dict; resuming from
     it gives that state to load_state_dict; with profiler="simple" the datamodule's hooks are timed under
     Lightning's action names; trainer.state is finished (fn "fit"), the datamodule knows its trainer; weights
@@ -130,7 +130,7 @@ def test_F_LIT_DM_2_state_in_checkpoints_profiled_hooks_and_trainer_state(tmp_pa
 
 
 @pytest.mark.parametrize("disabled", ["validation_step", "both"])
-def test_F_LIT_DM_3_step_set_to_none_means_no_loop(disabled, tmp_path):
+def test_F_LIT_9_step_set_to_none_means_no_loop(disabled, tmp_path):
     """``model.validation_step = None`` (and ``test_step``) with a datamodule that has a val_dataloader: fit trains
     without validating (no val_loss), as Lightning; same weights and logged loss."""
     seen = {}
@@ -151,7 +151,7 @@ def test_F_LIT_DM_3_step_set_to_none_means_no_loop(disabled, tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(lw, tw))
 
 
-def test_F_LIT_DM_4_deterministic_warn_sets_only_the_cublas_workspace(monkeypatch, tmp_path):
+def test_F_LIT_9_deterministic_warn_sets_only_the_cublas_workspace(monkeypatch, tmp_path):
     """Trainer(deterministic="warn") turns on deterministic algorithms in warn-only mode and sets
     CUBLAS_WORKSPACE_CONFIG, and leaves CUDA_LAUNCH_BLOCKING unset, as Lightning."""
     seen = {}

@@ -1,6 +1,6 @@
 """Lightning's finetuning and small callbacks under their Lightning names, the same script under ``lightning`` and
 ``taskfit.lightning``: ``BackboneFinetuning`` (frozen backbone, then a param group of its own whose learning rate
-grows each epoch), ``LambdaCallback`` and ``TQDMProgressBar`` with Lightning's constructors (F-LIT-CB)."""
+grows each epoch), ``LambdaCallback`` and ``TQDMProgressBar`` with Lightning's constructors (F-LIT-6)."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def backbone_model(base):
     return WithBackbone
 
 
-def test_F_LIT_CB_1_backbone_finetuning_matches_lightning(tmp_path):
+def test_F_LIT_6_backbone_finetuning_matches_lightning(tmp_path):
     """BackboneFinetuning(unfreeze_backbone_at_epoch=1): epoch 0 trains the head (and BatchNorm) only, epoch 1 adds
     the backbone at lr x 0.1, epoch 2 doubles it; param-group learning rates, which parameters train
     and the final weights are bitwise those of Lightning."""
@@ -60,7 +60,7 @@ def test_F_LIT_CB_1_backbone_finetuning_matches_lightning(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(lw, tw))
 
 
-def test_F_LIT_CB_2_lambda_callback_and_tqdm_progress_bar_constructors(tmp_path):
+def test_F_LIT_6_lambda_callback_and_tqdm_progress_bar_constructors(tmp_path):
     """LambdaCallback takes Lightning's hook keywords (None for a hook not given) and TQDMProgressBar
     refresh_rate/process_position/leave; the lambdas see the same epochs."""
     from harness import linear

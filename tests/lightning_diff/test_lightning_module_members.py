@@ -1,6 +1,6 @@
 """LightningModule members on every TaskModule, the same module body under Lightning and under taskfit (the
 scenarios follow Lightning's tests_pytorch/core/test_lightning_module.py): ranks, the trainer reference, freezing,
-TorchScript and ONNX export, all_gather, toggle_optimizer, rank-0 print and Lightning Fabric (F-LIT-MODULE)."""
+TorchScript and ONNX export, all_gather, toggle_optimizer, rank-0 print and Lightning Fabric (F-LIT-1)."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ def model(L):
     return Net()
 
 
-def test_F_LIT_MODULE_1_detached_members_and_trainer_reference():
+def test_F_LIT_1_detached_members_and_trainer_reference():
     """Detached: ranks, step, epoch 0, no logger, fabric None, self.trainer raises naming the `Trainer`; a trainer
     object assigned to ``module.trainer`` is read for the ranks, step and epoch and reaches inner modules."""
     seen = {}
@@ -49,7 +49,7 @@ def test_F_LIT_MODULE_1_detached_members_and_trainer_reference():
         (0, 0, 0, 0, None, [], None), (3, 1, 123, 7, "lg", ["lg"], True, True))
 
 
-def test_F_LIT_MODULE_2_freeze_unfreeze():
+def test_F_LIT_1_freeze_unfreeze():
     """freeze(): no parameter requires grad, eval mode, returns the module; unfreeze() the reverse."""
     seen = {}
     for name, L in _bases().items():
@@ -62,7 +62,7 @@ def test_F_LIT_MODULE_2_freeze_unfreeze():
 
 
 @pytest.mark.parametrize("method", ["script", "trace"])
-def test_F_LIT_MODULE_3_to_torchscript_same_outputs(method, tmp_path):
+def test_F_LIT_1_to_torchscript_same_outputs(method, tmp_path):
     """to_torchscript (script, and trace from example_input_array) gives a module computing the same outputs,
     keeps the module's train mode and saves a loadable file; scripting works with a trainer attached."""
     x = torch.randn(3, 4)
@@ -82,7 +82,7 @@ def test_F_LIT_MODULE_3_to_torchscript_same_outputs(method, tmp_path):
     assert torch.equal(out["taskfit"][0], out["taskfit"][2])
 
 
-def test_F_LIT_MODULE_4_to_torchscript_bad_method_and_to_onnx_without_onnx(tmp_path):
+def test_F_LIT_1_to_torchscript_bad_method_and_to_onnx_without_onnx(tmp_path):
     """An unknown method raises the same ValueError; to_onnx without the onnx package raises Lightning's
     ModuleNotFoundError naming it; without an input it raises the same ValueError."""
     errors = {}
@@ -117,7 +117,7 @@ def gathering(base):
     return Gather
 
 
-def test_F_LIT_MODULE_5_all_gather_toggle_and_print_in_one_process(tmp_path, capsys):
+def test_F_LIT_1_all_gather_toggle_and_print_in_one_process(tmp_path, capsys):
     """In one process all_gather returns the structure with numbers as tensors and no new dimension; with one
     optimizer toggle_optimizer records every parameter; print writes on rank 0 (both frameworks)."""
     seen = {}
@@ -152,7 +152,7 @@ class _Recorder:
         pass
 
 
-def test_F_LIT_MODULE_6_module_run_by_lightning_fabric():
+def test_F_LIT_1_module_run_by_lightning_fabric():
     """Fabric.setup on the module: fabric is set (on the top module only), self.trainer reads the Fabric,
     optimizers() returns Fabric's optimizer, self.log/log_dict go to Fabric's loggers at once, bad values raise the
     same ValueError."""
@@ -182,7 +182,7 @@ def test_F_LIT_MODULE_6_module_run_by_lightning_fabric():
 
 @pytest.mark.slow
 @pytest.mark.distributed
-def test_F_LIT_MODULE_7_all_gather_under_ddp(tmp_path):
+def test_F_LIT_1_all_gather_under_ddp(tmp_path):
     """Under DDP on 2 CPU processes, all_gather stacks every rank's tensors along a new first dimension (numbers
     too) and ``sync_grads=True`` lets gradients flow back: the same values as Lightning's on every rank."""
     from pathlib import Path
