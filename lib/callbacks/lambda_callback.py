@@ -23,7 +23,8 @@ class LambdaCallback(Callback):
         TypeError: a keyword that is not a Lightning-style callback hook (names it).
     """
 
-    def __init__(self, **hooks: Callable[..., Any]) -> None:
+    def __init__(self, **hooks: Callable[..., Any] | None) -> None:
+        hooks = {n: fn for n, fn in hooks.items() if fn is not None}  # None: not given, as Lightning
         unknown = sorted(set(hooks) - set(LIGHTNING_HOOKS))
         if unknown:
             raise TypeError(f"LambdaCallback: unknown hooks {unknown}; valid: {sorted(LIGHTNING_HOOKS)}.")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import math
 import re
 import time
@@ -18,7 +20,8 @@ class ModelCheckpoint(Callback):
     folders, so ``fit(..., resume_from_checkpoint=ckpt.best_model_path)`` continues exactly from one.
 
     Args:
-        dirpath (str | None): folder of the checkpoints; None: ``output_dir/checkpoints``.
+        dirpath (str | os.PathLike | None): folder of the checkpoints (a local path or fsspec URL); None:
+            ``output_dir/checkpoints``.
         filename (str | None): folder name template, e.g. ``"{epoch}-{step}-{val_loss:.2f}"`` -> ``epoch=0-step=
             10-val_loss=0.52`` (with ``auto_insert_metric_name``); fields: ``epoch`` (0-based), ``step`` (optimizer
             steps done) and any logged metric. None: ``"{epoch}-{step}"``.
@@ -45,7 +48,8 @@ class ModelCheckpoint(Callback):
 
     CHECKPOINT_NAME_LAST = "last"
 
-    def __init__(self, dirpath: str | None = None, filename: str | None = None, monitor: str | None = None,
+    def __init__(self, dirpath: str | os.PathLike | None = None, filename: str | None = None,
+                 monitor: str | None = None,
                  verbose: bool = False, save_last: bool | None = None, save_top_k: int = 1, mode: str = "min",
                  auto_insert_metric_name: bool = True, every_n_train_steps: int | None = None,
                  train_time_interval: Any = None, every_n_epochs: int | None = None,
@@ -65,6 +69,8 @@ class ModelCheckpoint(Callback):
         if set_triggers > 1:
             raise ValueError("ModelCheckpoint: every_n_train_steps, every_n_epochs and train_time_interval are "
                              "mutually exclusive; set one.")
+        # a pathlib.Path is accepted as Lightning does; kept as a str (local path or fsspec URL)
+        dirpath = os.fspath(dirpath) if dirpath is not None else None
         self.dirpath, self.filename, self.monitor, self.verbose = dirpath, filename, monitor, verbose
         self.save_last, self.save_top_k, self.mode = save_last, save_top_k, mode
         self.auto_insert_metric_name = auto_insert_metric_name

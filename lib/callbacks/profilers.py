@@ -6,10 +6,11 @@ adds one, or pass the object in ``callbacks``. Actions: ``training_batch`` (a wh
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, Iterator
 
 from taskfit.callbacks.base import Callback
 
@@ -37,6 +38,15 @@ class Profiler(Callback):
             self.record(action, time.perf_counter() - t0)
 
     def record(self, action: str, seconds: float) -> None: ...
+
+    @contextlib.contextmanager
+    def profile(self, action: str) -> Iterator[None]:
+        """Time the ``with`` block as ``action`` (Lightning's ``Profiler.profile``)."""
+        self.start(action)
+        try:
+            yield
+        finally:
+            self.stop(action)
 
     def summary(self) -> str:
         return ""
@@ -95,6 +105,13 @@ class Profiler(Callback):
             os.makedirs(folder, exist_ok=True)
             with open(os.path.join(folder, f"{self.filename}-{stage}.txt"), "w") as f:
                 f.write(text)
+
+
+class PassThroughProfiler(Profiler):
+    """Records nothing: ``trainer.profiler`` of a run without a profiler (Lightning's ``PassThroughProfiler``)."""
+
+    def start(self, action: str) -> None: ...
+    def stop(self, action: str) -> None: ...
 
 
 class SimpleProfiler(Profiler):

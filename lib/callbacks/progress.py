@@ -149,3 +149,42 @@ class ProgressBar(Callback):
 
     on_validation_batch_end = on_test_batch_end = on_predict_batch_end = _eval_step  # type: ignore[assignment]
     on_validation_epoch_end = on_test_epoch_end = on_predict_epoch_end = _eval_end  # type: ignore[assignment]
+
+
+class TQDMProgressBar(ProgressBar):
+    """:class:`ProgressBar` with Lightning's ``TQDMProgressBar`` constructor.
+
+    Args:
+        refresh_rate (int): 0 draws no bar (Lightning: disabled); any other value draws it (the bar refreshes on
+            logging steps, so no value adds host syncs).
+        process_position (int): the bar's line (``tqdm(position=...)``), for several bars at once.
+        leave (bool): keep the finished epoch's bar on screen.
+
+    Raises:
+        ValueError: a negative ``refresh_rate`` or ``process_position``.
+    """
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False) -> None:
+        for name, value in (("refresh_rate", refresh_rate), ("process_position", process_position)):
+            if not isinstance(value, int) or value < 0:
+                raise ValueError(f"TQDMProgressBar({name}={value!r}): expected an int >= 0.")
+        super().__init__()
+        self.refresh_rate, self.process_position, self.leave = refresh_rate, process_position, leave
+
+    @property
+    def is_disabled(self) -> bool:
+        """True with ``refresh_rate=0`` (Lightning's ``is_disabled``)."""
+        return self.refresh_rate == 0
+
+    def _open_train(self, total: int, initial: int) -> None:
+        from tqdm.auto import tqdm
+
+        self.train_bar = tqdm(total=total, initial=initial, desc=f"Epoch {self._epoch}", dynamic_ncols=True,
+                              unit="step", position=self.process_position, leave=self.leave,
+                              disable=self.is_disabled)
+
+    def _open_eval(self, total: int, desc: str) -> None:
+        from tqdm.auto import tqdm
+
+        self.eval_bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True,
+                             position=self.process_position + 1, disable=self.is_disabled)

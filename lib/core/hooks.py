@@ -14,7 +14,7 @@ import torch
 class LightningHooks:
     """Mixin of :class:`taskfit.TaskModule` with Lightning's overridable hooks."""
 
-    _fit: Any
+    # the running Fit is the instance attribute _fit (no class annotation: torch.jit.script would read it)
 
     # -- lifecycle ----------------------------------------------------------------------------------------
     def prepare_data(self) -> None:

@@ -16,6 +16,10 @@ from typing import Any, Iterator
 
 import torch
 
+from taskfit.core.trainer_view import FabricTrainerView, TrainerView, is_plain_fit
+
+__all__ = ["AttributeDict", "HyperparametersMixin", "LightningMembers", "TrainerView"]
+
 
 class AttributeDict(dict):
     """A dict whose keys read as attributes (``hparams.lr``), as Lightning's ``AttributeDict``."""
@@ -45,95 +49,9 @@ def _init_args(frame: Any) -> dict[str, Any]:
     return out
 
 
-class TrainerView:
-    """What ``self.trainer`` returns: the running ``Fit`` with the names Lightning's ``Trainer`` uses.
-
-    Every attribute of the ``Fit`` is readable through it too (``self.trainer.args``...).
-    """
-
-    def __init__(self, fit: Any) -> None:
-        object.__setattr__(self, "fit", fit)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.fit, name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.fit, name, value)
-
-    @property
-    def current_epoch(self) -> int:
-        """Zero-based index of the running epoch."""
-        return self.fit.state.current_epoch
-
-    @property
-    def global_step(self) -> int:
-        """Optimizer steps taken so far."""
-        return self.fit.state.global_step
-
-    @property
-    def max_steps(self) -> int:
-        """The run's optimizer steps (``FitArguments.max_steps`` or the steps of ``num_train_epochs``)."""
-        return self.fit.state.max_steps
-
-    @property
-    def max_epochs(self) -> int:
-        """The epochs the run may start (``num_train_epochs`` rounded up)."""
-        return self.fit.state.num_train_epochs
-
-    @property
-    def estimated_stepping_batches(self) -> int:
-        """Optimizer steps of the whole run (what ``OneCycleLR(total_steps=...)`` needs), as Lightning's."""
-        return self.fit.state.max_steps
-
-    @property
-    def num_training_batches(self) -> int | float:
-        """Batches per training epoch on this process (``inf`` for a loader without length)."""
-        n = self.fit.state.batches_per_epoch
-        return n if n else float("inf")
-
-    @property
-    def accumulate_grad_batches(self) -> int:
-        """``FitArguments.gradient_accumulation_steps``."""
-        return self.fit.args.gradient_accumulation_steps
-
-    @property
-    def logger(self) -> Any:
-        """The first logger, None without any."""
-        return self.fit.loggers[0] if self.fit.loggers else None
-
-    @property
-    def lr_scheduler_configs(self) -> list[Any]:
-        """The running fit's schedulers with their ``interval``, ``frequency`` and ``monitor``."""
-        run = self.fit._run
-        return list(run.schedulers) if run is not None else []
-
-    @property
-    def optimizers(self) -> list[Any]:
-        """The running fit's optimizers."""
-        run = self.fit._run
-        return list(run.optimizers) if run is not None else []
-
-    @property
-    def training(self) -> bool:
-        """True while the training loop runs (not during evaluation inside ``fit``)."""
-        run = self.fit._run
-        return run is not None and run.stage == "fit" and run.module.training
-
-    @property
-    def sanity_checking(self) -> bool:
-        """Always False: taskfit runs no sanity validation before training."""
-        return False
-
-    @property
-    def num_devices(self) -> int:
-        """Processes taking part."""
-        return self.fit.world_size
-
-
-class LightningMembers:
-    """Mixin of :class:`taskfit.TaskModule` with Lightning's ``LightningModule`` members."""
-
-    _fit: Any
+class HyperparametersMixin:
+    """``save_hyperparameters``/``hparams`` (Lightning's ``HyperparametersMixin``), shared by ``TaskModule`` and
+    ``DataModule``."""
 
     # -- hyperparameters ---------------------------------------------------------------------------------
     def save_hyperparameters(self, *args: Any, ignore: str | list[str] | None = None, frame: Any = None,
@@ -191,6 +109,12 @@ class LightningMembers:
                 continue
             out[k] = v
         return out
+
+
+class LightningMembers(HyperparametersMixin):
+    """Mixin of :class:`taskfit.TaskModule` with Lightning's ``LightningModule`` members."""
+
+    # the running Fit is the instance attribute _fit (no class annotation: torch.jit.script would read it)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str, map_location: Any = None, hparams_file: str | None = None,
@@ -254,28 +178,54 @@ class LightningMembers:
 
     # -- run information --------------------------------------------------------------------------------
     @property
-    def trainer(self) -> TrainerView:
-        """The running ``Fit`` seen through Lightning's ``Trainer`` names (``current_epoch``, ``global_step``,
-        ``max_epochs``, ``estimated_stepping_batches``, ``callback_metrics``, ``loggers``...).
+    def trainer(self) -> Any:
+        """The running trainer: ``taskfit.lightning.Trainer`` itself, a ``Fit`` seen through Lightning's
+        ``Trainer`` names (``current_epoch``, ``global_step``, ``max_epochs``, ``estimated_stepping_batches``,
+        ``callback_metrics``, ``loggers``...), whatever was assigned to ``module.trainer``, or under Lightning
+        Fabric a view of the ``Fabric`` (mirrors ``LightningModule.trainer``).
 
         Raises:
             RuntimeError: the module is not attached to a run.
         """
-        if self._fit is None:
-            raise RuntimeError(f"{type(self).__name__} is not attached to a Fit run.")
-        if hasattr(type(self._fit), "lightning_module"):  # taskfit.lightning.Trainer: the trainer itself
-            return self._fit
-        return TrainerView(self._fit)
+        fabric = self.__dict__.get("_fabric")
+        if fabric is not None:
+            return FabricTrainerView(fabric)
+        fit = self._fit
+        if fit is None:
+            if self.__dict__.get("_jit_is_scripting"):
+                return None
+            raise RuntimeError(f"{type(self).__qualname__} is not attached to a `Trainer` (a running Fit).")
+        # a plain Fit has no Lightning names: view it; a Lightning-style trainer (ours, a user's) as it is
+        return TrainerView(fit) if is_plain_fit(fit) else fit
+
+    @trainer.setter
+    def trainer(self, trainer: Any) -> None:
+        """Attach ``trainer`` to this module and every ``TaskModule`` inside it (Lightning's setter)."""
+        for child in self.children():
+            if isinstance(child, LightningMembers):
+                child.trainer = trainer
+        self.__dict__["_fit"] = trainer
+
+    @property
+    def _trainer(self) -> Any:
+        """The attached trainer or Fit, None when detached (Lightning's ``_trainer``)."""
+        return self.__dict__.get("_fit")
 
     @property
     def logger(self) -> Any:
-        """The run's first logger (None without a run or loggers)."""
-        return self._fit.loggers[0] if self._fit is not None and self._fit.loggers else None
+        """The run's first logger (None without a run or loggers; under Fabric ``fabric.logger``)."""
+        fabric = self.__dict__.get("_fabric")
+        if fabric is not None:
+            return fabric.logger
+        return self.trainer.logger if self._fit is not None else None
 
     @property
     def loggers(self) -> list[Any]:
-        """The run's loggers (empty without a run)."""
-        return list(self._fit.loggers) if self._fit is not None else []
+        """The run's loggers (empty without a run; under Fabric ``fabric.loggers``)."""
+        fabric = self.__dict__.get("_fabric")
+        if fabric is not None:
+            return fabric.loggers
+        return self.trainer.loggers if self._fit is not None else []
 
     @property
     def dtype(self) -> torch.dtype:
@@ -320,6 +270,9 @@ class LightningMembers:
         """
         from taskfit.core.manual import LightningOptimizer
 
+        if self.__dict__.get("_fabric") is not None:  # Lightning Fabric: the optimizers it set up
+            opts = self.__dict__.get("_fabric_optimizers", [])
+            return opts[0] if len(opts) == 1 else opts
         opts = self.trainer.optimizers
         if use_pl_optimizer:
             cache = self.__dict__.setdefault("_lightning_optimizers", {})
@@ -387,23 +340,41 @@ class LightningMembers:
             fit._hooks.call(name, fit, self, *args)
 
     def toggle_optimizer(self, optimizer: Any) -> None:
-        """Make only ``optimizer``'s parameters require grad (others are frozen until :meth:`untoggle_optimizer`),
-        as Lightning's ``toggle_optimizer``."""
-        own = {id(p) for g in optimizer.param_groups for p in g["params"]}
-        saved = {}
+        """Make only ``optimizer``'s parameters require grad (as they did before; all others are frozen) until
+        :meth:`untoggle_optimizer` (mirrors Lightning's ``toggle_optimizer``)."""
+        state: dict[Any, bool] = {}
         for opt in self.trainer.optimizers:
             for g in opt.param_groups:
                 for p in g["params"]:
-                    if id(p) not in own and id(p) not in saved:
-                        saved[id(p)] = (p, p.requires_grad)
+                    if p not in state:
+                        state[p] = p.requires_grad
                         p.requires_grad = False
-        object.__setattr__(self, "_param_requires_grad_state", saved)
+        for g in optimizer.param_groups:
+            for p in g["params"]:
+                p.requires_grad = state[p]
+        object.__setattr__(self, "_param_requires_grad_state", state)
 
     def untoggle_optimizer(self, optimizer: Any) -> None:
-        """Undo :meth:`toggle_optimizer`."""
-        for p, flag in (self.__dict__.get("_param_requires_grad_state") or {}).values():
-            p.requires_grad = flag
+        """Undo :meth:`toggle_optimizer`: the other optimizers' parameters get their ``requires_grad`` back."""
+        state = self._param_requires_grad_state
+        inner = getattr(optimizer, "optimizer", optimizer)
+        for opt in self.trainer.optimizers:
+            if opt is optimizer or opt is inner:
+                continue
+            for g in opt.param_groups:
+                for p in g["params"]:
+                    if p in state:
+                        p.requires_grad = state[p]
         object.__setattr__(self, "_param_requires_grad_state", {})
+
+    @property
+    def _param_requires_grad_state(self) -> dict[Any, bool]:
+        """Parameter -> ``requires_grad`` saved by :meth:`toggle_optimizer` (empty when untoggled)."""
+        return self.__dict__.get("_param_requires_grad_state_", {})
+
+    @_param_requires_grad_state.setter
+    def _param_requires_grad_state(self, value: dict[Any, bool]) -> None:
+        self.__dict__["_param_requires_grad_state_"] = value
 
     @contextmanager
     def toggled_optimizer(self, optimizer: Any) -> Iterator[None]:
@@ -416,14 +387,23 @@ class LightningMembers:
 
     def clip_gradients(self, optimizer: Any, gradient_clip_val: float | None = None,
                        gradient_clip_algorithm: str | None = None) -> None:
-        """Clip the gradients of ``optimizer``'s parameters by norm (default) or by value (mirrors Lightning).
+        """Clip the gradients of ``optimizer``'s parameters by norm (default) or by value (mirrors Lightning's
+        ``LightningModule.clip_gradients``). A value or algorithm not given is the trainer's
+        (``Trainer(gradient_clip_val=, gradient_clip_algorithm=)``; none: no clipping, by norm).
 
         Raises:
-            ValueError: an algorithm other than ``"norm"`` or ``"value"``.
+            ValueError: an algorithm other than ``"norm"`` or ``"value"``; a value or algorithm that differs from
+                the one the trainer was given (Lightning raises ``MisconfigurationException`` with this message).
         """
-        if gradient_clip_val is None or gradient_clip_val <= 0:
+        fabric = self.__dict__.get("_fabric")
+        if fabric is not None:  # Lightning Fabric clips (Lightning's LightningModule.clip_gradients)
+            by_value = str(getattr(gradient_clip_algorithm, "value", gradient_clip_algorithm)) == "value"
+            fabric.clip_gradients(self, optimizer, clip_val=gradient_clip_val if by_value else None,
+                                  max_norm=None if by_value else gradient_clip_val)
             return
-        algorithm = gradient_clip_algorithm or "norm"
+        gradient_clip_val, algorithm = _clip_settings(self.trainer, gradient_clip_val, gradient_clip_algorithm)
+        if gradient_clip_val <= 0:
+            return
         if algorithm not in ("norm", "value"):
             raise ValueError(f"gradient_clip_algorithm={algorithm!r} is not valid; choose 'norm' or 'value'.")
         fit = self._fit
@@ -433,3 +413,24 @@ class LightningMembers:
             fit.strategy.clip_gradients_value(params, gradient_clip_val, optimizer)  # DTensor shards too
         else:
             fit.strategy.clip_gradients(params, gradient_clip_val, optimizer)
+
+
+def _clip_settings(trainer: Any, value: float | None, algorithm: Any) -> tuple[float, str]:
+    """The clipping value and algorithm of a ``clip_gradients`` call: the arguments, else the trainer's flags
+    (Lightning's rule: giving both, differently, is an error)."""
+    own_value = getattr(trainer, "gradient_clip_val", None)
+    own_algorithm = getattr(trainer, "gradient_clip_algorithm", None)
+    own_algorithm = getattr(own_algorithm, "value", own_algorithm)  # Lightning's GradClipAlgorithmType
+    if value is None:
+        value = own_value or 0.0
+    elif own_value is not None and own_value != value:
+        raise ValueError(f"You have set `Trainer(gradient_clip_val={own_value!r})` and have passed "
+                         f"`clip_gradients(gradient_clip_val={value!r})`. Please use only one of them.")
+    if algorithm is None:
+        algorithm = own_algorithm or "norm"
+    else:
+        algorithm = str(getattr(algorithm, "value", algorithm)).lower()
+        if own_algorithm is not None and own_algorithm != algorithm:
+            raise ValueError(f"You have set `Trainer(gradient_clip_algorithm={own_algorithm!r})` and have passed "
+                             f"`clip_gradients(gradient_clip_algorithm={algorithm!r}) Please use only one of them.")
+    return value, algorithm

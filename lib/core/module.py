@@ -10,6 +10,7 @@ from torch import nn
 
 from taskfit.core.hooks import LightningHooks
 from taskfit.core.lightning_members import LightningMembers
+from taskfit.core.lightning_tools import JIT_UNUSED_PROPERTIES, LightningTools, fabric_log
 
 if TYPE_CHECKING:
     from taskfit.protocols import FitView
@@ -62,7 +63,7 @@ def infer_batch_size(batch: Any) -> int:
     raise ValueError(f"Cannot infer the batch size of a {type(batch).__name__}: it holds no tensor.")
 
 
-class TaskModule(LightningMembers, LightningHooks, nn.Module):
+class TaskModule(LightningMembers, LightningTools, LightningHooks, nn.Module):
     """A ``torch.nn.Module`` that says how to train, evaluate and predict (F-CORE-1).
 
     Override :meth:`training_step` (required) and any of :meth:`validation_step`, :meth:`test_step`,
@@ -149,6 +150,8 @@ class TaskModule(LightningMembers, LightningHooks, nn.Module):
             ValueError: a non-scalar tensor, an unknown ``reduce_fx``, or ``/dataloader_idx_`` in ``name`` with
                 ``add_dataloader_idx=True``.
         """
+        if self.__dict__.get("_fabric") is not None:  # run by Lightning Fabric: its loggers, at once
+            return fabric_log(self.__dict__["_fabric"], {name: value}, logger)
         results = self._results
         if results is None:
             raise RuntimeError(f"self.log({name!r}) was called outside a Fit stage; call it from a *_step or hook.")
@@ -162,7 +165,13 @@ class TaskModule(LightningMembers, LightningHooks, nn.Module):
                     add_dataloader_idx=add_dataloader_idx)
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
-        """Call :meth:`log` for every item of ``dictionary`` with the same options."""
+        """Call :meth:`log` for every item of ``dictionary`` with the same options.
+
+        Raises:
+            As :meth:`log`; under Lightning Fabric ``ValueError`` for a nested dict or a non-scalar value.
+        """
+        if self.__dict__.get("_fabric") is not None:
+            return fabric_log(self.__dict__["_fabric"], dict(dictionary), kwargs.get("logger", True))
         for k, v in dictionary.items():
             self.log(k, v, **kwargs)
 
@@ -174,7 +183,7 @@ class TaskModule(LightningMembers, LightningHooks, nn.Module):
         Raises:
             RuntimeError: the module is not attached to a run.
         """
-        if self._fit is None:
+        if self._fit is None and not self.__dict__.get("_jit_is_scripting"):  # torch.jit reads every attribute
             raise RuntimeError(f"{type(self).__name__} is not attached to a Fit run.")
         return self._fit
 
@@ -186,20 +195,23 @@ class TaskModule(LightningMembers, LightningHooks, nn.Module):
 
     @property
     def global_step(self) -> int:
-        """Optimizer steps taken so far (0 when detached)."""
-        return self._fit.state.global_step if self._fit is not None else 0
+        """Optimizer steps taken so far: the trainer's ``global_step`` (0 when detached)."""
+        return self.trainer.global_step if self._fit is not None else 0
 
     @property
     def current_epoch(self) -> int:
-        """Zero-based index of the running epoch (0 when detached)."""
-        if self._fit is None:
-            return 0
-        # the Lightning door's trainer counts finished epochs after training (Lightning's current_epoch)
-        return self._fit.current_epoch if hasattr(type(self._fit), "current_epoch") else self._fit.state.current_epoch
+        """Zero-based index of the running epoch; the Lightning door's trainer counts the finished epochs after
+        training, as Lightning (0 when detached)."""
+        return self.trainer.current_epoch if self._fit is not None else 0
 
     def num_parameters(self, only_trainable: bool = False) -> int:
         """Count of parameter elements (F-CORE-7), mirrors HF ``PreTrainedModel.num_parameters``."""
         return sum(p.numel() for p in self.parameters() if p.requires_grad or not only_trainable)
+
+
+# torch.jit.script compiles every property of a module not listed here: none of ours is TorchScript
+TaskModule.__jit_unused_properties__ = sorted(
+    set(JIT_UNUSED_PROPERTIES) | {n for c in TaskModule.__mro__ for n, v in vars(c).items() if isinstance(v, property)})
 
 
 def overridden_hooks(obj: Any, base: type, names: tuple[str, ...]) -> list[str]:

@@ -27,3 +27,9 @@ def by_signature(step_fn: Callable[..., Any], method: Callable[..., Any]) -> Cal
     if n is None or n >= 3:
         return step_fn
     return lambda *args: step_fn(*args[:n])
+
+
+def step_disabled(module: Any, name: str) -> bool:
+    """True when ``module.<name>`` was set to None on the instance (``model.validation_step = None``): Lightning
+    then runs no such loop (its ``is_overridden`` reads the instance attribute)."""
+    return name in getattr(module, "__dict__", {}) and module.__dict__[name] is None

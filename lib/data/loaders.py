@@ -10,24 +10,8 @@ import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
 from torch.utils.data.dataloader import default_collate
 
+from taskfit.data.datamodule import DataModule  # noqa: F401  (its home before; imported from here too)
 from taskfit.data.samplers import EpochRandomSampler, LengthGroupedSampler
-
-
-class DataModule:
-    """Optional bundle of data hooks (mirrors Lightning's ``LightningDataModule``).
-
-    Override any of :meth:`prepare_data` (download/tokenise once), :meth:`setup` (per stage: ``"fit"``,
-    ``"validate"``, ``"test"``, ``"predict"``) and the ``*_dataloader`` methods. A ``*_dataloader`` may return a
-    ``DataLoader`` or a map-style/iterable ``Dataset`` (then ``FitArguments`` batch sizes apply).
-    """
-
-    def prepare_data(self) -> None: ...
-    def setup(self, stage: str) -> None: ...
-    def teardown(self, stage: str) -> None: ...
-    def train_dataloader(self) -> Any: return None
-    def val_dataloader(self) -> Any: return None
-    def test_dataloader(self) -> Any: return None
-    def predict_dataloader(self) -> Any: return None
 
 
 def _check_data(data: Any, what: str) -> None:

@@ -59,8 +59,11 @@ class EvaluationStages:
 
     @staticmethod
     def can_validate(module: TaskModule) -> bool:
-        """True when ``module`` overrides ``validation_step``."""
-        return type(module).validation_step is not TaskModule.validation_step
+        """True when ``module`` overrides ``validation_step`` (and did not set it to None on the instance)."""
+        from taskfit.core.step_call import step_disabled
+
+        return type(module).validation_step is not TaskModule.validation_step and \
+            not step_disabled(module, "validation_step")
 
     def eval_entry(self, model: Any, data: Any, stage: str, ckpt_path: str | None = None) -> tuple[TaskModule, Any]:
         """Start an evaluation run of ``stage``: the model, the run (sharing the last run's state), its set-up on

@@ -23,6 +23,7 @@ from taskfit.core.module import infer_batch_size
 from taskfit.core.results import ResultCollection
 from taskfit.core.wrapping import ModelTaskModule
 from taskfit.connector import configure_strategy
+from taskfit.core.step_call import step_disabled
 from taskfit.data.loaders import DataModule
 from taskfit.debugging import fast_dev_run_batches, sanity_check
 from taskfit.fit.metric_checks import check_before_training, missing_metric_error
@@ -129,7 +130,8 @@ class TrainingStage:
         can_validate = fit._stages.can_validate(module)
         if datamodule is not None:
             train_data = train_data if train_data is not None else datamodule.train_dataloader()
-            eval_data = eval_data if eval_data is not None else datamodule.val_dataloader()
+            if eval_data is None and not step_disabled(module, "validation_step"):  # None: no val loop
+                eval_data = datamodule.val_dataloader()
         else:  # a LightningModule-style module may define its own loaders
             train_data = train_data if train_data is not None else module_loader(module, "train_dataloader")
             if eval_data is None and can_validate:

@@ -24,6 +24,10 @@ from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers  # modules: `from taskfit.lightning.callbacks import X` works
+from taskfit.lightning.torch_flags import set_deterministic
+from taskfit.lightning.trainer_state import (
+    DataModuleState, LightningState, new_status, profiled_datamodule, running,
+)
 from taskfit.seed import seed_everything
 
 _cb, _lg = callbacks, loggers
@@ -73,7 +77,7 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
                num_sanity_val_steps=f["num_sanity_val_steps"] if f["num_sanity_val_steps"] is not None else 2,
                fast_dev_run=f["fast_dev_run"], overfit_batches=f["overfit_batches"],
                detect_anomaly=f["detect_anomaly"], disable_tqdm=f["enable_progress_bar"] is False or f["barebones"],
-               full_determinism=bool(f["deterministic"]), eval_strategy="no")
+               eval_strategy="no")  # deterministic: Lightning's torch flags, set by the Trainer
     if isinstance(vci, int) and not isinstance(vci, bool):
         out.update(eval_steps=vci)
     for k in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
@@ -152,7 +156,11 @@ def _is_datamodule(obj: Any) -> bool:
 
 
 def _overrides(obj: Any, name: str, base: type) -> bool:
-    return obj is not None and getattr(type(obj), name, None) not in (None, getattr(base, name, None))
+    """True when ``obj`` has its own ``name``; a step set to None on the instance (``model.validation_step =
+    None``) means none, as Lightning's ``is_overridden``."""
+    if obj is None or getattr(obj, name, None) is None:
+        return False
+    return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
 def _per_loader(metrics: dict[str, Any], n: int) -> list[dict[str, float]]:
@@ -214,6 +222,8 @@ class Trainer(Fit):
         lightning_loggers = _default_logger(logger, root, barebones)
         given = callbacks if isinstance(callbacks, (list, tuple)) else ([callbacks] if callbacks else [])
         self._flags = flags
+        self._lightning_status = new_status()
+        set_deterministic(deterministic)
         self._val_check_interval = val_check_interval
         self.datamodule: Any = None
         self._predictions: _Predictions | None = None
@@ -269,9 +279,28 @@ class Trainer(Fit):
         if ckpt_path == "last":
             last = getattr(self.checkpoint_callback, "last_model_path", "") or ""
             resume = last or True
-        super().fit(model, train_dataloaders, val_dataloaders, datamodule=datamodule,
-                    resume_from_checkpoint=str(resume) if resume not in (None, True) else resume,
-                    weights_only=True if weights_only is None else weights_only)
+        with self._lightning_run("fit", datamodule):
+            super().fit(model, train_dataloaders, val_dataloaders, datamodule=datamodule,
+                        resume_from_checkpoint=str(resume) if resume not in (None, True) else resume,
+                        weights_only=True if weights_only is None else weights_only)
+
+    @contextlib.contextmanager
+    def _lightning_run(self, fn: str, datamodule: Any) -> Iterator[None]:
+        """Around one trainer method: ``trainer.state`` (running, finished or interrupted), the datamodule's
+        ``trainer``, its ``state_dict`` in checkpoints and its hooks timed by ``trainer.profiler``."""
+        extra: list[Any] = []
+        if datamodule is not None:
+            datamodule.trainer = self
+            extra = [DataModuleState(datamodule, self.profiler)]
+        self.callbacks.extend(extra)
+        self._hooks = HookRunner(self.callbacks)
+        try:
+            with running(self, fn), profiled_datamodule(datamodule, self.profiler):
+                yield
+        finally:
+            for cb in extra:
+                self.callbacks.remove(cb)
+            self._hooks = HookRunner(self.callbacks)
 
     def _evaluate(self, stage: str, model: Any, dataloaders: Any, ckpt_path: Any,
                   datamodule: Any) -> list[dict[str, float]]:
@@ -280,7 +309,7 @@ class Trainer(Fit):
         if datamodule is not None:
             self.datamodule = datamodule
         run = super().validate if stage == "validate" else super().test
-        with self._stage_hooks(model, stage):
+        with self._lightning_run(stage, datamodule), self._stage_hooks(model, stage):
             # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
             metrics = run(model, dataloaders, datamodule=datamodule, ckpt_path=ckpt_path, metric_key_prefix="")
         n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
@@ -327,7 +356,7 @@ class Trainer(Fit):
         self.callbacks.append(collector)
         self._hooks = HookRunner(self.callbacks)
         try:
-            with self._stage_hooks(model, "predict"):
+            with self._lightning_run("predict", datamodule), self._stage_hooks(model, "predict"):
                 super().predict(model=model, data=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)
@@ -338,6 +367,36 @@ class Trainer(Fit):
         return per[0] if len(per) == 1 else per
 
     # --------------------------------------------------------------- Lightning's trainer attributes ---
+    @property
+    def state(self) -> Any:
+        """The run's loop state (``global_step``, ``current_epoch``...) with Lightning's ``TrainerState`` fields
+        ``fn``, ``status``, ``stage``, ``finished`` and ``stopped``."""
+        loop_state = Fit.state.fget(self)
+        view = self.__dict__.get("_state_view")
+        if view is None or view._loop_state is not loop_state:  # one view per loop state: no object per read
+            view = self.__dict__["_state_view"] = LightningState(self, loop_state)
+        return view
+
+    @state.setter
+    def state(self, value: Any) -> None:
+        Fit.state.fset(self, value._loop_state if isinstance(value, LightningState) else value)
+
+    @property
+    def profiler(self) -> Any:
+        """The run's profiler (``profiler=`` given as an object or a name), else one that records nothing
+        (Lightning's ``PassThroughProfiler``)."""
+        from taskfit.callbacks.profilers import PassThroughProfiler, Profiler
+
+        found = next((c for c in self.callbacks if isinstance(c, Profiler)), None)
+        if found is None:
+            found = self.__dict__.setdefault("_pass_through_profiler", PassThroughProfiler())
+        return found
+
+    @property
+    def gradient_clip_algorithm(self) -> str | None:
+        """The ``gradient_clip_algorithm`` flag (None when not given, as Lightning)."""
+        return self._flags["gradient_clip_algorithm"]
+
     @property
     def current_epoch(self) -> int:
         """Epochs finished after training ends (Lightning increments it when an epoch ends); during training

@@ -7,11 +7,12 @@ from taskfit.callbacks import (
     StochasticWeightAveraging, ThroughputMonitor, Timer, WeightAveraging,
 )
 from taskfit.callbacks.base import Callback
+from taskfit.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from taskfit.callbacks.lambda_callback import LambdaCallback
+from taskfit.callbacks.progress import TQDMProgressBar
 
-TQDMProgressBar = ProgressBar
-
-__all__ = ["BatchSizeFinder", "Callback", "DeviceStatsMonitor", "EarlyStopping", "EMAWeightAveraging",
-           "GradientAccumulationScheduler", "LambdaCallback", "LearningRateFinder", "LearningRateMonitor",
-           "ModelCheckpoint", "ModelSummary", "ProgressBar", "RichProgressBar", "StochasticWeightAveraging",
-           "TQDMProgressBar", "ThroughputMonitor", "Timer", "WeightAveraging"]
+__all__ = ["BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "Callback", "DeviceStatsMonitor",
+           "EarlyStopping", "EMAWeightAveraging", "GradientAccumulationScheduler", "LambdaCallback",
+           "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar",
+           "RichProgressBar", "StochasticWeightAveraging", "TQDMProgressBar", "ThroughputMonitor", "Timer",
+           "WeightAveraging"]
