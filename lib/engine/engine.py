@@ -97,12 +97,13 @@ class Engine(Topology):
 
         - ``python train.py`` with a multi-process strategy (``"ddp"``, ``"fsdp"``, ``"deepspeed"``...): the other
           ranks are started as copies of the running command, which run the whole script from the top, so the code
-          above ``launch()`` runs once in every process. Until ``launch()`` every process, workers included, looks
-          like one plain process: ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` are not in its
-          environment, so a library that forms a process group when it sees them (Accelerate's ``PartialState``,
-          which ``transformers.TrainingArguments`` builds) does not, and every process builds the same objects.
-          ``launch()`` exports them, forms the process group and every process continues after it. Ask for the
-          rank (:attr:`global_rank`, ``engine.is_global_zero``) after ``launch()``.
+          above ``launch()`` runs once in every process. Until ``launch()``, no process has ``LOCAL_RANK``,
+          ``WORLD_SIZE`` or ``LOCAL_WORLD_SIZE`` in its environment, so a library that forms a process group when
+          it sees them (Accelerate's ``PartialState``, which ``transformers.TrainingArguments`` builds; DeepSpeed;
+          ``torch.distributed``'s ``env://``) does so in no process, and every process builds the same objects.
+          ``RANK`` is set in the workers from their start (``os.environ.get("RANK", "0")`` is right everywhere);
+          :attr:`global_rank` and :attr:`is_global_zero` are right from the Engine's construction. ``launch()``
+          exports the variables, forms the process group and every process continues after it.
         - Under ``torchrun``, SLURM's ``srun`` or the ``deepspeed`` launcher, that launcher set the variables before
           the script started: code above ``launch()`` sees them in every process (as with Accelerate), a library
           may form the process group there (on every rank alike) and ``launch()`` then joins that group.

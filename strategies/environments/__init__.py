@@ -21,8 +21,9 @@ def detect_environment(num_processes: int, num_nodes: int = 1) -> ClusterEnviron
 def launcher_mismatch(devices: object, num_devices: int, num_nodes: int, strategy: str, parallel: bool) -> str | None:
     """A warning when an external launcher (torchrun, SLURM, DeepSpeed's) started another number of processes than
     the code's explicit ``devices`` x ``num_nodes`` asks for, saying which one wins; None when they agree,
-    ``devices`` was left to ``"auto"`` (then the launcher decides, as intended) or on ranks other than 0. Lightning raises on the same
-    mismatch (``TorchElasticEnvironment.validate_settings``); taskfit runs on and says what happens.
+    ``devices`` was left to ``"auto"`` (then the launcher decides, as intended) or on ranks other than 0. Lightning
+    raises on the same mismatch (``TorchElasticEnvironment.validate_settings``); taskfit runs on and says what
+    happens.
 
     Args:
         devices (object): the ``devices`` option as the user gave it (``"auto"``/None: not explicit).

@@ -1,11 +1,12 @@
 """The rank variables of a worker that taskfit's script launcher started, held back until ``launch()``.
 
-A worker re-runs the whole script. Had it ``RANK``/``LOCAL_RANK``/``WORLD_SIZE`` from its start, code above
-``launch()`` would see a distributed run in the workers only (rank 0 learns its rank at ``launch()``), and libraries
-that form a process group on seeing these variables would do so in the workers alone: Accelerate's ``PartialState``,
-which ``transformers.TrainingArguments`` builds, joins the rendezvous there with its own backend and timeout.
-So the launcher passes them packed in one taskfit variable, and :func:`export_held` puts them into ``os.environ``
-when the strategy launches; until then every process of a ``python train.py`` run looks like one plain process.
+A worker re-runs the whole script. Had it ``LOCAL_RANK``/``WORLD_SIZE`` from its start, libraries that conclude
+from them that they run distributed would form a process group above ``launch()`` in the workers alone (the first
+process learns its rank variables only at ``launch()``): Accelerate's ``PartialState``, which
+``transformers.TrainingArguments`` builds, joins the rendezvous there with its own backend and timeout. So the
+launcher passes ``LOCAL_RANK``, ``WORLD_SIZE`` and ``LOCAL_WORLD_SIZE`` packed in one taskfit variable, and
+:func:`export_held` puts them into ``os.environ`` when the strategy launches. ``RANK`` alone makes no library form
+a group; it stays visible from the start, so ``os.environ.get("RANK", "0")`` is right in every process.
 """
 
 from __future__ import annotations
@@ -16,13 +17,14 @@ from collections.abc import Mapping
 
 #: the variable that carries the held-back rank variables (JSON object of str -> str)
 HELD = "TASKFIT_RANK_ENV"
-#: the variables a worker does not see before ``launch()``: those that make a library think it runs distributed
-RANK_VARIABLES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
+#: the variables a worker does not see before ``launch()``: those from which Accelerate (``LOCAL_RANK``; ``WORLD_SIZE``
+#: with ``use_cpu``), DeepSpeed and ``torch.distributed``'s ``env://`` conclude that they run distributed
+RANK_VARIABLES = ("LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE")
 
 
 def hold_back(env: Mapping[str, str], rank_variables: Mapping[str, str]) -> dict[str, str]:
     """A worker's start environment: ``env`` without any :data:`RANK_VARIABLES`, with ``rank_variables`` (the
-    worker's ``RANK``, ``LOCAL_RANK``, ...) packed under :data:`HELD`."""
+    worker's ``LOCAL_RANK``, ``WORLD_SIZE``, ...) packed under :data:`HELD`."""
     out = {k: v for k, v in env.items() if k not in RANK_VARIABLES and k != HELD}
     out[HELD] = json.dumps(dict(rank_variables))
     return out

@@ -50,11 +50,11 @@ _STOPPED_ON_SIGNAL = (130, 143, 138)
 class SubprocessScriptLauncher:
     """Start local ranks 1..n-1 of this node as copies of the running command; this process is local rank 0.
 
-    Each worker re-runs the whole command with ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
-    ``TASKFIT_LAUNCHED=1`` and ``OMP_NUM_THREADS`` set from its start; its ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``
-    and ``LOCAL_WORLD_SIZE`` are held back until its own ``launch()`` (this process exports its own at
-    :meth:`launch`), so the code above ``launch()`` runs as one plain process in every rank alike and no library
-    forms a process group there (``environments.held``). Every process, this one included, computes with the same
+    Each worker re-runs the whole command with ``RANK``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``TASKFIT_LAUNCHED=1`` and ``OMP_NUM_THREADS`` set from its start; its ``LOCAL_RANK``, ``WORLD_SIZE`` and
+    ``LOCAL_WORLD_SIZE`` are held back until its own ``launch()`` (this process exports all of them at
+    :meth:`launch`), so no library forms a process group above ``launch()`` in a worker alone
+    (``environments.held``). Every process, this one included, computes with the same
     number of torch threads: ``OMP_NUM_THREADS`` when set, else the cores divided equally
     (``launchers.threads``). At exit this process waits for its workers, bounded:
     ``join_timeout`` seconds after a successful run, ``grace`` seconds after a failed one (an exception, or a
@@ -100,8 +100,8 @@ class SubprocessScriptLauncher:
         os.environ.update(common, **ranks, RANK=str(self.node_rank * self.num_processes), LOCAL_RANK="0")
         cmd = script_command()
         for local in range(1, self.num_processes):
-            held = {**ranks, "RANK": str(self.node_rank * self.num_processes + local), "LOCAL_RANK": str(local)}
-            self.procs.append(subprocess.Popen(cmd, env=hold_back({**os.environ, **common}, held)))
+            visible = {**os.environ, **common, "RANK": str(self.node_rank * self.num_processes + local)}
+            self.procs.append(subprocess.Popen(cmd, env=hold_back(visible, {**ranks, "LOCAL_RANK": str(local)})))
         log.info("Launched %d worker process(es) of %s (world size %d, rendezvous %s:%d).", len(self.procs),
                  " ".join(cmd[1:3]), world, self.main_address, self.main_port)
         atexit.register(self.join)

@@ -2,9 +2,9 @@
 ``engine.launch()``, then a loop with micro-batches from its ``per_device_train_batch_size`` and accumulation over
 its ``gradient_accumulation_steps``. Run as ``python hf_args_job.py RESULT_PREFIX training_arguments`` (or
 ``partial_state``: only Accelerate's ``PartialState``, the part of ``TrainingArguments`` that forms a process group,
-without importing transformers); with ``strategy="ddp"`` and
-``devices=2`` the Engine re-runs it as rank 1. Each rank writes ``RESULT_PREFIX.rank{r}.pt``: what it saw above
-``launch()`` (a process group? rank variables?), its torch thread count after ``launch()``, and its final weights.
+without importing transformers); with ``strategy="ddp"`` and ``devices=2`` the Engine re-runs it as rank 1. Each
+rank writes ``RESULT_PREFIX.rank{r}.pt``: what it saw above ``launch()`` (a process group? the variables that make
+libraries form one? ``RANK``?), its torch thread count after ``launch()``, and its final weights.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ else:  # "partial_state": what TrainingArguments builds (forms a process group w
 
     hf_world_size, batch_size, accumulation = PartialState().num_processes, 2, 2
 seen_above = {"group": dist.is_available() and dist.is_initialized(),
-              "rank_variables": sorted(k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k in os.environ),
+              "group_variables": sorted(k for k in ("LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE") if k in os.environ),
+              "rank": os.environ.get("RANK", "0"),
               "hf_world_size": hf_world_size}
 
 engine = Engine(accelerator="cpu", strategy="ddp", devices=2, ddp_timeout=120)

@@ -27,8 +27,9 @@ _LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_
 def _run_two_processes(tmp_path: Path, built_above: str) -> None:
     """The efficiency guide's loop with ``built_above`` built before ``engine.launch()``, DDP on 2 gloo processes, no
     ``OMP_NUM_THREADS`` given: it finishes cleanly (no monitoredBarrier failure at exit); above ``launch()`` neither
-    rank had a process group or rank variables (HF's world size was 1 in both); after it both know their rank; both
-    compute with cores // 2 torch threads; the ranks agree on the weights."""
+    rank had a process group or ``LOCAL_RANK``/``WORLD_SIZE``/``LOCAL_WORLD_SIZE`` (HF's world size was 1 in both)
+    while ``os.environ.get("RANK", "0")`` was each one's rank; after it both have the variables; both compute with
+    cores // 2 torch threads; the ranks agree on the weights."""
     env = {k: v for k, v in os.environ.items() if k not in _LAUNCH_VARS}
     start = time.perf_counter()
     proc = subprocess.run([sys.executable, str(HERE / "hf_args_job.py"), str(tmp_path / "job"), built_above],
@@ -38,7 +39,7 @@ def _run_two_processes(tmp_path: Path, built_above: str) -> None:
     assert "monitoredBarrier" not in proc.stderr and "parallel_mode" not in proc.stderr, proc.stderr[-4000:]
     ranks = [torch.load(tmp_path / f"job.rank{r}.pt", weights_only=False) for r in (0, 1)]
     for r, got in enumerate(ranks):
-        assert got["above_launch"] == {"group": False, "rank_variables": [], "hf_world_size": 1}, (r, got)
+        assert got["above_launch"] == {"group": False, "group_variables": [], "rank": str(r), "hf_world_size": 1}, r
         assert (got["rank"], got["world_size"], got["rank_variable"]) == (r, 2, str(r))
         assert got["threads"] == max(1, usable_cores() // 2), (r, got["threads"])
     for key, value in ranks[0]["weights"].items():
@@ -74,18 +75,18 @@ def test_F_ENGINE_1_threads_per_process_shares_the_cores_and_the_users_value_win
 
 
 def test_F_ENGINE_1_held_rank_variables_reach_the_environment_only_at_launch(monkeypatch):
-    """A worker's start environment has no rank variables; the TorchElastic environment reads them held back, and
+    """A worker's start environment has no LOCAL_RANK/WORLD_SIZE; the TorchElastic environment reads them held back, and
     ``export_held`` puts them into ``os.environ`` (what the worker's ``launch()`` does)."""
     from taskfit.strategies.environments import TorchElasticEnvironment
 
-    child = hold_back({"PATH": "/bin", "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-                       "MASTER_PORT": "29500"}, {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2"})
-    assert {"RANK", "LOCAL_RANK", "WORLD_SIZE"}.isdisjoint(child) and child["PATH"] == "/bin"
+    child = hold_back({"PATH": "/bin", "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": "29500"}, {"LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
+    assert {"LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}.isdisjoint(child) and child["PATH"] == "/bin"
     for key in _LAUNCH_VARS:
         monkeypatch.delenv(key, raising=False)
     for key, value in child.items():
         monkeypatch.setenv(key, value)
-    assert TorchElasticEnvironment.detect() and lookup("RANK") == "1" and "RANK" not in os.environ
+    assert TorchElasticEnvironment.detect() and lookup("LOCAL_RANK") == "1" and "LOCAL_RANK" not in os.environ
     env = TorchElasticEnvironment()
     assert (env.global_rank(), env.local_rank(), env.world_size()) == (1, 1, 2)
     export_held()
