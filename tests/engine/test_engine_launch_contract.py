@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from taskfit import Engine
+from taskfit import Engine, FitArguments
 from taskfit.strategies.environments.held import HELD, export_held, hold_back, lookup
 from taskfit.strategies.launchers.threads import threads_per_process, usable_cores
 
@@ -82,21 +82,32 @@ def test_F_ENGINE_1_held_rank_variables_reach_the_environment_only_at_launch(mon
     child = hold_back({"PATH": "/bin", "RANK": "1", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": "29500"}, {"LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2"})
     assert {"LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE"}.isdisjoint(child) and child["PATH"] == "/bin"
-    for key in _LAUNCH_VARS:
-        monkeypatch.delenv(key, raising=False)
+    _clear_launch_env(monkeypatch)
     for key, value in child.items():
         monkeypatch.setenv(key, value)
     assert TorchElasticEnvironment.detect() and lookup("LOCAL_RANK") == "1" and "LOCAL_RANK" not in os.environ
     env = TorchElasticEnvironment()
     assert (env.global_rank(), env.local_rank(), env.world_size()) == (1, 1, 2)
+    args = FitArguments()  # HF's process properties know the rank before the launch too
+    assert (args.world_size, args.process_index, args.local_process_index, args.should_save) == (2, 1, 1, False)
     export_held()
     assert (os.environ["RANK"], os.environ["LOCAL_RANK"], os.environ["WORLD_SIZE"]) == ("1", "1", "2")
     assert HELD not in os.environ
 
 
-def _torchrun_env(monkeypatch, world: int, rank: int = 0) -> None:
+def _clear_launch_env(monkeypatch) -> None:
+    """No launcher variables; every one restored after the test, also those the code under test sets itself, and
+    the rank-zero gate an Engine sets."""
+    from lightning_utilities.core.rank_zero import rank_zero_only
+
+    monkeypatch.setattr(rank_zero_only, "rank", getattr(rank_zero_only, "rank", 0), raising=False)
     for key in _LAUNCH_VARS:
-        monkeypatch.delenv(key, raising=False)
+        monkeypatch.setenv(key, "0")  # recorded, so that the test's own writes are undone too
+        monkeypatch.delenv(key)
+
+
+def _torchrun_env(monkeypatch, world: int, rank: int = 0) -> None:
+    _clear_launch_env(monkeypatch)
     for key, value in {"RANK": rank, "LOCAL_RANK": rank, "WORLD_SIZE": world, "LOCAL_WORLD_SIZE": world,
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": 29511, "TORCHELASTIC_RUN_ID": "t"}.items():
         monkeypatch.setenv(key, str(value))
