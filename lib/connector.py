@@ -60,7 +60,22 @@ def resolve_components(args: Any, plugins: list[Any] | None = None, accelerator:
         strategy = _build_strategy(args, strat_name, accelerator, devices, precision_plugin, ckpt_plugin, extra)
     configure_strategy(strategy, args)
     strategy.precision.setup_device(strategy.root_device)  # e.g. 16-mixed: the GradScaler, or a clear error
+    _warn_launcher_mismatch(args, strategy, len(devices))
     return strategy
+
+
+def _warn_launcher_mismatch(args: Any, strategy: Strategy, num_devices: int) -> None:
+    """Warn when torchrun & co. started another number of processes than the explicit ``devices`` asks for."""
+    import warnings
+
+    from taskfit.strategies.environments import launcher_mismatch
+
+    if getattr(strategy, "name", "").startswith("xla"):
+        return  # PJRT counts its replicas itself
+    message = launcher_mismatch(args.devices, num_devices, int(args.num_nodes or 1), strategy.name,
+                                bool(strategy.parallel))
+    if message:
+        warnings.warn(message, UserWarning, stacklevel=3)
 
 
 def _split_plugins(plugins: list[Any] | None) -> tuple[Precision | None, CheckpointIO | None]:

@@ -19,7 +19,7 @@ from taskfit.io.checkpoint_io import CheckpointIO
 from taskfit.precision.precision import Precision
 from taskfit.strategies.environments import ClusterEnvironment, TorchElasticEnvironment, detect_environment
 from taskfit.strategies import process_group
-from taskfit.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher
+from taskfit.strategies.launchers import MultiprocessingLauncher, SubprocessScriptLauncher, start_worker
 from taskfit.strategies.process_group import destroy_process_group
 from taskfit.strategies.settings import ProcessGroupSettings
 from taskfit.strategies.strategy import Strategy
@@ -117,12 +117,14 @@ class ParallelStrategy(Strategy):
         (``strategy="ddp"`` run as ``python train.py``): start the other ranks as copies of the script once, then
         run ``fn`` here as rank 0. Spawn launcher (``ddp_spawn``): run ``fn`` in freshly spawned workers and
         return rank 0's result (``fn`` and ``args`` must pickle). Launched externally (torchrun, SLURM) or already
-        inside a worker: run ``fn`` here."""
+        inside a worker: run ``fn`` here (a script launcher's worker first exports its held-back rank variables and
+        takes the run's thread count, see ``launchers.start_worker``)."""
         launched = os.environ.get("TASKFIT_LAUNCHED")
         if isinstance(self.launcher, MultiprocessingLauncher) and not launched:
             return self.launcher.launch(fn, *args)
         if isinstance(self.launcher, SubprocessScriptLauncher) and not self.launcher.launched and not launched:
             self.launcher.launch()
+        start_worker()  # a worker of the script launcher: its rank variables and thread count, from here on
         return fn(*args)
 
     # -- set-up -----------------------------------------------------------------------------------------
@@ -132,6 +134,7 @@ class ParallelStrategy(Strategy):
         Raises:
             DistributedError: the process group could not be formed within ``ddp_timeout``.
         """
+        start_worker()
         self.root_device = self._device_for(self.local_rank)
         rank_zero_only.rank = self.global_rank  # spawned workers start without it
         super().setup_environment()

@@ -27,6 +27,18 @@ class ParallelMode(str, enum.Enum):
     TPU = "tpu"
 
 
+def _rank_env(name: str) -> str | None:
+    """The launcher's rank variable ``name``: from the environment, else held back by taskfit's script launcher
+    until the worker's ``launch()`` (``taskfit.strategies.environments.held``, above this package: read here by
+    its variable name) so that a worker knows its rank before the process group exists."""
+    value = os.environ.get(name)
+    if value is None and os.environ.get("TASKFIT_RANK_ENV"):
+        import json
+
+        value = json.loads(os.environ["TASKFIT_RANK_ENV"]).get(name)
+    return value
+
+
 def _group() -> Any:
     """``torch.distributed`` when a process group is initialised, else None (torch imported lazily)."""
     import torch.distributed as dist
@@ -41,20 +53,20 @@ class RuntimeProperties:
     def world_size(self) -> int:
         """Number of processes of the job: the process group's size, else ``$WORLD_SIZE``, else 1."""
         group = _group()
-        return group.get_world_size() if group else int(os.environ.get("WORLD_SIZE", 1))
+        return group.get_world_size() if group else int(_rank_env("WORLD_SIZE") or 1)
 
     @property
     def process_index(self) -> int:
         """Global rank of this process (0 on a single process)."""
         group = _group()
-        return group.get_rank() if group else int(os.environ.get("RANK", 0))
+        return group.get_rank() if group else int(_rank_env("RANK") or 0)
 
     @property
     def local_process_index(self) -> int:
         """Rank of this process on its node: ``$LOCAL_RANK``, else ``local_rank`` when >= 0, else the global rank
         on one node (0 on a single process)."""
-        if "LOCAL_RANK" in os.environ:
-            return int(os.environ["LOCAL_RANK"])
+        if _rank_env("LOCAL_RANK") is not None:
+            return int(_rank_env("LOCAL_RANK"))
         if getattr(self, "local_rank", -1) >= 0:
             return int(self.local_rank)
         return self.process_index if self.world_size > 1 and getattr(self, "num_nodes", 1) == 1 else 0

@@ -92,16 +92,33 @@ class Engine(Topology):
 
     # -- launching --------------------------------------------------------------------------------------
     def launch(self, fn: Callable[..., Any] | None = None, *args: Any) -> Any:
-        """Start the run's processes and join them (the process group, the device of each).
+        """Start the run's processes and join them (the process group, the device of each). Mirrors
+        ``Fabric.launch``; what runs where:
 
-        Without ``fn`` (scripts: ``python train.py`` or ``torchrun``), the other ranks are started as copies of
-        the running script and every process continues after this call. With ``fn``, ``fn(engine, *args)`` runs on
-        every process and this process's result is returned; ``strategy="ddp_spawn"`` needs ``fn`` (it runs in
-        spawned workers, returning rank 0's result; ``fn`` and ``args`` must pickle). Mirrors ``Fabric.launch``.
+        - ``python train.py`` with a multi-process strategy (``"ddp"``, ``"fsdp"``, ``"deepspeed"``...): the other
+          ranks are started as copies of the running command, which run the whole script from the top, so the code
+          above ``launch()`` runs once in every process. Until ``launch()``, no process has ``LOCAL_RANK``,
+          ``WORLD_SIZE`` or ``LOCAL_WORLD_SIZE`` in its environment, so a library that forms a process group when
+          it sees them (Accelerate's ``PartialState``, which ``transformers.TrainingArguments`` builds; DeepSpeed;
+          ``torch.distributed``'s ``env://``) does so in no process, and every process builds the same objects.
+          ``RANK`` is set in the workers from their start (``os.environ.get("RANK", "0")`` is right everywhere);
+          :attr:`global_rank` and :attr:`is_global_zero` are right from the Engine's construction. ``launch()``
+          exports the variables, forms the process group and every process continues after it.
+        - Under ``torchrun``, SLURM's ``srun`` or the ``deepspeed`` launcher, that launcher set the variables before
+          the script started: code above ``launch()`` sees them in every process (as with Accelerate), a library
+          may form the process group there (on every rank alike) and ``launch()`` then joins that group.
+        - With ``fn``, ``fn(engine, *args)`` runs on every process after the launch and this process's result is
+          returned. ``strategy="ddp_spawn"`` needs ``fn``: only ``fn`` runs in the spawned workers (rank 0's result
+          comes back; ``fn`` and ``args`` must pickle), the script's top level runs only in this process and must
+          sit under ``if __name__ == "__main__":``.
+
+        Every process computes with the same number of torch threads (``torch.set_num_threads``, this process
+        included): ``OMP_NUM_THREADS`` when set, else the machine's cores divided by the processes on it.
 
         Raises:
             RuntimeError: called twice, or ``ddp_spawn`` without ``fn``.
             TypeError: ``fn`` is not callable.
+            ValueError: ``OMP_NUM_THREADS`` is set but not a positive integer.
         """
         if self._launched:
             raise RuntimeError("Engine.launch() was already called for this Engine.")

@@ -14,8 +14,20 @@ if TYPE_CHECKING:
 log = logging.getLogger("taskfit")
 
 
-def run_summary(fit: FitView, module: Any, max_steps: int, steps_per_epoch: int | None) -> dict[str, Any]:
-    """The facts of a run before its first step.
+def loader_batch_size(loader: Any) -> int | None:
+    """The micro-batch size ``loader`` yields: its ``batch_size``, else its ``batch_sampler``'s (a loader built
+    with a custom batch sampler), else None (unknown: an iterable that batches itself)."""
+    size = getattr(loader, "batch_size", None)
+    if size is None:
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
+def run_summary(fit: FitView, module: Any, max_steps: int, steps_per_epoch: int | None,
+                train_loader: Any = None) -> dict[str, Any]:
+    """The facts of a run before its first step; the batch sizes are those of ``train_loader`` (the loader the
+    run trains on: a DataModule's or the module's own loader may batch differently from
+    ``per_device_train_batch_size``), else of the arguments.
 
     Returns:
         dict: ``accelerator`` (class name), ``device`` (e.g. ``"cpu"``, ``"cuda:0"``), ``accelerator_reason``
@@ -30,15 +42,16 @@ def run_summary(fit: FitView, module: Any, max_steps: int, steps_per_epoch: int 
     """
     a, s = fit.args, fit.strategy
     params = list(module.parameters())
+    per_device = loader_batch_size(train_loader) or a.per_device_train_batch_size
     out: dict[str, Any] = {
         "accelerator": type(s.accelerator).__name__, "device": str(s.root_device), "strategy": s.name,
         "precision": s.precision.name, "world_size": s.world_size, "num_nodes": getattr(a, "num_nodes", 1),
         "parameters": sum(p.numel() for p in params),
         "trainable_parameters": sum(p.numel() for p in params if p.requires_grad),
-        "per_device_batch_size": a.per_device_train_batch_size,
+        "per_device_batch_size": per_device,
         "gradient_accumulation_steps": a.gradient_accumulation_steps,
         "data_parallel_size": getattr(s, "data_parallel_size", s.world_size),  # tensor-parallel ranks share samples
-        "effective_batch_size": a.per_device_train_batch_size * a.gradient_accumulation_steps
+        "effective_batch_size": per_device * a.gradient_accumulation_steps
         * getattr(s, "data_parallel_size", s.world_size),
         "max_steps": max_steps, "steps_per_epoch": steps_per_epoch,
         "accelerator_reason": getattr(s.accelerator, "selection_reason", None),
@@ -78,8 +91,9 @@ def format_summary(summary: dict[str, Any]) -> str:
 
 
 @rank_zero_only
-def log_summary(fit: FitView, module: Any, max_steps: int, steps_per_epoch: int | None) -> None:
+def log_summary(fit: FitView, module: Any, max_steps: int, steps_per_epoch: int | None,
+                train_loader: Any = None) -> None:
     """Log :func:`format_summary` of :func:`run_summary` at INFO on the ``taskfit`` logger (rank zero only)
     and keep the dict as ``fit.summary``."""
-    fit.summary = run_summary(fit, module, max_steps, steps_per_epoch)
+    fit.summary = run_summary(fit, module, max_steps, steps_per_epoch, train_loader)
     log.info(format_summary(fit.summary))

@@ -91,7 +91,7 @@ class TrainingStage:
         self._setup(run, args, plan, ckpt, weights_only)
         st, hooks, ctl = run.state, fit._hooks, run.control
         start_samples, start_step = st.samples_seen, st.global_step
-        log_summary(fit, module, plan.max_steps, plan.steps_per_epoch)
+        log_summary(fit, module, plan.max_steps, plan.steps_per_epoch, run.train_loader)
         ctl._new_training()
         if fit.is_global_zero and not n_dev:
             for lg in fit.loggers:

@@ -10,13 +10,15 @@ from typing import Any, Callable
 
 import torch.multiprocessing as mp
 
+from taskfit.strategies.launchers.threads import threads_per_process
+
 
 def _worker(local_rank: int, fn: Callable[..., Any], payload: bytes, env: dict[str, str], result_path: str) -> None:
     os.environ.update(env, RANK=str(int(env["NODE_RANK"]) * int(env["_NPROCS"]) + local_rank),
                       LOCAL_RANK=str(local_rank))
     import torch
 
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
+    torch.set_num_threads(int(env["OMP_NUM_THREADS"]))  # the same count in every worker (launchers.threads)
     args = pickle.loads(payload)  # a private copy per worker (see MultiprocessingLauncher.launch)
     result = fn(*args)
     if local_rank == 0:  # through a file: a queue would need the worker alive (shared memory) or could fill up
@@ -84,6 +86,10 @@ class MultiprocessingLauncher:
         Raises:
             RuntimeError: the calling script runs this from its top level without an ``if __name__ ==
                 "__main__":`` guard (start method ``spawn``: the children would re-run it; the message gives the fix).
+            ValueError: ``OMP_NUM_THREADS`` is set but not a positive integer.
+
+        Every worker computes with the same number of torch threads: ``OMP_NUM_THREADS`` when set, else the cores
+        divided equally among the workers (``launchers.threads``).
         """
         where = unguarded_main_call(self.start_method)
         if where is not None:
@@ -97,8 +103,8 @@ class MultiprocessingLauncher:
                 "fresh run of the whole script, as torchrun does.")
         env = {"MASTER_ADDR": self.main_address, "MASTER_PORT": str(self.main_port),
                "WORLD_SIZE": str(self.num_processes * self.num_nodes), "NODE_RANK": str(self.node_rank),
-               "TASKFIT_LAUNCHED": "1", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-               "_NPROCS": str(self.num_processes)}
+               "TASKFIT_LAUNCHED": "1", "OMP_NUM_THREADS": str(threads_per_process(self.num_processes)),
+               "LOCAL_WORLD_SIZE": str(self.num_processes), "_NPROCS": str(self.num_processes)}
         fd, path = tempfile.mkstemp(prefix="taskfit-spawn-", suffix=".pt")
         os.close(fd)
         try:

@@ -12,6 +12,8 @@ import time
 from typing import Any
 
 from taskfit.strategies import process_group
+from taskfit.strategies.environments.held import export_held, held, hold_back
+from taskfit.strategies.launchers.threads import set_process_threads, threads_per_process
 
 log = logging.getLogger("taskfit")
 
@@ -33,6 +35,15 @@ def script_command() -> list[str]:
     return [sys.executable, *sys.argv]
 
 
+def start_worker() -> None:
+    """In a worker the script launcher started, at its ``launch()``: export the held-back rank variables and compute
+    with the run's thread count (the ``OMP_NUM_THREADS`` the launcher gave it). A no-op in any other process."""
+    if not held():
+        return
+    export_held()
+    set_process_threads(threads_per_process(int(os.environ.get("LOCAL_WORLD_SIZE", "1"))))
+
+
 #: exit codes of a worker that stopped gracefully on SIGINT / SIGTERM / SIGUSR1 (rank 0 reports the stop)
 _STOPPED_ON_SIGNAL = (130, 143, 138)
 
@@ -50,9 +61,13 @@ def _is_stopped(pid: int) -> bool:
 class SubprocessScriptLauncher:
     """Start local ranks 1..n-1 of this node as copies of the running command; this process is local rank 0.
 
-    Each worker gets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
-    ``TASKFIT_LAUNCHED=1`` and ``OMP_NUM_THREADS`` (default 1, as torchrun does: with one thread per process per
-    core, several processes do not oversubscribe the CPU). At exit this process waits for its workers, bounded:
+    Each worker re-runs the whole command with ``RANK``, ``NODE_RANK``, ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``TASKFIT_LAUNCHED=1`` and ``OMP_NUM_THREADS`` set from its start; its ``LOCAL_RANK``, ``WORLD_SIZE`` and
+    ``LOCAL_WORLD_SIZE`` are held back until its own ``launch()`` (this process exports all of them at
+    :meth:`launch`), so no library forms a process group above ``launch()`` in a worker alone
+    (``environments.held``). Every process, this one included, computes with the same
+    number of torch threads: ``OMP_NUM_THREADS`` when set, else the cores divided equally
+    (``launchers.threads``). At exit this process waits for its workers, bounded:
     ``join_timeout`` seconds after a successful run, ``grace`` seconds after a failed one (an exception, or a
     failed collective: the workers then fail on their own within ``ddp_timeout``); workers still running are then
     terminated (SIGTERM), and after ``grace`` more seconds killed (SIGKILL), and reaped, so no orphan or zombie
@@ -83,17 +98,23 @@ class SubprocessScriptLauncher:
         return bool(self.procs)
 
     def launch(self) -> None:
-        """Export this process's rank variables and start the other local ranks."""
+        """Give this process its thread count, export its rank variables and start the other local ranks (their
+        rank variables held back until their own ``launch()``, see ``environments.held``).
+
+        Raises:
+            ValueError: ``OMP_NUM_THREADS`` is set but not a positive integer.
+        """
         world = self.num_processes * self.num_nodes
-        common = {"MASTER_ADDR": self.main_address, "MASTER_PORT": str(self.main_port), "WORLD_SIZE": str(world),
-                  "NODE_RANK": str(self.node_rank), "TASKFIT_LAUNCHED": "1"}
-        os.environ.update(common, RANK=str(self.node_rank * self.num_processes), LOCAL_RANK="0")
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        threads = threads_per_process(self.num_processes)
+        set_process_threads(threads)  # rank 0 too: torch started before OMP_NUM_THREADS could reach it
+        common = {"MASTER_ADDR": self.main_address, "MASTER_PORT": str(self.main_port),
+                  "NODE_RANK": str(self.node_rank), "TASKFIT_LAUNCHED": "1", "OMP_NUM_THREADS": str(threads)}
+        ranks = {"WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(self.num_processes)}
+        os.environ.update(common, **ranks, RANK=str(self.node_rank * self.num_processes), LOCAL_RANK="0")
         cmd = script_command()
         for local in range(1, self.num_processes):
-            env = {**os.environ, **common, "RANK": str(self.node_rank * self.num_processes + local),
-                   "LOCAL_RANK": str(local)}
-            self.procs.append(subprocess.Popen(cmd, env=env))
+            visible = {**os.environ, **common, "RANK": str(self.node_rank * self.num_processes + local)}
+            self.procs.append(subprocess.Popen(cmd, env=hold_back(visible, {**ranks, "LOCAL_RANK": str(local)})))
         log.info("Launched %d worker process(es) of %s (world size %d, rendezvous %s:%d).", len(self.procs),
                  " ".join(cmd[1:3]), world, self.main_address, self.main_port)
         atexit.register(self.join)
