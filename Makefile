@@ -60,7 +60,7 @@ test-all: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # benchmark suites (benchmarks/README.md), a few minutes each; not part of `make test`
-BENCH_SUITES ?= overhead techniques strategies checkpoint
+BENCH_SUITES ?= overhead techniques strategies checkpoint packing
 bench: install
 	$(PIP) install -q -e ".[bench,bench-peers,deepspeed]"
 	for suite in $(BENCH_SUITES); do HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks $$suite || exit 1; done
