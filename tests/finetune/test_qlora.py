@@ -31,27 +31,30 @@ def nf4_llama(path: str) -> Any:
     return LlamaForCausalLM.from_pretrained(path, quantization_config=config, device_map="cpu")
 
 
-def _train(m: Any, out: str, model: Any) -> Any:
+def _train(m: Any, out: str, model: Any, **kw: Any) -> Any:
     args = m.TrainingArguments(output_dir=out, per_device_train_batch_size=4, max_steps=3, logging_steps=1,
-                               learning_rate=1e-2, report_to="none", save_strategy="no", use_cpu=True)
+                               learning_rate=1e-2, report_to="none", save_strategy="no", use_cpu=True, **kw)
     trainer = m.Trainer(model=model, args=args, train_dataset=equal_rows(16))
     trainer.train()
     return trainer
 
 
 def test_qlora_nf4_base_same_as_transformers_F_FT_5(tmp_path, base_dir):
-    """The base's attention and MLP layers are bitsandbytes ``Linear4bit``; 3 steps under both trainers give the
-    same log history and the same adapter weights, bit for bit."""
+    """The base's attention and MLP layers are bitsandbytes ``Linear4bit``; with gradient checkpointing (prepared
+    by ``prepare_model_for_kbit_training``: inputs require grads), 3 steps under both trainers give the same log
+    history and the same adapter weights, bit for bit."""
     from bitsandbytes.nn import Linear4bit
     from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
 
     def run(m: Any, out: str) -> tuple[list, dict]:
-        model = prepare_model_for_kbit_training(nf4_llama(base_dir), use_gradient_checkpointing=False)
+        model = prepare_model_for_kbit_training(nf4_llama(base_dir), use_gradient_checkpointing=True)
         assert isinstance(model.model.layers[0].mlp.up_proj, Linear4bit)
         torch.manual_seed(1)
         model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
                                                  lora_dropout=0.0))
-        return stable(_train(m, out, model).state.log_history), adapter_weights(model)
+        log = stable(_train(m, out, model, gradient_checkpointing=True).state.log_history)
+        assert model.get_base_model().model.gradient_checkpointing
+        return log, adapter_weights(model)
 
     (hf_log, hf_w), (tf_log, tf_w) = both(run, tmp_path)
     assert tf_log == hf_log and len([r for r in tf_log if "loss" in r]) == 3
