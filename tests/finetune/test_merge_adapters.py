@@ -16,7 +16,7 @@ from finetune_common import equal_rows, lora_model, tiny_llama, weights  # noqa:
 from taskfit.hf import Trainer, TrainingArguments  # noqa: E402
 
 
-def test_save_model_merge_adapters_loads_into_the_base_F_FT_4(tmp_path):
+def test_save_model_merge_adapters_loads_into_the_base_F_FT_1(tmp_path):
     from peft import PeftModel
     from transformers import LlamaForCausalLM
 
@@ -44,7 +44,7 @@ def test_save_model_merge_adapters_loads_into_the_base_F_FT_4(tmp_path):
     assert not torch.allclose(tiny_llama().eval()(input_ids=ids).logits, expected, atol=1e-3)  # the adapter mattered
 
 
-def test_merge_adapters_without_peft_model_is_refused_F_FT_4(tmp_path):
+def test_merge_adapters_without_peft_model_is_refused_F_FT_1(tmp_path):
     args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to="none", save_strategy="no")
     trainer = Trainer(model=tiny_llama(), args=args, train_dataset=equal_rows(4))
     with pytest.raises(ValueError, match="merge_adapters=True.*peft.PeftModel.*LlamaForCausalLM"):

@@ -39,7 +39,7 @@ def _train(m: Any, out: str, model: Any, **kw: Any) -> Any:
     return trainer
 
 
-def test_qlora_nf4_base_same_as_transformers_F_FT_5(tmp_path, base_dir):
+def test_qlora_nf4_base_same_as_transformers_F_FT_2(tmp_path, base_dir):
     """The base's attention and MLP layers are bitsandbytes ``Linear4bit``; with gradient checkpointing (prepared
     by ``prepare_model_for_kbit_training``: inputs require grads), 3 steps under both trainers give the same log
     history and the same adapter weights, bit for bit."""
@@ -61,7 +61,7 @@ def test_qlora_nf4_base_same_as_transformers_F_FT_5(tmp_path, base_dir):
     assert set(tf_w) == set(hf_w) and all(torch.equal(tf_w[k], hf_w[k]) for k in hf_w)
 
 
-def test_full_fine_tuning_of_quantized_model_is_refused_F_FT_5(tmp_path, base_dir):
+def test_full_fine_tuning_of_quantized_model_is_refused_F_FT_2(tmp_path, base_dir):
     """Without adapters, training a 4-bit model raises before any step, as under transformers (which refuses at
     construction); the message names the model, the method and what to do."""
     import transformers
