@@ -528,7 +528,7 @@ class Fit(Topology):
         return self._hf.prepare_inputs(inputs)
 
     # ----------------------------------------------------------------------------------------- outputs ---
-    def save_model(self, output_dir: str | None = None, merge_adapters: bool = False) -> str:
+    def save_model(self, output_dir: str | None = None, *, merge_adapters: bool = False) -> str:
         """Write the trained model (safetensors weights + config, and the processing class) to ``output_dir``
         (default ``args.output_dir``) on rank zero; returns the folder (F-CORE-7, HF ``save_model``). A PEFT model
         writes its adapters (as HF); ``merge_adapters=True`` writes instead the full weights of a copy merged with
