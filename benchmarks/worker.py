@@ -1,6 +1,6 @@
 """Entry point of one fresh benchmark process: ``python -m benchmarks.worker TASK SPEC_JSON``.
 
-``TASK`` names a suite module (``overhead``, ``techniques``, ``strategies``, ``checkpoint``) whose
+``TASK`` names a suite module (``overhead``, ``techniques``, ``strategies``, ``checkpoint``, ``packing``) whose
 ``worker(spec) -> dict`` does the measuring; the dict is written as JSON to ``spec["out"]``. Torch is not
 imported here before the suite's worker runs, so the overhead suite can time ``import torch`` itself.
 A worker that raises :class:`~benchmarks.common.Skip` or ``NotImplementedError`` writes
@@ -14,7 +14,7 @@ import json
 import os
 import sys
 
-TASKS = ("overhead", "techniques", "strategies", "checkpoint")
+TASKS = ("overhead", "techniques", "strategies", "checkpoint", "packing")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,22 +57,32 @@ def model_config(model: torch.nn.Module) -> Any:
     return out
 
 
-def save_model_folder(fit: FitView, folder: str, weights: dict[str, torch.Tensor] | None = None) -> None:
+def save_model_folder(fit: FitView, folder: str, weights: dict[str, torch.Tensor] | None = None,
+                      merge_adapters: bool = False) -> None:
     """Write the unwrapped model's weights and config (and the processing class) into ``folder``.
 
     HF-style models (with ``save_pretrained``, also when a TaskModule only wraps one, see
     :func:`exportable_model`) are saved through it when ``folder`` is local, so ``from_pretrained`` reads them back;
-    other modules, and every remote folder, get ``model.safetensors`` plus ``config.json``.
+    other modules, and every remote folder, get ``model.safetensors`` plus ``config.json``. A PEFT model writes its
+    adapters, or with ``merge_adapters`` the full weights of a merged copy
+    (:func:`~taskfit.io.peft_files.merged_copy`; raises ValueError for a model it cannot merge).
     """
     io = fit.strategy.checkpoint_io
     model = exportable_model(fit.model)
     weights = fit.strategy.model_state_dict(model) if weights is None else weights
+    if merge_adapters:
+        from taskfit.io.peft_files import merged_copy
+
+        model = merged_copy(model, weights)
+        weights = model.state_dict()
     if hasattr(model, "save_pretrained") and io.is_local(folder):
         model.save_pretrained(io.fs(folder)[1], state_dict=weights,
                               safe_serialization=fit.args.save_safetensors is not False)
     else:
         io.wait()  # written before returning, also with a background (async) plugin: callers read it right away
-        synchronous_io(io).save_files(model_files(fit, weights), folder)
+        name = WEIGHTS_NAME if fit.args.save_safetensors is not False else WEIGHTS_NAME_PT
+        files = {**weight_files(model, weights, name), "config.json": model_config(model)}
+        synchronous_io(io).save_files(files, folder)
     processor = fit.processing_class
     if processor is None:  # HF: the collator's tokenizer (DataCollatorWithPadding(tok) given without one)
         processor = getattr(getattr(fit, "data_collator", None), "tokenizer", None)

@@ -12,6 +12,7 @@ from torch.utils.data.dataloader import default_collate
 
 from taskfit.data.datamodule import DataModule  # noqa: F401  (its home before; imported from here too)
 from taskfit.data.samplers import EpochRandomSampler, LengthGroupedSampler
+from taskfit.io.peft_files import is_peft_model
 
 
 def _check_data(data: Any, what: str) -> None:
@@ -104,7 +105,10 @@ def _tensorise(samples: list[Mapping[str, Any]]) -> dict[str, torch.Tensor]:
 
 def forward_parameter_names(model: torch.nn.Module) -> set[str] | None:
     """Named parameters of ``model.forward`` (``*args``/``**kwargs`` ignored, as HF's Trainer does), or None
-    when it has no named parameter at all (then nothing is removed)."""
+    when it has no named parameter at all (then nothing is removed). A PEFT model is read through its base model, as
+    HF's Trainer does (``PeftModel.forward`` shows no named parameter, which would keep every column)."""
+    if is_peft_model(model):
+        model = model.get_base_model()
     params = inspect.signature(model.forward).parameters.values()
     names = {p.name for p in params if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)}
     return names or None

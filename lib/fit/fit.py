@@ -528,14 +528,16 @@ class Fit(Topology):
         return self._hf.prepare_inputs(inputs)
 
     # ----------------------------------------------------------------------------------------- outputs ---
-    def save_model(self, output_dir: str | None = None) -> str:
+    def save_model(self, output_dir: str | None = None, *, merge_adapters: bool = False) -> str:
         """Write the trained model (safetensors weights + config, and the processing class) to ``output_dir``
-        (default ``args.output_dir``) on rank zero; returns the folder (F-CORE-7, HF ``save_model``).
+        (default ``args.output_dir``) on rank zero; returns the folder (F-CORE-7, HF ``save_model``). A PEFT model
+        writes its adapters (as HF); ``merge_adapters=True`` writes instead the full weights of a copy merged with
+        PEFT's ``merge_and_unload`` (the base architecture; the live model keeps its adapters).
 
         Raises:
-            ValueError: no model attached yet.
+            ValueError: no model attached yet; ``merge_adapters=True`` without a PEFT model that can merge.
         """
-        return outputs.save_model(self, output_dir)
+        return outputs.save_model(self, output_dir, merge_adapters)
 
     def log_metrics(self, split: str, metrics: dict[str, Any]) -> None:
         """Print ``metrics`` as an aligned table on rank zero (HF ``log_metrics`` with ``metrics_format``)."""

@@ -13,25 +13,30 @@ from lightning_utilities.core.rank_zero import rank_zero_only
 
 from taskfit.checkpoint.writer import exportable_model, save_model_folder
 from taskfit.io.checkpoint_io import join
+from taskfit.io.peft_files import is_peft_model
 from taskfit.loops.finite import check_finite
 from taskfit.metrics import metrics_table, save_metrics_json
 
 
-def save_model(fit: Any, output_dir: str | None = None) -> str:
+def save_model(fit: Any, output_dir: str | None = None, merge_adapters: bool = False) -> str:
     """``Fit.save_model``: the trained model (safetensors weights + config, and the processing class) written to
-    ``output_dir`` (default ``args.output_dir``) on rank zero; returns the folder.
+    ``output_dir`` (default ``args.output_dir``) on rank zero; returns the folder. A PEFT model writes its adapters,
+    or with ``merge_adapters=True`` the full weights of a merged copy (the live model keeps its adapters).
 
     Raises:
-        ValueError: no model attached yet.
+        ValueError: no model attached yet; ``merge_adapters`` for a model without mergeable adapters.
         NonFiniteError: a parameter holds NaN or inf (non-finite weights are never written).
     """
     if fit.model is None:
         raise ValueError("save_model() before any model was given to fit/validate/predict.")
+    if merge_adapters and not is_peft_model(exportable_model(fit.model)):
+        raise ValueError(f"save_model(merge_adapters=True) needs a peft.PeftModel; the model is a "
+                         f"{type(exportable_model(fit.model)).__name__} (no adapters to merge).")
     check_finite(fit.strategy, fit.model, fit.state.global_step, None, action="save_model refused")
     folder = output_dir or fit.args.output_dir
     weights = fit.strategy.model_state_dict(exportable_model(fit.model))  # every rank: may be a gather
     if fit.is_global_zero:
-        save_model_folder(fit, folder, weights)
+        save_model_folder(fit, folder, weights, merge_adapters)
         fit.strategy.checkpoint_io.write_bytes(join(folder, "fit_args.json"), fit.args.to_json_string(redact=True).encode())
     fit.strategy.barrier("save_model")
     return folder

@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 from torch import nn
 
+from taskfit.core.quantized import check_quantized_training
 from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size
 from taskfit.debugging import batch_limit, limit_batches
 from taskfit.loops.evaluation_loop import is_loader_list
@@ -175,7 +176,8 @@ class RunLauncher:
         is none).
 
         Raises:
-            ValueError: no model anywhere. TypeError: a model that is no ``nn.Module``.
+            ValueError: no model anywhere; for ``fit``, a quantized model without adapters (as HF's Trainer).
+            TypeError: a model that is no ``nn.Module``.
         """
         fit = self.fit
         last = fit._run
@@ -192,6 +194,8 @@ class RunLauncher:
                 raise ValueError("No model: pass one to fit/validate/test/predict or give Fit(model_init=...).")
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be a TaskModule or a torch.nn.Module; got {type(model).__name__}.")
+        if stage == "fit":  # HF's check: a quantized base trains only with adapters
+            check_quantized_training(model)
         if last is not None and model is last.model:
             module = last.module
         else:

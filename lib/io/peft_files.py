@@ -123,3 +123,31 @@ def load_adapter_files(model: Any, names: Any, read: Callable[[str], Any], where
                                   f"keys {sorted(expected - set(state))[:5]}, unexpected keys "
                                   f"{sorted(set(state) - expected)[:5]}.")
         set_peft_model_state_dict(model, state, adapter_name=name)
+
+
+def merged_copy(model: Any, state_dict: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
+    """A copy of PEFT ``model`` with its adapters merged into the base weights: the base architecture (e.g. a
+    ``LlamaForCausalLM``) that ``from_pretrained`` reads back with no PEFT installed. ``model`` keeps its adapters
+    (mirrors ``PeftModel.merge_and_unload``, which changes the model it is called on; here it runs on a deep copy,
+    so the copy needs one more model's worth of memory for a moment).
+
+    Args:
+        model (peft.PeftModel): the model (not wrapped by DDP/FSDP), adapters of a kind PEFT can merge (LoRA and
+            its variants; prompt learning cannot be merged).
+        state_dict (dict[str, Tensor] | None): full weights to put into the copy first (a sharded strategy's
+            gathered state dict); default: the model's own.
+
+    Raises:
+        ValueError: ``model`` is not a PEFT model, or its adapters cannot be merged (naming the PEFT type).
+    """
+    if not is_peft_model(model):
+        raise ValueError(f"merge_adapters=True needs a peft.PeftModel; the model is a {type(model).__name__} "
+                         "(there are no adapters to merge).")
+    kinds = sorted({str(c.peft_type) for c in model.peft_config.values()})
+    if not hasattr(model.base_model, "merge_and_unload") or any(c.is_prompt_learning for c in model.peft_config.values()):
+        raise ValueError(f"merge_adapters=True: PEFT cannot merge {', '.join(kinds)} adapters into the base "
+                         "weights (LoRA-like adapters can); save the adapter instead (merge_adapters=False).")
+    copy_ = copy.deepcopy(model)
+    if state_dict is not None:
+        copy_.load_state_dict(state_dict)
+    return copy_.merge_and_unload()
