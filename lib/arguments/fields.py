@@ -133,7 +133,7 @@ class HFTrainingFields:
     prediction_loss_only: bool = _opt(False, "In evaluation and prediction, return only the loss.", "evaluation")
     eval_on_start: bool = _opt(False, "Run one evaluation before the first training step (sanity check).", "evaluation")
     eval_do_concat_batches: bool = _opt(True, "Concatenate eval outputs across batches (False = keep a list per batch).", "evaluation")
-    eval_use_gather_object: bool = _opt(False, "Gather non-tensor eval outputs across processes; not supported: True raises.", "evaluation")
+    eval_use_gather_object: bool = _opt(False, "Gather non-tensor eval outputs across processes with all_gather_object (mirrors HF; tensors are gathered either way).", "evaluation")
     eval_accumulation_steps: int | None = _opt(None, "Prediction steps accumulated on device before moving outputs to CPU; None = all.", "evaluation")
     include_for_metrics: list[str] = _opt(None, "Extra values passed to compute_metrics: 'inputs' and/or 'loss'.", "evaluation", list)
     batch_eval_metrics: bool = _opt(False, "Call compute_metrics per batch (with compute_result on the last).", "evaluation")

@@ -331,8 +331,6 @@ def _validate(a: Any) -> None:
         "liger_kernel_config": (a.liger_kernel_config is not None, "Liger kernels are not applied by taskfit"),
         "parallelism_config": (a.parallelism_config is not None, ("accelerate's N-D parallelism is not used; pick "
                                                                    "strategy='ddp' | 'fsdp' | 'deepspeed' instead")),
-        "eval_use_gather_object": (a.eval_use_gather_object, ("gathering non-tensor evaluation outputs across "
-                                                              "processes is not supported")),
         "train_sampling_strategy": (a.train_sampling_strategy == "batch_rebalance",
                                     "'batch_rebalance' is not built; use 'random', 'sequential' or 'group_by_length'"),
         "hub_revision": (a.push_to_hub and a.hub_revision is not None, ("taskfit publishes to an fsspec store, "

@@ -32,7 +32,7 @@ from taskfit.fit.stages import EvaluationStages, _hf_positional
 from taskfit.fit.training import TrainingStage
 from taskfit.loggers import Logger, build_loggers, send_summary
 from taskfit.loops.state import FitControl, FitState
-from taskfit.metrics import PredictionOutput, TrainOutput
+from taskfit.metrics import MemoryTracker, PredictionOutput, TrainOutput
 
 log = logging.getLogger("taskfit")
 
@@ -95,6 +95,10 @@ class Fit(Topology):
                                               list(plugins or []), kwargs)
         self.args = args
         self.strategy = resolve_components(args, plugins, **instances)
+        init_memory = None if args.skip_memory_metrics else MemoryTracker(self.strategy.root_device,
+                                                                          self.strategy.accelerator)
+        if init_memory is not None:  # the construction's own deltas, reported as init_mem_* (HF)
+            init_memory.start()
         rank_zero_only.rank = self.strategy.global_rank  # one rank-zero gate for every side effect
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
@@ -129,6 +133,8 @@ class Fit(Topology):
         self.num_eval_batches: int | None = None
         self._hooks = self._api.hook_runner()
         configure_console(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
+        self._init_memory = None if init_memory is None else {
+            **init_memory.stop("init"), "before_init_mem_cpu": init_memory.begin_cpu}
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
 
