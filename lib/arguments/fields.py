@@ -73,7 +73,7 @@ DEFAULT_OPTIM = _default_optim()
 class HFTrainingFields:
     """``transformers.TrainingArguments`` 5.x fields, in its signature order (help texts say what taskfit does)."""
 
-    output_dir: str | None = _opt(None, "Directory (local path or fsspec URL) for checkpoints, logs and predictions; None = 'taskfit_output'.", "output")
+    output_dir: str | None = _opt(None, "Directory (local path or fsspec URL) for checkpoints, logs and predictions; None = 'trainer_output' (as HF).", "output")
     per_device_train_batch_size: int = _opt(8, "Training batch size per device (samples).", "training")
     num_train_epochs: float = _opt(3.0, "Epochs to train (a fraction trains part of the last epoch); ignored if max_steps > 0.", "training")
     max_steps: int = _opt(-1, "Total optimizer steps; overrides num_train_epochs when > 0 (-1 = use epochs).", "training")

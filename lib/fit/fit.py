@@ -294,7 +294,7 @@ class Fit(Topology):
 
         Returns:
             TrainOutput: ``train_runtime`` (s), ``train_samples_per_second``, ``train_steps_per_second``,
-            ``total_flos`` (6 x parameters x samples), ``train_loss``, ``epoch``; with ``load_best_model_at_end``
+            ``total_flos`` (see :meth:`floating_point_ops`), ``train_loss``, ``epoch``; with ``load_best_model_at_end``
             also ``best_global_step``, ``best_metric``, ``best_model_checkpoint``.
 
         Raises:
@@ -465,8 +465,26 @@ class Fit(Topology):
     num_tokens = staticmethod(num_tokens)
 
     def floating_point_ops(self, inputs: Any) -> int:
-        """Training FLOPs of one batch (see :func:`taskfit.data.loaders.floating_point_ops`)."""
-        return floating_point_ops(self.model or nn.Module(), inputs)
+        """Training FLOPs (forward and backward) of one micro-batch ``inputs``, summed into ``state.total_flos``
+        (mirrors HF ``Trainer.floating_point_ops``, an override point): for a model with ``num_parameters`` (a
+        ``PreTrainedModel``) ``6 x elements of its main input (input_ids: tokens) x non-embedding parameters``;
+        for any other model, where HF counts 0, taskfit's estimate :func:`taskfit.data.loaders.floating_point_ops`
+        (6 x parameters x tokens or samples).
+
+        Args:
+            inputs (dict[str, Tensor] | Any): the micro-batch, as the model receives it.
+
+        Returns:
+            int: FLOPs.
+        """
+        model = self.model or nn.Module()
+        main = getattr(model, "main_input_name", "input_ids")
+        if isinstance(inputs, Mapping) and main in inputs and callable(getattr(model, "num_parameters", None)):
+            run = self._run
+            params = run.flos_params if run is not None and run.flos_params is not None else \
+                model.num_parameters(exclude_embeddings=True)
+            return 6 * inputs[main].numel() * params
+        return floating_point_ops(model, inputs)
 
     # ------------------------------- HF override points (defaults in the adapter; see taskfit.fit.hf_overrides) ---
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:

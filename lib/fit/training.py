@@ -203,6 +203,10 @@ class TrainingStage:
 
         fit, module, st = self.fit, run.module, run.state
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
+        if callable(getattr(run.model, "num_parameters", None)):  # HF counts tokens x non-embedding parameters
+            run.flos_params = run.model.num_parameters(exclude_embeddings=True)
+        run.flos_of = fit.floating_point_ops if run.flos_params is not None or fit._hf.overrides(
+            "floating_point_ops") else None
         fit._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
         run.optimizers, run.schedulers = configure_optimizers(
             module, run.model, args, plan.max_steps,

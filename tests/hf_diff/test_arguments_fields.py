@@ -24,7 +24,7 @@ DIFFERENT_DEFAULTS = {
     "report_to": ("none", None),  # None = a local CSV log (HF 5: no logger)
 }
 #: HF fields taskfit accepts but refuses when set, or ignores with a warning (each named in the docs table).
-REFUSED_WHEN_SET = {"use_liger_kernel": True, "liger_kernel_config": {}, "eval_use_gather_object": True,
+REFUSED_WHEN_SET = {"use_liger_kernel": True, "liger_kernel_config": {},
                     "train_sampling_strategy": "batch_rebalance"}
 WARNED_WHEN_SET = {"dataloader_in_order": False, "trackio_space_id": "me/space",
                    "trackio_bucket_id": "b", "trackio_static_space_id": "me/static"}
@@ -116,7 +116,7 @@ def test_hf5_defaults_after_construction():
         if theirs != mine:
             mismatched[f.name] = (theirs, mine)
     assert mismatched == {}
-    assert (hf.output_dir, ours.output_dir) == ("trainer_output", "taskfit_output")
+    assert (hf.output_dir, ours.output_dir) == ("trainer_output", "trainer_output")
     assert (hf.report_to, ours.report_to) == ([], ["csv"])
     assert (hf.fsdp, ours.fsdp, ours.lr_scheduler_kwargs) == (None, [], {})  # taskfit normalises to a list
 
