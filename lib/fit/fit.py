@@ -29,7 +29,7 @@ from taskfit.fit.mixins import Topology
 from taskfit.fit.options import default_callbacks, fit_arguments
 from taskfit.fit.run import Run, RunLauncher
 from taskfit.fit.stages import EvaluationStages, _hf_positional
-from taskfit.fit.training import TrainingStage
+from taskfit.fit.training import TrainingStage, hf_parameter_count
 from taskfit.loggers import Logger, build_loggers, send_summary
 from taskfit.loops.state import FitControl, FitState
 from taskfit.metrics import MemoryTracker, PredictionOutput, TrainOutput
@@ -479,10 +479,9 @@ class Fit(Topology):
         """
         model = self.model or nn.Module()
         main = getattr(model, "main_input_name", "input_ids")
-        if isinstance(inputs, Mapping) and main in inputs and callable(getattr(model, "num_parameters", None)):
-            run = self._run
-            params = run.flos_params if run is not None and run.flos_params is not None else \
-                model.num_parameters(exclude_embeddings=True)
+        run = self._run
+        params = run.flos_params if run is not None and run.flos_params is not None else hf_parameter_count(model)
+        if isinstance(inputs, Mapping) and main in inputs and params is not None:
             return 6 * inputs[main].numel() * params
         return floating_point_ops(model, inputs)
 

@@ -49,6 +49,19 @@ class _Plan:
     reader: Any = None  # the resumed checkpoint's reader (planning opened it): restore reads each file once
 
 
+def hf_parameter_count(model: Any) -> int | None:
+    """``model.num_parameters(exclude_embeddings=True)`` of a ``transformers.PreTrainedModel`` (what HF's
+    ``floating_point_ops`` multiplies by); None for a model without that method (a TaskModule's own
+    ``num_parameters`` takes no such argument)."""
+    count = getattr(model, "num_parameters", None)
+    if not callable(count):
+        return None
+    try:
+        return int(count(exclude_embeddings=True))
+    except TypeError:
+        return None
+
+
 class TrainingStage:
     """The body of ``Fit.fit`` on this process, and the loop's call-backs into the Fit.
 
@@ -203,8 +216,7 @@ class TrainingStage:
 
         fit, module, st = self.fit, run.module, run.state
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
-        if callable(getattr(run.model, "num_parameters", None)):  # HF counts tokens x non-embedding parameters
-            run.flos_params = run.model.num_parameters(exclude_embeddings=True)
+        run.flos_params = hf_parameter_count(run.model)  # HF counts tokens x non-embedding parameters
         run.flos_of = fit.floating_point_ops if run.flos_params is not None or fit._hf.overrides(
             "floating_point_ops") else None
         fit._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
