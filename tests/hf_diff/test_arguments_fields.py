@@ -325,9 +325,9 @@ def test_hf_fields_parse_as_transformers_parses_them_F_CORE_4():
             choices[f.name] = (sorted(set(y.choices) - theirs), sorted(theirs - set(y.choices)))
     assert {k: (a[3], b[3]) for k, (a, b) in differing.items()} == {"report_to": ("none", None)}  # DIFFERENT_DEFAULTS
     # (taskfit-only values, HF-only values) of the choice options: taskfit's extra optimizer names and its ccl
-    # backend; HF's "detail" log level, "greedy" schedule and cncl / mccl backends, which FitArguments refuses
+    # backend; HF's "detail" log level and cncl / mccl backends, which FitArguments refuses
     assert {k: v for k, v in choices.items() if v != ([], [])} == {
-        "optim": (["adamw_apex_fused", "adamw_hf", "lion"], []), "lr_scheduler_type": ([], ["greedy"]),
+        "optim": (["adamw_apex_fused", "adamw_hf", "lion"], []),
         "log_level": ([], ["detail"]), "log_level_replica": ([], ["detail"]), "ddp_backend": (["ccl"], ["cncl", "mccl"])}
     with pytest.raises(SystemExit):  # a bad choice: argparse's error, as under HF
         transformers.HfArgumentParser(FitArguments).parse_args_into_dataclasses(["--eval_strategy", "often"])

@@ -133,3 +133,23 @@ def test_total_flos_counts_tokens_as_hf_F_HF_1(tmp_path):
         return t.state.total_flos
     hf, tf = both(run, tmp_path)
     assert hf == tf == 6 * (2 * 7) * (4 * 11 + 11) * 4  # 4 micro-batches of 2 x 7 tokens, 55 non-embedding params
+
+
+def test_greedy_lr_schedule_steps_with_the_eval_metric_F_HF_1(tmp_path):
+    """``lr_scheduler_type="greedy"`` builds transformers' ``GreedyLR`` and steps it with
+    ``metric_for_best_model`` after each evaluation, as HF: the same learning rates, epoch by epoch."""
+    def run(m, out):
+        class Logged(m.Trainer):
+            def log(self, logs, *args):
+                logs["lr_now"] = self.optimizer.param_groups[0]["lr"]
+                super().log(logs, *args)
+
+        m.set_seed(42)
+        t = Logged(model=RegressionModel(), args=args_for(
+            m, out, lr_scheduler_type="greedy", lr_scheduler_kwargs={"patience": 1, "factor": 0.5},
+            eval_strategy="epoch", metric_for_best_model="eval_loss", num_train_epochs=4, learning_rate=0.2,
+            per_device_train_batch_size=4), train_dataset=TRAIN, eval_dataset=EVAL)
+        t.train()
+        return type(t.lr_scheduler).__name__, [round(r["lr_now"], 8) for r in t.state.log_history if "eval_loss" in r]
+    hf, tf = both(run, tmp_path)
+    assert hf == tf and hf[0] == "GreedyLR"
