@@ -20,7 +20,7 @@ from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.callbacks.console import configure_console
 from taskfit.connector import resolve_components
 from taskfit.core.wrapping import model_loss
-from taskfit.data.loaders import DataModule, floating_point_ops, num_examples, num_tokens
+from taskfit.data.loaders import DataModule, num_examples, num_tokens
 from taskfit.fit import outputs
 from taskfit.fit.hf_api import HFTrainerAPI
 from taskfit.fit.hf_overrides import HFAdapter, default_collator
@@ -29,7 +29,7 @@ from taskfit.fit.mixins import Topology
 from taskfit.fit.options import default_callbacks, fit_arguments
 from taskfit.fit.run import Run, RunLauncher
 from taskfit.fit.stages import EvaluationStages, _hf_positional
-from taskfit.fit.training import TrainingStage, hf_parameter_count
+from taskfit.fit.training import TrainingStage, hf_floating_point_ops
 from taskfit.loggers import Logger, build_loggers, send_summary
 from taskfit.loops.state import FitControl, FitState
 from taskfit.metrics import MemoryTracker, PredictionOutput, TrainOutput
@@ -465,25 +465,9 @@ class Fit(Topology):
     num_tokens = staticmethod(num_tokens)
 
     def floating_point_ops(self, inputs: Any) -> int:
-        """Training FLOPs (forward and backward) of one micro-batch ``inputs``, summed into ``state.total_flos``
-        (mirrors HF ``Trainer.floating_point_ops``, an override point): for a model with ``num_parameters`` (a
-        ``PreTrainedModel``) ``6 x elements of its main input (input_ids: tokens) x non-embedding parameters``;
-        for any other model, where HF counts 0, taskfit's estimate :func:`taskfit.data.loaders.floating_point_ops`
-        (6 x parameters x tokens or samples).
-
-        Args:
-            inputs (dict[str, Tensor] | Any): the micro-batch, as the model receives it.
-
-        Returns:
-            int: FLOPs.
-        """
-        model = self.model or nn.Module()
-        main = getattr(model, "main_input_name", "input_ids")
-        run = self._run
-        params = run.flos_params if run is not None and run.flos_params is not None else hf_parameter_count(model)
-        if isinstance(inputs, Mapping) and main in inputs and params is not None:
-            return 6 * inputs[main].numel() * params
-        return floating_point_ops(model, inputs)
+        """Training FLOPs of one micro-batch, summed into ``state.total_flos``; an override point (mirrors HF
+        ``Trainer.floating_point_ops``; see :func:`taskfit.fit.training.hf_floating_point_ops`)."""
+        return hf_floating_point_ops(self.model or nn.Module(), inputs, self._run)
 
     # ------------------------------- HF override points (defaults in the adapter; see taskfit.fit.hf_overrides) ---
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:
