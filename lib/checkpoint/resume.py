@@ -112,8 +112,9 @@ def restore(run: ResumableRun, path: str, strategy: Any, args: Any, weights_only
         place_hf_position(run.state, _batches_per_epoch(run.train_loader), args.gradient_accumulation_steps)
         if not hf_rule:
             log.info(adopt_message(path, ts["state"]))
-    run.state.batch_in_epoch = _settled_position(run.state.batch_in_epoch, ts["state"].get("batches_per_epoch"),
-                                                 _batches_per_epoch(run.train_loader), args.ignore_data_skip)
+    if not hf_rule:  # HF's position is already in the new layout's batches
+        run.state.batch_in_epoch = _settled_position(run.state.batch_in_epoch, ts["state"].get("batches_per_epoch"),
+                                                     _batches_per_epoch(run.train_loader), args.ignore_data_skip)
     if run.training_state.rng is None:
         log.warning("%s has no RNG state for rank %d (saved with world_size=%s); RNG streams restart from the seed.",
                     path, strategy.global_rank, loaded["manifest"].get("world_size"))
