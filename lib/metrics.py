@@ -269,6 +269,20 @@ class MemoryTracker:
         return out
 
 
+def take_init_memory(fit: Any) -> dict[str, int]:
+    """The construction's memory deltas (``init_mem_*`` and ``before_init_mem_cpu``, bytes) the first time a
+    stage asks, then nothing: HF's ``TrainerMemoryTracker`` puts them into the first train/eval/predict metrics.
+
+    Args:
+        fit (Any): an object whose ``_init_memory`` (dict | None) holds them (``Fit`` with
+            ``skip_memory_metrics=False``); it is cleared here.
+    """
+    init = getattr(fit, "_init_memory", None) or {}
+    if init:
+        fit._init_memory = None
+    return init
+
+
 _PREFIXES = ("val_", "eval_", "test_")
 
 

@@ -13,6 +13,7 @@ read once and verified against the manifest. The format itself lives in :mod:`ta
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -272,6 +273,48 @@ def load_states(strategy: Any, folder: str, module: torch.nn.Module, optimizers:
     return LoadedStates(reader, groups)
 
 
+#: HF's index of a weights file split into shards (``save_pretrained(max_shard_size=...)``, HF's checkpoints)
+WEIGHTS_INDEX_NAMES = {WEIGHTS_NAME: "model.safetensors.index.json", WEIGHTS_NAME_PT: "pytorch_model.bin.index.json"}
+
+
+def resharded_weights(reader: CheckpointReader, name: str) -> dict[str, torch.Tensor] | None:
+    """The full state dict of a checkpoint whose listed weights file ``name`` was replaced by HF's index and
+    shards (``model.safetensors.index.json`` + ``model-00001-of-0000N.safetensors``, as ``save_pretrained`` and
+    ``transformers.Trainer`` write large models; HF ``load_sharded_checkpoint`` loads the same); None when
+    ``name`` itself is there. The manifest's size and hash guarantees stay for every file it lists; the index
+    and its shards are not in it, so only their names (inside the folder) and contents (every tensor the index
+    maps, no other) are checked. ``name`` counts as verified afterwards.
+
+    Raises:
+        CheckpointError: an unreadable index, a shard name that leaves the folder, a missing shard, or shards
+            whose tensors differ from the index's map (names the file).
+    """
+    from taskfit.io.checkpoint_io import deserialize
+
+    io, folder = reader.io, reader.folder
+    index = join(folder, WEIGHTS_INDEX_NAMES[name])
+    if io.exists(join(folder, name)) or not io.exists(index):
+        return None
+    try:
+        weight_map = json.loads(io.read_bytes(index))["weight_map"]
+        shards = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CheckpointError(f"{index!r} is not a weights index (a JSON object with a 'weight_map'): {exc}") from None
+    state: dict[str, torch.Tensor] = {}
+    for shard in shards:
+        check_entry_name(str(shard), repr(folder))
+        try:
+            data = io.read_bytes(join(folder, shard))
+        except FileNotFoundError:
+            raise CheckpointError(f"Weights shard {join(folder, shard)!r} (listed in {index!r}) is missing.") from None
+        state.update(deserialize(join(folder, shard), data, map_location="cpu", weights_only=reader.weights_only))
+    if set(state) != set(weight_map):
+        raise CheckpointError(f"The shards of {index!r} hold other tensors than its weight_map lists: "
+                              f"{sorted(set(state) ^ set(weight_map))[:5]}.")
+    reader.verified.add(name)  # replaced by the shards, checked above: not a missing file at the end of a resume
+    return state
+
+
 def load_model_weights(strategy: Any, model: torch.nn.Module, path: str, manifest: dict[str, Any] | None = None,
                        weights_only: bool = True, reader: CheckpointReader | None = None) -> None:
     """Load the checkpoint's full weights into ``model`` (its exported part, see :func:`exportable_model`;
@@ -294,7 +337,9 @@ def load_model_weights(strategy: Any, model: torch.nn.Module, path: str, manifes
         return
     if name is None:
         raise CheckpointError(f"{path!r} holds no model weights ({WEIGHTS_NAME} or {WEIGHTS_NAME_PT}).")
-    state = reader.read(name)
+    state = resharded_weights(reader, name)
+    if state is None:
+        state = reader.read(name)
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
         raise CheckpointError(f"{join(path, name)!r} does not match {type(model).__name__}: missing keys "

@@ -73,7 +73,7 @@ DEFAULT_OPTIM = _default_optim()
 class HFTrainingFields:
     """``transformers.TrainingArguments`` 5.x fields, in its signature order (help texts say what taskfit does)."""
 
-    output_dir: str | None = _opt(None, "Directory (local path or fsspec URL) for checkpoints, logs and predictions; None = 'taskfit_output'.", "output")
+    output_dir: str | None = _opt(None, "Directory (local path or fsspec URL) for checkpoints, logs and predictions; None = 'trainer_output' (as HF).", "output")
     per_device_train_batch_size: int = _opt(8, "Training batch size per device (samples).", "training")
     num_train_epochs: float = _opt(3.0, "Epochs to train (a fraction trains part of the last epoch); ignored if max_steps > 0.", "training")
     max_steps: int = _opt(-1, "Total optimizer steps; overrides num_train_epochs when > 0 (-1 = use epochs).", "training")
@@ -133,7 +133,7 @@ class HFTrainingFields:
     prediction_loss_only: bool = _opt(False, "In evaluation and prediction, return only the loss.", "evaluation")
     eval_on_start: bool = _opt(False, "Run one evaluation before the first training step (sanity check).", "evaluation")
     eval_do_concat_batches: bool = _opt(True, "Concatenate eval outputs across batches (False = keep a list per batch).", "evaluation")
-    eval_use_gather_object: bool = _opt(False, "Gather non-tensor eval outputs across processes; not supported: True raises.", "evaluation")
+    eval_use_gather_object: bool = _opt(False, "Gather non-tensor eval outputs across processes with all_gather_object (mirrors HF; tensors are gathered either way).", "evaluation")
     eval_accumulation_steps: int | None = _opt(None, "Prediction steps accumulated on device before moving outputs to CPU; None = all.", "evaluation")
     include_for_metrics: list[str] = _opt(None, "Extra values passed to compute_metrics: 'inputs' and/or 'loss'.", "evaluation", list)
     batch_eval_metrics: bool = _opt(False, "Call compute_metrics per batch (with compute_result on the last).", "evaluation")

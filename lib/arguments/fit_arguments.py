@@ -43,7 +43,7 @@ class FitArguments(ArgumentSetters, RuntimeProperties, TaskfitFields, LegacyFiel
     Field names, types and defaults are those of HF (see each field's ``metadata["help"]``), so an HF config and
     an ``HfArgumentParser`` command line carry over unchanged. The differences are listed in the HF guide's
     "Argument differences" table: ``report_to=None`` writes a local CSV log (HF 5: no logger), ``output_dir=None``
-    becomes ``"taskfit_output"`` (HF: ``"trainer_output"``), and options that cannot work in taskfit
+    becomes ``"trainer_output"`` (as HF), and options that cannot work in taskfit
     (``use_liger_kernel``, ``parallelism_config``, ``eval_use_gather_object``, ``hub_revision`` with
     ``push_to_hub``, apex/IPEX/jit options) raise ``ValueError`` at construction when set.
 
@@ -192,6 +192,9 @@ class FitArguments(ArgumentSetters, RuntimeProperties, TaskfitFields, LegacyFiel
         """All options as a plain dict (deep copy). ``redact=True`` replaces set tokens by ``"<HUB_TOKEN>"``-style
         placeholders, as HF's ``to_dict`` does; the default keeps them so that round trips are exact."""
         d = {f.name: copy.deepcopy(getattr(self, f.name)) for f in fields(self)}
+        # a torch.dtype field (a user subclass's, as HF allows) as its name: "float32" (HF's to_dict)
+        d = {k: str(v).removeprefix("torch.") if type(v).__name__ == "dtype" and type(v).__module__ == "torch" else v
+             for k, v in d.items()}
         if redact:
             d = {k: _redacted(k, v) for k, v in d.items()}
         return d

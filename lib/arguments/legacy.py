@@ -104,7 +104,7 @@ def apply_legacy_options(a: Any) -> None:
         _rename(a, old, new, old_default, new_default)
     _rename(a, "fp16_backend", "half_precision_backend", "auto", "auto")
     if a.push_to_hub_organization is not None:
-        name = a.hub_model_id or (a.output_dir or "taskfit_output").rstrip("/").split("/")[-1]
+        name = a.hub_model_id or (a.output_dir or "trainer_output").rstrip("/").split("/")[-1]
         if "/" not in name:
             a.hub_model_id = f"{a.push_to_hub_organization}/{name}"
         _future("push_to_hub_organization", f"hub_model_id={shown('hub_model_id', a.hub_model_id)}")

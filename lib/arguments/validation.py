@@ -4,6 +4,7 @@ and the option tables re-exported from ``taskfit.arguments.choices``.
 
 import json
 import math
+import os
 import types
 import typing
 from dataclasses import fields
@@ -92,6 +93,16 @@ def _coerce(name: str, value: Any, kinds: tuple[type, ...]) -> Any:
 
 
 def _coerce_kind(name: str, value: Any, kinds: tuple[type, ...]) -> Any:
+    # a field of another type a user subclass declares (e.g. torch.dtype, as HF allows): its own values pass,
+    # a dtype's name (from to_dict / JSON) becomes the dtype again
+    other = tuple(k for k in kinds if isinstance(k, type) and k not in (bool, int, float, str, list, dict, _NONE))
+    if other and isinstance(value, other):
+        return value
+    if other and isinstance(value, str):
+        import torch
+
+        if torch.dtype in other and isinstance(getattr(torch, value, None), torch.dtype):
+            return getattr(torch, value)
     if value is None:
         if _NONE in kinds:
             return None
@@ -160,13 +171,24 @@ def _words(name: str, value: Any) -> list[str]:
     return [str(v) for v in value]
 
 
+def _check_empty_cache_steps(value: Any) -> None:
+    """HF accepts only a positive ``int`` (or None) for ``torch_empty_cache_steps``: a float or a word is refused
+    before coercion would round or drop it (a string of digits, as a command line gives, counts as an int)."""
+    if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+        return
+    if isinstance(value, str) and value.strip().isdigit():
+        return
+    raise ValueError(f"torch_empty_cache_steps must be an integer > 0 (optimizer steps) or None, got {value!r}.")
+
+
 def _normalize(a: Any) -> None:
     if a.precision is not None and not isinstance(a.precision, bool) and str(a.precision) in PRECISION_ALIASES:
         a.precision = PRECISION_ALIASES[str(a.precision)]  # Lightning's short names: "bf16", 16, 32, ...
     if a.lr_scheduler_kwargs is None:
         a.lr_scheduler_kwargs = {}
     if a.output_dir is None:
-        a.output_dir = "taskfit_output"  # HF 5: "trainer_output"
+        a.output_dir = "trainer_output"  # HF 5's default folder
+    _check_empty_cache_steps(a.torch_empty_cache_steps)
     if a.fsdp is None:
         a.fsdp = ""
     if a.debug is None:  # HfArgumentParser gives None for an unset list option (HF accepts it too)
@@ -184,6 +206,14 @@ def _normalize(a: Any) -> None:
     apply_legacy_options(a)  # 4.x spellings -> HF 5 options, with a FutureWarning
     if a.torch_compile_backend is not None or a.torch_compile_mode is not None:
         a.torch_compile = True  # HF: setting a backend or mode implies torch_compile
+    if a.torch_compile and a.torch_compile_backend is None:
+        a.torch_compile_backend = "inductor"  # HF's default backend, visible in the arguments
+    if a.use_cpu:
+        a.dataloader_pin_memory = False  # HF: no pinned memory without a device to copy to
+    for name in ("output_dir", "logging_dir"):  # HF expands a leading ~ (fsspec URLs have none)
+        value = getattr(a, name)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(a, name, os.path.expanduser(value))
     for name in _JSON_DICT:
         if isinstance(getattr(a, name), str):
             setattr(a, name, _json_object(name, getattr(a, name)))
@@ -330,8 +360,6 @@ def _validate(a: Any) -> None:
         "liger_kernel_config": (a.liger_kernel_config is not None, "Liger kernels are not applied by taskfit"),
         "parallelism_config": (a.parallelism_config is not None, ("accelerate's N-D parallelism is not used; pick "
                                                                    "strategy='ddp' | 'fsdp' | 'deepspeed' instead")),
-        "eval_use_gather_object": (a.eval_use_gather_object, ("gathering non-tensor evaluation outputs across "
-                                                              "processes is not supported")),
         "train_sampling_strategy": (a.train_sampling_strategy == "batch_rebalance",
                                     "'batch_rebalance' is not built; use 'random', 'sequential' or 'group_by_length'"),
         "hub_revision": (a.push_to_hub and a.hub_revision is not None, ("taskfit publishes to an fsspec store, "

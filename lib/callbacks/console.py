@@ -27,7 +27,9 @@ class _DefaultHandler(logging.StreamHandler):
 
 
 def configure_console(args: Any, strategy: Any) -> str:
-    """Give the ``taskfit`` logger a stderr handler (once per process) and set its level for this process.
+    """Give the ``taskfit`` logger a stderr handler (once per process) and set its level for this process; a
+    ``log_level`` other than ``"passive"`` also sets the ``transformers`` logger's level (mirrors HF
+    ``Trainer.__init__``'s ``logging.set_verbosity(args.get_process_log_level())``).
 
     Args:
         args (FitArguments): ``log_level``, ``log_level_replica``, ``log_on_each_node``.
@@ -44,6 +46,9 @@ def configure_console(args: Any, strategy: Any) -> str:
         handler.setFormatter(logging.Formatter("%(message)s"))
         log.addHandler(handler)
     log.setLevel(level)
+    named = args.log_level if main else args.log_level_replica
+    if named not in (None, "passive"):  # HF's Trainer sets the `transformers` logger's verbosity the same way
+        logging.getLogger("transformers").setLevel(named.upper())
     return level
 
 

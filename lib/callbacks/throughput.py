@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Callable
 
 from taskfit.callbacks.base import Callback
-from taskfit.metrics import MemoryTracker
+from taskfit.metrics import MemoryTracker, take_init_memory
 from taskfit.core.module import infer_batch_size
 
 if TYPE_CHECKING:
@@ -238,6 +238,7 @@ class ThroughputMonitor(Callback):
             if key in speed:
                 out[f"train_{key}"] = speed[key]
         if self._tracker is not None:
+            out.update(take_init_memory(self._fit))  # the construction's deltas go with the first stage (HF)
             out.update(self._tracker.stop("train"))
         return out
 

@@ -47,7 +47,8 @@ def resolve_checkpoint(io: Any, output_dir: str, value: str | bool | None) -> st
     starts fresh.
 
     Raises:
-        CheckpointError: a given path that is not a complete checkpoint.
+        CheckpointError: a given path that is not a complete checkpoint (a ``ValueError`` starting with HF's
+            ``"Can't find a valid checkpoint at {path}"``, then the reason).
     """
     if value is None:
         from taskfit.strategies.environments import elastic_restart
@@ -65,7 +66,10 @@ def resolve_checkpoint(io: Any, output_dir: str, value: str | bool | None) -> st
     if value is True or value in ("last", "auto"):
         return _newest_complete(io, output_dir, value)
     if not is_hf_checkpoint(io, str(value)):
-        read_manifest(io, str(value))  # raises for a folder (or file) that is not a complete checkpoint
+        try:
+            read_manifest(io, str(value))  # raises for a folder (or file) that is not a complete checkpoint
+        except CheckpointError as err:  # HF's words first (scripts match on them), then why
+            raise CheckpointError(f"Can't find a valid checkpoint at {value}: {err}") from None
     return str(value)
 
 
@@ -93,21 +97,24 @@ def restore(run: RunView, path: str, strategy: Any, args: Any, weights_only: boo
     file is then read once). Returns the training state dict (for ``on_load_checkpoint``).
 
     Raises:
-        CheckpointError: missing/corrupted files (naming the file), a ``save_only_model`` checkpoint, or a
-            batch-size / world-size / dataset change that would put a mid-epoch resume at the wrong sample.
+        CheckpointError: missing/corrupted files (naming the file) or a ``save_only_model`` checkpoint. A
+            batch-size / world-size / dataset change mid-epoch continues by HF's rule (``global_step x
+            gradient_accumulation_steps`` micro-batches of the new loader skipped), with a warning.
         UnsafeCheckpointError: a file needs full unpickling and ``weights_only`` is True.
     """
     loaded = read_checkpoint(strategy, path, run.model, run.optimizers, [c.scheduler for c in run.schedulers],
                              weights_only=weights_only, reader=reader)
     ts = loaded["training_state"]
-    _check_compatible(args, strategy.world_size, run.train_loader, loaded["args"], ts, loaded["manifest"],
-                      strategy.data_parallel_size)
+    hf_rule = _check_compatible(args, strategy.world_size, run.train_loader, loaded["args"], ts,
+                                loaded["manifest"], strategy.data_parallel_size)
     run.training_state.load_state_dict(ts)
-    if loaded["manifest"].get("format") == HF_FORMAT:  # HF records no position: derive it as HF does
+    if hf_rule or loaded["manifest"].get("format") == HF_FORMAT:  # no usable position: derive it as HF does
         place_hf_position(run.state, _batches_per_epoch(run.train_loader), args.gradient_accumulation_steps)
-        log.info(adopt_message(path, ts["state"]))
-    run.state.batch_in_epoch = _settled_position(run.state.batch_in_epoch, ts["state"].get("batches_per_epoch"),
-                                                 _batches_per_epoch(run.train_loader), args.ignore_data_skip)
+        if not hf_rule:
+            log.info(adopt_message(path, ts["state"]))
+    if not hf_rule:  # HF's position is already in the new layout's batches
+        run.state.batch_in_epoch = _settled_position(run.state.batch_in_epoch, ts["state"].get("batches_per_epoch"),
+                                                     _batches_per_epoch(run.train_loader), args.ignore_data_skip)
     if run.training_state.rng is None:
         log.warning("%s has no RNG state for rank %d (saved with world_size=%s); RNG streams restart from the seed.",
                     path, strategy.global_rank, loaded["manifest"].get("world_size"))
@@ -206,6 +213,10 @@ def plan_resumed_run(io: Any, path: str, loader: Any, args: Any, accumulation: A
         return max_steps, num_epochs, reader
     accum_at = accumulation or (lambda epoch: args.gradient_accumulation_steps)
     epoch, position = resume_position(state, n, args.ignore_data_skip)
+    saved_at = int(state.get("batch_in_epoch", 0))
+    if n_before != n and 0 < saved_at < n_before and not args.ignore_data_skip:  # mid-epoch in a new layout: HF's
+        return max_steps, num_epochs, reader                                    # rule (restore places it so too)
+        return max_steps, num_epochs, reader
     step = int(state.get("global_step", 0))
     # steps left in the epoch the run continues in (from its current micro-batch), then whole epochs
     partial = math.ceil((n - position) / accum_at(epoch)) if position else 0
@@ -326,7 +337,9 @@ def _require_entries(reader: CheckpointReader, shards: list[str], full: bool, n_
 
 
 def _check_compatible(a: Any, world_size: int, train_loader: Any, saved: dict[str, Any], ts: dict[str, Any],
-                      manifest: dict[str, Any], data_parallel_size: int | None = None) -> None:
+                      manifest: dict[str, Any], data_parallel_size: int | None = None) -> bool:
+    """Warn about settings that differ from the checkpoint's; True when the run must take HF's position rule
+    (a mid-epoch checkpoint whose batch layout changed: batch size, data-parallel size or dataset length)."""
     state = upgrade_training_state(ts)["state"]  # the resume point: an epoch's end is the next one's start
     n_batches = _batches_per_epoch(train_loader)
     before_batches = state.get("batches_per_epoch")
@@ -350,18 +363,35 @@ def _check_compatible(a: Any, world_size: int, train_loader: Any, saved: dict[st
     if before_batches is not None and n_batches is not None and before_batches != n_batches:
         why = "" if changes else " (the dataset or drop_last changed?)"  # else the batch or world size explains it
         changes.append(f"batches per epoch {before_batches} -> {n_batches}{why}")
-    if changes and mid_epoch:
-        raise CheckpointError(
-            f"Cannot continue mid-epoch from {manifest.get('global_step')!r}: the checkpoint was taken "
-            f"{state['batch_in_epoch']} micro-batches into epoch {state.get('current_epoch')}, and "
-            f"{'; '.join(changes)} would put the run at the wrong sample. Resume with the original settings, or "
-            "pass ignore_data_skip=True to restart that epoch from its first batch.")
+    hf_position = bool(changes) and mid_epoch
     accum_before = saved.get("gradient_accumulation_steps")
     if accum_before is not None and accum_before != a.gradient_accumulation_steps:
         changes.append(f"gradient_accumulation_steps {accum_before} -> {a.gradient_accumulation_steps}")
-    if changes:
+    _warn_as_hf(a, saved)
+    if hf_position:  # the saved sample position means nothing in the new layout: HF's rule, from global_step
+        log.warning("Resuming mid-epoch with changed settings (%s): the saved sample position does not exist in the "
+                    "new batch layout, so the run skips global_step x gradient_accumulation_steps micro-batches of "
+                    "the new loader, as transformers.Trainer does; it will not match an uninterrupted run. Pass "
+                    "ignore_data_skip=True to restart that epoch from its first batch instead.", "; ".join(changes))
+    elif changes:
         log.warning("Resuming with changed settings (%s): the run continues from the checkpoint's position but "
                     "will not match an uninterrupted run with the original settings.", "; ".join(changes))
+    return hf_position
+
+
+def _warn_as_hf(a: Any, saved: dict[str, Any]) -> None:
+    """HF's warning for arguments that differ from the checkpoint's (mirrors
+    ``Trainer.compare_trainer_and_checkpoint_args``, its words, on the ``transformers.trainer`` logger, where
+    scripts written for HF look for it)."""
+    text = ""
+    for name in ("logging_steps", "eval_steps", "save_steps", "per_device_train_batch_size"):
+        now, before = getattr(a, name, None), saved.get(name)
+        if now is not None and before is not None and now != before:
+            text += f"\n\t{name}: {now} (from args) != {before} (from trainer_state.json)"
+    if text:
+        logging.getLogger("transformers.trainer").warning(
+            "Warning: The following arguments do not match the ones in the `trainer_state.json` within the "
+            "checkpoint directory: %s", text)
 
 
 def _batches_per_epoch(loader: Any) -> int | None:

@@ -20,7 +20,7 @@ from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.callbacks.console import configure_console
 from taskfit.connector import resolve_components
 from taskfit.core.wrapping import model_loss
-from taskfit.data.loaders import DataModule, floating_point_ops, num_examples, num_tokens
+from taskfit.data.loaders import DataModule, num_examples, num_tokens
 from taskfit.fit import outputs
 from taskfit.fit.hf_api import HFTrainerAPI
 from taskfit.fit.hf_overrides import HFAdapter, default_collator
@@ -29,10 +29,10 @@ from taskfit.fit.topology import Topology
 from taskfit.fit.options import default_callbacks, fit_arguments
 from taskfit.fit.run import Run, RunLauncher
 from taskfit.fit.stages import EvaluationStages, _hf_positional
-from taskfit.fit.training import TrainingStage
+from taskfit.fit.training import TrainingStage, hf_floating_point_ops
 from taskfit.loggers import Logger, build_loggers, send_summary
 from taskfit.loops.state import FitControl, FitState
-from taskfit.metrics import PredictionOutput, TrainOutput
+from taskfit.metrics import MemoryTracker, PredictionOutput, TrainOutput
 
 log = logging.getLogger("taskfit")
 
@@ -95,6 +95,10 @@ class Fit(Topology):
                                               list(plugins or []), kwargs)
         self.args = args
         self.strategy = resolve_components(args, plugins, **instances)
+        init_memory = None if args.skip_memory_metrics else MemoryTracker(self.strategy.root_device,
+                                                                          self.strategy.accelerator)
+        if init_memory is not None:  # the construction's own deltas, reported as init_mem_* (HF)
+            init_memory.start()
         rank_zero_only.rank = self.strategy.global_rank  # one rank-zero gate for every side effect
         self.compute_metrics = compute_metrics
         self.preprocess_logits_for_metrics = preprocess_logits_for_metrics
@@ -129,6 +133,8 @@ class Fit(Topology):
         self.num_eval_batches: int | None = None
         self._hooks = self._api.hook_runner()
         configure_console(args, self.strategy)  # log_level on main processes, log_level_replica elsewhere
+        self._init_memory = None if init_memory is None else {
+            **init_memory.stop("init"), "before_init_mem_cpu": init_memory.begin_cpu}
         self._hooks.call_hf("on_init_end", args, self.state, self.control)
 
 
@@ -288,7 +294,7 @@ class Fit(Topology):
 
         Returns:
             TrainOutput: ``train_runtime`` (s), ``train_samples_per_second``, ``train_steps_per_second``,
-            ``total_flos`` (6 x parameters x samples), ``train_loss``, ``epoch``; with ``load_best_model_at_end``
+            ``total_flos`` (see :meth:`floating_point_ops`), ``train_loss``, ``epoch``; with ``load_best_model_at_end``
             also ``best_global_step``, ``best_metric``, ``best_model_checkpoint``.
 
         Raises:
@@ -459,8 +465,9 @@ class Fit(Topology):
     num_tokens = staticmethod(num_tokens)
 
     def floating_point_ops(self, inputs: Any) -> int:
-        """Training FLOPs of one batch (see :func:`taskfit.data.loaders.floating_point_ops`)."""
-        return floating_point_ops(self.model or nn.Module(), inputs)
+        """Training FLOPs of one micro-batch, summed into ``state.total_flos``; an override point (mirrors HF
+        ``Trainer.floating_point_ops``; see :func:`taskfit.fit.training.hf_floating_point_ops`)."""
+        return hf_floating_point_ops(self.model or nn.Module(), inputs, self._run)
 
     # ------------------------------- HF override points (defaults in the adapter; see taskfit.fit.hf_overrides) ---
     def create_optimizer_and_scheduler(self, num_training_steps: int) -> None:

@@ -104,7 +104,8 @@ def hyperparameter_search(fit: FitView, hp_space: Callable[[Any], dict] | None =
         direction (str | list[str]): ``"minimize"``/``"maximize"``, or a list for multi-objective search.
         backend (str): ``"optuna"`` (the only one).
         hp_name (Callable[[optuna.Trial], str] | None): run name of a trial (default ``run-{number}``).
-        train_data / eval_data / data_collator: as for :meth:`Fit.fit` (``eval_data`` may be a dict).
+        train_data / eval_data / data_collator: as for :meth:`Fit.fit` (``eval_data`` may be a dict); default
+            the ``train_dataset`` / ``eval_dataset`` given to ``Fit`` (HF searches over the Trainer's datasets).
         model_init (Callable | None): ``model_init()``, or ``model_init(trial)`` when it has a required argument
             (HF passes the trial by parameter count); default ``fit.model_init``.
         timeout (float | None): stop starting trials after this many seconds.
@@ -123,8 +124,12 @@ def hyperparameter_search(fit: FitView, hp_space: Callable[[Any], dict] | None =
     if init is None:
         raise ValueError("hyperparameter_search needs model_init (a callable returning a fresh model) so every "
                          "trial starts from new weights: pass model_init= here or to Fit.")
+    if train_data is None:  # HF searches over the datasets given to the Trainer
+        train_data = fit.train_dataset
+        eval_data = fit.eval_dataset if eval_data is None else eval_data
     if train_data is None:
-        raise ValueError("hyperparameter_search needs train_data (and usually eval_data) to train each trial on.")
+        raise ValueError("hyperparameter_search needs train_data (and usually eval_data) to train each trial on: "
+                         "pass them here or as Fit(train_dataset=..., eval_dataset=...).")
     require("optuna", "optuna", "hyperparameter_search(backend='optuna')")
     import optuna
 

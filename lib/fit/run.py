@@ -49,7 +49,10 @@ class Run:
         training_state (TrainingState | None): the state saved and restored whole (``fit`` only).
         resume_from (str | None): the checkpoint this run continues (restored before the loop starts).
         start_step (int): ``global_step`` at the start (after a restore).
-        flos_per_sample (int): training FLOPs per sample (6 x parameters).
+        flos_per_sample (int): training FLOPs per sample (6 x parameters), for models HF cannot count.
+        flos_of (Callable[[Any], float] | None): a micro-batch's training FLOPs, HF's count (``Fit.floating_point_ops``)
+            for a model with ``num_parameters`` or a subclass that overrides it; None: ``flos_per_sample`` x samples.
+        flos_params (int | None): the model's ``num_parameters(exclude_embeddings=True)`` taken before sharding.
         publisher (Any): the ``push_to_hub`` publisher of this run, if any.
         neftune_embedding (Any): the embedding NEFTune noises during this run, if any.
         eval_data (Any), data_collator (Any): the eval data and collator given to ``fit`` (HF loader overrides).
@@ -71,6 +74,8 @@ class Run:
     resume_from: str | None = None
     start_step: int = 0
     flos_per_sample: int = 0
+    flos_of: Any = None
+    flos_params: int | None = None
     publisher: Any = None
     neftune_embedding: Any = None
     eval_data: Any = None

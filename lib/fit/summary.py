@@ -97,3 +97,27 @@ def log_summary(fit: FitView, module: Any, max_steps: int, steps_per_epoch: int 
     and keep the dict as ``fit.summary``."""
     fit.summary = run_summary(fit, module, max_steps, steps_per_epoch, train_loader)
     log.info(format_summary(fit.summary))
+    hf_log = logging.getLogger("transformers.trainer")
+    if hf_log.isEnabledFor(logging.INFO):  # scripts and tests written for HF read this block there
+        hf_log.info(format_hf_block(fit, fit.summary))
+
+
+def format_hf_block(fit: FitView, s: dict[str, Any]) -> str:
+    """HF ``Trainer``'s "***** Running training *****" block (examples, epochs, batch sizes, accumulation,
+    optimization steps, trainable parameters), logged at INFO on the ``transformers.trainer`` logger, where
+    HF's ``log_level`` applies (mirrors ``Trainer._inner_training_loop``'s start message)."""
+    run = getattr(fit, "_run", None)
+    dataset = getattr(getattr(run, "train_loader", None), "dataset", None)
+    try:
+        examples: Any = f"{len(dataset):,}"
+    except TypeError:
+        examples = "unknown (no length)"
+    a, steps, per_epoch = fit.args, s["max_steps"], s["steps_per_epoch"]
+    epochs = -(-steps // per_epoch) if per_epoch else a.num_train_epochs
+    return "\n".join([
+        "***** Running training *****", f"  Num examples = {examples}", f"  Num Epochs = {epochs:,}",
+        f"  Instantaneous batch size per device = {s['per_device_batch_size']:,}",
+        f"  Total train batch size (w. parallel, distributed & accumulation) = {s['effective_batch_size']:,}",
+        f"  Gradient Accumulation steps = {s['gradient_accumulation_steps']}",
+        f"  Total optimization steps = {steps:,}",
+        f"  Number of trainable parameters = {s['trainable_parameters']:,}"])

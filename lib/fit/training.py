@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -24,7 +25,7 @@ from taskfit.core.results import ResultCollection
 from taskfit.core.wrapping import ModelTaskModule
 from taskfit.connector import configure_strategy
 from taskfit.core.step_call import step_disabled
-from taskfit.data.loaders import DataModule
+from taskfit.data.loaders import DataModule, floating_point_ops
 from taskfit.debugging import fast_dev_run_batches, sanity_check
 from taskfit.fit.metric_checks import check_before_training, missing_metric_error
 from taskfit.fit.run import Run
@@ -48,6 +49,40 @@ class _Plan:
     max_steps: int
     num_epochs: int
     reader: Any = None  # the resumed checkpoint's reader (planning opened it): restore reads each file once
+
+
+def hf_parameter_count(model: Any) -> int | None:
+    """``model.num_parameters(exclude_embeddings=True)`` of a ``transformers.PreTrainedModel`` (what HF's
+    ``floating_point_ops`` multiplies by); None for a model without that method (a TaskModule's own
+    ``num_parameters`` takes no such argument)."""
+    count = getattr(model, "num_parameters", None)
+    if not callable(count):
+        return None
+    try:
+        return int(count(exclude_embeddings=True))
+    except TypeError:
+        return None
+
+
+def hf_floating_point_ops(model: Any, inputs: Any, run: Any = None) -> int:
+    """Training FLOPs (forward and backward) of one micro-batch ``inputs`` (mirrors HF
+    ``Trainer.floating_point_ops``): for a model with ``num_parameters(exclude_embeddings=True)`` (a
+    ``PreTrainedModel``) ``6 x elements of its main input (input_ids: tokens) x non-embedding parameters``; for
+    any other model, where HF counts 0, taskfit's estimate :func:`taskfit.data.loaders.floating_point_ops`
+    (6 x parameters x tokens or samples).
+
+    Args:
+        model (nn.Module): the user's model. inputs (dict[str, Tensor] | Any): the micro-batch.
+        run (Run | None): the current run, whose ``flos_params`` (counted before sharding) is used when set.
+
+    Returns:
+        int: FLOPs.
+    """
+    main = getattr(model, "main_input_name", "input_ids")
+    params = run.flos_params if run is not None and run.flos_params is not None else hf_parameter_count(model)
+    if isinstance(inputs, Mapping) and main in inputs and params is not None:
+        return 6 * inputs[main].numel() * params
+    return floating_point_ops(model, inputs)
 
 
 class TrainingStage:
@@ -205,6 +240,9 @@ class TrainingStage:
 
         fit, module, st = self.fit, run.module, run.state
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
+        run.flos_params = hf_parameter_count(run.model)  # HF counts tokens x non-embedding parameters
+        run.flos_of = fit.floating_point_ops if run.flos_params is not None or fit._hf.overrides(
+            "floating_point_ops") else None
         fit._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
         run.optimizers, run.schedulers = configure_optimizers(
             module, run.model, args, plan.max_steps,

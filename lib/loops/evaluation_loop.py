@@ -18,7 +18,7 @@ import torch
 from taskfit.core.step_call import by_signature
 from taskfit.loops.gather import gather_in_dataset_order, loader_indices
 from taskfit.metrics import metric_key
-from taskfit.metrics import EvalPrediction, MemoryTracker, nested_concat, speed_metrics, to_numpy
+from taskfit.metrics import EvalPrediction, MemoryTracker, take_init_memory, nested_concat, speed_metrics, to_numpy
 from taskfit.core.module import infer_batch_size
 from taskfit.core.hooks import batch_mover
 from taskfit.optim.hf_optimizers import set_optimizer_mode
@@ -236,7 +236,8 @@ class EvaluationLoop:
         p.main_input = getattr(fit.model, "main_input_name", "input_ids")
         p.strict_inputs = isinstance(module, ModelTaskModule)  # a plain model: HF's KeyError
         p.label_names = args.label_names or getattr(module, "label_names", None) or ["labels"]
-        p.batch_metrics_mode = args.batch_eval_metrics and p.compute_metrics is not None and stage != "predict"
+        # in predict() too, which still returns the predictions (HF)
+        p.batch_metrics_mode = args.batch_eval_metrics and p.compute_metrics is not None
         p.distributed = strategy.world_size > 1
         p.indices = loader_indices(loader) if p.distributed else None
         p.real_limit = _padding_free_limit(loader) if p.distributed else None
@@ -291,15 +292,26 @@ class EvaluationLoop:
             p.inputs.add(_batch_inputs(batch, p.main_input, p.strict_inputs))
         if p.with_losses and loss is not None:  # HF: the batch's loss once per sample
             p.losses.add(loss.detach().reshape(()).repeat(bs))
-        if p.batch_metrics_mode:
-            strategy, seen = self.fit.strategy, p.seen
-            rows = p.indices[p.n_samples:p.n_samples + bs] if p.indices is not None else None
-            before = set(seen)  # the first gather adds this batch's kept indices to `seen`
-            parts = [gather_in_dataset_order(strategy, to_numpy(v), rows, set(before) if i else seen)
-                     for i, v in enumerate((logits, lab, _batch_inputs(
-                         batch, p.main_input, p.strict_inputs) if p.with_inputs else None))]
-            p.batch_metrics = p.compute_metrics(EvalPrediction(*parts),
-                                                compute_result=batch_idx + 1 == self.fit.num_eval_batches)
+        if p.batch_metrics_mode and logits is not None and lab is not None:
+            self._batch_metrics(p, batch, batch_idx, bs, loss, logits, lab)
+
+    def _batch_metrics(self, p: _Pass, batch: Any, batch_idx: int, bs: int, loss: Any, logits: Any,
+                       lab: Any) -> None:
+        """``batch_eval_metrics``: this batch's outputs of every process, as tensors (HF hands tensors), to
+        ``compute_metrics(EvalPrediction, compute_result=is_last_batch)``; evaluate keeps no outputs, predict
+        still returns them (HF)."""
+        strategy, seen = self.fit.strategy, p.seen
+        rows = p.indices[p.n_samples:p.n_samples + bs] if p.indices is not None else None
+        inputs = _batch_inputs(batch, p.main_input, p.strict_inputs) if p.with_inputs else None
+        losses = loss.detach().reshape(()).repeat(bs) if p.with_losses and loss is not None else None
+        before = set(seen)  # the first gather adds this batch's kept indices to `seen`
+        if p.distributed:
+            logits, lab, inputs, losses = (
+                _as_tensors(gather_in_dataset_order(strategy, to_numpy(v), rows, set(before) if i else seen))
+                for i, v in enumerate((logits, lab, inputs, losses)))
+        p.batch_metrics = p.compute_metrics(EvalPrediction(logits, lab, inputs, losses),
+                                            compute_result=batch_idx + 1 == self.fit.num_eval_batches)
+        if self.stage != "predict":
             p.preds.clear(), p.labels.clear(), p.inputs.clear(), p.losses.clear()
 
     def _finish(self, p: _Pass, prefix: str) -> tuple[dict[str, float], Any, Any]:
@@ -357,6 +369,8 @@ class EvaluationLoop:
                             for k, v in (extra or {}).items()})
         metrics.update(speed_metrics(prefix, p.start, time.perf_counter(), p.n_samples, p.n_batches))
         if p.memory is not None:
+            if not getattr(self.fit, "is_in_train", False):  # an evaluation inside training leaves them to train (HF)
+                metrics.update(take_init_memory(self.fit))
             metrics.update(p.memory.stop(prefix))
         if p.idx is not None:  # this loader's own values (loss, compute_metrics, speed) keep apart
             metrics = {f"{k}/dataloader_idx_{p.idx}": v for k, v in metrics.items()}
@@ -445,3 +459,12 @@ class EvaluationLoop:
             return None, out, _batch_labels(batch, label_names)
         raise TypeError(f"{self.stage} step returned {type(out).__name__}; return None, a scalar loss tensor or a "
                         "dict with 'loss', 'logits' and 'labels'.")
+
+
+def _as_tensors(value: Any) -> Any:
+    """Gathered numpy outputs (possibly nested) back as tensors, as HF's batch metrics receive them."""
+    if isinstance(value, (list, tuple)):
+        return type(value)(_as_tensors(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _as_tensors(v) for k, v in value.items()}
+    return torch.as_tensor(value) if value is not None else None

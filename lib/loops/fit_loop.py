@@ -238,7 +238,7 @@ class FitLoop:
         mode_optimizers = self.policy.mode_optimizers
         step.start_window(window, self._weights(window), epoch)
         last = len(window) - 1
-        window_samples = 0
+        window_samples, window_flos, flos_of = 0, 0.0, run.flos_of
         for i in range(last + 1):
             batch = move(window[i])
             results.set_batch(batch)
@@ -259,17 +259,21 @@ class FitLoop:
                 if record_loss is not None:  # HF's logging_nan_inf_filter, applied where the sum is read
                     record_loss(detached, sums.steps_since_log)
             window_samples += infer_batch_size(batch)
+            if flos_of is not None:  # HF's count, per micro-batch (shapes only: no host sync)
+                window_flos += float(flos_of(batch))
             state.batch_in_epoch += 1
             if i != last:
                 H["on_substep_end"] and hooks.call_hf("on_substep_end", args, state, control)
                 L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, detached),
                                                         batch, batch_idx)
-        self._after_window(epoch, batch_idx, step.finish_window(), window_samples)
+        self._after_window(epoch, batch_idx, step.finish_window(), window_samples,
+                           window_flos if flos_of is not None else None)
         L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, detached), batch,
                                                 batch_idx)
         self._after_step(epoch_end=False)
 
-    def _after_window(self, epoch: int, batch_idx: int, stepped: bool, window_samples: int) -> None:
+    def _after_window(self, epoch: int, batch_idx: int, stepped: bool, window_samples: int,
+                      window_flos: float | None = None) -> None:
         """After the optimizer step: the step's hooks, the schedulers it steps, the counters it advances."""
         run, hooks, state, sums = self.run, self.hooks, self.run.state, self.sums
         hooks.hf["on_optimizer_step"] and hooks.call_hf("on_optimizer_step", self.args, state, run.control)
@@ -287,7 +291,8 @@ class FitLoop:
         state.global_step += 1
         state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
         state.samples_seen += window_samples * self.readers  # every data-parallel rank takes as many
-        state.total_flos += run.flos_per_sample * window_samples * self.readers
+        flos = run.flos_per_sample * window_samples if window_flos is None else window_flos
+        state.total_flos += flos * self.readers  # HF sums every process's count
         results = run.module._results
         if results.values:  # Lightning's callback_metrics hold the step's self.log values (logger=False too)
             results.update_callback_metrics(self.owner.callback_metrics, synced_too=self.world == 1)

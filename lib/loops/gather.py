@@ -45,6 +45,16 @@ def _gather_array(strategy: Any, array: np.ndarray) -> list[np.ndarray]:
             for r in range(gathered.shape[0])]
 
 
+def _gather_objects(array: np.ndarray) -> list[np.ndarray]:
+    """Every process's object ``array`` (any picklable rows), as a list indexed by rank (mirrors accelerate's
+    ``gather_object``, which HF's ``eval_use_gather_object`` selects)."""
+    import torch.distributed as dist
+
+    parts: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(parts, array)
+    return parts
+
+
 def _merge(parts: list[np.ndarray], order: np.ndarray, keep: np.ndarray) -> np.ndarray:
     """Concatenate per-rank parts (padding trailing dimensions with -100), then reorder and deduplicate."""
     width = tuple(max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim))
@@ -94,7 +104,11 @@ def gather_in_dataset_order(strategy: Any, value: Any, indices: list[int] | None
             return type(v)(walk(x) for x in v)
         if isinstance(v, dict):
             return {k: walk(x) for k, x in v.items()}
-        parts = _gather_array(strategy, np.atleast_1d(np.asarray(v)))
+        array = np.atleast_1d(np.asarray(v))
+        if array.dtype == object:  # strings and other objects: pickled across processes (eval_use_gather_object)
+            parts = _gather_objects(array)
+        else:
+            parts = _gather_array(strategy, array)
         rows = sum(len(p) for p in parts)
         if order is None:
             return _merge(parts, np.arange(rows), np.ones(rows, dtype=bool))

@@ -32,5 +32,5 @@ OPTIMIZER_NAMES = IMPLEMENTED_OPTIMIZERS + PENDING_OPTIMIZERS
 #: ``lr_scheduler_type`` names (HF ``SchedulerType``, F-LOOP-5).
 LR_SCHEDULER_NAMES = (
     "linear", "cosine", "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup", "inverse_sqrt",
-    "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay",
+    "reduce_lr_on_plateau", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay", "greedy",
 )

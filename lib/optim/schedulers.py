@@ -258,6 +258,28 @@ def build_reduce_lr_on_plateau(
     return ReduceLROnPlateau(optimizer, **kwargs)
 
 
+def build_greedy(optimizer: Optimizer, *, num_warmup_steps: int, num_training_steps: int, **kwargs: Any) -> Any:
+    """``transformers.optimization.GreedyLR(optimizer, **kwargs)`` (HF ``lr_scheduler_type="greedy"``): like
+    ``ReduceLROnPlateau`` it is stepped with the evaluation metric (:func:`is_metric_scheduler`), and it can raise
+    the rate again; warmup is its own ``warmup`` keyword (HF passes no warmup steps either).
+
+    Raises:
+        ModuleNotFoundError: transformers is missing (``pip install 'taskfit[hf]'``).
+    """
+    from taskfit.optim.construct import require
+
+    require("transformers", "transformers", "hf", "lr_scheduler_type='greedy' (transformers' GreedyLR)")
+    from transformers.optimization import GreedyLR
+
+    return GreedyLR(optimizer, **kwargs)
+
+
+#: GreedyLR's keywords (transformers 5), so bad lr_scheduler_kwargs are refused before transformers is imported
+build_greedy.accepts = (  # type: ignore[attr-defined]
+    "mode", "factor", "patience", "threshold", "threshold_mode", "cooldown", "warmup", "min_lr", "max_lr", "eps",
+    "verbose", "smooth", "window_size", "reset_start")
+
+
 build_reduce_lr_on_plateau.accepts = tuple(  # type: ignore[attr-defined]
     n for n in inspect.signature(ReduceLROnPlateau.__init__).parameters if n not in ("self", "optimizer")
 )
@@ -382,6 +404,7 @@ _BUILDERS = {
     "cosine_with_min_lr": build_cosine_with_min_lr,
     "cosine_warmup_with_min_lr": build_cosine_warmup_with_min_lr,
     "warmup_stable_decay": build_warmup_stable_decay,
+    "greedy": build_greedy,
 }
 assert tuple(_BUILDERS) == LR_SCHEDULER_NAMES, "taskfit.optim.names and the schedule builders disagree"
 for _name in LR_SCHEDULER_NAMES:
@@ -501,7 +524,7 @@ def create_scheduler(
         )
     num_warmup_steps = get_warmup_steps(args, num_training_steps)
     if isinstance(optimizer, LayerWiseOptimizer):  # one schedule per parameter, stepped in its backward hook (HF)
-        if name == "reduce_lr_on_plateau":
+        if name in ("reduce_lr_on_plateau", "greedy"):
             raise ValueError(f"lr_scheduler_type={name!r} steps with an evaluation metric, but optim="
                              f"{optimizer.name!r} steps each parameter's schedule inside backward, where there is "
                              "none; choose another lr_scheduler_type.")
@@ -517,5 +540,9 @@ def create_scheduler(
 
 def is_metric_scheduler(scheduler: Any) -> bool:
     """True when ``scheduler`` is stepped with a metric at evaluation (``ReduceLROnPlateau``) rather than once
-    per optimizer step; mirrors the ``isinstance(..., ReduceLROnPlateau)`` checks in HF ``Trainer``."""
-    return isinstance(scheduler, ReduceLROnPlateau)
+    per optimizer step (``ReduceLROnPlateau``, transformers' ``GreedyLR``); mirrors the ``isinstance(...,
+    (ReduceLROnPlateau, GreedyLR))`` checks in HF ``Trainer``."""
+    if isinstance(scheduler, ReduceLROnPlateau):
+        return True
+    # transformers' GreedyLR (lr_scheduler_type="greedy"), checked by name so transformers need not be imported
+    return any(c.__name__ == "GreedyLR" and c.__module__.startswith("transformers") for c in type(scheduler).__mro__)

@@ -140,9 +140,9 @@ def test_defaults_equal_hf(name):
 
 
 def test_output_dir_default_and_normalised_defaults():
-    """F-CORE-4: output_dir defaults to "taskfit_output"; a default instance holds the normalised HF defaults."""
+    """F-CORE-4: output_dir defaults to "trainer_output" (HF's); a default instance holds the normalised HF defaults."""
     a = FitArguments()
-    assert a.output_dir == "taskfit_output"
+    assert a.output_dir == "trainer_output"
     assert a.report_to == ["csv"]  # default: the cheap CSV log only ("all" = csv + every installed logger)
     assert a.fsdp == [] and a.debug == [] and a.lr_scheduler_kwargs == {}
     assert (a.accelerator, a.strategy, a.devices, a.num_nodes, a.precision, a.checkpoint_io) == (

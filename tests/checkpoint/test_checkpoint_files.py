@@ -252,17 +252,25 @@ def test_F_CKPT_2_mid_epoch_resume_loads_only_unseen_samples(tmp_path):
     assert data.loaded == epoch0[12:24]  # batches 4..6 of the same shuffled order; batches 1..3 never loaded
 
 
-def test_F_CKPT_2_changed_batch_size_mid_epoch_is_an_error_and_ignore_data_skip(tmp_path, caplog):
+def test_F_CKPT_2_changed_batch_size_mid_epoch_continues_as_hf_and_ignore_data_skip(tmp_path, caplog):
+    """F-CKPT-2: a mid-epoch checkpoint resumed with another batch size continues by transformers' rule
+    (global_step x accumulation batches of the new loader skipped) with a warning naming the change;
+    ``ignore_data_skip=True`` restarts the epoch; an accumulation change keeps the position, with a warning."""
     _fit(tmp_path, max_steps=3, save_steps=3).fit(_net(), job.data())
     ck = str(tmp_path / "out" / "checkpoint-3")
-    with pytest.raises(CheckpointError, match=r"per_device_train_batch_size 4 -> 8.*ignore_data_skip=True"):
-        _fit(tmp_path, max_steps=6, per_device_train_batch_size=8).fit(_net(), job.data(), resume_from_checkpoint=ck)
     batches = []
 
     class Count(Callback):
         def on_train_batch_start(self, fit, module, batch, batch_idx):
             batches.append(batch_idx)
 
+    with caplog.at_level(logging.WARNING, logger="taskfit"):
+        _fit(tmp_path, max_steps=6, per_device_train_batch_size=8, save_strategy="no", callbacks=[Count()]).fit(
+            _net(), job.data(), resume_from_checkpoint=ck)
+    assert batches == [3, 4, 5]  # 3 steps x 1 micro-batch skipped in the new 7-batch epoch, as HF
+    assert "per_device_train_batch_size 4 -> 8" in caplog.text and "ignore_data_skip=True" in caplog.text
+    batches.clear()
+    caplog.clear()
     with caplog.at_level(logging.WARNING, logger="taskfit"):
         _fit(tmp_path, max_steps=5, per_device_train_batch_size=8, ignore_data_skip=True, save_strategy="no",
              callbacks=[Count()]).fit(_net(), job.data(), resume_from_checkpoint=ck)

@@ -24,7 +24,7 @@ DIFFERENT_DEFAULTS = {
     "report_to": ("none", None),  # None = a local CSV log (HF 5: no logger)
 }
 #: HF fields taskfit accepts but refuses when set, or ignores with a warning (each named in the docs table).
-REFUSED_WHEN_SET = {"use_liger_kernel": True, "liger_kernel_config": {}, "eval_use_gather_object": True,
+REFUSED_WHEN_SET = {"use_liger_kernel": True, "liger_kernel_config": {},
                     "train_sampling_strategy": "batch_rebalance"}
 WARNED_WHEN_SET = {"dataloader_in_order": False, "trackio_space_id": "me/space",
                    "trackio_bucket_id": "b", "trackio_static_space_id": "me/static"}
@@ -116,7 +116,7 @@ def test_hf5_defaults_after_construction():
         if theirs != mine:
             mismatched[f.name] = (theirs, mine)
     assert mismatched == {}
-    assert (hf.output_dir, ours.output_dir) == ("trainer_output", "taskfit_output")
+    assert (hf.output_dir, ours.output_dir) == ("trainer_output", "trainer_output")
     assert (hf.report_to, ours.report_to) == ([], ["csv"])
     assert (hf.fsdp, ours.fsdp, ours.lr_scheduler_kwargs) == (None, [], {})  # taskfit normalises to a list
 
@@ -325,9 +325,9 @@ def test_hf_fields_parse_as_transformers_parses_them_F_CORE_4():
             choices[f.name] = (sorted(set(y.choices) - theirs), sorted(theirs - set(y.choices)))
     assert {k: (a[3], b[3]) for k, (a, b) in differing.items()} == {"report_to": ("none", None)}  # DIFFERENT_DEFAULTS
     # (taskfit-only values, HF-only values) of the choice options: taskfit's extra optimizer names and its ccl
-    # backend; HF's "detail" log level, "greedy" schedule and cncl / mccl backends, which FitArguments refuses
+    # backend; HF's "detail" log level and cncl / mccl backends, which FitArguments refuses
     assert {k: v for k, v in choices.items() if v != ([], [])} == {
-        "optim": (["adamw_apex_fused", "adamw_hf", "lion"], []), "lr_scheduler_type": ([], ["greedy"]),
+        "optim": (["adamw_apex_fused", "adamw_hf", "lion"], []),
         "log_level": ([], ["detail"]), "log_level_replica": ([], ["detail"]), "ddp_backend": (["ccl"], ["cncl", "mccl"])}
     with pytest.raises(SystemExit):  # a bad choice: argparse's error, as under HF
         transformers.HfArgumentParser(FitArguments).parse_args_into_dataclasses(["--eval_strategy", "often"])

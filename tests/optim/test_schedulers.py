@@ -69,6 +69,7 @@ def test_f_loop_5_registry_has_every_name():
         "cosine_with_min_lr",
         "cosine_warmup_with_min_lr",
         "warmup_stable_decay",
+        "greedy",
     }
 
 

@@ -1,8 +1,8 @@
 """F-SCALE-2: a sharded (``torch.distributed.checkpoint``) checkpoint written by N processes resumes on M != N
 processes and under another strategy (model parallel <-> FSDP <-> DDP <-> single device) with weights and
 optimizer state intact: resumed at an epoch boundary, the run ends equal (1e-5) to the uninterrupted one in
-weights and AdamW state. A mid-epoch resume that changes the data-parallel size is refused naming both world
-sizes. Real gloo processes (``mp_job.py``); ``distributed`` and ``slow`` (``make test-dist``); one
+weights and AdamW state. A mid-epoch resume that changes the data-parallel size continues by HF's rule (position
+from ``global_step``). Real gloo processes (``mp_job.py``); ``distributed`` and ``slow`` (``make test-dist``); one
 single-process case is only ``slow``.
 
 Every run trains on the same global batch of 8 samples (32 samples: 4 steps per epoch, 8 steps) with a
@@ -75,14 +75,14 @@ def test_F_SCALE_2_checkpoint_resumes_on_another_world_size_and_strategy(source,
 
 @pytest.mark.distributed
 @pytest.mark.slow
-def test_F_SCALE_2_mid_epoch_resume_on_another_data_parallel_size_is_refused(tmp_path, sources):
+def test_F_SCALE_2_mid_epoch_resume_on_another_data_parallel_size_continues_as_hf(tmp_path, sources):
     """F-SCALE-2: the step-2 checkpoint of the 2-process tensor-parallel run (1 data-parallel rank) is mid-epoch:
-    resuming it on the 2 x 2 mesh (2 data-parallel ranks) fails before training, naming both world sizes."""
+    resumed on the 2 x 2 mesh (2 data-parallel ranks) it continues as ``transformers.Trainer`` does (position
+    from ``global_step``, with a warning naming both world sizes) and trains to the planned step 8."""
     _, folder = sources("tp2")
-    got = run_job(tmp_path, "refused", expect_kill=True, resume=os.path.join(folder, "checkpoint-2"),
-                  **layout("mesh2x2"))
-    assert "Cannot continue mid-epoch" in got["stderr"]
-    assert "world_size 2 -> 4 (data-parallel size 1 -> 2)" in got["stderr"]
+    got = run_job(tmp_path, "continued", resume=os.path.join(folder, "checkpoint-2"), **layout("mesh2x2"))
+    assert got["world_size"] == 4
+    assert got["plan"]["global_step"] == 8
 
 
 @pytest.mark.distributed
