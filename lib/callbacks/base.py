@@ -36,6 +36,8 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
+from taskfit.core.hooks import MONITORING_EPOCH_END
+
 if TYPE_CHECKING:
     from taskfit.protocols import FitView
     from taskfit.core.module import TaskModule
@@ -164,6 +166,7 @@ class HookRunner:
         self.hf_kwargs = hf_kwargs
 
         self.lightning: dict[str, list[tuple[Callable, bool]]] = {n: [] for n in LIGHTNING_HOOKS}
+        self.lightning[MONITORING_EPOCH_END] = []
         self.hf: dict[str, list[Callable]] = {n: [] for n in HF_HOOKS + ("on_train_end",)}
         for cb in callbacks:
             for name in LIGHTNING_HOOKS + HF_HOOKS:
@@ -172,6 +175,8 @@ class HookRunner:
                 fn = getattr(cb, name)
                 if name in HF_HOOKS or (name == "on_train_end" and _hf_style(fn)):
                     self.hf[name].append(fn)
+                elif name == "on_train_epoch_end" and getattr(cb, "monitors_epoch_end", False):
+                    self.lightning[MONITORING_EPOCH_END].append((fn, True))
                 else:
                     self.lightning[name].append((fn, True))
         if isinstance(module, TaskModule):
@@ -180,13 +185,17 @@ class HookRunner:
                 if own is not None and own is not getattr(TaskModule, name, None) and name in self.lightning:
                     self.lightning[name].append((getattr(module, name), False))
 
-    def call(self, name: str, fit: Any, module: Any, *args: Any) -> None:
-        """Call Lightning-style hook ``name``: callbacks get ``(fit, module, *args)``, the module ``(*args)``."""
+    def call(self, name: str, fit: Any, module: Any, *args: Any) -> Any:
+        """Call Lightning-style hook ``name``: callbacks get ``(fit, module, *args)``, the module ``(*args)``.
+        Returns the module hook's return value (None without one): Lightning reads only the module's, e.g. -1
+        from ``on_train_batch_start``."""
+        response = None
         for fn, is_callback in self.lightning[name]:
             if is_callback:
                 fn(fit, module, *args)
             else:
-                fn(*args)
+                response = fn(*args)
+        return response
 
     def call_hf(self, name: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """Call HF-style hook ``name``; flags of a returned control object are copied into ``control``."""

@@ -10,6 +10,11 @@ from typing import Any, Callable
 
 import torch
 
+#: The ``on_train_epoch_end`` of callbacks with ``monitors_epoch_end = True`` (EarlyStopping), a hook list of its
+#: own: they run after the module's own, so they see what it logs there (Lightning calls its monitoring
+#: callbacks last).
+MONITORING_EPOCH_END = "on_train_epoch_end:monitoring"
+
 
 class LightningHooks:
     """Mixin of :class:`taskfit.TaskModule` with Lightning's overridable hooks."""

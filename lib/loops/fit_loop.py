@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from taskfit.core.hooks import batch_mover, overrides
+from taskfit.core.hooks import MONITORING_EPOCH_END, batch_mover, overrides
 from taskfit.core.module import TaskModule, infer_batch_size
 from taskfit.data.loaders import set_loader_epoch, skip_first_batches, splits_evenly
 from taskfit.loops.finite import check_finite
@@ -115,6 +115,7 @@ class FitLoop:
         self.step_lr: float | None = None
         self.lossless_steps = self.lossless_total = 0  # see _prepare
         self.loss_seen = True
+        self.skipped_rest = False
 
     def _prepare(self, loader: Any) -> None:
         """Decide once per run what every window needs: the step (automatic or manual) and its policy, the
@@ -182,6 +183,7 @@ class FitLoop:
         if not skip:
             training_state.restore_rng()  # saved at an epoch's start
         training_state.epoch_ended = False
+        self.skipped_rest = False  # on_train_batch_start returned -1 in this epoch (Lightning)
         state.current_epoch = epoch
         set_loader_epoch(loader, epoch)
         control._new_epoch()
@@ -243,7 +245,9 @@ class FitLoop:
             batch = move(window[i])
             results.set_batch(batch)
             batch_idx = state.batch_in_epoch
-            L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
+            if L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx) == -1:
+                self._skip_rest_of_epoch(epoch, batch_idx)
+                return
             if i == 0 and H["on_step_begin"]:
                 hooks.call_hf("on_step_begin", args, state, control, **run.hf_kwargs())
             for opt in mode_optimizers:  # schedule-free: back to the train point after an evaluation (HF)
@@ -268,6 +272,22 @@ class FitLoop:
         L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, detached), batch,
                                                 batch_idx)
         self._after_step(epoch_end=False)
+
+    def _skip_rest_of_epoch(self, epoch: int, batch_idx: int) -> None:
+        """``on_train_batch_start`` returned -1 (Lightning): this batch and the rest of the epoch are not run and
+        the window takes no optimizer step; the batch counts as the epoch's last (the step schedulers due at it and
+        the epoch schedulers step), and the epoch ends without its validation."""
+        self.run.control.should_epoch_stop = True
+        self.skipped_rest = True
+        self.run.state.batch_in_epoch += 1
+        if self.manual:  # Lightning steps no scheduler under manual optimization
+            return
+        for cfg in self.step_schedulers:
+            if (batch_idx + 1) % cfg.frequency == 0:
+                self._step_scheduler(cfg)
+        for cfg in self.epoch_schedulers:
+            if (epoch + 1) % cfg.frequency == 0:
+                self._step_scheduler(cfg)
 
     def _after_window(self, epoch: int, batch_idx: int, stepped: bool, window_samples: int) -> None:
         """After the optimizer step: the step's hooks, the schedulers it steps, the counters it advances."""
@@ -304,7 +324,7 @@ class FitLoop:
                     self._step_scheduler(cfg)
         # HF's DefaultFlowCallback raises the epoch flags before the user callbacks' on_epoch_end runs
         control.should_log = control.should_log or args.logging_strategy == "epoch"
-        control.should_evaluate = control.should_evaluate or (args.eval_strategy == "epoch"
+        control.should_evaluate = control.should_evaluate or (args.eval_strategy == "epoch" and not self.skipped_rest
                                                               and (args.eval_delay or 0) <= state.epoch)
         control.should_save = control.should_save or args.save_strategy == "epoch"
         hooks.hf["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
@@ -315,23 +335,31 @@ class FitLoop:
         run.training_state.epoch_ended = True
         try:
             hooks.call("on_train_epoch_end", fit, module)  # on_train_epoch_end, which may log epoch values)
+            if hooks.lightning[MONITORING_EPOCH_END]:  # EarlyStopping: after the module, on the epoch's values
+                self._epoch_callback_metrics()
+                hooks.call(MONITORING_EPOCH_END, fit, module)
         finally:
             module._log_defaults = defaults
-        epoch_values = module._results.epoch_values()
+        epoch_values = self._epoch_callback_metrics()
         hidden = module._results.hidden_names()
         epoch_logs = {k: v for k, v in epoch_values.items() if k not in hidden}
         if epoch_logs:
             self._log(epoch_logs)
-        # callback_metrics (Lightning): logger=False values too, and `name` for `name_epoch`
-        fit.callback_metrics.update(epoch_values)
-        fit.callback_metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items()
-                                     if k.endswith("_epoch")})
         if control.should_save:
             self._save(run.training_state.state_dict())
         control._new_step()
         for cfg in () if self.manual else self.plateau_schedulers:  # after validation, on the epoch's metrics
             if (epoch + 1) % cfg.frequency == 0:  # (Lightning)
                 self._step_scheduler(cfg)
+
+    def _epoch_callback_metrics(self) -> dict[str, Any]:
+        """The epoch's ``self.log`` aggregates so far into ``callback_metrics`` (Lightning: logger=False values
+        too, and ``name`` for ``name_epoch``); returns them."""
+        epoch_values = self.run.module._results.epoch_values()
+        metrics = self.owner.callback_metrics
+        metrics.update(epoch_values)
+        metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items() if k.endswith("_epoch")})
+        return epoch_values
 
     def _monitor_values(self) -> dict[str, Any]:
         """What a ``ReduceLROnPlateau`` may monitor (Lightning's ``callback_metrics``): logged rows, the latest
