@@ -14,6 +14,7 @@ names.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import warnings
 from typing import Any, Iterator
@@ -363,8 +364,13 @@ class Trainer(Fit):
 
     @property
     def estimated_stepping_batches(self) -> int:
-        """Optimizer steps of the whole run (what ``OneCycleLR(total_steps=...)`` needs)."""
-        return self.state.max_steps
+        """Optimizer steps of the whole run (what ``OneCycleLR(total_steps=...)`` needs): with both ``max_epochs``
+        and ``max_steps``, the smaller of ``max_steps`` and the epochs' steps (Lightning's estimate)."""
+        steps, f, batches = self.state.max_steps, self._flags, self.state.batches_per_epoch
+        if f["max_epochs"] is not None and f["max_steps"] not in (None, -1) and batches:
+            per_epoch = math.ceil(batches / self.args.gradient_accumulation_steps)
+            steps = min(steps, per_epoch * max(f["max_epochs"], 1))
+        return steps
 
     @property
     def num_training_batches(self) -> int | float:

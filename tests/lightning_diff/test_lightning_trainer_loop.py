@@ -1,0 +1,142 @@
+"""The Lightning door's loop semantics, each run under ``lightning.Trainer`` and ``taskfit.lightning.Trainer`` with
+only the import changed (F-LIT-DOOR): skipping the rest of an epoch, early stopping at the end of a training
+epoch, ``estimated_stepping_batches``, the validation interval, the sanity check and its hooks."""
+
+import warnings
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from harness import data, linear, same_weights
+
+
+def _frameworks():
+    import lightning
+    import taskfit.lightning
+
+    return {"lightning": lightning, "taskfit": taskfit.lightning}
+
+
+def _callbacks(L):
+    import lightning.pytorch.callbacks
+    import taskfit.lightning.callbacks
+
+    return lightning.pytorch.callbacks if L.__name__ == "lightning" else taskfit.lightning.callbacks
+
+
+def script(L, make, tmp_path, train=None, val=None, callbacks=None, **flags):
+    """The user's script with ``L`` as its ``lightning`` import: module, Trainer (no logger, checkpoint, bar or
+    summary unless given), fit. Returns ``(module, trainer)``."""
+    torch.manual_seed(0)
+    module = make(L.LightningModule)()
+    flags = dict(dict(logger=False, enable_checkpointing=False, num_sanity_val_steps=0), **flags)
+    trainer = L.Trainer(default_root_dir=str(tmp_path), enable_progress_bar=False, enable_model_summary=False,
+                        callbacks=callbacks(L) if callbacks else None, **flags)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(module, train or data(), val)
+    return module, trainer
+
+
+def both(make, tmp_path, **kw):
+    return [script(L, make, tmp_path / name, **kw) for name, L in _frameworks().items()]
+
+
+def recording(make_body):
+    """``make_body`` with every training batch start and validation batch recorded in ``calls``."""
+    def make(base):
+        class M(make_body(base)):
+            def __init__(self):
+                super().__init__()
+                self.calls = []
+
+            def on_train_batch_start(self, batch, batch_idx):
+                self.calls.append(("train", self.current_epoch, batch_idx))
+                return super().on_train_batch_start(batch, batch_idx)
+
+            def validation_step(self, batch, batch_idx):
+                x, y = batch
+                self.calls.append(("val", self.current_epoch, batch_idx))
+                self.log("val_loss", F.mse_loss(self.layer(x), y))
+        return M
+    return make
+
+
+def test_F_LIT_DOOR_12_minus_one_from_on_train_batch_start_skips_the_rest_of_the_epoch(tmp_path):
+    """-1 at batch 2 of epoch 0 (4 batches): batches 2, 3 are not trained, epoch 0 has no validation, epoch 1 runs
+    whole; a StepLR of interval "step" steps at the skipped batch as in Lightning. Same weights bitwise, steps,
+    calls and learning rate."""
+    def make(base):
+        class M(linear(base)):
+            def on_train_batch_start(self, batch, batch_idx):
+                return -1 if (self.current_epoch, batch_idx) == (0, 2) else None
+
+            def configure_optimizers(self):
+                opt = torch.optim.SGD(self.parameters(), lr=0.1)
+                sched = torch.optim.lr_scheduler.StepLR(opt, 1, 0.9)
+                return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+        return M
+
+    (ml, tl), (mt, tt) = both(recording(make), tmp_path, max_epochs=2, val=data(n=8))
+    assert mt.calls == ml.calls
+    assert [c for c in ml.calls if c[1] == 0] == [("train", 0, 0), ("train", 0, 1), ("train", 0, 2)]
+    assert tt.global_step == tl.global_step == 6 and tt.current_epoch == tl.current_epoch == 2
+    assert same_weights(ml, mt)
+    assert tt.optimizers[0].param_groups[0]["lr"] == pytest.approx(tl.optimizers[0].param_groups[0]["lr"])
+
+
+def _epoch_logging(base):
+    class M(linear(base)):
+        def training_step(self, batch, batch_idx):
+            x, y = batch
+            loss = F.mse_loss(self.layer(x), y)
+            self.log("train_loss", loss, on_step=False, on_epoch=True)
+            return loss
+
+        def on_train_epoch_end(self):
+            self.log("rising", float(self.current_epoch))  # logged in the module's own epoch-end hook
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.01)
+    return M
+
+
+@pytest.mark.parametrize("monitor", ["train_loss", "rising"])
+def test_F_LIT_DOOR_13_early_stopping_on_train_epoch_end(monitor, tmp_path):
+    """EarlyStopping(check_on_train_epoch_end=True, log_rank_zero_only=True) reads the epoch's aggregate of a
+    training_step value and a value the module logs in its own on_train_epoch_end (checked after it, as
+    Lightning), with Lightning's mode="min" default: same stop, stopped_epoch, wait_count, best_score."""
+    runs = []
+    for module_trainer in both(_epoch_logging, tmp_path / monitor, max_epochs=6, callbacks=lambda L: [
+            _callbacks(L).EarlyStopping(monitor=monitor, patience=1, check_on_train_epoch_end=True,
+                                        log_rank_zero_only=True)]):
+        es = module_trainer[1].early_stopping_callback
+        runs.append((module_trainer[1].global_step, module_trainer[1].current_epoch, es.stopped_epoch,
+                     es.wait_count, float(es.best_score)))
+    assert runs[0] == runs[1]
+    assert runs[0][:3] == ((24, 6, 0) if monitor == "train_loss" else (8, 2, 1))
+
+
+def test_F_LIT_DOOR_13_early_stopping_without_validation_checks_at_epoch_end(tmp_path):
+    """check_on_train_epoch_end=None and no validation: Lightning checks at the end of each training epoch."""
+    runs = both(_epoch_logging, tmp_path, max_epochs=6,
+                callbacks=lambda L: [_callbacks(L).EarlyStopping(monitor="rising", patience=1)])
+    assert [(t.global_step, t.early_stopping_callback.stopped_epoch) for _, t in runs] == [(8, 1), (8, 1)]
+
+
+@pytest.mark.parametrize("flags", [dict(max_epochs=3), dict(max_epochs=3, accumulate_grad_batches=3),
+                                   dict(max_steps=5), dict(max_epochs=2, max_steps=100),
+                                   dict(max_epochs=2, limit_train_batches=3)],
+                         ids=["epochs", "accumulate", "max_steps", "epochs_first", "limit_train"])
+def test_F_LIT_DOOR_14_estimated_stepping_batches(flags, tmp_path):
+    """trainer.estimated_stepping_batches read in configure_optimizers (for OneCycleLR) equals Lightning's."""
+    def make(base):
+        class M(linear(base)):
+            def configure_optimizers(self):
+                self.estimate = self.trainer.estimated_stepping_batches
+                return super().configure_optimizers()
+        return M
+
+    (ml, tl), (mt, tt) = both(make, tmp_path, **flags)
+    assert mt.estimate == ml.estimate == tl.estimated_stepping_batches == tt.estimated_stepping_batches
