@@ -53,7 +53,8 @@ def recording(make_body):
 
             def on_train_batch_start(self, batch, batch_idx):
                 self.calls.append(("train", self.current_epoch, batch_idx))
-                return super().on_train_batch_start(batch, batch_idx)
+                parent = getattr(super(), "on_train_batch_start", None)
+                return parent(batch, batch_idx) if parent is not None else None
 
             def validation_step(self, batch, batch_idx):
                 x, y = batch
@@ -140,3 +141,34 @@ def test_F_LIT_DOOR_14_estimated_stepping_batches(flags, tmp_path):
 
     (ml, tl), (mt, tt) = both(make, tmp_path, **flags)
     assert mt.estimate == ml.estimate == tl.estimated_stepping_batches == tt.estimated_stepping_batches
+
+
+@pytest.mark.parametrize("flags", [dict(val_check_interval=3), dict(val_check_interval=0.5),
+                                   dict(check_val_every_n_epoch=2),
+                                   dict(val_check_interval=5, check_val_every_n_epoch=None),
+                                   dict(val_check_interval=2, accumulate_grad_batches=2)],
+                         ids=["int", "fraction", "every_2_epochs", "over_epochs", "accumulate"])
+def test_F_LIT_DOOR_15_validation_interval_matches_lightning(flags, tmp_path):
+    """val_check_interval=3 with 4 batches per epoch validates after batches 3, 7, 11 (counted per epoch, not at
+    the epoch's end); 0.5 after every 2nd batch of each epoch; check_val_every_n_epoch=2 after epoch 2 only; with
+    check_val_every_n_epoch=None an int counts batches over epochs. Same calls in order, same weights."""
+    (ml, tl), (mt, tt) = both(recording(linear), tmp_path, max_epochs=3, val=data(n=8), **flags)
+    assert mt.calls == ml.calls
+    assert same_weights(ml, mt) and tt.global_step == tl.global_step
+    if flags == dict(val_check_interval=3):
+        after = [sum(c[0] == "train" for c in ml.calls[:i]) for i, c in enumerate(ml.calls) if c[0] == "val"
+                 and c[2] == 0]
+        assert after == [3, 7, 11]
+
+
+def test_F_LIT_DOOR_15_validation_interval_refusals(tmp_path):
+    """An int interval above the epoch's batches raises Lightning's message before training; a float outside
+    [0, 1] or a float with check_val_every_n_epoch=None raises at construction, naming the value."""
+    import taskfit.lightning as L
+
+    with pytest.raises(ValueError, match=r"`val_check_interval` \(5\) must be less than or equal"):
+        script(L, recording(linear), tmp_path, val=data(n=8), val_check_interval=5)
+    with pytest.raises(ValueError, match="1.5"):
+        L.Trainer(val_check_interval=1.5)
+    with pytest.raises(ValueError, match="check_val_every_n_epoch=None"):
+        L.Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
