@@ -172,3 +172,61 @@ def test_F_LIT_DOOR_15_validation_interval_refusals(tmp_path):
         L.Trainer(val_check_interval=1.5)
     with pytest.raises(ValueError, match="check_val_every_n_epoch=None"):
         L.Trainer(val_check_interval=0.5, check_val_every_n_epoch=None)
+
+
+SANITY_MODULE_HOOKS = ("on_fit_start", "on_train_start", "on_train_epoch_start", "on_train_epoch_end",
+                       "on_validation_start", "on_validation_end", "on_validation_epoch_end", "validation_step",
+                       "on_validation_model_eval", "on_validation_model_train", "on_validation_model_zero_grad")
+SANITY_CALLBACK_HOOKS = ("on_sanity_check_start", "on_sanity_check_end", "on_train_start", "on_validation_start",
+                         "on_validation_end")
+
+
+def _sanity_module(calls):
+    def make(base):
+        class M(linear(base)):
+            def validation_step(self, batch, batch_idx):
+                x, y = batch
+                self.log("val_loss", F.mse_loss(self.layer(x), y))
+
+        class R(M):
+            pass
+
+        for name in SANITY_MODULE_HOOKS:
+            def hook(self, *args, __name=name, **kwargs):
+                calls.append(("module", __name, self.training))
+                parent = getattr(super(R, self), __name, None)
+                return parent(*args, **kwargs) if parent is not None else None
+            setattr(R, name, hook)
+        return R
+    return make
+
+
+def _sanity_callback(L, calls):
+    class C(L.Callback):
+        def on_validation_epoch_end(self, trainer, pl_module):
+            pl_module.log("from_callback", float(trainer.sanity_checking) + 3.0)
+
+    for name in SANITY_CALLBACK_HOOKS:
+        setattr(C, name, lambda self, trainer, module, __name=name: calls.append(
+            ("callback", __name, trainer.sanity_checking)))
+    return C()
+
+
+def test_F_LIT_DOOR_16_sanity_check_and_validation_model_hooks_match_lightning(tmp_path):
+    """num_sanity_val_steps=2 (Lightning's default) runs between on_fit_start and on_train_start inside
+    on_sanity_check_start/end; on_validation_model_zero_grad/eval/train are called where Lightning calls them (in
+    the same training mode); a value a callback logs with pl_module.log in on_validation_epoch_end reaches
+    callback_metrics, and the sanity pass's values do not stay there. Same calls, same weights."""
+    runs = []
+    for name, L in _frameworks().items():
+        calls = []
+        module, trainer = script(L, _sanity_module(calls), tmp_path / name, val=data(n=16), train=data(n=8),
+                                 max_epochs=1, num_sanity_val_steps=2, callbacks=lambda L: [_sanity_callback(L, calls)])
+        runs.append((module, trainer, calls))
+    (ml, tl, cl), (mt, tt, ct) = runs
+    assert ct == cl
+    assert cl.count(("module", "validation_step", False)) == 2 + 4  # 2 sanity batches, then the 4 of the epoch
+    assert cl.index(("callback", "on_sanity_check_end", True)) < cl.index(("callback", "on_train_start", False))
+    assert same_weights(ml, mt)
+    assert float(tt.callback_metrics["from_callback"]) == float(tl.callback_metrics["from_callback"]) == 3.0
+    assert float(tt.callback_metrics["val_loss"]) == pytest.approx(float(tl.callback_metrics["val_loss"]))
