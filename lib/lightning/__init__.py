@@ -318,13 +318,35 @@ class Trainer(Fit):
                           UserWarning, stacklevel=2)  # Lightning's warning; Fit refuses eval data without a step
             val_dataloaders = None
         self.args = self.args.replace(eval_strategy=self._eval_plan(model, val_dataloaders, datamodule))
-        resume = ckpt_path
-        if ckpt_path == "last":
-            last = getattr(self.checkpoint_callback, "last_model_path", "") or ""
-            resume = last or True
+        resume = self._last_checkpoint() if ckpt_path == "last" else ckpt_path
         super().fit(model, train_dataloaders, val_dataloaders, datamodule=datamodule,
                     resume_from_checkpoint=str(resume) if resume not in (None, True) else resume,
                     weights_only=True if weights_only is None else weights_only)
+
+    def _last_checkpoint(self) -> str | None:
+        """``ckpt_path="last"`` for ``fit``: the newest of the ``ModelCheckpoint`` callbacks' last checkpoints
+        (``last_model_path``, or a complete ``last`` folder in their ``dirpath`` from an earlier run); None with
+        Lightning's warning when there is none (training starts from scratch, as Lightning)."""
+        from taskfit.checkpoint.writer import CheckpointError, read_manifest
+        from taskfit.io.checkpoint_io import join
+
+        io = self.strategy.checkpoint_io
+        found = []
+        for cb in self.checkpoint_callbacks:
+            folder = cb.dirpath or join(self.args.output_dir, "checkpoints")
+            for path in (cb.last_model_path, join(str(folder), cb.CHECKPOINT_NAME_LAST)):
+                try:
+                    if path and path not in found and read_manifest(io, str(path)) is not None:
+                        found.append(str(path))
+                except (CheckpointError, FileNotFoundError, OSError):
+                    continue
+        if not found:
+            warnings.warn('.fit(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+                          "will be loaded. HINT: Set `ModelCheckpoint(..., save_last=True)`.", UserWarning,
+                          stacklevel=3)  # Lightning's warning
+            return None
+        local = [p for p in found if os.path.exists(p)]
+        return max(local, key=os.path.getmtime) if local else found[0]
 
     def _evaluate(self, stage: str, model: Any, dataloaders: Any, ckpt_path: Any,
                   datamodule: Any) -> list[dict[str, float]]:

@@ -230,3 +230,49 @@ def test_F_LIT_DOOR_16_sanity_check_and_validation_model_hooks_match_lightning(t
     assert same_weights(ml, mt)
     assert float(tt.callback_metrics["from_callback"]) == float(tl.callback_metrics["from_callback"]) == 3.0
     assert float(tt.callback_metrics["val_loss"]) == pytest.approx(float(tl.callback_metrics["val_loss"]))
+
+
+def _evaluated(base):
+    class M(linear(base)):
+        def validation_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("val_loss", F.mse_loss(self.layer(x), y))
+
+        def test_step(self, batch, batch_idx):
+            x, y = batch
+            self.log("mae", F.l1_loss(self.layer(x), y))
+    return M
+
+
+def test_F_LIT_DOOR_17_ckpt_path_last_resumes_from_save_last(tmp_path):
+    """A new Trainer with ModelCheckpoint(save_last=True) on the same folder and fit(ckpt_path="last") resumes
+    from the last checkpoint (epoch 2 of 3 done): same steps, epochs and weights as Lightning's resume."""
+    runs = []
+    for name, L in _frameworks().items():
+        folder = tmp_path / name
+        checkpoints = lambda L, folder=folder: [_callbacks(L).ModelCheckpoint(dirpath=str(folder / "ck"),  # noqa: E731
+                                                                              save_last=True)]
+        script(L, _evaluated, folder, val=data(n=8), max_epochs=2, enable_checkpointing=True, callbacks=checkpoints)
+        torch.manual_seed(1)  # the resume must not depend on the new module's initial weights
+        module = _evaluated(L.LightningModule)()
+        trainer = L.Trainer(default_root_dir=str(folder), enable_progress_bar=False, enable_model_summary=False,
+                            logger=False, max_epochs=3, num_sanity_val_steps=0, callbacks=checkpoints(L))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, data(), data(n=8), ckpt_path="last")
+        runs.append((module, trainer))
+    (ml, tl), (mt, tt) = runs
+    assert tt.global_step == tl.global_step == 12 and tt.current_epoch == tl.current_epoch == 3
+    assert same_weights(ml, mt)
+
+
+def test_F_LIT_DOOR_17_ckpt_path_best_without_monitor_tests_the_last_checkpoint(tmp_path):
+    """test(ckpt_path="best") after a fit whose ModelCheckpoint monitors nothing (Lightning's default one) scores
+    the last saved checkpoint, as Lightning: the same values."""
+    results = []
+    for name, L in _frameworks().items():
+        module, trainer = script(L, _evaluated, tmp_path / name, val=data(n=8), max_epochs=2, enable_checkpointing=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            results.append(trainer.test(ckpt_path="best", dataloaders=data()))
+    assert results[0] == results[1]
