@@ -116,6 +116,8 @@ class FitLoop:
         self.lossless_steps = self.lossless_total = 0  # see _prepare
         self.loss_seen = True
         self.skipped_rest = False
+        self.windows = self.windows_at_start = self._manual_seen = 0
+        self.manual = self.explicit_max_steps = False
 
     def _prepare(self, loader: Any) -> None:
         """Decide once per run what every window needs: the step (automatic or manual) and its policy, the
@@ -125,6 +127,10 @@ class FitLoop:
         scheduled = accumulation_schedule(getattr(self.owner, "callbacks", ()))
         self.accum_at = scheduled or (lambda epoch, accum=args.gradient_accumulation_steps: accum)
         self.manual = not module.automatic_optimization
+        # manual optimization: global_step counts optimizer steps (Lightning: two optimizers -> 2 per batch), the
+        # log / evaluate / save intervals count batches (Lightning's _batches_that_stepped)
+        self._manual_seen = module.__dict__.get("_manual_steps", 0)
+        self.explicit_max_steps = bool(args.max_steps and args.max_steps > 0)
         self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None)
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
@@ -157,7 +163,11 @@ class FitLoop:
         run, state, sums = self.run, self.run.state, self.sums
         self._prepare(loader)
         resumed = run.resume_from is not None
-        finished = resumed and state.global_step >= state.max_steps  # saved at the last step: only the end is left
+        self.windows = state.global_step  # windows (batches under manual optimization) done so far
+        if self.manual and self.batches_per_epoch:
+            self.windows = state.current_epoch * self.batches_per_epoch + state.batch_in_epoch
+        self.windows_at_start = self.windows
+        finished = resumed and self._limit_count() >= state.max_steps  # saved at the last step: only the end is left
         for epoch in range(state.current_epoch, num_epochs):
             skip = state.batch_in_epoch if resumed else 0
             iterator = self._start_epoch(loader, epoch, skip, finished)
@@ -304,7 +314,13 @@ class FitLoop:
                 if (epoch + 1) % cfg.frequency == 0:
                     self._step_scheduler(cfg)
         sums.steps_since_log += 1
-        state.global_step += 1
+        self.windows += 1
+        if self.manual:
+            taken = run.module.__dict__.get("_manual_steps", 0)
+            state.global_step += taken - self._manual_seen
+            self._manual_seen = taken
+        else:
+            state.global_step += 1
         state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
         state.samples_seen += window_samples * self.readers  # every data-parallel rank takes as many
         state.total_flos += run.flos_per_sample * window_samples * self.readers
@@ -403,7 +419,7 @@ class FitLoop:
         ``_maybe_log_save_evaluate``); with ``save=False`` the save flag is left for the caller."""
         run, args, hooks, sums = self.run, self.args, self.hooks, self.sums
         state, control = run.state, run.control
-        step = state.global_step
+        step = self.windows if self.manual else state.global_step
         signum = self.stop.poll() if self.stop is not None and not epoch_end else 0
         if signum:  # SIGTERM / Ctrl-C / SLURM requeue: this step is the last one
             control.should_training_stop = True
@@ -416,7 +432,7 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "steps" and step % state.save_steps == 0:
                 control.should_save = True
-            if step >= state.max_steps:
+            if self._limit_count() >= state.max_steps:
                 control.should_training_stop = True
                 control.should_save = control.should_save or args.save_strategy == "steps"  # HF: save at the end
                 if args.eval_strategy == "steps" and step % state.eval_steps and (args.eval_delay or 0) <= step:
@@ -457,6 +473,11 @@ class FitLoop:
             raise self.stop.stop(self.strategy.checkpoint_io, args.output_dir, step, self.strategy.is_global_zero)
         control._new_step()
 
+    def _limit_count(self) -> int:
+        """What ``state.max_steps`` limits: optimizer steps, except under manual optimization without an explicit
+        ``max_steps``, where the derived limit counts batches (the epochs decide, as Lightning)."""
+        return self.windows if self.manual and not self.explicit_max_steps else self.run.state.global_step
+
     def _global_tr_loss(self) -> torch.Tensor:
         """The loss sum since the last log, averaged over processes (each holds its share of the window)."""
         strategy, sums = self.strategy, self.sums
@@ -466,7 +487,10 @@ class FitLoop:
     @property
     def training_loss(self) -> float:
         """Mean loss per optimizer step over the whole run (HF ``TrainOutput.training_loss``)."""
-        steps = self.run.state.global_step - self.sums.loss_start_step - self.lossless_total
+        if self.manual:  # per batch (global_step counts each optimizer's steps)
+            steps = self.windows - (self.windows_at_start if self.sums.loss_start_step else 0) - self.lossless_total
+        else:
+            steps = self.run.state.global_step - self.sums.loss_start_step - self.lossless_total
         return self.sums.total_loss / steps if steps > 0 and self.loss_seen else math.nan
 
     @property

@@ -276,3 +276,36 @@ def test_F_LIT_DOOR_17_ckpt_path_best_without_monitor_tests_the_last_checkpoint(
             warnings.simplefilter("ignore")
             results.append(trainer.test(ckpt_path="best", dataloaders=data()))
     assert results[0] == results[1]
+
+
+@pytest.mark.parametrize("flags", [dict(max_epochs=2), dict(max_epochs=3, max_steps=6),
+                                   dict(max_epochs=2, log_every_n_steps=2)],
+                         ids=["epochs", "max_steps_counts_optimizer_steps", "logging"])
+def test_F_LIT_DOOR_18_manual_optimization_global_step_counts_optimizer_steps(flags, tmp_path):
+    """Manual optimization with two optimizers (a GAN; the discriminator steps every 2nd batch): global_step
+    (trainer and module) counts optimizer steps as Lightning, max_steps limits optimizer steps, epochs still run
+    all their batches, and log rows come every log_every_n_steps batches with the same values (the step a logger
+    receives is taskfit's global_step, not Lightning's batch count: not asserted)."""
+    from test_lightning_manual import gan
+
+    def make(base):
+        class G(gan(step_every=2)(base)):
+            def on_train_batch_end(self, outputs, batch, batch_idx):
+                self.steps_seen = [*getattr(self, "steps_seen", []), self.global_step]
+        return G
+
+    from harness import recording_logger
+
+    runs = []
+    for name, L in _frameworks().items():
+        logger = recording_logger()
+        runs.append((*script(L, make, tmp_path / name, logger=logger, **flags), logger))
+    (ml, tl, ll), (mt, tt, lt) = runs
+    assert mt.steps_seen == ml.steps_seen and tt.global_step == tl.global_step
+    assert tl.global_step == {"epochs": 12, "max_steps_counts_optimizer_steps": 6, "logging": 12}[
+        "epochs" if flags == dict(max_epochs=2) else "logging" if "log_every_n_steps" in flags else
+        "max_steps_counts_optimizer_steps"]
+    assert same_weights(ml, mt)
+    if "log_every_n_steps" in flags:
+        theirs = [row["g_loss"] for _, row in ll.rows if "g_loss" in row]
+        assert [row["g_loss"] for _, row in lt.rows if "g_loss" in row] == pytest.approx(theirs) and len(theirs) == 4
