@@ -447,6 +447,17 @@ class Trainer(Fit):
         return steps
 
     @property
+    def val_check_interval(self) -> int | float:
+        """The ``val_check_interval`` flag (1.0 by default: once per epoch)."""
+        vci = self._flags["val_check_interval"]
+        return 1.0 if vci is None else vci
+
+    @property
+    def check_val_every_n_epoch(self) -> int | None:
+        """The ``check_val_every_n_epoch`` flag."""
+        return self._flags["check_val_every_n_epoch"]
+
+    @property
     def num_training_batches(self) -> int | float:
         """Batches per training epoch on this process (``inf`` without a length)."""
         return self.state.batches_per_epoch or float("inf")

@@ -57,6 +57,10 @@ class EarlyStopping(_EarlyStopping):
         """Checks without improvement since the best value."""
         return self.wait
 
+    @wait_count.setter
+    def wait_count(self, value: int) -> None:
+        self.wait = value
+
     @property
     def best_score(self) -> Any:
         """The best value so far as a 0-dim tensor (``inf`` for ``"min"``, ``-inf`` for ``"max"`` before any)."""
@@ -67,6 +71,10 @@ class EarlyStopping(_EarlyStopping):
     def on_train_start(self, fit: Any, module: Any) -> None:
         super().on_train_start(fit, module)
         self.stopped_epoch = 0
+        if self._check_on_train_epoch_end is None and hasattr(fit, "check_val_every_n_epoch"):
+            # Lightning's rule: at the train epoch's end (after its validation) unless validation runs several
+            # times per epoch or not every epoch
+            self.check_on_train_epoch_end = fit.val_check_interval == 1.0 and fit.check_val_every_n_epoch == 1
 
     def _check(self, args: Any, state: Any, control: Any, metrics: dict[str, Any]) -> Any:
         before = self.stopped_step
