@@ -331,7 +331,7 @@ class FitLoop:
     def _end_epoch(self, epoch: int) -> None:
         """The epoch's end: epoch schedulers, the epoch's log row, validation and save, plateau schedulers."""
         run, hooks, fit, args = self.run, self.hooks, self.owner, self.args
-        state, control, module, sums = run.state, run.control, run.module, self.sums
+        state, control, module = run.state, run.control, run.module
         if not (control.should_training_stop or control.should_epoch_stop):
             state.epoch = float(epoch + 1)  # the epoch ran to its end
         if not self.manual and self.batches_per_epoch is None:  # a loader without length: at the end of the epoch

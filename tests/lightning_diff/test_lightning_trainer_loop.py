@@ -6,9 +6,8 @@ import warnings
 
 import pytest
 import torch
-from torch.nn import functional as F
-
 from harness import data, linear, same_weights
+from torch.nn import functional as F
 
 
 def _frameworks():
@@ -221,7 +220,8 @@ def test_F_LIT_DOOR_16_sanity_check_and_validation_model_hooks_match_lightning(t
     for name, L in _frameworks().items():
         calls = []
         module, trainer = script(L, _sanity_module(calls), tmp_path / name, val=data(n=16), train=data(n=8),
-                                 max_epochs=1, num_sanity_val_steps=2, callbacks=lambda L: [_sanity_callback(L, calls)])
+                                 max_epochs=1, num_sanity_val_steps=2,
+                                 callbacks=lambda L, calls=calls: [_sanity_callback(L, calls)])
         runs.append((module, trainer, calls))
     (ml, tl, cl), (mt, tt, ct) = runs
     assert ct == cl
@@ -250,8 +250,9 @@ def test_F_LIT_DOOR_17_ckpt_path_last_resumes_from_save_last(tmp_path):
     runs = []
     for name, L in _frameworks().items():
         folder = tmp_path / name
-        checkpoints = lambda L, folder=folder: [_callbacks(L).ModelCheckpoint(dirpath=str(folder / "ck"),  # noqa: E731
-                                                                              save_last=True)]
+        def checkpoints(L, folder=folder):
+            return [_callbacks(L).ModelCheckpoint(dirpath=str(folder / "ck"), save_last=True)]
+
         script(L, _evaluated, folder, val=data(n=8), max_epochs=2, enable_checkpointing=True, callbacks=checkpoints)
         torch.manual_seed(1)  # the resume must not depend on the new module's initial weights
         module = _evaluated(L.LightningModule)()
@@ -271,7 +272,7 @@ def test_F_LIT_DOOR_17_ckpt_path_best_without_monitor_tests_the_last_checkpoint(
     the last saved checkpoint, as Lightning: the same values."""
     results = []
     for name, L in _frameworks().items():
-        module, trainer = script(L, _evaluated, tmp_path / name, val=data(n=8), max_epochs=2, enable_checkpointing=True)
+        _, trainer = script(L, _evaluated, tmp_path / name, val=data(n=8), max_epochs=2, enable_checkpointing=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             results.append(trainer.test(ckpt_path="best", dataloaders=data()))
