@@ -112,9 +112,14 @@ def sanity_check(fit: Any, run: Any) -> None:
     n = fit.args.num_sanity_val_steps
     loaders = {k: (v if n == -1 else limit_batches(v, n)) for k, v in run.eval_loaders.items()}
     fit.sanity_checking = True
+    before = dict(fit.callback_metrics)  # Lightning resets what the sanity pass logged
     try:
+        fit._hooks.call("on_sanity_check_start", fit, run.module)
         fit._run_eval(loaders, "validate", "eval")
+        fit._hooks.call("on_sanity_check_end", fit, run.module)
     finally:
         fit.sanity_checking = False
+        fit.callback_metrics.clear()
+        fit.callback_metrics.update(before)
         run.module._results.reset_epoch()
         run.module.train()

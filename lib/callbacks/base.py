@@ -36,6 +36,8 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
+from taskfit.core.hooks import MONITORING_EPOCH_END
+
 if TYPE_CHECKING:
     from taskfit.protocols import FitView
     from taskfit.core.module import TaskModule
@@ -49,7 +51,7 @@ LIGHTNING_HOOKS = (
     "on_predict_start", "on_predict_end", "on_predict_epoch_start", "on_predict_epoch_end",
     "on_predict_batch_start", "on_predict_batch_end", "on_before_backward", "on_after_backward",
     "on_before_optimizer_step", "on_before_zero_grad", "on_save_checkpoint", "on_load_checkpoint",
-    "on_exception",
+    "on_exception", "on_sanity_check_start", "on_sanity_check_end",
 )
 HF_HOOKS = (
     "on_init_end", "on_train_begin", "on_epoch_begin", "on_epoch_end", "on_step_begin", "on_substep_end",
@@ -114,6 +116,8 @@ class Callback:
     def on_save_checkpoint(self, fit: FitView, module: TaskModule, checkpoint: dict) -> None: ...
     def on_load_checkpoint(self, fit: FitView, module: TaskModule, checkpoint: dict) -> None: ...
     def on_exception(self, fit: FitView, module: TaskModule, exception: BaseException) -> None: ...
+    def on_sanity_check_start(self, fit: FitView, module: TaskModule) -> None: ...
+    def on_sanity_check_end(self, fit: FitView, module: TaskModule) -> None: ...
 
     # HF-style (args, state, control, **kwargs) --------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...
@@ -164,6 +168,7 @@ class HookRunner:
         self.hf_kwargs = hf_kwargs
 
         self.lightning: dict[str, list[tuple[Callable, bool]]] = {n: [] for n in LIGHTNING_HOOKS}
+        self.lightning[MONITORING_EPOCH_END] = []
         self.hf: dict[str, list[Callable]] = {n: [] for n in HF_HOOKS + ("on_train_end",)}
         for cb in callbacks:
             for name in LIGHTNING_HOOKS + HF_HOOKS:
@@ -172,6 +177,8 @@ class HookRunner:
                 fn = getattr(cb, name)
                 if name in HF_HOOKS or (name == "on_train_end" and _hf_style(fn)):
                     self.hf[name].append(fn)
+                elif name == "on_train_epoch_end" and getattr(cb, "monitors_epoch_end", False):
+                    self.lightning[MONITORING_EPOCH_END].append((fn, True))
                 else:
                     self.lightning[name].append((fn, True))
         if isinstance(module, TaskModule):
@@ -180,13 +187,17 @@ class HookRunner:
                 if own is not None and own is not getattr(TaskModule, name, None) and name in self.lightning:
                     self.lightning[name].append((getattr(module, name), False))
 
-    def call(self, name: str, fit: Any, module: Any, *args: Any) -> None:
-        """Call Lightning-style hook ``name``: callbacks get ``(fit, module, *args)``, the module ``(*args)``."""
+    def call(self, name: str, fit: Any, module: Any, *args: Any) -> Any:
+        """Call Lightning-style hook ``name``: callbacks get ``(fit, module, *args)``, the module ``(*args)``.
+        Returns the module hook's return value (None without one): Lightning reads only the module's, e.g. -1
+        from ``on_train_batch_start``."""
+        response = None
         for fn, is_callback in self.lightning[name]:
             if is_callback:
                 fn(fit, module, *args)
             else:
-                fn(*args)
+                response = fn(*args)
+        return response
 
     def call_hf(self, name: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         """Call HF-style hook ``name``; flags of a returned control object are copied into ``control``."""

@@ -29,17 +29,24 @@ class EarlyStopping(Callback):
         stopping_threshold (float | None): stop as soon as the metric is better than this value.
         divergence_threshold (float | None): stop as soon as the metric is worse than this value.
         check_on_train_epoch_end (bool | None): check at the end of each training epoch on the logged values
-            (``fit.callback_metrics``) instead of after each evaluation; None: after evaluation.
+            (``fit.callback_metrics``, the epoch's aggregates included) instead of after each evaluation; None:
+            after evaluation, or at the end of each training epoch when the run evaluates nothing.
+        log_rank_zero_only (bool): with several processes, only rank 0 logs the ``verbose`` messages (Lightning's
+            argument; each message is prefixed with its rank otherwise).
 
     Raises:
         ValueError: bad ``patience``, ``threshold`` or ``mode``.
     """
 
+    #: runs its on_train_epoch_end after the module's (Lightning's monitoring callbacks)
+    monitors_epoch_end = True
+
     def __init__(self, monitor: str | None = None, patience: int = 3, threshold: float = 0.0,
                  mode: str | None = None, check_finite: bool = True, *, early_stopping_patience: int | None = None,
                  early_stopping_threshold: float | None = None, min_delta: float | None = None,
                  verbose: bool = False, strict: bool = True, stopping_threshold: float | None = None,
-                 divergence_threshold: float | None = None, check_on_train_epoch_end: bool | None = None) -> None:
+                 divergence_threshold: float | None = None, check_on_train_epoch_end: bool | None = None,
+                 log_rank_zero_only: bool = False) -> None:
         threshold = abs(min_delta) if min_delta is not None else threshold
         patience = early_stopping_patience if early_stopping_patience is not None else patience
         threshold = early_stopping_threshold if early_stopping_threshold is not None else threshold
@@ -52,7 +59,10 @@ class EarlyStopping(Callback):
         self.monitor, self.patience, self.threshold, self.mode = monitor, patience, threshold, mode
         self.check_finite, self.verbose, self.strict = check_finite, verbose, strict
         self.stopping_threshold, self.divergence_threshold = stopping_threshold, divergence_threshold
+        self._check_on_train_epoch_end = check_on_train_epoch_end
         self.check_on_train_epoch_end = bool(check_on_train_epoch_end)
+        self.log_rank_zero_only = log_rank_zero_only
+        self._rank: int | None = None  # set at train start when several processes run
         self.stopping_reason = ""
         self.best: float | None = None
         self.wait = 0
@@ -64,6 +74,10 @@ class EarlyStopping(Callback):
         """A new run starts with no best value and no patience used."""
         self.best, self.wait, self.stopped_epoch, self.stopped_step = None, 0, None, None
         self._training = True
+        if self._check_on_train_epoch_end is None:  # nothing evaluates: check on the epoch's logged values
+            self.check_on_train_epoch_end = getattr(fit.args, "eval_strategy", "no") == "no"
+        world = getattr(fit, "world_size", 1)
+        self._rank = getattr(fit, "global_rank", 0) if world > 1 else None
 
     def on_train_end(self, fit: Any, module: Any) -> None:
         self._training = False
@@ -123,10 +137,11 @@ class EarlyStopping(Callback):
             control.should_training_stop = True
             self.stopped_epoch, self.stopped_step = state.epoch, state.global_step
             self.stopping_reason = reason
-            if self.verbose:
+            if self.verbose and (self._rank is None or not self.log_rank_zero_only or self._rank == 0):
                 import logging
 
-                logging.getLogger("taskfit").info("EarlyStopping: %s; stopping.", reason)
+                prefix = f"[rank: {self._rank}] " if self._rank is not None else ""  # Lightning's prefix
+                logging.getLogger("taskfit").info("%sEarlyStopping: %s; stopping.", prefix, reason)
         return control
 
     def state_dict(self) -> dict[str, Any]:

@@ -10,6 +10,11 @@ from typing import Any, Callable
 
 import torch
 
+#: The ``on_train_epoch_end`` of callbacks with ``monitors_epoch_end = True`` (EarlyStopping), a hook list of its
+#: own: they run after the module's own, so they see what it logs there (Lightning calls its monitoring
+#: callbacks last).
+MONITORING_EPOCH_END = "on_train_epoch_end:monitoring"
+
 
 class LightningHooks:
     """Mixin of :class:`taskfit.TaskModule` with Lightning's overridable hooks."""
@@ -73,6 +78,33 @@ class LightningHooks:
         """Clip before each optimizer step; default :meth:`clip_gradients` with ``max_grad_norm`` by norm."""
         self.clip_gradients(optimizer, gradient_clip_val=gradient_clip_val,
                             gradient_clip_algorithm=gradient_clip_algorithm)
+
+    # -- evaluation mode ----------------------------------------------------------------------------------
+    # Called only when overridden (else the loops switch modes themselves), where Lightning calls them: zero_grad
+    # before a validation inside fit, eval before the ``on_*_start`` hooks, train after the ``on_*_end`` hooks.
+    def on_validation_model_zero_grad(self) -> None:
+        """Drop the gradients before a validation during ``fit`` (Lightning's default frees their memory)."""
+        self.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+
+    def on_validation_model_eval(self) -> None:
+        """Switch to evaluation mode before validation (default ``self.eval()``)."""
+        self.eval()  # type: ignore[attr-defined]
+
+    def on_validation_model_train(self) -> None:
+        """Switch back to training mode after a validation (default ``self.train()``)."""
+        self.train()  # type: ignore[attr-defined]
+
+    def on_test_model_eval(self) -> None:
+        """Switch to evaluation mode before testing (default ``self.eval()``)."""
+        self.eval()  # type: ignore[attr-defined]
+
+    def on_test_model_train(self) -> None:
+        """Switch back to training mode after testing (default ``self.train()``)."""
+        self.train()  # type: ignore[attr-defined]
+
+    def on_predict_model_eval(self) -> None:
+        """Switch to evaluation mode before predicting (default ``self.eval()``)."""
+        self.eval()  # type: ignore[attr-defined]
 
     # -- batch transfer -----------------------------------------------------------------------------------
     def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:

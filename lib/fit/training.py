@@ -19,7 +19,7 @@ from torch import nn
 from taskfit import efficiency
 from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.checkpoint.writer import checkpoint_path, save_checkpoint
-from taskfit.core.hooks import module_loader
+from taskfit.core.hooks import module_loader, overrides
 from taskfit.core.module import infer_batch_size
 from taskfit.core.results import ResultCollection
 from taskfit.core.wrapping import ModelTaskModule
@@ -133,9 +133,7 @@ class TrainingStage:
                 lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
         hooks.call("on_fit_start", fit, module)
         hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
-        hooks.call("on_train_start", fit, module)
-        module.train()
-        loop, start = self._train(run, args, plan, ckpt, hooks)
+        loop, start = self._train(run, args, plan, ckpt, hooks)  # sanity check, on_train_start, the loop
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
                                 st.global_step - start_step)
         return self._finish(run, args, datamodule, loop, metrics, hooks)
@@ -289,7 +287,9 @@ class TrainingStage:
         start = time.perf_counter()
         try:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
-                sanity_check(fit, run)
+                sanity_check(fit, run)  # between on_fit_start and on_train_start (Lightning)
+            hooks.call("on_train_start", fit, run.module)
+            run.module.train()
             fit.is_in_train = True  # HF's flag: evaluate() called now evaluates inside this run
             if args.eval_on_start and run.eval_loaders:
                 self.evaluate_during_fit(skip_scheduler=True)  # HF: no ReduceLROnPlateau step before training
@@ -347,6 +347,8 @@ class TrainingStage:
         """
         fit = self.fit
         run = fit._run
+        if overrides(run.module, "on_validation_model_zero_grad"):  # Lightning: before a validation inside fit
+            run.module.on_validation_model_zero_grad()
         if fit._hf.overrides("get_eval_dataloader", "evaluate"):
             with fit._hf.loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):
                 metrics = fit.evaluate(ignore_keys=fit._ignore_keys_for_eval)

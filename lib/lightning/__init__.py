@@ -14,6 +14,7 @@ names.
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import warnings
 from typing import Any, Iterator
@@ -41,7 +42,7 @@ LightningDataModule = DataModule
 #: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
 _UNSUPPORTED = {"min_epochs": (None, 0), "min_steps": (None, 0), "use_distributed_sampler": (True,),
                 "sync_batchnorm": (False,), "reload_dataloaders_every_n_epochs": (0,), "model_registry": (None,),
-                "check_val_every_n_epoch": (None, 1), "benchmark": (None, False)}
+                "benchmark": (None, False)}
 _RUN_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second")
 
 
@@ -51,10 +52,18 @@ def _refuse_unsupported(flags: dict[str, Any]) -> None:
         if flags[name] not in ok:
             raise NotImplementedError(f"Trainer({name}={flags[name]!r}) is not supported by taskfit.lightning "
                                       f"(accepted: {ok}); see docs/lightning.md.")
-    vci = flags["val_check_interval"]
-    if vci is not None and not isinstance(vci, int) and vci != 1.0:
-        raise NotImplementedError(f"Trainer(val_check_interval={vci!r}): only 1.0 (every epoch) or an int number of "
-                                  "optimizer steps is supported by taskfit.lightning.")
+    vci, every = flags["val_check_interval"], flags["check_val_every_n_epoch"]
+    if vci is not None and (isinstance(vci, bool) or not isinstance(vci, (int, float))):
+        raise NotImplementedError(f"Trainer(val_check_interval={vci!r}): a time interval is not supported by "
+                                  "taskfit.lightning; give an int number of batches or a float fraction of an epoch.")
+    if isinstance(vci, float) and not 0.0 <= vci <= 1.0:
+        raise ValueError(f"Trainer(val_check_interval={vci!r}): a float must be a fraction of an epoch in [0.0, 1.0] "
+                         "(an int counts batches).")
+    if every is None and not isinstance(vci, int):
+        raise ValueError(f"Trainer(check_val_every_n_epoch=None) counts val_check_interval in batches over epochs: "
+                         f"give an int val_check_interval, not {vci!r}.")
+    if every is not None and (not isinstance(every, int) or every < 1):
+        raise ValueError(f"Trainer(check_val_every_n_epoch={every!r}) must be an int >= 1 or None.")
 
 
 def fit_options(f: dict[str, Any]) -> dict[str, Any]:
@@ -64,7 +73,6 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
         NotImplementedError: a flag taskfit does not support (named).
     """
     _refuse_unsupported(f)
-    vci = f["val_check_interval"]
     max_epochs, max_steps = f["max_epochs"], f["max_steps"]
     if max_epochs is None:  # Lightning: 1000 epochs when neither limit is given, else no epoch limit
         max_epochs = 1000 if max_steps in (None, -1) else 10 ** 9
@@ -78,8 +86,6 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
                fast_dev_run=f["fast_dev_run"], overfit_batches=f["overfit_batches"],
                detect_anomaly=f["detect_anomaly"], disable_tqdm=f["enable_progress_bar"] is False or f["barebones"],
                eval_strategy="no")  # deterministic: Lightning's torch flags, set by the Trainer
-    if isinstance(vci, int) and not isinstance(vci, bool):
-        out.update(eval_steps=vci)
     for k in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
         if f[k] is not None:
             out[k] = f[k]
@@ -90,15 +96,58 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
 
 class _LightningLoop(Callback):
     """The loop semantics the Lightning door keeps (placed first among the callbacks): ``max_epochs`` also stops a
-    run that has ``max_steps`` (whichever comes first), and after training ``current_epoch`` counts the finished
-    epochs (Lightning increments it when an epoch ends)."""
+    run that has ``max_steps`` (whichever comes first), after training ``current_epoch`` counts the finished
+    epochs (Lightning increments it when an epoch ends), and a validation schedule other than once at the end of
+    every epoch (``val_check_interval``, ``check_val_every_n_epoch``) asks for validation after the batches
+    Lightning validates after (the run's own evaluation schedule is off then: see ``Trainer._eval_plan``)."""
 
-    def __init__(self, max_epochs: int | None) -> None:
+    def __init__(self, max_epochs: int | None, val_check_interval: Any = None, every_n_epochs: int | None = 1) -> None:
         self.max_epochs = max_epochs
         self.trained = False
+        self.vci, self.every = val_check_interval, every_n_epochs
+        self.scheduled = False  # set by the Trainer per fit: validation data and a non-default schedule
+        self.val_check_batch = 0
+        self.total_batches = 0
+
+    @property
+    def default_schedule(self) -> bool:
+        """Once at the end of every epoch (the run's own ``eval_strategy="epoch"`` does that)."""
+        return self.vci in (None, 1.0) and self.every == 1
 
     def on_train_start(self, fit: Any, module: Any) -> None:
+        """Resolve the validation interval in batches (Lightning's ``val_check_batch``).
+
+        Raises:
+            ValueError: an int ``val_check_interval`` above the batches of an epoch (with
+                ``check_val_every_n_epoch`` set), as Lightning.
+        """
         self.trained = False
+        self.total_batches = 0
+        n = fit.state.batches_per_epoch
+        if isinstance(self.vci, float) or self.vci is None:
+            if n is None and self.vci not in (None, 1.0):
+                raise ValueError(f"Trainer(val_check_interval={self.vci}) is a fraction of an epoch, but the train "
+                                 "data has no length; give an int number of batches.")
+            self.val_check_batch = max(1, int((n or 0) * (1.0 if self.vci is None else self.vci))) if n else 0
+        else:
+            if self.every is not None and n is not None and self.vci > n:
+                raise ValueError(f"`val_check_interval` ({self.vci}) must be less than or equal to the number of the "
+                                 f"training batches ({n}). If you want to disable validation set `limit_val_batches` "
+                                 "to 0.0 instead. If you want to validate based on the total training batches, set "
+                                 "`check_val_every_n_epoch=None`.")  # Lightning's message
+            self.val_check_batch = self.vci
+
+    def on_train_batch_start(self, fit: Any, module: Any, batch: Any, batch_idx: int) -> None:
+        self.total_batches += 1  # a batch skipped by -1 counts too (Lightning's total_batch_idx)
+
+    def on_train_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        if not self.scheduled or not self.val_check_batch:
+            return
+        if self.every is not None and (fit.state.current_epoch + 1) % self.every:
+            return
+        done = batch_idx + 1 if self.every is not None else self.total_batches  # per epoch, or over the run
+        if done % self.val_check_batch == 0:
+            fit.control.should_evaluate = True  # validated after this batch's optimizer step
 
     def on_train_epoch_end(self, fit: Any, module: Any) -> None:
         if self.max_epochs is not None and fit.state.current_epoch + 1 >= self.max_epochs:
@@ -122,7 +171,8 @@ class _Predictions(Callback):
 def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: Any) -> list[Any]:
     """Lightning's implicit callbacks: a checkpoint every epoch into ``logger.log_dir/checkpoints`` (or
     ``root/checkpoints`` without a logger), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
-    out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None), *given]
+    out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None, f["val_check_interval"],
+                          f["check_val_every_n_epoch"]), *given]
     if f["barebones"]:
         return out
     if f["enable_checkpointing"] is not False and not any(isinstance(c, _cb.ModelCheckpoint) for c in given):
@@ -189,9 +239,10 @@ class Trainer(Fit):
 
     Raises:
         NotImplementedError: ``min_epochs``, ``min_steps``, ``use_distributed_sampler=False``, ``sync_batchnorm``,
-            ``reload_dataloaders_every_n_epochs``, ``model_registry``, ``benchmark=True``, ``check_val_every_n_epoch`` > 1, or a
-            fractional / time ``val_check_interval`` (the message names the flag), before any work.
-        ValueError: as ``Fit`` (unknown accelerator, strategy, precision...).
+            ``reload_dataloaders_every_n_epochs``, ``model_registry``, ``benchmark=True`` or a time
+            ``val_check_interval`` (the message names the flag), before any work.
+        ValueError: a float ``val_check_interval`` outside [0, 1], ``check_val_every_n_epoch`` < 1, or None with a
+            float ``val_check_interval``; as ``Fit`` (unknown accelerator, strategy, precision...).
     """
 
     #: Names logged in ``validation_step`` during ``fit`` keep their names (Lightning adds no ``eval_`` prefix).
@@ -235,6 +286,7 @@ class Trainer(Fit):
         # Lightning prints no per-log lines when the bar is off
         self.callbacks = [cb for cb in self.callbacks if not isinstance(cb, LogPrinter)]
         self._hooks = HookRunner(self.callbacks)
+        self._loop: _LightningLoop = next(c for c in self.callbacks if isinstance(c, _LightningLoop))
 
     def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
         """:meth:`taskfit.Fit.log` without the evaluation's speed figures (``_runtime``, ``_samples_per_second``,
@@ -254,8 +306,9 @@ class Trainer(Fit):
         if not has_val or not _overrides(model, "validation_step", TaskModule) or \
                 self._flags["limit_val_batches"] == 0:
             return "no"
-        vci = self._val_check_interval
-        return "steps" if isinstance(vci, int) and not isinstance(vci, bool) else "epoch"
+        loop = self._loop
+        loop.scheduled = not loop.default_schedule  # then _LightningLoop asks for each validation
+        return "epoch" if loop.default_schedule else "no"
 
     def fit(self, model: Any = None, train_dataloaders: Any = None, val_dataloaders: Any = None,
             datamodule: Any = None, ckpt_path: Any = None, weights_only: bool | None = None) -> None:
@@ -275,10 +328,7 @@ class Trainer(Fit):
                           UserWarning, stacklevel=2)  # Lightning's warning; Fit refuses eval data without a step
             val_dataloaders = None
         self.args = self.args.replace(eval_strategy=self._eval_plan(model, val_dataloaders, datamodule))
-        resume = ckpt_path
-        if ckpt_path == "last":
-            last = getattr(self.checkpoint_callback, "last_model_path", "") or ""
-            resume = last or True
+        resume = self._last_checkpoint() if ckpt_path == "last" else ckpt_path
         with self._lightning_run("fit", datamodule):
             super().fit(model, train_dataloaders, val_dataloaders, datamodule=datamodule,
                         resume_from_checkpoint=str(resume) if resume not in (None, True) else resume,
@@ -301,6 +351,31 @@ class Trainer(Fit):
             for cb in extra:
                 self.callbacks.remove(cb)
             self._hooks = HookRunner(self.callbacks)
+
+    def _last_checkpoint(self) -> str | None:
+        """``ckpt_path="last"`` for ``fit``: the newest of the ``ModelCheckpoint`` callbacks' last checkpoints
+        (``last_model_path``, or a complete ``last`` folder in their ``dirpath`` from an earlier run); None with
+        Lightning's warning when there is none (training starts from scratch, as Lightning)."""
+        from taskfit.checkpoint.writer import CheckpointError, read_manifest
+        from taskfit.io.checkpoint_io import join
+
+        io = self.strategy.checkpoint_io
+        found = []
+        for cb in self.checkpoint_callbacks:
+            folder = cb.dirpath or join(self.args.output_dir, "checkpoints")
+            for path in (cb.last_model_path, join(str(folder), cb.CHECKPOINT_NAME_LAST)):
+                try:
+                    if path and path not in found and read_manifest(io, str(path)) is not None:
+                        found.append(str(path))
+                except (CheckpointError, FileNotFoundError, OSError):
+                    continue
+        if not found:
+            warnings.warn('.fit(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
+                          "will be loaded. HINT: Set `ModelCheckpoint(..., save_last=True)`.", UserWarning,
+                          stacklevel=3)  # Lightning's warning
+            return None
+        local = [p for p in found if os.path.exists(p)]
+        return max(local, key=os.path.getmtime) if local else found[0]
 
     def _evaluate(self, stage: str, model: Any, dataloaders: Any, ckpt_path: Any,
                   datamodule: Any) -> list[dict[str, float]]:
@@ -422,8 +497,24 @@ class Trainer(Fit):
 
     @property
     def estimated_stepping_batches(self) -> int:
-        """Optimizer steps of the whole run (what ``OneCycleLR(total_steps=...)`` needs)."""
-        return self.state.max_steps
+        """Optimizer steps of the whole run (what ``OneCycleLR(total_steps=...)`` needs): with both ``max_epochs``
+        and ``max_steps``, the smaller of ``max_steps`` and the epochs' steps (Lightning's estimate)."""
+        steps, f, batches = self.state.max_steps, self._flags, self.state.batches_per_epoch
+        if f["max_epochs"] is not None and f["max_steps"] not in (None, -1) and batches:
+            per_epoch = math.ceil(batches / self.args.gradient_accumulation_steps)
+            steps = min(steps, per_epoch * max(f["max_epochs"], 1))
+        return steps
+
+    @property
+    def val_check_interval(self) -> int | float:
+        """The ``val_check_interval`` flag (1.0 by default: once per epoch)."""
+        vci = self._flags["val_check_interval"]
+        return 1.0 if vci is None else vci
+
+    @property
+    def check_val_every_n_epoch(self) -> int | None:
+        """The ``check_val_every_n_epoch`` flag."""
+        return self._flags["check_val_every_n_epoch"]
 
     @property
     def num_training_batches(self) -> int | float:

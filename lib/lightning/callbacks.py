@@ -1,15 +1,88 @@
 """Lightning's built-in callbacks under Lightning's names (``lightning.pytorch.callbacks``): swap
 ``from lightning.pytorch.callbacks import X`` for ``from taskfit.lightning.callbacks import X``."""
 
+import math
+from typing import Any
+
 from taskfit.callbacks import (
-    BatchSizeFinder, DeviceStatsMonitor, EarlyStopping, EMAWeightAveraging, GradientAccumulationScheduler,
+    BatchSizeFinder, DeviceStatsMonitor, EMAWeightAveraging, GradientAccumulationScheduler,
     LearningRateFinder, LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar, RichProgressBar,
     StochasticWeightAveraging, ThroughputMonitor, Timer, WeightAveraging,
 )
 from taskfit.callbacks.base import Callback
+from taskfit.callbacks.early_stopping import EarlyStopping as _EarlyStopping
 from taskfit.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from taskfit.callbacks.lambda_callback import LambdaCallback
 from taskfit.callbacks.progress import TQDMProgressBar
+
+
+class EarlyStopping(_EarlyStopping):
+    """``lightning.pytorch.callbacks.EarlyStopping``: Lightning's argument order and defaults (``mode="min"``
+    whatever the name, ``min_delta``, ``patience=0`` allowed) over :class:`taskfit.callbacks.EarlyStopping`, with
+    Lightning's ``wait_count``, ``best_score`` (a tensor, +-inf before the first check), ``stopped_epoch`` (the
+    0-based epoch it stopped in, 0 when it did not) and ``state_key``.
+
+    Args:
+        monitor (str): the logged name to watch (``self.log`` name, e.g. ``"val_loss"``).
+        min_delta (float): the least change that counts as an improvement (its absolute value).
+        patience (int): checks without improvement before stopping (>= 0).
+        verbose, strict, check_finite, stopping_threshold, divergence_threshold, check_on_train_epoch_end,
+            log_rank_zero_only: as :class:`taskfit.callbacks.EarlyStopping`.
+        mode (str): ``"min"`` or ``"max"``.
+
+    Raises:
+        ValueError: ``patience`` < 0, or ``mode`` not ``"min"``/``"max"``.
+    """
+
+    def __init__(self, monitor: str, min_delta: float = 0.0, patience: int = 3, verbose: bool = False,
+                 mode: str = "min", strict: bool = True, check_finite: bool = True,
+                 stopping_threshold: float | None = None, divergence_threshold: float | None = None,
+                 check_on_train_epoch_end: bool | None = None, log_rank_zero_only: bool = False) -> None:
+        if not isinstance(patience, int) or patience < 0:
+            raise ValueError(f"EarlyStopping patience={patience!r} must be an int >= 0.")
+        super().__init__(monitor=monitor, patience=max(patience, 1), mode=mode, check_finite=check_finite,
+                         min_delta=min_delta, verbose=verbose, strict=strict, stopping_threshold=stopping_threshold,
+                         divergence_threshold=divergence_threshold, check_on_train_epoch_end=check_on_train_epoch_end,
+                         log_rank_zero_only=log_rank_zero_only)
+        self.patience = patience  # 0: stop at the first check without improvement (Lightning)
+        self.stopped_epoch = 0
+
+    @property
+    def state_key(self) -> str:
+        """``EarlyStopping{'monitor': ..., 'mode': ...}`` (Lightning's key of its checkpoint state)."""
+        return f"EarlyStopping{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}}}"
+
+    @property
+    def wait_count(self) -> int:
+        """Checks without improvement since the best value."""
+        return self.wait
+
+    @wait_count.setter
+    def wait_count(self, value: int) -> None:
+        self.wait = value
+
+    @property
+    def best_score(self) -> Any:
+        """The best value so far as a 0-dim tensor (``inf`` for ``"min"``, ``-inf`` for ``"max"`` before any)."""
+        import torch
+
+        return torch.tensor(self.best if self.best is not None else (math.inf if self.mode == "min" else -math.inf))
+
+    def on_train_start(self, fit: Any, module: Any) -> None:
+        super().on_train_start(fit, module)
+        self.stopped_epoch = 0
+        if self._check_on_train_epoch_end is None and hasattr(fit, "check_val_every_n_epoch"):
+            # Lightning's rule: at the train epoch's end (after its validation) unless validation runs several
+            # times per epoch or not every epoch
+            self.check_on_train_epoch_end = fit.val_check_interval == 1.0 and fit.check_val_every_n_epoch == 1
+
+    def _check(self, args: Any, state: Any, control: Any, metrics: dict[str, Any]) -> Any:
+        before = self.stopped_step
+        out = super()._check(args, state, control, metrics)
+        if self.stopped_step is not None and self.stopped_step != before:
+            self.stopped_epoch = int(state.current_epoch)  # Lightning: the epoch it stopped in, not a fraction
+        return out
+
 
 __all__ = ["BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "Callback", "DeviceStatsMonitor",
            "EarlyStopping", "EMAWeightAveraging", "GradientAccumulationScheduler", "LambdaCallback",

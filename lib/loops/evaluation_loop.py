@@ -30,6 +30,14 @@ if TYPE_CHECKING:
 
 
 
+def _own_hook(module: Any, name: str) -> Any:
+    """The module's bound hook ``name`` when its class overrides the default (None otherwise)."""
+    from taskfit.core.hooks import LightningHooks
+
+    own = getattr(type(module), name, None)
+    return getattr(module, name) if own is not None and own is not getattr(LightningHooks, name, None) else None
+
+
 def is_loader_list(data: Any) -> bool:
     """True for a list or tuple of ``DataLoader``/``Dataset`` objects: several evaluation loaders (Lightning)."""
     from torch.utils.data import DataLoader, Dataset
@@ -182,7 +190,13 @@ class EvaluationLoop:
         fit, module = self.fit, self.fit.module
         p = self._plan(loader)
         was_training = module.training
-        module.eval()
+        # the module's on_{stage}_model_eval/train when overridden (Lightning), once per evaluation of several loaders
+        model_eval, model_train = (_own_hook(module, f"on_{p.hook_stage}_model_{m}") for m in ("eval", "train"))
+        custom = model_eval is not None or model_train is not None
+        if not custom:
+            module.eval()
+        elif self.first:
+            (model_eval or module.eval)()
         run_ = getattr(fit, "_run", None)  # schedule-free optimizers evaluate at their eval point (as HF)
         set_optimizer_mode(getattr(run_, "optimizers", None) if run_ is not None else fit.optimizers, "eval")
         prev_results, prev_defaults = module._results, module._log_defaults
@@ -213,7 +227,9 @@ class EvaluationLoop:
             module._results, module._log_defaults = prev_results, prev_defaults
             if isinstance(module, ModelTaskModule):
                 module.ignore_keys = prev_ignore
-            if was_training:
+            if custom and self.last and model_train is not None:
+                model_train()
+            elif was_training and (not custom or self.last):
                 module.train()
 
     def _plan(self, loader: Any) -> _Pass:

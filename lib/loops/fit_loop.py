@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from taskfit.core.hooks import batch_mover, overrides
+from taskfit.core.hooks import MONITORING_EPOCH_END, batch_mover, overrides
 from taskfit.core.module import TaskModule, infer_batch_size
 from taskfit.data.loaders import set_loader_epoch, skip_first_batches, splits_evenly
 from taskfit.loops.finite import check_finite
@@ -115,6 +115,9 @@ class FitLoop:
         self.step_lr: float | None = None
         self.lossless_steps = self.lossless_total = 0  # see _prepare
         self.loss_seen = True
+        self.skipped_rest = False
+        self.windows = self.windows_at_start = self._manual_seen = 0
+        self.manual = self.explicit_max_steps = False
 
     def _prepare(self, loader: Any) -> None:
         """Decide once per run what every window needs: the step (automatic or manual) and its policy, the
@@ -124,6 +127,10 @@ class FitLoop:
         scheduled = accumulation_schedule(getattr(self.owner, "callbacks", ()))
         self.accum_at = scheduled or (lambda epoch, accum=args.gradient_accumulation_steps: accum)
         self.manual = not module.automatic_optimization
+        # manual optimization: global_step counts optimizer steps (Lightning: two optimizers -> 2 per batch), the
+        # log / evaluate / save intervals count batches (Lightning's _batches_that_stepped)
+        self._manual_seen = module.__dict__.get("_manual_steps", 0)
+        self.explicit_max_steps = bool(args.max_steps and args.max_steps > 0)
         self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None)
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
@@ -156,7 +163,11 @@ class FitLoop:
         run, state, sums = self.run, self.run.state, self.sums
         self._prepare(loader)
         resumed = run.resume_from is not None
-        finished = resumed and state.global_step >= state.max_steps  # saved at the last step: only the end is left
+        self.windows = state.global_step  # windows (batches under manual optimization) done so far
+        if self.manual and self.batches_per_epoch:
+            self.windows = state.current_epoch * self.batches_per_epoch + state.batch_in_epoch
+        self.windows_at_start = self.windows
+        finished = resumed and self._limit_count() >= state.max_steps  # saved at the last step: only the end is left
         for epoch in range(state.current_epoch, num_epochs):
             skip = state.batch_in_epoch if resumed else 0
             iterator = self._start_epoch(loader, epoch, skip, finished)
@@ -182,6 +193,7 @@ class FitLoop:
         if not skip:
             training_state.restore_rng()  # saved at an epoch's start
         training_state.epoch_ended = False
+        self.skipped_rest = False  # on_train_batch_start returned -1 in this epoch (Lightning)
         state.current_epoch = epoch
         set_loader_epoch(loader, epoch)
         control._new_epoch()
@@ -243,7 +255,9 @@ class FitLoop:
             batch = move(window[i])
             results.set_batch(batch)
             batch_idx = state.batch_in_epoch
-            L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx)
+            if L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx) == -1:
+                self._skip_rest_of_epoch(epoch, batch_idx)
+                return
             if i == 0 and H["on_step_begin"]:
                 hooks.call_hf("on_step_begin", args, state, control, **run.hf_kwargs())
             for opt in mode_optimizers:  # schedule-free: back to the train point after an evaluation (HF)
@@ -272,6 +286,22 @@ class FitLoop:
                                                 batch_idx)
         self._after_step(epoch_end=False)
 
+    def _skip_rest_of_epoch(self, epoch: int, batch_idx: int) -> None:
+        """``on_train_batch_start`` returned -1 (Lightning): this batch and the rest of the epoch are not run and
+        the window takes no optimizer step; the batch counts as the epoch's last (the step schedulers due at it and
+        the epoch schedulers step), and the epoch ends without its validation."""
+        self.run.control.should_epoch_stop = True
+        self.skipped_rest = True
+        self.run.state.batch_in_epoch += 1
+        if self.manual:  # Lightning steps no scheduler under manual optimization
+            return
+        for cfg in self.step_schedulers:
+            if (batch_idx + 1) % cfg.frequency == 0:
+                self._step_scheduler(cfg)
+        for cfg in self.epoch_schedulers:
+            if (epoch + 1) % cfg.frequency == 0:
+                self._step_scheduler(cfg)
+
     def _after_window(self, epoch: int, batch_idx: int, stepped: bool, window_samples: int,
                       window_flos: float | None = None) -> None:
         """After the optimizer step: the step's hooks, the schedulers it steps, the counters it advances."""
@@ -288,7 +318,13 @@ class FitLoop:
                 if (epoch + 1) % cfg.frequency == 0:
                     self._step_scheduler(cfg)
         sums.steps_since_log += 1
-        state.global_step += 1
+        self.windows += 1
+        if self.manual:
+            taken = run.module.__dict__.get("_manual_steps", 0)
+            state.global_step += taken - self._manual_seen
+            self._manual_seen = taken
+        else:
+            state.global_step += 1
         state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
         state.samples_seen += window_samples * self.readers  # every data-parallel rank takes as many
         flos = run.flos_per_sample * window_samples if window_flos is None else window_flos
@@ -300,7 +336,7 @@ class FitLoop:
     def _end_epoch(self, epoch: int) -> None:
         """The epoch's end: epoch schedulers, the epoch's log row, validation and save, plateau schedulers."""
         run, hooks, fit, args = self.run, self.hooks, self.owner, self.args
-        state, control, module, sums = run.state, run.control, run.module, self.sums
+        state, control, module = run.state, run.control, run.module
         if not (control.should_training_stop or control.should_epoch_stop):
             state.epoch = float(epoch + 1)  # the epoch ran to its end
         if not self.manual and self.batches_per_epoch is None:  # a loader without length: at the end of the epoch
@@ -309,7 +345,7 @@ class FitLoop:
                     self._step_scheduler(cfg)
         # HF's DefaultFlowCallback raises the epoch flags before the user callbacks' on_epoch_end runs
         control.should_log = control.should_log or args.logging_strategy == "epoch"
-        control.should_evaluate = control.should_evaluate or (args.eval_strategy == "epoch"
+        control.should_evaluate = control.should_evaluate or (args.eval_strategy == "epoch" and not self.skipped_rest
                                                               and (args.eval_delay or 0) <= state.epoch)
         control.should_save = control.should_save or args.save_strategy == "epoch"
         hooks.hf["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
@@ -320,23 +356,31 @@ class FitLoop:
         run.training_state.epoch_ended = True
         try:
             hooks.call("on_train_epoch_end", fit, module)  # on_train_epoch_end, which may log epoch values)
+            if hooks.lightning[MONITORING_EPOCH_END]:  # EarlyStopping: after the module, on the epoch's values
+                self._epoch_callback_metrics()
+                hooks.call(MONITORING_EPOCH_END, fit, module)
         finally:
             module._log_defaults = defaults
-        epoch_values = module._results.epoch_values()
+        epoch_values = self._epoch_callback_metrics()
         hidden = module._results.hidden_names()
         epoch_logs = {k: v for k, v in epoch_values.items() if k not in hidden}
         if epoch_logs:
             self._log(epoch_logs)
-        # callback_metrics (Lightning): logger=False values too, and `name` for `name_epoch`
-        fit.callback_metrics.update(epoch_values)
-        fit.callback_metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items()
-                                     if k.endswith("_epoch")})
         if control.should_save:
             self._save(run.training_state.state_dict())
         control._new_step()
         for cfg in () if self.manual else self.plateau_schedulers:  # after validation, on the epoch's metrics
             if (epoch + 1) % cfg.frequency == 0:  # (Lightning)
                 self._step_scheduler(cfg)
+
+    def _epoch_callback_metrics(self) -> dict[str, Any]:
+        """The epoch's ``self.log`` aggregates so far into ``callback_metrics`` (Lightning: logger=False values
+        too, and ``name`` for ``name_epoch``); returns them."""
+        epoch_values = self.run.module._results.epoch_values()
+        metrics = self.owner.callback_metrics
+        metrics.update(epoch_values)
+        metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items() if k.endswith("_epoch")})
+        return epoch_values
 
     def _monitor_values(self) -> dict[str, Any]:
         """What a ``ReduceLROnPlateau`` may monitor (Lightning's ``callback_metrics``): logged rows, the latest
@@ -380,7 +424,7 @@ class FitLoop:
         ``_maybe_log_save_evaluate``); with ``save=False`` the save flag is left for the caller."""
         run, args, hooks, sums = self.run, self.args, self.hooks, self.sums
         state, control = run.state, run.control
-        step = state.global_step
+        step = self.windows if self.manual else state.global_step
         signum = self.stop.poll() if self.stop is not None and not epoch_end else 0
         if signum:  # SIGTERM / Ctrl-C / SLURM requeue: this step is the last one
             control.should_training_stop = True
@@ -393,7 +437,7 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "steps" and step % state.save_steps == 0:
                 control.should_save = True
-            if step >= state.max_steps:
+            if self._limit_count() >= state.max_steps:
                 control.should_training_stop = True
                 control.should_save = control.should_save or args.save_strategy == "steps"  # HF: save at the end
                 if args.eval_strategy == "steps" and step % state.eval_steps and (args.eval_delay or 0) <= step:
@@ -434,6 +478,11 @@ class FitLoop:
             raise self.stop.stop(self.strategy.checkpoint_io, args.output_dir, step, self.strategy.is_global_zero)
         control._new_step()
 
+    def _limit_count(self) -> int:
+        """What ``state.max_steps`` limits: optimizer steps, except under manual optimization without an explicit
+        ``max_steps``, where the derived limit counts batches (the epochs decide, as Lightning)."""
+        return self.windows if self.manual and not self.explicit_max_steps else self.run.state.global_step
+
     def _global_tr_loss(self) -> torch.Tensor:
         """The loss sum since the last log, averaged over processes (each holds its share of the window)."""
         strategy, sums = self.strategy, self.sums
@@ -443,7 +492,10 @@ class FitLoop:
     @property
     def training_loss(self) -> float:
         """Mean loss per optimizer step over the whole run (HF ``TrainOutput.training_loss``)."""
-        steps = self.run.state.global_step - self.sums.loss_start_step - self.lossless_total
+        if self.manual:  # per batch (global_step counts each optimizer's steps)
+            steps = self.windows - (self.windows_at_start if self.sums.loss_start_step else 0) - self.lossless_total
+        else:
+            steps = self.run.state.global_step - self.sums.loss_start_step - self.lossless_total
         return self.sums.total_loss / steps if steps > 0 and self.loss_seen else math.nan
 
     @property

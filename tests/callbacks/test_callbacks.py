@@ -328,10 +328,10 @@ def test_hook_lists_hold_only_overriding_callbacks_F_LOOP_6():
     assert all(not fns for name, fns in runner.hf.items() if name != "on_log")
     assert all(not fns for fns in runner.lightning.values())
     # EarlyStopping listens once per run (start/end), once per epoch (check_on_train_epoch_end) and to
-    # on_evaluate: nothing on the per-step path
+    # on_evaluate: nothing on the per-step path (its epoch-end check runs after the module's own hook)
     es_runner = HookRunner([Callback(), EarlyStopping()])
     assert {k for k, fns in es_runner.lightning.items() if fns} == {"on_train_start", "on_train_end",
-                                                                     "on_train_epoch_end"}
+                                                                     "on_train_epoch_end:monitoring"}
     es_runner = HookRunner([EarlyStopping()])
     assert [name for name, fns in es_runner.hf.items() if fns] == ["on_evaluate"]
 
