@@ -124,8 +124,9 @@ class FitLoop:
         scheduled = accumulation_schedule(getattr(self.owner, "callbacks", ()))
         self.accum_at = scheduled or (lambda epoch, accum=args.gradient_accumulation_steps: accum)
         self.manual = not module.automatic_optimization
-        self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None)
+        self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None, args, self.hooks)
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
+        self.step.free_gradients()  # gradients left from before the run (zeroed in the first closure otherwise)
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
         self.record_loss = sums.nan_filter.add if args.logging_nan_inf_filter else None  # filtered where read
         sums.tr_loss = sums.tr_loss.to(strategy.root_device)
@@ -419,6 +420,8 @@ class FitLoop:
             self._log(logs)
         if control.should_log or control.should_save:  # the only host sync it adds: on logging and save steps
             check_finite(self.strategy, run.module, step, args.output_dir)  # after the log row, before a save
+        if not epoch_end:  # the step's gradients are read (norm, log row): free them before evaluation and the
+            self.step.free_gradients()  # next forward when the policy says so
         if control.should_evaluate:
             self._evaluate()
         if not save:

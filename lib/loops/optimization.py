@@ -126,6 +126,10 @@ class StepPolicy:
             (an evaluation switched them to ``eval()``, as HF); empty for any other optimizer.
         hf_step (HFTrainingStep | None): a ``Fit`` subclass's HF ``training_step`` override, which runs forward
             and backward itself; None otherwise.
+        zero_grad_after_step (bool): free the gradients (``zero_grad(set_to_none=True)``) once the step has been
+            logged, before the next window's forward, as HF's ``Trainer`` (``model.zero_grad()`` after the optimizer
+            and scheduler steps), so the old gradients are not alive during the next forward; False keeps
+            Lightning's closure order (``training_step``, ``zero_grad``, backward). See :func:`zero_grad_after_step`.
     """
 
     name: str
@@ -133,17 +137,47 @@ class StepPolicy:
     optimizer_step: Callable[[Any], bool]
     mode_optimizers: tuple = ()
     hf_step: Any = None
+    zero_grad_after_step: bool = False
 
 
-def choose_policy(owner: Any, run: Any, strategy: Any, manual: bool, accumulation_scheduled: bool) -> StepPolicy:
+def zero_grad_after_step(module: Any, args: Any, strategy: Any, hooks: Any, default_step: bool) -> bool:
+    """Whether a run may free its gradients right after each step (HF's order) instead of in the next closure
+    (Lightning's order); the optimizer trajectory is the same either way.
+
+    False, keeping Lightning's order, when the difference can be observed: the module overrides
+    ``optimizer_zero_grad`` or a callback or the module overrides ``on_before_zero_grad`` (Lightning hooks whose
+    timing users see); the step is not the default one (LOMO's fused backward, an engine that owns the step such as
+    DeepSpeed, which zeroes itself); or the gradient norm is computed only when a log row or a save needs it (no
+    clipping) and an epoch-end row or save may read the last step's gradients (``logging_strategy`` or
+    ``save_strategy`` ``"epoch"``, or an HF ``on_epoch_end`` callback that may raise those flags).
+
+    Args:
+        module (TaskModule): the module being trained. args (FitArguments): the run's options.
+        strategy (Strategy): ``engine_owns_step``. hooks (HookRunner): the resolved hooks.
+        default_step (bool): the policy steps with the strategy's ``backward``/``optimizer_step``.
+    """
+    if not default_step or strategy.engine_owns_step or overrides(module, "optimizer_zero_grad"):
+        return False
+    if hooks.lightning["on_before_zero_grad"]:
+        return False
+    lazy_norm = not (args.max_grad_norm and args.max_grad_norm > 0) and not overrides(
+        module, "configure_gradient_clipping")
+    epoch_reads = "epoch" in (args.logging_strategy, args.save_strategy) or bool(hooks.hf["on_epoch_end"])
+    return not (lazy_norm and epoch_reads)
+
+
+def choose_policy(owner: Any, run: Any, strategy: Any, manual: bool, accumulation_scheduled: bool,
+                  args: Any = None, hooks: Any = None) -> StepPolicy:
     """The :class:`StepPolicy` of ``run``.
 
     Args:
         owner (Fit): asked for an HF ``training_step`` override (``_hf_training_step(run)``).
-        run (Run): its ``optimizers`` (the first decides the policy).
+        run (Run): its ``optimizers`` (the first decides the policy) and ``module``.
         strategy (Strategy): ``backward``/``optimizer_step``; an engine that owns the step keeps them.
         manual (bool): manual optimization (no fused backward: the module runs backward itself).
         accumulation_scheduled (bool): a callback changes the accumulation per epoch (layer-wise refuses it).
+        args (FitArguments | None), hooks (HookRunner | None): for :func:`zero_grad_after_step`; without them
+            the policy keeps Lightning's zero_grad order.
 
     Raises:
         ValueError / NotImplementedError: a LOMO or layer-wise optimizer in a run it cannot do (several
@@ -156,7 +190,9 @@ def choose_policy(owner: Any, run: Any, strategy: Any, manual: bool, accumulatio
     hf_step = getattr(owner, "_hf_training_step", lambda _run: None)(run)
     if fused is not None:
         return StepPolicy("fused_backward", fused, _no_step, modes, hf_step)
-    return StepPolicy("default", strategy.backward, strategy.optimizer_step, modes, hf_step)
+    early = (not manual and args is not None and hooks is not None
+             and zero_grad_after_step(run.module, args, strategy, hooks, default_step=True))
+    return StepPolicy("default", strategy.backward, strategy.optimizer_step, modes, hf_step, early)
 
 
 class ManualStep:
@@ -185,6 +221,9 @@ class ManualStep:
     def finish_window(self) -> bool:
         """False: the loop's schedulers of interval ``"step"`` are the module's to step."""
         return False
+
+    def free_gradients(self) -> None:
+        """Nothing: the module zeroes its own gradients."""
 
 
 class AutomaticStep:
@@ -217,6 +256,7 @@ class AutomaticStep:
         self.max_norm, self.clip_by_value = args.max_grad_norm, args.gradient_clip_algorithm == "value"
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.hf_step = policy.hf_step
+        self.zero_in_closure = not policy.zero_grad_after_step  # else freed after each step (free_gradients)
         self.forward_backward = self._hf_forward_backward if policy.hf_step is not None else self._forward_backward
         own_step = overrides(module, "optimizer_step") and not engine
         self._last_micro_batch = self._own_optimizer_step if own_step else self.closure
@@ -257,7 +297,7 @@ class AutomaticStep:
     def _hf_forward_backward(self) -> None:
         """An HF ``training_step`` override: zero_grad first, the override runs backward itself."""
         i = self._i
-        if i == 0:
+        if i == 0 and self.zero_in_closure:
             for opt in self.optimizers:
                 opt.zero_grad(set_to_none=True)
         with self.fwd_ctx():
@@ -271,7 +311,7 @@ class AutomaticStep:
         loss = extract_training_loss(out)
         if self.weights is not None:
             loss = loss * self.weights[i]
-        if i == 0:
+        if i == 0 and self.zero_in_closure:
             for opt in self.optimizers:
                 L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", self.owner, module, opt)
                 if self.own_zero_grad:
@@ -285,6 +325,15 @@ class AutomaticStep:
             self.policy.backward(loss)
         L["on_after_backward"] and hooks.call("on_after_backward", self.owner, module)
         self._out, self._loss = out, loss
+
+    def free_gradients(self) -> None:
+        """``zero_grad(set_to_none=True)`` of every optimizer when the policy frees gradients after the step
+        (:attr:`StepPolicy.zero_grad_after_step`: at the run's start and after each step's log row); nothing when
+        the closure zeroes them (Lightning's order)."""
+        if self.zero_in_closure:
+            return
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
 
     def _detached_loss(self) -> torch.Tensor:
         """The closure of the second and later optimizers: the loss the first one's closure computed."""
