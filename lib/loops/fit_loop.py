@@ -237,7 +237,7 @@ class FitLoop:
         L, H = hooks.lightning, hooks.hf
         results, move, record_loss = module._results, self.move, self.record_loss
         mode_optimizers = self.policy.mode_optimizers
-        step.start_window(window, self._weights(window), epoch)
+        step.start_window(window, self._weights(window) if self.counts_needed else None, epoch)
         last = len(window) - 1
         window_samples = 0
         for i in range(last + 1):
@@ -420,8 +420,8 @@ class FitLoop:
             self._log(logs)
         if control.should_log or control.should_save:  # the only host sync it adds: on logging and save steps
             check_finite(self.strategy, run.module, step, args.output_dir)  # after the log row, before a save
-        if not epoch_end:  # the step's gradients are read (norm, log row): free them before evaluation and the
-            self.step.free_gradients()  # next forward when the policy says so
+        if not epoch_end and self.policy.zero_grad_after_step:  # the step's gradients are read (norm, log row):
+            self.step.free_gradients()  # free them before evaluation and the next forward
         if control.should_evaluate:
             self._evaluate()
         if not save:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from taskfit.core.step_call import by_signature
+from taskfit.core.step_call import by_signature, positional_capacity
 from taskfit.core.hooks import overrides
 from taskfit.core.manual import LightningOptimizer, manual_outer_forward
 from taskfit.optim.hf_optimizers import fused_backward_of, optimizers_with_modes
@@ -105,6 +105,15 @@ def window_weights(counts: list[Any], world: int = 1, even_counts: bool = False,
     total = sum(counts)
     total = total.clamp(min=1) if isinstance(total, torch.Tensor) else max(total, 1)
     return [c / total for c in counts]
+
+
+def training_function(strategy: Any, module: Any) -> Callable[[Any, int], Any]:
+    """``module.training_step`` through the strategy's route (e.g. the DDP wrapper's ``forward``), called as
+    ``fx(batch, batch_idx)``; trimmed to ``fx(batch)`` for a ``training_step(batch)`` (valid Lightning), and the
+    route itself otherwise (no wrapper call per step)."""
+    step_fn = strategy.step_function(module, "training_step")
+    n = positional_capacity(module.training_step)
+    return step_fn if n is None or n >= 2 else by_signature(step_fn, module.training_step)
 
 
 def _no_step(optimizer: Any) -> bool:
@@ -205,8 +214,7 @@ class ManualStep:
 
     def __init__(self, loop: Any) -> None:
         self.strategy = strategy = loop.strategy
-        self.train_fx = by_signature(strategy.step_function(loop.run.module, "training_step"),
-                                     loop.run.module.training_step)  # training_step(batch) is valid Lightning
+        self.train_fx = training_function(strategy, loop.run.module)
         self.fwd_ctx, self.device = strategy.forward_context, strategy.root_device
 
     def start_window(self, window: list[Any], weights: list[Any] | None, epoch: int) -> None:
@@ -245,8 +253,7 @@ class AutomaticStep:
         self.module = module = run.module
         self.optimizers = run.optimizers
         self.optimizer, self.other_optimizers = run.optimizers[0], run.optimizers[1:]
-        self.train_fx = by_signature(strategy.step_function(module, "training_step"),  # through the wrapper
-                                     module.training_step)  # training_step(batch) is valid Lightning
+        self.train_fx = training_function(strategy, module)
         self.fwd_ctx, self.precision = strategy.forward_context, strategy.precision
         self.L, self.H = loop.hooks.lightning, loop.hooks.hf
         engine = strategy.engine_owns_step
@@ -259,7 +266,7 @@ class AutomaticStep:
         self.zero_in_closure = not policy.zero_grad_after_step  # else freed after each step (free_gradients)
         self.forward_backward = self._hf_forward_backward if policy.hf_step is not None else self._forward_backward
         own_step = overrides(module, "optimizer_step") and not engine
-        self._last_micro_batch = self._own_optimizer_step if own_step else self.closure
+        self._last_micro_batch = self._own_optimizer_step if own_step else self._run_closure
         self.finish_window = self._own_step_result if own_step else self._step_optimizers
         # Lightning keeps one LightningOptimizer per optimizer for the run; `stepped` is reset per window
         self.handles = [LightningOptimizer(opt, module, self.after_closure) for opt in self.optimizers]
@@ -284,15 +291,19 @@ class AutomaticStep:
         if i == self.last:
             self._last_micro_batch()
         else:
-            self.closure()
+            self._run_closure()
         return self._out, self._loss
 
     def closure(self) -> torch.Tensor:
-        """Lightning's training closure: training_step, zero_grad (first micro-batch of a window), backward;
-        returns the detached weighted loss."""
+        """Lightning's training closure (what a module's ``optimizer_step`` receives): training_step, zero_grad
+        (first micro-batch of a window), backward; returns the detached weighted loss."""
+        self._run_closure()
+        return self._loss.detach()
+
+    def _run_closure(self) -> None:
+        """The closure without its return value (the loop reads ``_loss`` itself: no detach per micro-batch)."""
         with self.strategy.no_backward_sync(enabled=self._i != self.last):
             self.forward_backward()
-        return self._loss.detach()
 
     def _hf_forward_backward(self) -> None:
         """An HF ``training_step`` override: zero_grad first, the override runs backward itself."""
@@ -358,8 +369,9 @@ class AutomaticStep:
     def _step_optimizers(self) -> bool:
         """Unscale, hooks and clipping per optimizer, then every optimizer's step; False when the first one's
         step was skipped (overflow)."""
-        for opt in self.optimizers:
-            self.after_closure(opt)
+        strategy, before_step = self.strategy, self._before_step
+        for opt in self.optimizers:  # after_closure, inlined: one call less per step
+            strategy.before_optimizer_step(opt, before_step)
         self.H["on_pre_optimizer_step"] and self.hooks.call_hf("on_pre_optimizer_step", self.args, self.state,
                                                                self.control)
         stepped = self.policy.optimizer_step(self.optimizer)
