@@ -131,8 +131,9 @@ class FitLoop:
         # log / evaluate / save intervals count batches (Lightning's _batches_that_stepped)
         self._manual_seen = module.__dict__.get("_manual_steps", 0)
         self.explicit_max_steps = bool(args.max_steps and args.max_steps > 0)
-        self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None)
+        self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None, args, self.hooks)
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
+        self.step.free_gradients()  # gradients left from before the run (zeroed in the first closure otherwise)
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
         self.record_loss = sums.nan_filter.add if args.logging_nan_inf_filter else None  # filtered where read
         sums.tr_loss = sums.tr_loss.to(strategy.root_device)
@@ -248,7 +249,7 @@ class FitLoop:
         L, H = hooks.lightning, hooks.hf
         results, move, record_loss = module._results, self.move, self.record_loss
         mode_optimizers = self.policy.mode_optimizers
-        step.start_window(window, self._weights(window), epoch)
+        step.start_window(window, self._weights(window) if self.counts_needed else None, epoch)
         last = len(window) - 1
         window_samples, window_flos, flos_of = 0, 0.0, run.flos_of
         for i in range(last + 1):
@@ -468,6 +469,8 @@ class FitLoop:
             self._log(logs)
         if control.should_log or control.should_save:  # the only host sync it adds: on logging and save steps
             check_finite(self.strategy, run.module, step, args.output_dir)  # after the log row, before a save
+        if not epoch_end and self.policy.zero_grad_after_step:  # the step's gradients are read (norm, log row):
+            self.step.free_gradients()  # free them before evaluation and the next forward
         if control.should_evaluate:
             self._evaluate()
         if not save:

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import torch
 
-from taskfit.core.step_call import by_signature
+from taskfit.core.step_call import by_signature, positional_capacity
 from taskfit.core.hooks import overrides
 from taskfit.core.manual import LightningOptimizer, manual_outer_forward
 from taskfit.optim.hf_optimizers import fused_backward_of, optimizers_with_modes
@@ -107,6 +107,15 @@ def window_weights(counts: list[Any], world: int = 1, even_counts: bool = False,
     return [c / total for c in counts]
 
 
+def training_function(strategy: Any, module: Any) -> Callable[[Any, int], Any]:
+    """``module.training_step`` through the strategy's route (e.g. the DDP wrapper's ``forward``), called as
+    ``fx(batch, batch_idx)``; trimmed to ``fx(batch)`` for a ``training_step(batch)`` (valid Lightning), and the
+    route itself otherwise (no wrapper call per step)."""
+    step_fn = strategy.step_function(module, "training_step")
+    n = positional_capacity(module.training_step)
+    return step_fn if n is None or n >= 2 else by_signature(step_fn, module.training_step)
+
+
 def _no_step(optimizer: Any) -> bool:
     """The optimizer step of an optimizer that updated the parameters during backward (LOMO): nothing left."""
     return True
@@ -126,6 +135,10 @@ class StepPolicy:
             (an evaluation switched them to ``eval()``, as HF); empty for any other optimizer.
         hf_step (HFTrainingStep | None): a ``Fit`` subclass's HF ``training_step`` override, which runs forward
             and backward itself; None otherwise.
+        zero_grad_after_step (bool): free the gradients (``zero_grad(set_to_none=True)``) once the step has been
+            logged, before the next window's forward, as HF's ``Trainer`` (``model.zero_grad()`` after the optimizer
+            and scheduler steps), so the old gradients are not alive during the next forward; False keeps
+            Lightning's closure order (``training_step``, ``zero_grad``, backward). See :func:`zero_grad_after_step`.
     """
 
     name: str
@@ -133,17 +146,47 @@ class StepPolicy:
     optimizer_step: Callable[[Any], bool]
     mode_optimizers: tuple = ()
     hf_step: Any = None
+    zero_grad_after_step: bool = False
 
 
-def choose_policy(owner: Any, run: Any, strategy: Any, manual: bool, accumulation_scheduled: bool) -> StepPolicy:
+def zero_grad_after_step(module: Any, args: Any, strategy: Any, hooks: Any, default_step: bool) -> bool:
+    """Whether a run may free its gradients right after each step (HF's order) instead of in the next closure
+    (Lightning's order); the optimizer trajectory is the same either way.
+
+    False, keeping Lightning's order, when the difference can be observed: the module overrides
+    ``optimizer_zero_grad`` or a callback or the module overrides ``on_before_zero_grad`` (Lightning hooks whose
+    timing users see); the step is not the default one (LOMO's fused backward, an engine that owns the step such as
+    DeepSpeed, which zeroes itself); or the gradient norm is computed only when a log row or a save needs it (no
+    clipping) and an epoch-end row or save may read the last step's gradients (``logging_strategy`` or
+    ``save_strategy`` ``"epoch"``, or an HF ``on_epoch_end`` callback that may raise those flags).
+
+    Args:
+        module (TaskModule): the module being trained. args (FitArguments): the run's options.
+        strategy (Strategy): ``engine_owns_step``. hooks (HookRunner): the resolved hooks.
+        default_step (bool): the policy steps with the strategy's ``backward``/``optimizer_step``.
+    """
+    if not default_step or strategy.engine_owns_step or overrides(module, "optimizer_zero_grad"):
+        return False
+    if hooks.lightning["on_before_zero_grad"]:
+        return False
+    lazy_norm = not (args.max_grad_norm and args.max_grad_norm > 0) and not overrides(
+        module, "configure_gradient_clipping")
+    epoch_reads = "epoch" in (args.logging_strategy, args.save_strategy) or bool(hooks.hf["on_epoch_end"])
+    return not (lazy_norm and epoch_reads)
+
+
+def choose_policy(owner: Any, run: Any, strategy: Any, manual: bool, accumulation_scheduled: bool,
+                  args: Any = None, hooks: Any = None) -> StepPolicy:
     """The :class:`StepPolicy` of ``run``.
 
     Args:
         owner (Fit): asked for an HF ``training_step`` override (``_hf_training_step(run)``).
-        run (Run): its ``optimizers`` (the first decides the policy).
+        run (Run): its ``optimizers`` (the first decides the policy) and ``module``.
         strategy (Strategy): ``backward``/``optimizer_step``; an engine that owns the step keeps them.
         manual (bool): manual optimization (no fused backward: the module runs backward itself).
         accumulation_scheduled (bool): a callback changes the accumulation per epoch (layer-wise refuses it).
+        args (FitArguments | None), hooks (HookRunner | None): for :func:`zero_grad_after_step`; without them
+            the policy keeps Lightning's zero_grad order.
 
     Raises:
         ValueError / NotImplementedError: a LOMO or layer-wise optimizer in a run it cannot do (several
@@ -156,7 +199,9 @@ def choose_policy(owner: Any, run: Any, strategy: Any, manual: bool, accumulatio
     hf_step = getattr(owner, "_hf_training_step", lambda _run: None)(run)
     if fused is not None:
         return StepPolicy("fused_backward", fused, _no_step, modes, hf_step)
-    return StepPolicy("default", strategy.backward, strategy.optimizer_step, modes, hf_step)
+    early = (not manual and args is not None and hooks is not None
+             and zero_grad_after_step(run.module, args, strategy, hooks, default_step=True))
+    return StepPolicy("default", strategy.backward, strategy.optimizer_step, modes, hf_step, early)
 
 
 class ManualStep:
@@ -169,8 +214,7 @@ class ManualStep:
 
     def __init__(self, loop: Any) -> None:
         self.strategy = strategy = loop.strategy
-        self.train_fx = by_signature(strategy.step_function(loop.run.module, "training_step"),
-                                     loop.run.module.training_step)  # training_step(batch) is valid Lightning
+        self.train_fx = training_function(strategy, loop.run.module)
         self.fwd_ctx, self.device = strategy.forward_context, strategy.root_device
 
     def start_window(self, window: list[Any], weights: list[Any] | None, epoch: int) -> None:
@@ -185,6 +229,9 @@ class ManualStep:
     def finish_window(self) -> bool:
         """False: the loop's schedulers of interval ``"step"`` are the module's to step."""
         return False
+
+    def free_gradients(self) -> None:
+        """Nothing: the module zeroes its own gradients."""
 
 
 class AutomaticStep:
@@ -206,8 +253,7 @@ class AutomaticStep:
         self.module = module = run.module
         self.optimizers = run.optimizers
         self.optimizer, self.other_optimizers = run.optimizers[0], run.optimizers[1:]
-        self.train_fx = by_signature(strategy.step_function(module, "training_step"),  # through the wrapper
-                                     module.training_step)  # training_step(batch) is valid Lightning
+        self.train_fx = training_function(strategy, module)
         self.fwd_ctx, self.precision = strategy.forward_context, strategy.precision
         self.L, self.H = loop.hooks.lightning, loop.hooks.hf
         engine = strategy.engine_owns_step
@@ -217,9 +263,10 @@ class AutomaticStep:
         self.max_norm, self.clip_by_value = args.max_grad_norm, args.gradient_clip_algorithm == "value"
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.hf_step = policy.hf_step
+        self.zero_in_closure = not policy.zero_grad_after_step  # else freed after each step (free_gradients)
         self.forward_backward = self._hf_forward_backward if policy.hf_step is not None else self._forward_backward
         own_step = overrides(module, "optimizer_step") and not engine
-        self._last_micro_batch = self._own_optimizer_step if own_step else self.closure
+        self._last_micro_batch = self._own_optimizer_step if own_step else self._run_closure
         self.finish_window = self._own_step_result if own_step else self._step_optimizers
         # Lightning keeps one LightningOptimizer per optimizer for the run; `stepped` is reset per window
         self.handles = [LightningOptimizer(opt, module, self.after_closure) for opt in self.optimizers]
@@ -244,20 +291,24 @@ class AutomaticStep:
         if i == self.last:
             self._last_micro_batch()
         else:
-            self.closure()
+            self._run_closure()
         return self._out, self._loss
 
     def closure(self) -> torch.Tensor:
-        """Lightning's training closure: training_step, zero_grad (first micro-batch of a window), backward;
-        returns the detached weighted loss."""
+        """Lightning's training closure (what a module's ``optimizer_step`` receives): training_step, zero_grad
+        (first micro-batch of a window), backward; returns the detached weighted loss."""
+        self._run_closure()
+        return self._loss.detach()
+
+    def _run_closure(self) -> None:
+        """The closure without its return value (the loop reads ``_loss`` itself: no detach per micro-batch)."""
         with self.strategy.no_backward_sync(enabled=self._i != self.last):
             self.forward_backward()
-        return self._loss.detach()
 
     def _hf_forward_backward(self) -> None:
         """An HF ``training_step`` override: zero_grad first, the override runs backward itself."""
         i = self._i
-        if i == 0:
+        if i == 0 and self.zero_in_closure:
             for opt in self.optimizers:
                 opt.zero_grad(set_to_none=True)
         with self.fwd_ctx():
@@ -271,7 +322,7 @@ class AutomaticStep:
         loss = extract_training_loss(out)
         if self.weights is not None:
             loss = loss * self.weights[i]
-        if i == 0:
+        if i == 0 and self.zero_in_closure:
             for opt in self.optimizers:
                 L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", self.owner, module, opt)
                 if self.own_zero_grad:
@@ -285,6 +336,15 @@ class AutomaticStep:
             self.policy.backward(loss)
         L["on_after_backward"] and hooks.call("on_after_backward", self.owner, module)
         self._out, self._loss = out, loss
+
+    def free_gradients(self) -> None:
+        """``zero_grad(set_to_none=True)`` of every optimizer when the policy frees gradients after the step
+        (:attr:`StepPolicy.zero_grad_after_step`: at the run's start and after each step's log row); nothing when
+        the closure zeroes them (Lightning's order)."""
+        if self.zero_in_closure:
+            return
+        for opt in self.optimizers:
+            opt.zero_grad(set_to_none=True)
 
     def _detached_loss(self) -> torch.Tensor:
         """The closure of the second and later optimizers: the loss the first one's closure computed."""
@@ -309,8 +369,9 @@ class AutomaticStep:
     def _step_optimizers(self) -> bool:
         """Unscale, hooks and clipping per optimizer, then every optimizer's step; False when the first one's
         step was skipped (overflow)."""
-        for opt in self.optimizers:
-            self.after_closure(opt)
+        strategy, before_step = self.strategy, self._before_step
+        for opt in self.optimizers:  # after_closure, inlined: one call less per step
+            strategy.before_optimizer_step(opt, before_step)
         self.H["on_pre_optimizer_step"] and self.hooks.call_hf("on_pre_optimizer_step", self.args, self.state,
                                                                self.control)
         stepped = self.policy.optimizer_step(self.optimizer)

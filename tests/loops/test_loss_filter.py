@@ -64,3 +64,15 @@ def test_f_loop_8_lazy_filter_read_mid_interval_and_resumed_base():
 def test_lazy_filter_without_records_does_not_touch_the_sum():
     f, running = NonFiniteLossFilter(), torch.tensor(math.nan)
     assert f.apply(running, 3) is running and math.isnan(float(running))  # filter off: no replay, no sync
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_lazy_filter_keeps_cpu_losses_of_any_dtype_exactly(dtype):
+    """A CPU loss is recorded as its value; replayed, it is the same tensor value of its dtype."""
+    losses = [torch.tensor(v, dtype=dtype) for v in (0.3, math.nan, 1.7, 2.9)]
+    f, running = NonFiniteLossFilter(), torch.zeros(())
+    for k, x in enumerate(losses):
+        running += x
+        f.add(x, k)
+    f.apply(running, 4)
+    assert torch.equal(running, _eager(losses, range(4)))

@@ -145,3 +145,51 @@ def test_fit_windows_and_last_short_window(tmp_path):
         x = ds.tensors[0][i * 8:(i + 1) * 8]
         expected.append((x * w + b).pow(2).mean() * weight)
     torch.testing.assert_close(torch.stack(module.seen), torch.stack(expected))
+
+
+# ---- when gradients are freed --------------------------------------------------------------------------------
+class _GradWatcher(TaskModule):
+    """Records, per step, whether gradients exist in ``training_step`` (the previous step's) and in
+    ``on_train_batch_end`` (this step's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Linear(2, 1)
+        self.in_forward, self.at_batch_end = [], []
+
+    def training_step(self, batch, batch_idx):
+        self.in_forward.append(self.net.weight.grad is not None)
+        return self.net(batch[0]).pow(2).mean()
+
+    def on_train_batch_end(self, outputs, batch, batch_idx):
+        self.at_batch_end.append(self.net.weight.grad is not None)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+class _ZeroGradHook(_GradWatcher):
+    def on_before_zero_grad(self, optimizer):
+        pass
+
+
+@pytest.mark.parametrize("module_cls, freed", [(_GradWatcher, True), (_ZeroGradHook, False)])
+def test_gradients_freed_after_the_step_unless_a_zero_grad_hook_observes_it(tmp_path, module_cls, freed):
+    """HF's order (zero_grad after the step: the old gradients are gone before the next forward) unless the module
+    overrides ``on_before_zero_grad`` (Lightning's order: training_step, zero_grad, backward); either way
+    ``on_train_batch_end`` sees the step's gradients and the weights are the same."""
+    torch.manual_seed(0)
+    module = module_cls()
+    data = DataLoader(TensorDataset(torch.randn(12, 2)), batch_size=4)
+    Fit(args=FitArguments(output_dir=str(tmp_path), disable_tqdm=True, report_to="none", save_strategy="no",
+                          logging_strategy="no", max_grad_norm=0.0, num_train_epochs=1, seed=0)).fit(module, data)
+    assert module.at_batch_end == [True, True, True]
+    assert module.in_forward == [False, not freed, not freed]
+    torch.manual_seed(0)
+    ref, opt = torch.nn.Linear(2, 1), None
+    opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    for (x,) in data:
+        opt.zero_grad(set_to_none=True)
+        ref(x).pow(2).mean().backward()
+        opt.step()
+    assert torch.equal(module.net.weight.detach(), ref.weight.detach())
