@@ -6,9 +6,7 @@ DDP loops, a step that neither logs, evaluates nor saves converts no tensor to a
 Left out of the count: conversions inside ``torch/optim/`` (the optimizers read their step counter, a CPU tensor
 unless ``capturable``, with ``.item()``: no device is waited for), the graceful-stop flag under DDP
 (``taskfit/signals.py``: a CPU tensor of a gloo group, all-reduced one step earlier, so reading it waits for no
-device), the loss filter's record of a CPU loss (``loops/loss_filter.py``: a loss on the CPU is kept as its value, a
-loss on any other device as a tensor, so this conversion never waits for a device) and the first step (the epoch's
-sampler order is drawn when the epoch starts).
+device) and the first step (the epoch's sampler order is drawn when the epoch starts).
 """
 
 from __future__ import annotations
@@ -40,7 +38,7 @@ def _run(tmp_path: Path, cfg: dict) -> list[dict]:
 
 
 def _ours(calls: list[str]) -> list[str]:
-    return [c for c in calls if "torch/optim/" not in c and "/signals.py:" not in c and "/loss_filter.py:" not in c]
+    return [c for c in calls if "torch/optim/" not in c and "/signals.py:" not in c]
 
 
 @pytest.mark.parametrize("mode", [pytest.param(m, marks=[pytest.mark.distributed] if "ddp" in m else [])
