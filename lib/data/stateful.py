@@ -55,8 +55,8 @@ def stateful_source(loader: Any) -> Any | None:
     dataset = getattr(loader, "dataset", None)
     if not (isinstance(loader, DataLoader) and isinstance(dataset, IterableDataset) and _is_stateful(dataset)):
         return None
-    if loader.num_workers > 0:
-        _warn_once(f"The training {type(dataset).__name__} has state_dict()/load_state_dict(), but the DataLoader "
+    if loader.num_workers > 0:  # asked once per run: one warning per run
+        log.warning(f"The training {type(dataset).__name__} has state_dict()/load_state_dict(), but the DataLoader "
                    f"reads it in {loader.num_workers} worker process(es), whose copies of the dataset hold the "
                    "position, not this process's: a mid-epoch resume reads and drops the consumed batches instead. "
                    "Use dataloader_num_workers=0, or wrap the dataset in torchdata's StatefulDataLoader, to resume "
