@@ -139,3 +139,26 @@ def test_data_state_json_round_trip_F_FT_6():
     assert back["scalar"].dtype == torch.float64 and back["scalar"].shape == () and float(back["scalar"]) == 2.5
     with pytest.raises(TypeError, match=r"holds a object at state\['bad'\]"):
         encode_state({"bad": object()})
+
+
+def test_datasets_streaming_dataset_resumes_from_its_state_F_FT_6(tmp_path):
+    """F-FT-6: a ``datasets.IterableDataset`` (its own ``state_dict``) resumes exactly from its saved state; its
+    lazy ``map`` runs only on the samples still to train on, in the second pass too."""
+    datasets = pytest.importorskip("datasets")
+    calls: list[int] = []
+    base = Stream()
+
+    def row(r):
+        calls.append(r["idx"])
+        return r
+
+    def make():
+        data = datasets.Dataset.from_dict({"idx": list(range(N)), "x": base.x.tolist(), "y": base.y.tolist()})
+        return data.to_iterable_dataset().map(row).with_format("torch")
+
+    full, resumed, _, ckpt = _interrupted(tmp_path, make)
+    assert resumed.seen == full.seen[STOP:]
+    assert torch.equal(resumed.layer.weight, full.layer.weight)
+    assert "data_state_0.json" in json.load(open(os.path.join(ckpt, "manifest.json")))["files"]
+    # the three runs mapped: 10 steps, 3 steps, then only the 7 steps left (no consumed sample again)
+    assert len(calls) == (STEPS + STOP + STEPS - STOP) * BATCH
