@@ -80,6 +80,11 @@ def _fit(out, max_steps: int, **kw) -> Fit:
                save_strategy="steps", disable_tqdm=True, report_to="none", lr_scheduler_type="constant", **kw)
 
 
+def _json(folder: str, name: str):
+    with open(os.path.join(folder, name)) as f:
+        return json.load(f)
+
+
 def _interrupted(tmp_path, make_stream, **kw):
     """(uninterrupted module, resumed module, resumed stream, checkpoint folder): a run of ``STEPS`` steps, and
     one stopped at step ``STOP`` (its checkpoint) then resumed to ``STEPS`` on a fresh stream."""
@@ -101,9 +106,9 @@ def test_stateful_iterable_resumes_from_its_state_F_FT_6(tmp_path):
     assert resumed.seen == full.seen[STOP:]
     assert torch.equal(resumed.layer.weight, full.layer.weight)
     assert stream.fetched == (STEPS - STOP) * BATCH
-    manifest = json.load(open(os.path.join(ckpt, "manifest.json")))
+    manifest = _json(ckpt, "manifest.json")
     assert "data_state_0.json" in manifest["files"]
-    assert json.load(open(os.path.join(ckpt, "data_state_0.json"))) == {"epoch": 0, "pos": STOP * BATCH}
+    assert _json(ckpt, "data_state_0.json") == {"epoch": 0, "pos": STOP * BATCH}
 
 
 def test_plain_iterable_still_resumes_by_skipping_F_FT_6(tmp_path):
@@ -159,6 +164,6 @@ def test_datasets_streaming_dataset_resumes_from_its_state_F_FT_6(tmp_path):
     full, resumed, _, ckpt = _interrupted(tmp_path, make)
     assert resumed.seen == full.seen[STOP:]
     assert torch.equal(resumed.layer.weight, full.layer.weight)
-    assert "data_state_0.json" in json.load(open(os.path.join(ckpt, "manifest.json")))["files"]
+    assert "data_state_0.json" in _json(ckpt, "manifest.json")["files"]
     # the three runs mapped: 10 steps, 3 steps, then only the 7 steps left (no consumed sample again)
     assert len(calls) == (STEPS + STOP + STEPS - STOP) * BATCH
