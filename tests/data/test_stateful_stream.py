@@ -167,3 +167,35 @@ def test_datasets_streaming_dataset_resumes_from_its_state_F_FT_6(tmp_path):
     assert "data_state_0.json" in _json(ckpt, "manifest.json")["files"]
     # the three runs mapped: 10 steps, 3 steps, then only the 7 steps left (no consumed sample again)
     assert len(calls) == (STEPS + STOP + STEPS - STOP) * BATCH
+
+
+def _ddp_job(tmp_path, name: str, **cfg) -> list[dict]:
+    """Run ``stream_ddp_job.py`` with 2 DDP processes; both ranks' results."""
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    cfg = {"out": str(tmp_path / "out"), "result": str(tmp_path / name), **cfg}
+    os.makedirs(tmp_path, exist_ok=True)
+    (tmp_path / f"{name}.json").write_text(json.dumps(cfg))
+    proc = subprocess.run([sys.executable, os.path.join(here, "stream_ddp_job.py"), str(tmp_path / f"{name}.json")],
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return [_json(str(tmp_path), f"{name}.rank{r}.json") for r in range(2)]
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_stateful_iterable_resumes_per_rank_under_ddp_F_FT_6(tmp_path):
+    """F-FT-6: 2 DDP processes, each reading its own share of a stateful stream: stopped at step 2 and resumed to
+    step 6, each rank continues from its own saved state (``data_state_{rank}.json``): the same batches per rank
+    and weights as the uninterrupted run, and each stream produced only the (6 - 2) x 2 samples left."""
+    full = _ddp_job(tmp_path / "a", "full", steps=6, save=6)
+    _ddp_job(tmp_path / "b", "cut", steps=2, save=2)
+    ckpt = str(tmp_path / "b" / "out" / "checkpoint-2")
+    assert {"data_state_0.json", "data_state_1.json"} <= set(_json(ckpt, "manifest.json")["files"])
+    resumed = _ddp_job(tmp_path / "b", "resumed", steps=6, save=6, resume=ckpt)
+    for rank in range(2):
+        assert resumed[rank]["seen"] == full[rank]["seen"][2:]
+        assert resumed[rank]["fetched"] == (6 - 2) * 2
+        assert resumed[rank]["weight"] == full[rank]["weight"]
