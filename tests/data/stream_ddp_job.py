@@ -9,10 +9,9 @@ import os
 import sys
 
 import torch
+from taskfit import Fit, TaskModule
 from torch import nn
 from torch.utils.data import IterableDataset
-
-from taskfit import Fit, TaskModule
 
 N = 16  # samples in the whole stream; each of the 2 ranks reads 8 (4 batches of 2 per pass)
 
@@ -63,7 +62,8 @@ class Recorder(TaskModule):
 
 
 if __name__ == "__main__":
-    cfg = json.load(open(sys.argv[-1]))
+    with open(sys.argv[-1]) as f:
+        cfg = json.load(f)
     torch.set_num_threads(1)
     fit = Fit(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=2, save_steps=cfg["save"],
               save_strategy="steps", disable_tqdm=True, report_to="none", lr_scheduler_type="constant",

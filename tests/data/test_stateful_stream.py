@@ -179,7 +179,7 @@ def _ddp_job(tmp_path, name: str, **cfg) -> list[dict]:
     os.makedirs(tmp_path, exist_ok=True)
     (tmp_path / f"{name}.json").write_text(json.dumps(cfg))
     proc = subprocess.run([sys.executable, os.path.join(here, "stream_ddp_job.py"), str(tmp_path / f"{name}.json")],
-                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400)
+                          env={**os.environ, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True, timeout=400, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return [_json(str(tmp_path), f"{name}.rank{r}.json") for r in range(2)]
 
