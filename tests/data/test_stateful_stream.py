@@ -199,3 +199,58 @@ def test_stateful_iterable_resumes_per_rank_under_ddp_F_FT_6(tmp_path):
         assert resumed[rank]["seen"] == full[rank]["seen"][2:]
         assert resumed[rank]["fetched"] == (6 - 2) * 2
         assert resumed[rank]["weight"] == full[rank]["weight"]
+
+
+class Rows(torch.utils.data.Dataset):
+    """Map-style rows of a :class:`Stream`; ``fetched`` counts the rows loaded."""
+
+    def __init__(self) -> None:
+        self.stream, self.fetched = Stream(), 0
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int):
+        self.fetched += 1
+        return {"idx": torch.tensor(i), "x": self.stream.x[i], "y": self.stream.y[i]}
+
+
+class PositionLoader(torch.utils.data.DataLoader):
+    """A loader that is stateful itself (as torchdata's ``StatefulDataLoader``): its state is the number of
+    batches it yielded in the current pass, and a loaded state starts the next pass there without loading the
+    rows before it."""
+
+    def __init__(self, rows: Rows) -> None:
+        super().__init__(rows, batch_size=BATCH)
+        self.pos = self._start = 0
+
+    def state_dict(self) -> dict:
+        return {"batches": self.pos}
+
+    def load_state_dict(self, state: dict) -> None:
+        self._start = state["batches"]
+
+    def __iter__(self):
+        start, self._start = self._start, 0
+        self.pos = start
+        for b, indices in enumerate(self.batch_sampler):
+            if b >= start:
+                self.pos += 1
+                yield self.collate_fn([self.dataset[i] for i in indices])
+
+
+def test_stateful_loader_resumes_from_its_state_F_FT_6(tmp_path):
+    """F-FT-6: a loader with its own ``state_dict``/``load_state_dict`` (as torchdata's ``StatefulDataLoader``)
+    is the object saved and restored: the same batches after the resume, and only the rows still to train on are
+    loaded."""
+    rows: list[Rows] = []
+
+    def make():
+        rows.append(Rows())
+        return PositionLoader(rows[-1])
+
+    full, resumed, _, ckpt = _interrupted(tmp_path, make)
+    assert resumed.seen == full.seen[STOP:]
+    assert torch.equal(resumed.layer.weight, full.layer.weight)
+    assert rows[-1].fetched == (STEPS - STOP) * BATCH
+    assert _json(ckpt, "data_state_0.json") == {"batches": STOP}
