@@ -313,7 +313,8 @@ class TrainingState:
         """Restore :meth:`state_dict` output (any version): the progress of :class:`FitState` (the plan stays
         this run's), control flags, precision, callbacks, ``self.log`` aggregates, loop sums, and the RNG states
         kept for :meth:`restore_rng`. This rank's running loss sum is its own saved one (the mean of the saved
-        ranks' sums when the world size changed, which keeps the logged mean)."""
+        ranks' sums when the world size changed, which keeps the logged mean). A stateful stream's saved position
+        (``data``) is kept for the fit loop, which loads it when it resumes mid-epoch."""
         import torch
 
         saved = upgrade_training_state(saved)
