@@ -6,7 +6,8 @@ that one), checks that it can continue the run exactly, and restores the model, 
 precision plugin (grad scaler), loop state, control flags, callback states, the loop's running loss sums and
 ``self.log`` epoch aggregates. The RNG states and the position in the epoch are handed to the fit loop, which
 restores the RNG at the exact point the saved run was at and continues at the next unseen batch through the
-sampler (mirrors HF ``skip_first_batches``), not by replaying batches.
+sampler (mirrors HF ``skip_first_batches``), not by replaying batches; a stateful iterable (its own
+``state_dict``/``load_state_dict``, see :mod:`taskfit.data.stateful`) continues from its saved per-rank state.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
+from taskfit.data.stateful import DATA_STATE_NAME
 from taskfit.io.checkpoint_format import (
     MANIFEST_NAME, SHARDS_PREFIX, CheckpointError, CheckpointReader, list_checkpoints, read_manifest,
     require_entries, shard_names,
@@ -108,6 +110,8 @@ def restore(run: RunView, path: str, strategy: Any, args: Any, weights_only: boo
     hf_rule = _check_compatible(args, strategy.world_size, run.train_loader, loaded["args"], ts,
                                 loaded["manifest"], strategy.data_parallel_size)
     run.training_state.load_state_dict(ts)
+    if hf_rule:  # a stream's saved position belongs to the old batch layout: HF's skip rule decides instead
+        run.training_state.data = None
     if hf_rule or loaded["manifest"].get("format") == HF_FORMAT:  # no usable position: derive it as HF does
         place_hf_position(run.state, _batches_per_epoch(run.train_loader), args.gradient_accumulation_steps)
         if not hf_rule:
@@ -277,6 +281,8 @@ def read_checkpoint(strategy: Any, path: str, model: Any, optimizers: Any = (), 
                               "precision).")
     rng_name = f"rng_state_{strategy.global_rank}.pt"
     ts["rng"] = reader.read(rng_name) if rng_name in manifest["files"] else None
+    data_name = DATA_STATE_NAME.format(rank=strategy.global_rank)  # a stateful iterable's position (JSON)
+    ts["data"] = reader.read(data_name) if data_name in manifest["files"] else None
     out["training_state"] = ts
     verify_listed_files(reader, strategy.global_rank, strategy.world_size)
     return out
@@ -303,7 +309,8 @@ def verify_listed_files(reader: CheckpointReader, rank: int, world_size: int) ->
         return []
     names = reader.unverified()
     if world_size > 1:  # read (and verified) by the ranks that hold them
-        own = {f"rng_state_{r}.pt" for r in range(world_size)}
+        own = {f"rng_state_{r}.pt" for r in range(world_size)} | {DATA_STATE_NAME.format(rank=r)
+                                                                  for r in range(world_size)}
         names = [n for n in names if n not in own and not n.startswith(SHARDS_PREFIX)]
     for name in names:
         if reader.files[name]["size"] > _PARSE_MAX_BYTES or not (name == HF_RNG_NAME or name.endswith(".json")):

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from taskfit.__about__ import __version__
+from taskfit.data.stateful import DATA_STATE_NAME
 from taskfit.io.checkpoint_format import (  # noqa: F401  (re-exported: the format's public names)
     FORMAT, FORMAT_VERSION, MANIFEST_NAME, PREFIX, WEIGHTS_NAME, WEIGHTS_NAME_PT, CheckpointError, CheckpointReader,
     ManifestWriter, hash_files_in_background, list_checkpoints, part_writer, read_file, read_manifest,
@@ -94,9 +95,12 @@ def checkpoint_files(fit: FitView, training_state: dict[str, Any]) -> dict[str, 
     """``{file name: object}`` this rank contributes to the checkpoint of the current step, besides the model and
     optimizer states (the strategy adds those: its shards, or the full weights and ``optimizer.pt``...).
     ``training_state`` is the run's :class:`~taskfit.loops.state.TrainingState` dict (its ``rng`` part goes into
-    this rank's own file). Schedulers after the first are ``scheduler_{i}.pt``."""
+    this rank's own file, its ``data`` part, a stateful iterable's position, into ``data_state_{rank}.json``).
+    Schedulers after the first are ``scheduler_{i}.pt``."""
     a, strategy = fit.args, fit.strategy
     files: dict[str, Any] = {f"rng_state_{strategy.global_rank}.pt": training_state["rng"]}
+    if training_state.get("data") is not None and not a.save_only_model:
+        files[DATA_STATE_NAME.format(rank=strategy.global_rank)] = training_state["data"]
     if strategy.world_size == 1 and not a.save_only_model:  # transformers.Trainer resumes from this folder too
         from taskfit.io.hf_checkpoint import HF_RNG_NAME, hf_rng_file
 
@@ -107,7 +111,7 @@ def checkpoint_files(fit: FitView, training_state: dict[str, Any]) -> dict[str, 
     if not a.save_only_model:
         for i, cfg in enumerate(fit.lr_scheduler_configs):
             files["scheduler.pt" if i == 0 else f"scheduler_{i}.pt"] = cfg.scheduler.state_dict()
-        files["training_state.pt"] = {**{k: v for k, v in training_state.items() if k != "rng"},
+        files["training_state.pt"] = {**{k: v for k, v in training_state.items() if k not in ("rng", "data")},
                                       "taskfit_version": __version__}
     from taskfit.io.hf_checkpoint import hf_trainer_state
 

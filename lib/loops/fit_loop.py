@@ -13,6 +13,7 @@ import torch
 from taskfit.core.hooks import MONITORING_EPOCH_END, batch_mover, overrides
 from taskfit.core.module import TaskModule, infer_batch_size
 from taskfit.data.loaders import set_loader_epoch, skip_first_batches, splits_evenly
+from taskfit.data.stateful import decode_state, stateful_source
 from taskfit.loops.finite import check_finite
 from taskfit.loops.optimization import AutomaticStep, ManualStep, batch_outputs, choose_policy, window_weights
 
@@ -156,6 +157,8 @@ class FitLoop:
         except TypeError:
             self.batches_per_epoch = None
         self._window: list[Any] = []
+        if run.training_state is not None:  # a checkpoint saves this stream's position, a resume loads it
+            run.training_state.data_source = stateful_source(loader)
 
     def run_epochs(self, loader: Any, steps_per_epoch: int | None, num_epochs: int) -> None:
         """Train until ``state.max_steps`` or ``num_epochs`` or a stop flag; a restored run continues where its
@@ -214,10 +217,22 @@ class FitLoop:
             control.should_training_stop = True
             iterator = iter(())
         else:
-            iterator = iter(skip_first_batches(loader, skip))
+            iterator = iter(self._resumed_data(loader, skip))
         state.batch_in_epoch = skip
         training_state.restore_rng()  # saved mid-epoch (a no-op when applied above)
         return iterator
+
+    def _resumed_data(self, loader: Any, skip: int) -> Any:
+        """``loader`` from micro-batch ``skip`` of the epoch: a stateful iterable loads its saved state (nothing
+        consumed is read again), anything else skips (:func:`skip_first_batches`)."""
+        training_state = self.run.training_state
+        saved = training_state.data if training_state is not None else None
+        if training_state is not None:
+            training_state.data = None  # loaded once: a later epoch starts from its beginning
+        if skip and saved is not None and training_state.data_source is not None:
+            training_state.data_source.load_state_dict(decode_state(saved))
+            return loader
+        return skip_first_batches(loader, skip)
 
     def _run_windows(self, iterator: Any, epoch: int) -> None:
         """The epoch's windows, one optimizer step each, until the data ends or a stop flag is set."""

@@ -224,8 +224,9 @@ class TrainingState:
     epoch, log history, best metric, callback states), the control flags, the loop's :class:`LossSums`, the
     precision plugin (grad scaler), the callbacks, the module's ``self.log`` epoch aggregates and this process's
     RNG states. Per-rank parts (RNG, running loss sum) are kept per rank: ``state_dict`` holds the running loss sum
-    of every rank (``tr_loss_per_rank``, gathered, a collective) and this rank's RNG states (``rng``), which the
-    checkpoint writes into this rank's own file.
+    of every rank (``tr_loss_per_rank``, gathered, a collective), this rank's RNG states (``rng``) and this rank's
+    streaming-data state (``data``: JSON values, or None without a stateful iterable, see
+    :mod:`taskfit.data.stateful`), which the checkpoint writes into this rank's own files.
 
     Args:
         state (FitState), control (FitControl), sums (LossSums): the run's loop objects.
@@ -256,6 +257,10 @@ class TrainingState:
         self.rank, self.world_size, self.restore_hf_callbacks = rank, world_size, restore_hf_callbacks
         self.accelerator = accelerator  # its device RNG state is saved with the host ones
         self.rng: dict[str, Any] | None = None  # restored RNG states, until restore_rng applies them
+        #: the stateful training data (:func:`taskfit.data.stateful.stateful_source`, set by the fit loop) whose
+        #: state this rank saves, and the restored state (JSON values) until the fit loop loads it into it
+        self.data_source: Any = None
+        self.data: Any = None
         #: set by the fit loop from an epoch's end (before on_train_epoch_end) to the next epoch's start: a
         #: checkpoint taken then resumes at the next epoch's start
         self.epoch_ended = False
@@ -280,6 +285,7 @@ class TrainingState:
     def state_dict(self) -> dict[str, Any]:
         """The whole state; ``rng`` is this process's (collected now), ``tr_loss_per_rank`` every process's
         (every rank must call this: it all-gathers)."""
+        from taskfit.data.stateful import capture_state
         from taskfit.seed import rng_states
 
         s = self.sums
@@ -300,13 +306,15 @@ class TrainingState:
             "callbacks": callback_states(self.callbacks),
             "results": results.state_dict() if results is not None else {},
             "rng": rng_states(self.accelerator),
+            "data": capture_state(self.data_source),
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (any version): the progress of :class:`FitState` (the plan stays
         this run's), control flags, precision, callbacks, ``self.log`` aggregates, loop sums, and the RNG states
         kept for :meth:`restore_rng`. This rank's running loss sum is its own saved one (the mean of the saved
-        ranks' sums when the world size changed, which keeps the logged mean)."""
+        ranks' sums when the world size changed, which keeps the logged mean). A stateful stream's saved position
+        (``data``) is kept for the fit loop, which loads it when it resumes mid-epoch."""
         import torch
 
         saved = upgrade_training_state(saved)
@@ -335,6 +343,7 @@ class TrainingState:
         else:
             s.loss_start_step = self.state.global_step
         self.rng = saved.get("rng")
+        self.data = saved.get("data")
 
 
 def callback_states(callbacks: list[Any]) -> dict[str, Any]:
