@@ -5,19 +5,8 @@ from __future__ import annotations
 import csv
 
 import torch
-from torch import nn
-
-from taskfit import DeviceStatsMonitor, Fit, TaskModule
-
-
-class Reg(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.lin = nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.mse_loss(self.lin(x), y)
+from helpers.models import Regression
+from taskfit import DeviceStatsMonitor, Fit
 
 
 def test_F_ACC_2_device_stats_logged_on_logging_steps_only(tmp_path):
@@ -25,7 +14,7 @@ def test_F_ACC_2_device_stats_logged_on_logging_steps_only(tmp_path):
     monitor = DeviceStatsMonitor()
     fit = Fit(output_dir=str(tmp_path), max_steps=6, logging_steps=3, per_device_train_batch_size=4,
               save_strategy="no", disable_tqdm=True, report_to="csv", callbacks=[monitor])
-    fit.fit(Reg(), data)
+    fit.fit(Regression(features=4, seed=None), data)
     rows = [r for r in fit.state.log_history if "device/cpu_rss_bytes" in r]
     assert [r["step"] for r in rows] == [3, 6]  # logging steps only
     assert all(r["device/cpu_rss_bytes"] > 50 * 2**20 for r in rows)  # a Python process with torch: > 50 MiB

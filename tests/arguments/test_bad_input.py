@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from taskfit import FitArguments, Fit, TaskModule
+from helpers import models
+from taskfit import Fit, FitArguments, TaskModule
 from torch import nn
 from torch.utils.data import Dataset, IterableDataset, TensorDataset
 
@@ -225,10 +226,11 @@ def test_string_samples_for_a_plain_model_F_CORE_5(tmp_path):
 
 
 # ------------------------------------------------------------------------ bad training_step returns ---
-class Returns(TaskModule):
+class Returns(models.Regression):
+    """The canonical regression (4 features, unseeded) whose training_step returns ``make(prediction - target)``."""
+
     def __init__(self, make) -> None:
-        super().__init__()
-        self.layer = nn.Linear(4, 1)
+        super().__init__(features=4, seed=None)
         self.make = make
 
     def training_step(self, batch, batch_idx):

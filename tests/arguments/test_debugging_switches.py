@@ -7,7 +7,8 @@ import os
 
 import pytest
 import torch
-from taskfit import Fit, FitArguments, TaskModule
+from helpers.models import Regression
+from taskfit import Fit, FitArguments
 from taskfit.callbacks import ModelCheckpoint
 from taskfit.loops.finite import NonFiniteError
 from torch import nn
@@ -20,28 +21,25 @@ def _data(n: int = 32) -> TensorDataset:
     return TensorDataset(x, x.sum(-1, keepdim=True))
 
 
-class Counting(TaskModule):
-    """Linear regression recording every training / validation batch it sees (first input value)."""
+class Counting(Regression):
+    """The canonical regression (3 features, seed 0) recording every training / validation / test batch it sees
+    (first input value)."""
 
     def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
+        super().__init__(features=3, seed=0)
         self.seen: list[tuple[str, float, bool]] = []
 
     def training_step(self, batch, batch_idx):
         self.seen.append(("train", float(batch[0][0, 0]), False))
-        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+        return super().training_step(batch, batch_idx)
 
     def validation_step(self, batch, batch_idx):
         self.seen.append(("val", float(batch[0][0, 0]), self.fit.sanity_checking))
-        loss = nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-        self.log("val_loss", loss)
-        return loss
+        return super().validation_step(batch, batch_idx)  # logs val_loss
 
     def test_step(self, batch, batch_idx):
         self.seen.append(("test", float(batch[0][0, 0]), False))
-        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+        return super().training_step(batch, batch_idx)
 
     def count(self, kind: str) -> int:
         return sum(1 for k, *_ in self.seen if k == kind)

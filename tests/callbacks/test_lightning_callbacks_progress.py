@@ -8,28 +8,23 @@ import re
 
 import pytest
 import torch
-from taskfit import Fit, TaskModule
+from helpers.models import LightningStyle
+from taskfit import Fit
 from taskfit.callbacks import ProgressBar, RichProgressBar
-from torch import nn
 from torch.utils.data import TensorDataset
 
 
-class Shown(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
+class Shown(LightningStyle):
+    """The canonical Lightning-style module (3 features, seed 0, SGD lr 0.1) logging fixed values: ``shown`` and
+    ``val_score`` for the bar, ``hidden`` not."""
 
     def training_step(self, batch, batch_idx):
         self.log("shown", 0.25, prog_bar=True)
         self.log("hidden", 0.5)
-        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+        return self._loss(batch)
 
     def validation_step(self, batch, batch_idx):
         self.log("val_score", 0.75, prog_bar=True)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
 def _data() -> TensorDataset:

@@ -7,19 +7,19 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import sys
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
-
 from taskfit import Callback, EarlyStopping, Fit, FitArguments
 from taskfit.checkpoint.writer import CheckpointError, is_writer, list_checkpoints, rotate_checkpoints
 from taskfit.io import TorchCheckpointIO, UnsafeCheckpointError
 
 sys.path.insert(0, str(Path(__file__).parent))
-import job  # noqa: E402
+import job
 
 
 def _fit(tmp_path, **kw) -> Fit:
@@ -147,20 +147,34 @@ def _checkpoint(tmp_path, **kw) -> Path:
     return tmp_path / "out" / "checkpoint-4"
 
 
-def test_F_CKPT_4_corrupted_or_truncated_file_names_the_file(tmp_path):
-    ck = _checkpoint(tmp_path)
+@pytest.fixture(scope="module")
+def clean_checkpoint(tmp_path_factory) -> Path:
+    """One intact ``checkpoint-4`` (``_checkpoint``'s run), trained once for the file; tests damage copies of it."""
+    return _checkpoint(tmp_path_factory.mktemp("clean"))
+
+
+def _copy_of(clean: Path, tmp_path) -> Path:
+    """A fresh copy of ``clean`` as ``tmp_path/out/checkpoint-4``, replacing what a previous copy left there."""
+    ck = tmp_path / "out" / "checkpoint-4"
+    shutil.rmtree(ck, ignore_errors=True)
+    shutil.copytree(clean, ck)
+    return ck
+
+
+def test_F_CKPT_4_corrupted_or_truncated_file_names_the_file(tmp_path, clean_checkpoint):
+    ck = _copy_of(clean_checkpoint, tmp_path)
     opt = ck / "optimizer.pt"
     data = bytearray(opt.read_bytes())
     data[len(data) // 2] ^= 0xFF
     opt.write_bytes(bytes(data))
     with pytest.raises(CheckpointError, match=r"optimizer\.pt.* is corrupted"):
         _fit(tmp_path, max_steps=6).fit(_net(), job.data(), resume_from_checkpoint=str(ck))
-    ck = _checkpoint(tmp_path)
+    ck = _copy_of(clean_checkpoint, tmp_path)
     weights = ck / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(CheckpointError, match=r"model\.safetensors.* is truncated"):
         _fit(tmp_path, max_steps=6).fit(_net(), job.data(), resume_from_checkpoint="last")
-    ck = _checkpoint(tmp_path)
+    ck = _copy_of(clean_checkpoint, tmp_path)
     (ck / "scheduler.pt").unlink()
     with pytest.raises(CheckpointError, match=r"scheduler\.pt.* is missing"):
         _fit(tmp_path, max_steps=6).fit(_net(), job.data(), resume_from_checkpoint=True)

@@ -7,11 +7,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from torch import nn
-
 from _tasks import SEQ, VOCAB, WIDTH, TokenModel, args, tiny_gpt2, token_data
+from helpers.models import HFClassifier
 from taskfit import Fit
 from taskfit.efficiency import activate_neftune, deactivate_neftune
+from torch import nn
 
 
 class RecordEmbeddings:
@@ -69,22 +69,6 @@ def test_f_loop_7_neftune_hf_model_and_errors():
         activate_neftune(two, 5.0)
 
 
-class Classifier(nn.Module):
-    """HF-style plain model: returns logits, and the loss when labels are given."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.lin = nn.Linear(8, 5)
-
-    def forward(self, x, labels=None):
-        logits = self.lin(x)
-        out = {"logits": logits}
-        if labels is not None:
-            out["loss"] = F.cross_entropy(logits, labels)
-        return out
-
-
 class TinyForCausalLM(nn.Module):
     def __init__(self):
         super().__init__()
@@ -115,7 +99,7 @@ def test_f_loop_7_label_smoothing_matches_hf_formula(tmp_path):
     compute_loss_func are refused."""
     g = torch.Generator().manual_seed(0)
     data = [{"x": torch.randn(8, generator=g), "labels": torch.tensor(i % 5)} for i in range(16)]
-    model = Classifier()
+    model = HFClassifier(features=8, classes=5)  # HF-style: logits, and the loss when labels are given
     fit = Fit(args(tmp_path, max_steps=1, label_smoothing_factor=0.1, per_device_train_batch_size=16,
                    learning_rate=0.0))
     batch = {"x": torch.stack([d["x"] for d in data]), "labels": torch.stack([d["labels"] for d in data])}
@@ -138,6 +122,6 @@ def test_f_loop_7_label_smoothing_matches_hf_formula(tmp_path):
 
     with pytest.raises(ValueError, match="label_smoothing_factor needs dict batches"):
         Fit(args(tmp_path, max_steps=1, label_smoothing_factor=0.1)).fit(
-            Classifier(), [(d["x"], d["labels"]) for d in data])
+            HFClassifier(features=8, classes=5), [(d["x"], d["labels"]) for d in data])
     with pytest.raises(ValueError, match="label_smoothing_factor=0.1 and compute_loss_func are both set"):
         Fit(args(tmp_path, label_smoothing_factor=0.1), compute_loss_func=lambda o, y, num_items_in_batch: 0)

@@ -8,25 +8,10 @@ import os
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.utils.data import TensorDataset
-
-from taskfit import Callback, Fit, FitArguments, TaskModule
+from helpers.models import Classifier
+from taskfit import Callback, Fit, FitArguments
 from taskfit.protocols import FitView, RunView
-
-
-class Net(TaskModule):
-    def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Linear(4, 2)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.cross_entropy(self.net(x), y)
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        self.log("val_ce", F.cross_entropy(self.net(x), y))
+from torch.utils.data import TensorDataset
 
 
 def _data(n=32):
@@ -58,7 +43,7 @@ def test_F_CORE_3_fit_run_is_the_call_in_progress_and_none_outside(tmp_path):
     fit = Fit(_args(tmp_path), accelerator="cpu", callbacks=[seen])
     assert fit.run is None and isinstance(fit, FitView)
     torch.manual_seed(0)
-    fit.fit(Net(), _data())
+    fit.fit(Classifier(features=4, classes=2, seed=None), _data())
     run, stage, is_view = seen.runs["train"]
     assert stage == "fit" and is_view and run.optimizers and run.training_state is not None
     assert fit.run is None  # read-only view of the call in progress
@@ -83,11 +68,11 @@ def test_F_CKPT_2_public_save_checkpoint_writes_a_folder_a_run_resumes_from(tmp_
     saver = _SaveAt(folder)
     torch.manual_seed(0)
     full = Fit(_args(tmp_path / "a"), accelerator="cpu", callbacks=[saver])
-    full.fit(Net(), _data())
+    full.fit(Classifier(features=4, classes=2, seed=None), _data())
     assert saver.written == folder and os.path.isdir(folder)
     torch.manual_seed(0)
     resumed = Fit(_args(tmp_path / "b"), accelerator="cpu")
-    out = resumed.fit(Net(), _data(), resume_from_checkpoint=folder)
+    out = resumed.fit(Classifier(features=4, classes=2, seed=None), _data(), resume_from_checkpoint=folder)
     assert out.global_step == 6
     for a, b in zip(full.model.parameters(), resumed.model.parameters()):
         assert torch.equal(a, b)  # resumed from the public save: the same end as the run that never stopped

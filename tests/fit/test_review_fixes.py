@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from torch.utils.data import IterableDataset, TensorDataset
-
+from helpers.models import Classifier
 from taskfit import EarlyStopping, Fit, TaskModule
 from taskfit.callbacks.progress import ProgressBar
 from taskfit.loggers import Logger
+from torch.utils.data import IterableDataset, TensorDataset
 
 
 def _ds(n=32):
@@ -14,27 +14,25 @@ def _ds(n=32):
     return TensorDataset(torch.randn(n, 4, generator=g), torch.randint(0, 2, (n,), generator=g))
 
 
-class M(TaskModule):
-    def __init__(self, fail_at=None):
-        super().__init__()
-        self.lin = torch.nn.Linear(4, 2)
-        self.fail_at = fail_at
+class M(Classifier):
+    """The canonical classifier (4 features, 2 classes, unseeded) raising at batch ``fail_at``, logging ``hidden``
+    (``logger=False``) and ``shown`` in training and ``secret`` (``logger=False``) in validation."""
 
-    def forward(self, x):
-        return self.lin(x)
+    def __init__(self, fail_at=None):
+        super().__init__(features=4, classes=2, seed=None)
+        self.fail_at = fail_at
 
     def training_step(self, batch, batch_idx):
         if batch_idx == self.fail_at:
             raise RuntimeError("boom")
-        x, y = batch
-        loss = torch.nn.functional.cross_entropy(self.lin(x), y)
+        loss = super().training_step(batch, batch_idx)
         self.log("hidden", loss, logger=False)
         self.log("shown", loss)
         return loss
 
     def validation_step(self, batch, batch_idx):
         x, y = batch
-        loss = torch.nn.functional.cross_entropy(self.lin(x), y)
+        loss = torch.nn.functional.cross_entropy(self(x), y)
         self.log("secret", loss, logger=False)
         return loss
 

@@ -6,21 +6,10 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
-from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
-
-from taskfit import DataModule, Fit, TaskModule
+from helpers.models import Regression
+from taskfit import DataModule, Fit
 from taskfit.fit.summary import loader_batch_size
-
-
-class Net(TaskModule):
-    def __init__(self):
-        super().__init__()
-        self.layer = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return F.mse_loss(self.layer(x).squeeze(-1), y)
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler, TensorDataset
 
 
 def _data(n=24):
@@ -39,7 +28,7 @@ def test_F_OBS_4_summary_shows_the_datamodule_loaders_batch_size_not_the_argumen
     fit = Fit(output_dir=str(tmp_path), accelerator="cpu", max_steps=2, per_device_train_batch_size=8,
               gradient_accumulation_steps=2, save_strategy="no", report_to="none", disable_tqdm=True)
     with caplog.at_level(logging.INFO, logger="taskfit"):
-        fit.fit(Net(), datamodule=Loaders())
+        fit.fit(Regression(features=4), datamodule=Loaders())
     assert fit.summary["per_device_batch_size"] == 6
     assert fit.summary["effective_batch_size"] == 12
     assert "6 per device x 2 accumulation x 1 process(es) = 12 samples per optimizer step" in caplog.text

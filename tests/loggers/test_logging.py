@@ -12,6 +12,7 @@ import traceback
 
 import pytest
 import torch
+from helpers import models
 from taskfit import Callback, Fit, ProgressBar, TaskModule
 from torch import nn
 from torch.utils.data import TensorDataset
@@ -31,19 +32,18 @@ def _data(n: int, seed: int = 0) -> TensorDataset:
     return TensorDataset(x, x.sum(-1))
 
 
-class Regression(TaskModule):
+class Regression(models.Regression):
+    """The canonical regression (3 features, seed 0; ``forward`` squeezed to ``(B,)``) recording each step's loss."""
+
     def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
+        super().__init__(features=3, seed=0)
         self.step_losses: list[float] = []
 
     def forward(self, x):
-        return self.layer(x).squeeze(-1)
+        return super().forward(x).squeeze(-1)
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = nn.functional.mse_loss(self(x), y)
+        loss = super().training_step(batch, batch_idx)
         self.step_losses.append(float(loss.detach()))
         return loss
 
