@@ -1,6 +1,8 @@
-"""F-HF-1: the reporting gaps found by transformers' own Trainer tests (tests/peers/hf_gaps.md, issue 26's last
-round): ``report_to`` auto-enabling Kubeflow as HF, with transformers' own ``KubeflowCallback`` posting the same
-progress under ``taskfit.hf``. transformers is the oracle: each scenario runs under both."""
+"""F-HF-1: the last reporting and data gaps found by transformers' own Trainer tests (tests/peers/hf_gaps.md, issue
+26's last round): ``report_to`` auto-enabling Kubeflow as HF, with transformers' own ``KubeflowCallback`` posting the
+same progress under ``taskfit.hf``; ``num_input_tokens_seen`` in HF's rows; ``dataloader_drop_last`` for the
+evaluation loaders; the fractional ``state.epoch`` of data without a length. transformers is the oracle: each
+scenario runs under both."""
 
 from __future__ import annotations
 
@@ -10,10 +12,12 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any
 
 import pytest
+import torch
+from torch import nn
 
 pytest.importorskip("accelerate")  # transformers.Trainer needs it
 
-from common import RegressionDataset, RegressionModel, args_for, both, hf_names  # noqa: E402
+from common import RegressionDataset, RegressionModel, args_for, both, hf_names, stable  # noqa: E402
 
 TRAIN = RegressionDataset(length=16)
 KUBEFLOW_ENV = ("KUBEFLOW_TRAINER_SERVER_URL", "DISABLE_KUBEFLOW_INTEGRATION")
@@ -92,3 +96,106 @@ def test_kubeflow_callback_posts_the_same_progress_F_HF_1(monkeypatch, tmp_path)
     assert count == 1 and len(posts) == 5 and posts[0]["auth"] == "Bearer secret-token"
     assert [p["progressPercentage"] for p in posts] == [0, 33, 66, 99, 100]
     assert posts[3]["metrics"]["current_step"] == "3" and "loss" in posts[3]["metrics"]
+
+
+class _TokenData(torch.utils.data.Dataset):
+    """Token sequences of 3-5 ids with a float label (padded by :func:`_pad`)."""
+
+    def __len__(self) -> int:
+        return 12
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        ids = torch.randint(0, 10, (3 + i % 3,), generator=torch.Generator().manual_seed(i))
+        return {"input_ids": ids, "labels": torch.tensor(float(i % 2))}
+
+
+def _pad(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    n = max(len(x["input_ids"]) for x in items)
+    ids = torch.zeros(len(items), n, dtype=torch.long)
+    mask = torch.zeros(len(items), n, dtype=torch.long)
+    for j, x in enumerate(items):
+        ids[j, :len(x["input_ids"])], mask[j, :len(x["input_ids"])] = x["input_ids"], 1
+    return {"input_ids": ids, "attention_mask": mask, "labels": torch.stack([x["labels"] for x in items])}
+
+
+class _TokenModel(nn.Module):
+    """Sum of one learned number per non-padding token, regressed onto the label."""
+
+    main_input_name = "input_ids"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(10, 1)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: Any = None) -> Any:
+        y = (self.emb(input_ids).squeeze(-1) * attention_mask).sum(1)
+        return (nn.functional.mse_loss(y, labels), y)
+
+
+def _rounded(row: dict[str, Any]) -> dict[str, Any]:
+    """A log row without wall-clock keys, floats to 5 significant digits (evaluation sums in another order)."""
+    return {k: float(f"{v:.5g}") if isinstance(v, float) else v for k, v in stable(row).items()}
+
+
+@pytest.mark.parametrize("mode", ["all", "non_padding"])
+def test_num_input_tokens_seen_in_every_row_as_hf_F_HF_1(mode, tmp_path):
+    """``include_num_input_tokens_seen`` counts HF's tokens (every ``input_ids`` element, or the
+    ``attention_mask`` sum for ``"non_padding"``) and puts the running count into the same rows as HF: each loss
+    row, each evaluation row and the end-of-run row (and the dict ``evaluate()`` returns), with no extra row."""
+    def run(m, out):
+        m.set_seed(0)
+        t = m.Trainer(model=_TokenModel(), train_dataset=_TokenData(), eval_dataset=_TokenData(), data_collator=_pad,
+                      args=args_for(m, out, per_device_train_batch_size=4, per_device_eval_batch_size=4, max_steps=4,
+                                    logging_steps=2, eval_strategy="steps", eval_steps=2,
+                                    include_num_input_tokens_seen=mode))
+        t.train()
+        ev = t.evaluate()
+        return [_rounded(r) for r in t.state.log_history], ev["num_input_tokens_seen"]
+    hf, tf = both(run, tmp_path)
+    assert hf == tf
+    rows, total = hf
+    seen = [33, 33, 64, 64, 64, 64] if mode == "non_padding" else [40, 40, 80, 80, 80, 80]  # loss/eval x2, end, eval
+    assert [r.get("num_input_tokens_seen") for r in rows] == seen and total == seen[-1]
+
+
+def test_dataloader_drop_last_applies_to_eval_and_test_loaders_F_HF_1(tmp_path):
+    """``dataloader_drop_last=True`` drops the last short batch of the evaluation and test loaders too (HF's
+    ``get_eval_dataloader`` / ``get_test_dataloader``): 12 samples in batches of 5 evaluate and predict 10."""
+    def run(m, out):
+        m.set_seed(42)
+        t = m.Trainer(model=RegressionModel(a=1.5, b=2.5), train_dataset=RegressionDataset(length=12),
+                      eval_dataset=RegressionDataset(length=12, seed=1),
+                      args=args_for(m, out, per_device_eval_batch_size=5, dataloader_drop_last=True, max_steps=2))
+        t.train()
+        pred = t.predict(RegressionDataset(length=12, seed=2))
+        return (len(t.get_eval_dataloader()), _rounded(t.evaluate()), pred.predictions.shape,
+                round(pred.metrics["test_loss"], 6))
+    hf, tf = both(run, tmp_path)
+    assert hf == tf and hf[0] == 2 and hf[2] == (10,)
+
+
+class _Stream(torch.utils.data.IterableDataset):
+    """A dataset without a length: the samples of a ``RegressionDataset`` in order."""
+
+    def __init__(self, n: int) -> None:
+        self.data = RegressionDataset(length=n)
+
+    def __iter__(self) -> Any:
+        return (self.data[i] for i in range(len(self.data)))
+
+
+@pytest.mark.parametrize("n, accumulation", [(40, 2), (12, 1)])
+def test_epoch_fraction_without_length_as_hf_F_HF_1(n, accumulation, tmp_path):
+    """With data that has no length, ``state.epoch`` grows by micro-batches over ``max_steps x
+    gradient_accumulation_steps`` (HF's ``steps_in_epoch``), restarting from the epoch count when the data runs
+    out (12 samples: 0.6 after the first pass, then 1.2)."""
+    def run(m, out):
+        m.set_seed(42)
+        t = m.Trainer(model=RegressionModel(a=1.5, b=2.5), train_dataset=_Stream(n),
+                      args=args_for(m, out, per_device_train_batch_size=4, max_steps=5, logging_steps=1,
+                                    gradient_accumulation_steps=accumulation))
+        r = t.train()
+        return [(row["step"], round(row["epoch"], 6)) for row in t.state.log_history], round(r.metrics["epoch"], 6)
+    hf, tf = both(run, tmp_path)
+    assert hf == tf
+    assert [e for _, e in hf[0][:5]] == ([0.2, 0.4, 0.6, 0.8, 1.0] if n == 40 else [0.2, 0.4, 0.6, 1.2, 1.4])
