@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from typing import Any
+from typing import Any, ClassVar
 
 import pytest
 import torch
@@ -17,7 +17,7 @@ from torch import nn
 
 pytest.importorskip("accelerate")  # transformers.Trainer needs it
 
-from common import RegressionDataset, RegressionModel, args_for, both, hf_names, stable  # noqa: E402
+from common import RegressionDataset, RegressionModel, args_for, both, hf_names, stable
 
 TRAIN = RegressionDataset(length=16)
 KUBEFLOW_ENV = ("KUBEFLOW_TRAINER_SERVER_URL", "DISABLE_KUBEFLOW_INTEGRATION")
@@ -42,9 +42,9 @@ def test_report_to_auto_enables_kubeflow_as_hf_F_HF_1(env, monkeypatch, tmp_path
 
 
 class _Recorder(BaseHTTPRequestHandler):
-    posts: list[dict[str, Any]] = []
+    posts: ClassVar[list[dict[str, Any]]] = []
 
-    def do_POST(self) -> None:  # noqa: N802  (http.server's name)
+    def do_POST(self) -> None:  # http.server's name
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).posts.append({"auth": self.headers["Authorization"], **body})
         self.send_response(200)
