@@ -11,6 +11,7 @@ import threading
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from typing import Any, ClassVar
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -199,3 +200,20 @@ def test_epoch_fraction_without_length_as_hf_F_HF_1(n, accumulation, tmp_path):
     hf, tf = both(run, tmp_path)
     assert hf == tf
     assert [e for _, e in hf[0][:5]] == ([0.2, 0.4, 0.6, 0.8, 1.0] if n == 40 else [0.2, 0.4, 0.6, 1.2, 1.4])
+
+
+def test_drop_last_of_training_data_without_length_is_a_documented_difference_F_HF_1(tmp_path):
+    """docs/hf.md "Intended differences", ``dataloader_drop_last=True`` with training data that has no length: HF
+    keeps the short last batch of each pass (10 samples in 4s: 4, 4, 2), taskfit drops it as for map-style data."""
+    def run(m, out):
+        sizes: list[int] = []
+
+        def collate(items: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+            sizes.append(len(items))
+            return {k: torch.as_tensor(np.stack([x[k] for x in items])) for k in items[0]}
+        m.set_seed(42)
+        m.Trainer(model=RegressionModel(a=1.5, b=2.5), train_dataset=_Stream(10), data_collator=collate,
+                  args=args_for(m, out, per_device_train_batch_size=4, max_steps=5, dataloader_drop_last=True)).train()
+        return sizes
+    hf, tf = both(run, tmp_path)
+    assert hf[:5] == [4, 4, 2, 4, 4] and tf[:5] == [4, 4, 4, 4, 4]  # HF collates one batch ahead
