@@ -24,6 +24,12 @@ BUILT_LOGGERS = ("csv", "tensorboard", "mlflow", "wandb")
 HF_CALLBACK_REPORTERS = ("kubeflow",)
 
 
+@cache
+def transformers_installed() -> bool:
+    """Whether transformers (optional for taskfit) is installed; found, not imported."""
+    return importlib.util.find_spec("transformers") is not None
+
+
 def kubeflow_available() -> bool:
     """HF's ``transformers.integrations.is_kubeflow_available`` rule (a Kubeflow TrainJob injects
     ``KUBEFLOW_TRAINER_SERVER_URL``; ``DISABLE_KUBEFLOW_INTEGRATION=TRUE`` opts out), read from the environment

@@ -42,6 +42,19 @@ def test_report_to_auto_enables_kubeflow_as_hf_F_HF_1(env, monkeypatch, tmp_path
     assert got["hf"][0] == (["kubeflow"] if added else [])
 
 
+def test_kubeflow_is_not_auto_enabled_without_transformers_F_HF_1(monkeypatch, tmp_path):
+    """The auto-enabled name runs transformers' own callback: without transformers (optional for taskfit) a run
+    inside a Kubeflow TrainJob keeps its loggers instead of failing; naming ``"kubeflow"`` still asks for it."""
+    from taskfit.arguments import validation
+    from taskfit import FitArguments
+
+    monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", "https://test-url")
+    monkeypatch.delenv("DISABLE_KUBEFLOW_INTEGRATION", raising=False)
+    monkeypatch.setattr(validation, "transformers_installed", lambda: False)
+    assert FitArguments(output_dir=str(tmp_path), report_to="none").report_to == []
+    assert FitArguments(output_dir=str(tmp_path), report_to="kubeflow").report_to == ["kubeflow"]
+
+
 class _Recorder(BaseHTTPRequestHandler):
     posts: ClassVar[list[dict[str, Any]]] = []
 
