@@ -45,8 +45,8 @@ def test_report_to_auto_enables_kubeflow_as_hf_F_HF_1(env, monkeypatch, tmp_path
 def test_kubeflow_is_not_auto_enabled_without_transformers_F_HF_1(monkeypatch, tmp_path):
     """The auto-enabled name runs transformers' own callback: without transformers (optional for taskfit) a run
     inside a Kubeflow TrainJob keeps its loggers instead of failing; naming ``"kubeflow"`` still asks for it."""
-    from taskfit.arguments import validation
     from taskfit import FitArguments
+    from taskfit.arguments import validation
 
     monkeypatch.setenv("KUBEFLOW_TRAINER_SERVER_URL", "https://test-url")
     monkeypatch.delenv("DISABLE_KUBEFLOW_INTEGRATION", raising=False)
