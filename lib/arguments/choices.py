@@ -1,6 +1,7 @@
 """The option tables: the valid choices of each enum-like option of ``FitArguments`` (HF's names and values)."""
 
 import importlib.util
+import os
 from functools import cache
 
 from taskfit.optim.names import LR_SCHEDULER_NAMES as LR_SCHEDULERS  # noqa: F401  (a table of its own)
@@ -14,11 +15,28 @@ PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-t
 PRECISION_ALIASES = {"32": "32-true", "64": "64-true", "16": "16-mixed", "bf16": "bf16-mixed", "half": "16-true",
                      "double": "64-true"}
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical", "passive")
-REPORT_TO = ("none", "all", "csv", "tensorboard", "mlflow", "wandb")
+REPORT_TO = ("none", "all", "csv", "tensorboard", "mlflow", "wandb", "kubeflow")
 #: Every logger ``report_to`` can name. ``"all"`` expands to ``csv`` plus those whose package is installed (HF:
 #: "all installed integrations"), see :func:`installed_loggers`. The default ``None`` means ``csv`` only: a cheap
 #: local log that the plots read (HF v5 made its default "none" for the same reason: no surprise MLflow/W&B runs).
 BUILT_LOGGERS = ("csv", "tensorboard", "mlflow", "wandb")
+#: ``report_to`` names run as transformers' own integration callbacks (not taskfit loggers).
+HF_CALLBACK_REPORTERS = ("kubeflow",)
+
+
+@cache
+def transformers_installed() -> bool:
+    """Whether transformers (optional for taskfit) is installed; found, not imported."""
+    return importlib.util.find_spec("transformers") is not None
+
+
+def kubeflow_available() -> bool:
+    """HF's ``transformers.integrations.is_kubeflow_available`` rule (a Kubeflow TrainJob injects
+    ``KUBEFLOW_TRAINER_SERVER_URL``; ``DISABLE_KUBEFLOW_INTEGRATION=TRUE`` opts out), read from the environment
+    here so that building arguments never imports transformers."""
+    if os.getenv("DISABLE_KUBEFLOW_INTEGRATION", "FALSE").upper() == "TRUE":
+        return False
+    return os.getenv("KUBEFLOW_TRAINER_SERVER_URL") is not None
 
 
 @cache

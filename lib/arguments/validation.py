@@ -16,7 +16,7 @@ from taskfit.registry import invalid_choice
 
 from taskfit.redact import shown
 from taskfit.arguments.choices import (  # noqa: F401  (the tables are re-exported here)
-    INTERVAL_STRATEGIES, SAVE_STRATEGIES, HUB_STRATEGIES, PRECISIONS, PRECISION_ALIASES, LOG_LEVELS, REPORT_TO, BUILT_LOGGERS, installed_loggers, FSDP_OPTIONS, DEBUG_OPTIONS, HALF_PRECISION_BACKENDS, DDP_BACKENDS, TRAIN_SAMPLING_STRATEGIES, INCLUDE_FOR_METRICS, TOKENS_SEEN, MULTIPROCESSING_CONTEXTS, LR_SCHEDULERS, OPTIMIZERS,
+    INTERVAL_STRATEGIES, SAVE_STRATEGIES, HUB_STRATEGIES, PRECISIONS, PRECISION_ALIASES, LOG_LEVELS, REPORT_TO, BUILT_LOGGERS, installed_loggers, kubeflow_available, transformers_installed, FSDP_OPTIONS, DEBUG_OPTIONS, HALF_PRECISION_BACKENDS, DDP_BACKENDS, TRAIN_SAMPLING_STRATEGIES, INCLUDE_FOR_METRICS, TOKENS_SEEN, MULTIPROCESSING_CONTEXTS, LR_SCHEDULERS, OPTIMIZERS,
 )
 
 
@@ -285,6 +285,10 @@ def _normalize_lists(a: Any) -> None:
             raise ValueError(f"report_to={names!r} mixes 'none' with loggers; use 'none' alone or list loggers.")
         names = []
     expanded = [n for name in names for n in (installed_loggers() if name == "all" else (name,))]
+    # HF 5 auto-enables its Kubeflow callback inside a TrainJob, even over "none"; the callback is transformers'
+    # own, so a run without transformers (an optional dependency) is left as it is rather than made to fail
+    if kubeflow_available() and transformers_installed():
+        expanded.append("kubeflow")
     a.report_to = list(dict.fromkeys(expanded))
     fsdp = a.fsdp
     a.fsdp = (["full_shard"] if fsdp else []) if isinstance(fsdp, bool) else _words("fsdp", fsdp)

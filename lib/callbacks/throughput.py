@@ -78,6 +78,30 @@ def default_tokens(batch: Any) -> int | None:
     return None
 
 
+class TokensSeen:
+    """HF's count of the input tokens of a micro-batch (mirrors ``Trainer._track_num_input_tokens`` of
+    ``include_num_input_tokens_seen``): ``"all"`` counts the elements of the model's ``main_input_name``
+    (``input_ids`` unless the model names another), ``"non_padding"`` the sum of ``attention_mask`` when the batch
+    has one (else all elements). Returns None for a batch without that input (HF warns and counts nothing).
+
+    Args:
+        mode (str): ``"all"`` or ``"non_padding"``.
+        main_input_name (str): the batch key of the model's main input (set from the model when training starts).
+    """
+
+    def __init__(self, mode: str = "all", main_input_name: str = "input_ids") -> None:
+        self.mode, self.main_input_name = mode, main_input_name
+
+    def __call__(self, batch: Any) -> int | None:
+        main = batch.get(self.main_input_name) if isinstance(batch, Mapping) else None
+        if not hasattr(main, "numel"):
+            return None
+        mask = batch.get("attention_mask")
+        if self.mode == "non_padding" and hasattr(mask, "sum"):
+            return int(mask.sum())  # one host sync per micro-batch, as HF's own count; "all" reads shapes only
+        return int(main.numel())
+
+
 class ThroughputMonitor(Callback):
     """Measure training speed per device and add it to the logs (mirrors Lightning's ``ThroughputMonitor``
     and HF's ``include_tokens_per_second`` / ``include_num_input_tokens_seen`` / ``skip_memory_metrics``).
@@ -87,7 +111,9 @@ class ThroughputMonitor(Callback):
 
     - ``samples_per_second`` (samples/s), ``tokens_per_second`` (tokens/s, when batches have ``input_ids`` or
       ``length_fn`` counts them), ``num_input_tokens_seen`` (running total, with ``track_tokens_seen``; also
-      kept in ``fit.state.num_input_tokens_seen``);
+      kept in ``fit.state.num_input_tokens_seen``; with HF's ``include_num_input_tokens_seen`` the count is
+      HF's (:class:`TokensSeen`), goes into every logged row as in HF, and an automatically added monitor logs
+      no speed row of its own unless ``include_tokens_per_second`` asks for one);
     - ``flops_per_second`` (FLOP/s): FLOPs of one batch, given by ``flops_per_batch`` (an int or
       ``callable(batch)``), by the module's ``flops_per_batch`` attribute, or measured once on the first
       micro-batch with ``torch.utils.flop_counter.FlopCounterMode`` (forward + backward, matmul/conv/attention
@@ -125,6 +151,8 @@ class ThroughputMonitor(Callback):
         self.flops_per_batch, self.user_peak = flops_per_batch, peak_flops
         self.measure_flops, self.length_fn = measure_flops, length_fn or default_tokens
         self.track_tokens_seen, self.memory = track_tokens_seen, memory
+        #: log a speed row per logging step (off when the monitor exists only to count HF's tokens seen)
+        self.log_speed = True
         self.peak: float | None = None
         self.flops_per_sample: float | None = None
         self._fit: FitView | None = None
@@ -141,6 +169,9 @@ class ThroughputMonitor(Callback):
             accelerator = fit.strategy.accelerator
             self.peak = peak_flops(accelerator.device_name(device),
                                    compute_dtype(fit.strategy.precision, accelerator.tf32_enabled()))
+        if isinstance(self.length_fn, TokensSeen):  # HF reads the model's main_input_name
+            model = getattr(module, "model", module)
+            self.length_fn.main_input_name = getattr(model, "main_input_name", "input_ids")
         given = self.flops_per_batch if self.flops_per_batch is not None else getattr(module, "flops_per_batch", None)
         self._given = given
         self.flops_per_sample = None
@@ -215,11 +246,12 @@ class ThroughputMonitor(Callback):
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """HF hook, after the loop set this step's flags: on a logging step, log the window's speed."""
-        if not control.should_log or self._fit is None or not self.window_samples:
+        if not control.should_log or self._fit is None or not self.window_samples or not self.log_speed:
             return
         now = time.perf_counter()
         logs = self._speed(self.window_samples, self.window_tokens, now - self.window_start - self.window_eval_time)
-        if self.track_tokens_seen and self.has_tokens:
+        # with include_num_input_tokens_seen, Fit.log adds the count to every row itself (as HF's Trainer.log)
+        if self.track_tokens_seen and self.has_tokens and args.include_num_input_tokens_seen in ("no", False, None):
             logs["num_input_tokens_seen"] = state.num_input_tokens_seen
         self.window_start, self.window_samples, self.window_tokens, self.window_eval_time = now, 0, 0, 0.0
         self._fit.log(logs)
@@ -251,8 +283,12 @@ def with_throughput_monitor(args: Any, callbacks: list[Any]) -> list[Any]:
     monitor = next((cb for cb in callbacks if isinstance(cb, ThroughputMonitor)), None)
     if wanted and monitor is None:
         monitor = ThroughputMonitor()
+        # HF logs no speed row of its own: tokens seen go into every row (Fit.log), memory into the metrics
+        monitor.log_speed = bool(args.include_tokens_per_second) or not tokens_seen
         callbacks = [*callbacks, monitor]
     if monitor is not None:
+        if tokens_seen and monitor.length_fn is default_tokens:  # HF's count ("all" / "non_padding")
+            monitor.length_fn = TokensSeen(args.include_num_input_tokens_seen)
         monitor.track_tokens_seen = monitor.track_tokens_seen or tokens_seen
         monitor.memory = monitor.memory or not args.skip_memory_metrics
     return callbacks

@@ -133,8 +133,9 @@ def build_dataloader(data: Any, args: Any, *, train: bool, batch_size: int, coll
     ``dataloader_num_workers``, ``dataloader_pin_memory`` (pinned only when ``pin_memory_supported``: the run's
     accelerator copies batches from host memory, i.e. CUDA; on the CPU, MPS (unified memory) and XLA the
     flag has no effect, as PyTorch's DataLoader itself ignores it without a device to pin for),
-    ``dataloader_persistent_workers``, ``dataloader_prefetch_factor`` and ``dataloader_drop_last`` (training)
-    are honoured, as in HF ``Trainer.get_train_dataloader``.
+    ``dataloader_persistent_workers``, ``dataloader_prefetch_factor`` and ``dataloader_drop_last`` (training,
+    and evaluation of map-style datasets) are honoured, as in HF ``Trainer.get_train_dataloader`` /
+    ``get_eval_dataloader`` / ``get_test_dataloader``.
 
     Raises:
         TypeError: ``data`` is not a DataLoader, Dataset or sequence.
@@ -149,7 +150,8 @@ def build_dataloader(data: Any, args: Any, *, train: bool, batch_size: int, coll
     kwargs: dict[str, Any] = {
         "batch_size": batch_size, "collate_fn": collate, "num_workers": args.dataloader_num_workers,
         "pin_memory": bool(args.dataloader_pin_memory) and pin_memory_supported,
-        "drop_last": bool(args.dataloader_drop_last) and train,
+        # HF drops the last short batch of evaluation and test loaders too, but never of iterable evaluation data
+        "drop_last": bool(args.dataloader_drop_last) and (train or not isinstance(data, IterableDataset)),
     }
     if args.dataloader_num_workers > 0:
         kwargs["persistent_workers"] = bool(args.dataloader_persistent_workers)

@@ -421,12 +421,14 @@ class Fit(Topology):
 
     def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
         """Send ``logs`` to every logger and ``on_log`` callbacks; append to ``state.log_history`` with the
-        current ``step`` (and ``epoch`` unless given). Mirrors HF ``Trainer.log`` (``start_time`` is accepted for
+        current ``step`` (and ``epoch`` unless given; ``num_input_tokens_seen`` with ``include_num_input_tokens_seen``). Mirrors HF ``Trainer.log`` (``start_time`` is accepted for
         its signature). The end-of-run summary (the row with ``train_runtime``, as HF's printer tells it apart)
         goes to the loggers' summary, apart from the per-step names."""
         summary = "train_runtime" in logs
         st = self.state
         logs.setdefault("epoch", st.epoch)  # unrounded, as HF 5
+        if self.args.include_num_input_tokens_seen != "no":  # HF 5 puts the count into every row
+            logs["num_input_tokens_seen"] = st.num_input_tokens_seen
         st.log_history.append({**logs, "step": st.global_step})
         self.logged_metrics.update(logs)
         self.callback_metrics.update(logs)

@@ -9,6 +9,7 @@ from typing import Any
 from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.progress import ProgressBar
+from taskfit.callbacks.reporting import reporting_callbacks
 from taskfit.callbacks.throughput import with_throughput_monitor
 from taskfit.fit.hf_api import warn_if_duplicate
 
@@ -47,8 +48,9 @@ def fit_arguments(args: FitArguments | Mapping | None, components: tuple[Any, ..
 
 def default_callbacks(args: FitArguments, callbacks: list[Any] | None) -> list[Any]:
     """The user's callbacks plus the ones ``args`` asks for (throughput monitor, profiler) and the console view
-    (a progress bar, or one line per log with ``disable_tqdm``); a user's own bar replaces the default one."""
-    out: list[Any] = []
+    (a progress bar, or one line per log with ``disable_tqdm``); a user's own bar replaces the default one.
+    ``report_to`` names that are transformers' integration callbacks (``"kubeflow"``) come first, as in HF."""
+    out: list[Any] = reporting_callbacks(args.report_to)
     for cb in callbacks or []:
         warn_if_duplicate(out, cb)
         out.append(cb)

@@ -171,8 +171,9 @@ class EvaluationStages:
         # HF: log(metrics) adds the epoch to the very dict evaluate() returns (a log override sees the row
         # without it, and one that logs a copy leaves the returned dict without it)
         fit.log(row)  # through the Fit: a subclass's log() override sees every row, as in HF
-        if row is not metrics and "epoch" in row:
-            metrics["epoch"] = row["epoch"]
+        for key in ("epoch", "num_input_tokens_seen") if row is not metrics else ():
+            if key in row:
+                metrics[key] = row[key]
         fit._hooks.call_hf("on_evaluate", fit.args, fit.state, fit.control, metrics=metrics)
         return metrics
 

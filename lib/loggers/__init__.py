@@ -38,7 +38,9 @@ def build_loggers(args: Any, loggers: list[Any] | None = None) -> list[Logger]:
                             f"{type(lg).__name__}. Names go to report_to: {sorted(LOGGERS)}.")
     folder, run_name = args.resolved_logging_dir, args.resolved_run_name
     for name in args.report_to:
-        cls = LOGGERS[name]
+        cls = LOGGERS.get(name)
+        if cls is None:  # a name run as transformers' own callback ("kubeflow"): see taskfit.callbacks.reporting
+            continue
         if any(isinstance(lg, cls) for lg in out):
             continue
         out.append(cls(folder) if name in ("csv", "tensorboard") else cls(folder, run_name=run_name))

@@ -341,7 +341,9 @@ class FitLoop:
             self._manual_seen = taken
         else:
             state.global_step += 1
-        state.epoch = epoch + (state.batch_in_epoch / batches_per_epoch if batches_per_epoch else 0.0)
+        # a loader without length counts its epoch in parts of max_steps x accumulation micro-batches (HF)
+        per_epoch = batches_per_epoch or state.max_steps * self.args.gradient_accumulation_steps
+        state.epoch = epoch + (state.batch_in_epoch / per_epoch if per_epoch else 0.0)
         state.samples_seen += window_samples * self.readers  # every data-parallel rank takes as many
         flos = run.flos_per_sample * window_samples if window_flos is None else window_flos
         state.total_flos += flos * self.readers  # HF sums every process's count
@@ -353,8 +355,8 @@ class FitLoop:
         """The epoch's end: epoch schedulers, the epoch's log row, validation and save, plateau schedulers."""
         run, hooks, fit, args = self.run, self.hooks, self.owner, self.args
         state, control, module = run.state, run.control, run.module
-        if not (control.should_training_stop or control.should_epoch_stop):
-            state.epoch = float(epoch + 1)  # the epoch ran to its end
+        if not (control.should_training_stop or control.should_epoch_stop) and self.batches_per_epoch is not None:
+            state.epoch = float(epoch + 1)  # the epoch ran to its end (without a length HF keeps the fraction)
         if not self.manual and self.batches_per_epoch is None:  # a loader without length: at the end of the epoch
             for cfg in self.epoch_schedulers:
                 if (epoch + 1) % cfg.frequency == 0:

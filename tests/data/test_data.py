@@ -114,13 +114,14 @@ def test_dataloader_is_used_unchanged_F_CORE_5(tmp_path):
 
 def test_dataloader_drop_last_F_CORE_5(tmp_path):
     """F-CORE-5: ``dataloader_drop_last=True`` drops the incomplete last training batch of each epoch (10 samples,
-    batch 3 -> 3 steps per epoch); evaluation batches are never dropped."""
+    batch 3 -> 3 steps per epoch) and, as HF's ``get_eval_dataloader``, of the evaluation loader (7 samples, batch 5
+    -> one batch of 5 per evaluation)."""
     module = Recorder()
     fit = _fit(tmp_path, per_device_train_batch_size=3, per_device_eval_batch_size=5, num_train_epochs=2,
                dataloader_drop_last=True, eval_strategy="epoch")
     out = fit.fit(module, Indexed(10), Indexed(7))
     assert module.train_sizes == [3] * 6 and out.global_step == 6 and fit.state.samples_seen == 18
-    assert module.val_sizes == [5, 2, 5, 2]
+    assert module.val_sizes == [5, 5]
 
 
 # ---------------------------------------------------------------------------------------- data order ---
