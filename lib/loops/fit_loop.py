@@ -4,6 +4,7 @@ micro-batches (the last window of an epoch may be shorter)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from typing import TYPE_CHECKING, Any, Callable
@@ -118,6 +119,9 @@ class FitLoop:
         self.skipped_rest = False
         self.windows = self.windows_at_start = self._manual_seen = 0
         self.manual = self.explicit_max_steps = False
+        self.min_epochs = self.min_steps = 0
+        self._min_flags: tuple[Any, Any] = (None, None)
+        self._min_told = False
 
     def _prepare(self, loader: Any) -> None:
         """Decide once per run what every window needs: the step (automatic or manual) and its policy, the
@@ -131,6 +135,10 @@ class FitLoop:
         # log / evaluate / save intervals count batches (Lightning's _batches_that_stepped)
         self._manual_seen = module.__dict__.get("_manual_steps", 0)
         self.explicit_max_steps = bool(args.max_steps and args.max_steps > 0)
+        # Lightning's Trainer(min_epochs=, min_steps=): a stop request waits until both are met (Fit has neither)
+        self._min_flags = (getattr(self.owner, "min_epochs", None), getattr(self.owner, "min_steps", None))
+        self.min_epochs, self.min_steps = (v or 0 for v in self._min_flags)
+        self._min_told = False
         self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None, args, self.hooks)
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
         self.step.free_gradients()  # gradients left from before the run (zeroed in the first closure otherwise)
@@ -176,7 +184,7 @@ class FitLoop:
             if not finished:
                 self._run_windows(iterator, epoch)
             self._end_epoch(epoch)
-            if run.control.should_training_stop:
+            if run.control.should_training_stop and self._may_stop(epoch + 1):
                 break
         if sums.steps_since_log > self.lossless_steps:
             sums.total_loss += float(self._global_tr_loss())
@@ -230,8 +238,22 @@ class FitLoop:
                                      "(an empty IterableDataset?).")
                 break
             self._run_window(window, epoch)
-            if control.should_training_stop or control.should_epoch_stop:
+            if (control.should_training_stop and self._may_stop(epoch)) or control.should_epoch_stop:
                 break
+
+    def _may_stop(self, epochs_done: int) -> bool:
+        """Whether a stop request ends training now: always at the step limit, else once ``min_epochs`` epochs
+        are done and ``min_steps`` steps taken (Lightning's ``_can_stop_early``, with its info message once)."""
+        if not (self.min_epochs or self.min_steps) or self._limit_count() >= self.run.state.max_steps:
+            return True
+        if epochs_done >= self.min_epochs and self.run.state.global_step >= self.min_steps:
+            return True
+        if not self._min_told:
+            self._min_told = True
+            logging.getLogger("taskfit").info(
+                "Trainer was signaled to stop but the required `min_epochs=%r` or `min_steps=%r` has not been met. "
+                "Training will continue...", *self._min_flags)  # Lightning's message
+        return False
 
     def _weights(self, window: list[Any]) -> list[Any] | None:
         """The micro-batch loss weights of ``window`` (None: every weight is 1)."""
@@ -338,7 +360,7 @@ class FitLoop:
         """The epoch's end: epoch schedulers, the epoch's log row, validation and save, plateau schedulers."""
         run, hooks, fit, args = self.run, self.hooks, self.owner, self.args
         state, control, module = run.state, run.control, run.module
-        if not (control.should_training_stop or control.should_epoch_stop):
+        if not ((control.should_training_stop and self._may_stop(epoch)) or control.should_epoch_stop):
             state.epoch = float(epoch + 1)  # the epoch ran to its end
         if not self.manual and self.batches_per_epoch is None:  # a loader without length: at the end of the epoch
             for cfg in self.epoch_schedulers:
