@@ -146,6 +146,11 @@ def test_F_LIT_DOOR_early_stopping_state_crosses_frameworks():
     into_ours.load_state_dict(dict(old))
     into_lit.load_state_dict(dict(old))
     assert view(into_ours) == view(into_lit) == ("NOT_STOPPED", None, 1, 0, 0.5, 3)
+    from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+    for cls, error in ((LES, MisconfigurationException), (TES, ValueError)):  # docs/lightning.md: ValueError
+        with pytest.raises(error, match="^`mode` can be min, max, got unknown$"):
+            cls(monitor="val_loss", mode="unknown")
 
 
 @pytest.mark.parametrize("flags", [{}, dict(gradient_clip_val=0.5), dict(gradient_clip_val=0.5,
