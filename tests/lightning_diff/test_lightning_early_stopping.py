@@ -101,9 +101,9 @@ def _losses(values):
 
 
 @pytest.mark.parametrize(("values", "kwargs"), [
-    ([1.0, 1.0, 1.0, 1.0], dict(patience=2)), ([1.0, 0.5, 0.4], dict(stopping_threshold=0.6)),
-    ([1.0, 5.0, 9.0], dict(divergence_threshold=8.0)), ([1.0, 0.5, float("nan")], dict(check_finite=True)),
-    ([5.0, 4.0, 3.0], dict(patience=3))])
+    ([1.0, 1.0, 1.0, 1.0], {"patience": 2}), ([1.0, 0.5, 0.4], {"stopping_threshold": 0.6}),
+    ([1.0, 5.0, 9.0], {"divergence_threshold": 8.0}), ([1.0, 0.5, float("nan")], {"check_finite": True}),
+    ([5.0, 4.0, 3.0], {"patience": 3})])
 def test_F_LIT_DOOR_early_stopping_reasons(tmp_path, values, kwargs):
     """F-LIT-DOOR: ``EarlyStopping.stopping_reason`` (Lightning's ``EarlyStoppingReason`` names and values),
     ``stopping_reason_message`` (the same words up to the value), ``stopped_epoch``, ``wait_count``,
@@ -125,7 +125,8 @@ def test_F_LIT_DOOR_early_stopping_state_crosses_frameworks():
     ``best_score`` is settable; a state without a reason (Lightning before 2.6) means not stopped."""
     from lightning.pytorch.callbacks import EarlyStopping as LES
     from lightning.pytorch.callbacks.early_stopping import EarlyStoppingReason as LReason
-    from taskfit.lightning.callbacks import EarlyStopping as TES, EarlyStoppingReason as TReason
+    from taskfit.lightning.callbacks import EarlyStopping as TES
+    from taskfit.lightning.callbacks import EarlyStoppingReason as TReason
 
     assert [(r.name, r.value) for r in TReason] == [(r.name, r.value) for r in LReason]
     lit, ours = LES(monitor="val_loss", patience=3), TES(monitor="val_loss", patience=3)
@@ -153,14 +154,16 @@ def test_F_LIT_DOOR_early_stopping_state_crosses_frameworks():
             cls(monitor="val_loss", mode="unknown")
 
 
-@pytest.mark.parametrize("flags", [{}, dict(gradient_clip_val=0.5), dict(gradient_clip_val=0.5,
-                                                                          gradient_clip_algorithm="value")])
+@pytest.mark.parametrize("flags", [{}, {"gradient_clip_val": 0.5},
+                                   {"gradient_clip_val": 0.5, "gradient_clip_algorithm": "value"}])
 def test_F_LIT_DOOR_configure_gradient_clipping_receives_the_flags_as_given(tmp_path, flags):
     """F-LIT-DOOR: ``configure_gradient_clipping`` receives ``Trainer(gradient_clip_val=, gradient_clip_algorithm=)``
     as given (None when not given, the algorithm None with a value alone), as Lightning; the same weights."""
     def make(base):
         class M(linear(base)):
-            seen = []
+            def __init__(self):
+                super().__init__()
+                self.seen = []
 
             def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None):
                 algorithm = None if gradient_clip_algorithm is None else str(
@@ -172,3 +175,21 @@ def test_F_LIT_DOOR_configure_gradient_clipping_receives_the_flags_as_given(tmp_
                         for name, L in _frameworks().items()]
     assert tm.seen == lm.seen and len(lm.seen) == 3
     assert same_weights(lm, tm)
+
+
+def test_F_LIT_DOOR_trainer_state_survives_pickling(tmp_path):
+    """F-LIT-DOOR: a trained ``Trainer`` (its ``trainer.state`` view included) pickles and unpickles, as the
+    ``ddp_spawn`` launcher sends it to each worker; the copy reads the same state."""
+    import pickle
+
+    import taskfit.lightning as L
+
+    global _Picklable
+
+    _Picklable = linear(L.LightningModule)  # found by name when unpickled
+    _Picklable.__qualname__ = _Picklable.__name__ = "_Picklable"
+    _Picklable.__module__ = __name__
+    _, trainer = script(L, lambda base: _Picklable, tmp_path, max_epochs=1)
+    state = trainer.state
+    copy = pickle.loads(pickle.dumps(trainer))
+    assert (copy.state.global_step, copy.state.fn, copy.current_epoch) == (state.global_step, state.fn, 1)
