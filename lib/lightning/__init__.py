@@ -41,7 +41,7 @@ LightningDataModule = DataModule
 
 #: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
 _UNSUPPORTED = {"use_distributed_sampler": (True,),
-                "sync_batchnorm": (False,), "reload_dataloaders_every_n_epochs": (0,), "model_registry": (None,),
+                "sync_batchnorm": (False,), "model_registry": (None,),
                 "benchmark": (None, False)}
 _RUN_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second")
 
@@ -238,9 +238,8 @@ class Trainer(Fit):
     ``checkpoints`` folder (taskfit checkpoint folders, not ``.ckpt`` files).
 
     Raises:
-        NotImplementedError: ``use_distributed_sampler=False``, ``sync_batchnorm``,
-            ``reload_dataloaders_every_n_epochs``, ``model_registry``, ``benchmark=True`` or a time
-            ``val_check_interval`` (the message names the flag), before any work.
+        NotImplementedError: ``use_distributed_sampler=False``, ``sync_batchnorm``, ``model_registry``,
+            ``benchmark=True`` or a time ``val_check_interval`` (the message names the flag), before any work.
         ValueError: a float ``val_check_interval`` outside [0, 1], ``check_val_every_n_epoch`` < 1, or None with a
             float ``val_check_interval``; as ``Fit`` (unknown accelerator, strategy, precision...).
     """
@@ -501,6 +500,11 @@ class Trainer(Fit):
         when only ``min_steps`` is given, else 0 (Lightning's parsed value)."""
         f = self._flags
         return f["min_epochs"] if f["min_epochs"] is not None else (1 if f["min_steps"] is not None else 0)
+
+    @property
+    def reload_dataloaders_every_n_epochs(self) -> int:
+        """Epochs between new train loaders (the flag; 0: never)."""
+        return self._flags["reload_dataloaders_every_n_epochs"]
 
     @property
     def min_steps(self) -> int | None:

@@ -177,7 +177,11 @@ class FitLoop:
             self.windows = state.current_epoch * self.batches_per_epoch + state.batch_in_epoch
         self.windows_at_start = self.windows
         finished = resumed and self._limit_count() >= state.max_steps  # saved at the last step: only the end is left
+        # Lightning's Trainer(reload_dataloaders_every_n_epochs=n): a new train loader every n epochs (Fit: 0)
+        every, last_reload = getattr(self.owner, "reload_dataloaders_every_n_epochs", 0) or 0, state.current_epoch
         for epoch in range(state.current_epoch, num_epochs):
+            if every and epoch - last_reload >= every and run.reload_train_loader is not None:
+                loader, last_reload = self._reload(epoch, num_epochs), epoch
             skip = state.batch_in_epoch if resumed else 0
             iterator = self._start_epoch(loader, epoch, skip, finished)
             resumed = False
@@ -191,6 +195,22 @@ class FitLoop:
         # weights that became non-finite after the last logging/save step would end the run silently: one
         # check (one host sync) per run, whatever the logging and save intervals
         check_finite(self.strategy, run.module, state.global_step, self.args.output_dir)
+
+    def _reload(self, epoch: int, num_epochs: int) -> Any:
+        """A new train loader for ``epoch`` (``run.reload_train_loader``); without an explicit ``max_steps`` the
+        steps of the epochs left are re-counted from its length."""
+        run, state = self.run, self.run.state
+        state.current_epoch = epoch  # what the loader's source reads (trainer.current_epoch)
+        loader = run.train_loader = run.reload_train_loader()
+        try:
+            n = len(loader)
+        except TypeError:
+            n = None
+        self.batches_per_epoch = state.batches_per_epoch = n
+        if n and not self.explicit_max_steps:
+            left = sum(math.ceil(n / self.accum_at(e)) for e in range(epoch, num_epochs))
+            state.max_steps = self._limit_count() + left
+        return loader
 
     def _start_epoch(self, loader: Any, epoch: int, skip: int, finished: bool) -> Any:
         """The epoch's start: hooks, the accumulation and schedulers of this epoch, and its batch iterator (after

@@ -193,3 +193,34 @@ def test_F_LIT_DOOR_trainer_state_survives_pickling(tmp_path):
     state = trainer.state
     copy = pickle.loads(pickle.dumps(trainer))
     assert (copy.state.global_step, copy.state.fn, copy.current_epoch) == (state.global_step, state.fn, 1)
+
+
+def test_F_LIT_DOOR_reload_dataloaders_every_n_epochs(tmp_path):
+    """F-LIT-DOOR: ``Trainer(reload_dataloaders_every_n_epochs=2)`` calls the module's ``train_dataloader`` again
+    every 2 epochs and trains on the new loader (here longer each time: the epoch's steps follow it), as Lightning:
+    the same calls, batches, ``global_step`` and weights."""
+    def make(base):
+        class M(counting(base)):
+            def __init__(self):
+                super().__init__()
+                self.loaders_at = []
+
+            def train_dataloader(self):
+                self.loaders_at.append(self.trainer.current_epoch)
+                return data(n=8 + 4 * len(self.loaders_at), seed=len(self.loaders_at))
+        return M
+    runs = []
+    for name, L in _frameworks().items():
+        torch.manual_seed(0)
+        module = make(L.LightningModule)()
+        trainer = L.Trainer(default_root_dir=str(tmp_path / name), enable_progress_bar=False, logger=False,
+                            enable_model_summary=False, enable_checkpointing=False, max_epochs=5,
+                            reload_dataloaders_every_n_epochs=2)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module)
+        runs.append((module, trainer))
+    (lm, lt), (tm, tt) = runs
+    assert tm.loaders_at == lm.loaders_at == [0, 2, 4]
+    assert tm.batches == lm.batches and (tt.global_step, tt.current_epoch) == (lt.global_step, lt.current_epoch)
+    assert same_weights(lm, tm)
