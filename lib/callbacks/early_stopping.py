@@ -2,10 +2,25 @@
 
 from __future__ import annotations
 
+import logging
 import math
+from enum import Enum
 from typing import Any
 
 from taskfit.callbacks.base import Callback
+
+log = logging.getLogger("taskfit")
+
+
+class EarlyStoppingReason(Enum):
+    """Why :class:`EarlyStopping` stopped training; the names and values of Lightning's
+    ``lightning.pytorch.callbacks.early_stopping.EarlyStoppingReason`` (the value is what checkpoints keep)."""
+
+    NOT_STOPPED = 0
+    STOPPING_THRESHOLD = 1
+    DIVERGENCE_THRESHOLD = 2
+    PATIENCE_EXHAUSTED = 3
+    NON_FINITE_METRIC = 4
 
 
 class EarlyStopping(Callback):
@@ -63,7 +78,9 @@ class EarlyStopping(Callback):
         self.check_on_train_epoch_end = bool(check_on_train_epoch_end)
         self.log_rank_zero_only = log_rank_zero_only
         self._rank: int | None = None  # set at train start when several processes run
-        self.stopping_reason = ""
+        self._monitor, self._mode = monitor or "", mode or "min"  # resolved at each check
+        self.stopping_reason = EarlyStoppingReason.NOT_STOPPED
+        self.stopping_reason_message: str | None = None  # Lightning's message of the stop (None: not stopped)
         self.best: float | None = None
         self.wait = 0
         self.stopped_epoch: float | None = None
@@ -73,6 +90,7 @@ class EarlyStopping(Callback):
     def on_train_start(self, fit: Any, module: Any) -> None:
         """A new run starts with no best value and no patience used."""
         self.best, self.wait, self.stopped_epoch, self.stopped_step = None, 0, None, None
+        self.stopping_reason, self.stopping_reason_message = EarlyStoppingReason.NOT_STOPPED, None
         self._training = True
         if self._check_on_train_epoch_end is None:  # nothing evaluates: check on the epoch's logged values
             self.check_on_train_epoch_end = getattr(fit.args, "eval_strategy", "no") == "no"
@@ -117,32 +135,47 @@ class EarlyStopping(Callback):
                 return control
             raise KeyError(f"EarlyStopping monitors {monitor!r}, which evaluation did not return; "
                            f"available: {sorted(metrics)}.")
-        value = float(metrics[monitor])
-        better = (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
-        stop, reason = False, ""
-        if self.check_finite and not math.isfinite(value):
-            stop, reason = True, f"{monitor} = {value} is not finite"
-        elif self.stopping_threshold is not None and better(value, self.stopping_threshold):
-            stop, reason = True, f"{monitor} = {value} reached the stopping threshold {self.stopping_threshold}"
-        elif self.divergence_threshold is not None and better(-value, -self.divergence_threshold):
-            stop, reason = True, f"{monitor} = {value} passed the divergence threshold {self.divergence_threshold}"
-        elif self.best is None or (value < self.best - self.threshold if mode == "min"
-                                   else value > self.best + self.threshold):
-            self.best, self.wait = value, 0
-        else:
-            self.wait += 1
-            if self.wait >= self.patience:
-                stop, reason = True, f"{monitor} did not improve in the last {self.wait} checks (best {self.best})"
+        self._monitor, self._mode = monitor, mode
+        stop, reason = self._evaluate_stopping_criteria(float(metrics[monitor]))
         if stop:  # record only stops this callback causes (not max_steps, not other callbacks)
             control.should_training_stop = True
             self.stopped_epoch, self.stopped_step = state.epoch, state.global_step
-            self.stopping_reason = reason
-            if self.verbose and (self._rank is None or not self.log_rank_zero_only or self._rank == 0):
-                import logging
-
-                prefix = f"[rank: {self._rank}] " if self._rank is not None else ""  # Lightning's prefix
-                logging.getLogger("taskfit").info("%sEarlyStopping: %s; stopping.", prefix, reason)
+            self.stopping_reason_message = reason
+        if reason and self.verbose and (self._rank is None or not self.log_rank_zero_only or self._rank == 0):
+            log.info("%s%s", f"[rank: {self._rank}] " if self._rank is not None else "", reason)  # Lightning's
         return control
+
+    def _evaluate_stopping_criteria(self, value: float) -> tuple[bool, str | None]:
+        """``(stop, message)`` for the monitored ``value``, in Lightning's order and words (its
+        ``_evaluate_stopping_criteria``); sets ``stopping_reason``, the best value and the patience used."""
+        monitor, mode, best = self._monitor, self._mode, self.best
+        better = (lambda a, b: a < b) if mode == "min" else (lambda a, b: a > b)
+        sign = "<" if mode == "min" else ">"
+        best_text = f"{best if best is not None else (math.inf if mode == 'min' else -math.inf):.3f}"
+        if self.check_finite and not math.isfinite(value):
+            self.stopping_reason = EarlyStoppingReason.NON_FINITE_METRIC
+            return True, (f"Monitored metric {monitor} = {value} is not finite. Previous best value was {best_text}. "
+                          "Signaling Trainer to stop.")
+        if self.stopping_threshold is not None and better(value, self.stopping_threshold):
+            self.stopping_reason = EarlyStoppingReason.STOPPING_THRESHOLD
+            return True, (f"Stopping threshold reached: {monitor} = {value} {sign} {self.stopping_threshold}. "
+                          "Signaling Trainer to stop.")
+        if self.divergence_threshold is not None and better(-value, -self.divergence_threshold):
+            self.stopping_reason = EarlyStoppingReason.DIVERGENCE_THRESHOLD
+            return True, (f"Divergence threshold reached: {monitor} = {value} {sign} {self.divergence_threshold}. "
+                          "Signaling Trainer to stop.")
+        if best is None or (value < best - self.threshold if mode == "min" else value > best + self.threshold):
+            self.best, self.wait = value, 0
+            if best is None or not math.isfinite(best):
+                return False, f"Metric {monitor} improved. New best score: {value:.3f}"
+            return False, (f"Metric {monitor} improved by {abs(best - value):.3f} >= min_delta = {self.threshold}. "
+                           f"New best score: {value:.3f}")
+        self.wait += 1
+        if self.wait >= self.patience:
+            self.stopping_reason = EarlyStoppingReason.PATIENCE_EXHAUSTED
+            return True, (f"Monitored metric {monitor} did not improve in the last {self.wait} records. "
+                          f"Best score: {best_text}. Signaling Trainer to stop.")
+        return False, None
 
     def state_dict(self) -> dict[str, Any]:
         return {"best": self.best, "wait": self.wait, "stopped_epoch": self.stopped_epoch,

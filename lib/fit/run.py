@@ -55,6 +55,8 @@ class Run:
         flos_params (int | None): the model's ``num_parameters(exclude_embeddings=True)`` taken before sharding.
         publisher (Any): the ``push_to_hub`` publisher of this run, if any.
         neftune_embedding (Any): the embedding NEFTune noises during this run, if any.
+        reload_train_loader (Callable[[], Any] | None): builds a new train loader from the run's source (Lightning's
+            ``reload_dataloaders_every_n_epochs``).
         eval_data (Any), data_collator (Any): the eval data and collator given to ``fit`` (HF loader overrides).
         loss_weight (Any): the current micro-batch's share of its accumulation window (HF ``training_step``).
     """
@@ -78,6 +80,7 @@ class Run:
     flos_params: int | None = None
     publisher: Any = None
     neftune_embedding: Any = None
+    reload_train_loader: Any = None
     eval_data: Any = None
     data_collator: Any = None
     loss_weight: Any = None

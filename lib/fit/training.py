@@ -8,6 +8,7 @@ Fit's public methods (``evaluate``, ``log``) through the Fit, so a subclass's ov
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 from collections.abc import Mapping
@@ -49,6 +50,17 @@ class _Plan:
     max_steps: int
     num_epochs: int
     reader: Any = None  # the resumed checkpoint's reader (planning opened it): restore reads each file once
+
+
+def rebuild_train_loader(fit: Any, run: Run, datamodule: DataModule | None, module: Any, given: Any,
+                         data_collator: Callable | None) -> Any:
+    """A new train loader from the run's source, built as ``_new_run`` builds it: the datamodule's or the module's
+    ``train_dataloader`` called again, given data reused (Lightning's ``reload_dataloaders_every_n_epochs``)."""
+    if given is not None:
+        data = given
+    else:
+        data = datamodule.train_dataloader() if datamodule is not None else module_loader(module, "train_dataloader")
+    return fit._hf.train_dataloader(run, data, data_collator)
 
 
 def hf_parameter_count(model: Any) -> int | None:
@@ -120,8 +132,11 @@ class TrainingStage:
         (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         model, module = fit._launcher.resolve_model(model, "fit")
         start_stage(fit, module, datamodule, "fit")  # configure_callbacks, prepare_data, setup, configure_model
+        given = train_data
         train_data, eval_data = self._data(args, module, datamodule, train_data, eval_data)
         run = self._new_run(args, model, module, train_data, eval_data, data_collator)
+        run.reload_train_loader = functools.partial(rebuild_train_loader, fit, run, datamodule, module, given,
+                                                    data_collator)
         plan, ckpt = self._plan(run, args, resume_from_checkpoint, weights_only)
         self._setup(run, args, plan, ckpt, weights_only)
         st, hooks, ctl = run.state, fit._hooks, run.control

@@ -40,8 +40,8 @@ LightningModule = TaskModule
 LightningDataModule = DataModule
 
 #: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
-_UNSUPPORTED = {"min_epochs": (None, 0), "min_steps": (None, 0), "use_distributed_sampler": (True,),
-                "sync_batchnorm": (False,), "reload_dataloaders_every_n_epochs": (0,), "model_registry": (None,),
+_UNSUPPORTED = {"use_distributed_sampler": (True,),
+                "sync_batchnorm": (False,), "model_registry": (None,),
                 "benchmark": (None, False)}
 _RUN_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second")
 
@@ -238,9 +238,8 @@ class Trainer(Fit):
     ``checkpoints`` folder (taskfit checkpoint folders, not ``.ckpt`` files).
 
     Raises:
-        NotImplementedError: ``min_epochs``, ``min_steps``, ``use_distributed_sampler=False``, ``sync_batchnorm``,
-            ``reload_dataloaders_every_n_epochs``, ``model_registry``, ``benchmark=True`` or a time
-            ``val_check_interval`` (the message names the flag), before any work.
+        NotImplementedError: ``use_distributed_sampler=False``, ``sync_batchnorm``, ``model_registry``,
+            ``benchmark=True`` or a time ``val_check_interval`` (the message names the flag), before any work.
         ValueError: a float ``val_check_interval`` outside [0, 1], ``check_val_every_n_epoch`` < 1, or None with a
             float ``val_check_interval``; as ``Fit`` (unknown accelerator, strategy, precision...).
     """
@@ -494,6 +493,23 @@ class Trainer(Fit):
     def max_steps(self) -> int:
         """The ``max_steps`` flag (-1: no step limit)."""
         return self._flags["max_steps"]
+
+    @property
+    def min_epochs(self) -> int:
+        """Epochs trained before a stop request (``should_stop``, ``EarlyStopping``) ends training: the flag, 1
+        when only ``min_steps`` is given, else 0 (Lightning's parsed value)."""
+        f = self._flags
+        return f["min_epochs"] if f["min_epochs"] is not None else (1 if f["min_steps"] is not None else 0)
+
+    @property
+    def reload_dataloaders_every_n_epochs(self) -> int:
+        """Epochs between new train loaders (the flag; 0: never)."""
+        return self._flags["reload_dataloaders_every_n_epochs"]
+
+    @property
+    def min_steps(self) -> int | None:
+        """Optimizer steps taken before a stop request ends training (the flag; None: no minimum)."""
+        return self._flags["min_steps"]
 
     @property
     def estimated_stepping_batches(self) -> int:

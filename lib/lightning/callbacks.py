@@ -11,6 +11,7 @@ from taskfit.callbacks import (
 )
 from taskfit.callbacks.base import Callback
 from taskfit.callbacks.early_stopping import EarlyStopping as _EarlyStopping
+from taskfit.callbacks.early_stopping import EarlyStoppingReason
 from taskfit.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from taskfit.callbacks.lambda_callback import LambdaCallback
 from taskfit.callbacks.progress import TQDMProgressBar
@@ -19,8 +20,9 @@ from taskfit.callbacks.progress import TQDMProgressBar
 class EarlyStopping(_EarlyStopping):
     """``lightning.pytorch.callbacks.EarlyStopping``: Lightning's argument order and defaults (``mode="min"``
     whatever the name, ``min_delta``, ``patience=0`` allowed) over :class:`taskfit.callbacks.EarlyStopping`, with
-    Lightning's ``wait_count``, ``best_score`` (a tensor, +-inf before the first check), ``stopped_epoch`` (the
-    0-based epoch it stopped in, 0 when it did not) and ``state_key``.
+    Lightning's ``wait_count``, ``best_score`` (a tensor, +-inf before the first check; settable, as a restored
+    state sets it), ``stopped_epoch`` (the 0-based epoch it stopped in, 0 when it did not), ``stopping_reason`` (an
+    :class:`EarlyStoppingReason`), ``stopping_reason_message``, ``state_key`` and Lightning's ``state_dict`` keys.
 
     Args:
         monitor (str): the logged name to watch (``self.log`` name, e.g. ``"val_loss"``).
@@ -40,6 +42,8 @@ class EarlyStopping(_EarlyStopping):
                  check_on_train_epoch_end: bool | None = None, log_rank_zero_only: bool = False) -> None:
         if not isinstance(patience, int) or patience < 0:
             raise ValueError(f"EarlyStopping patience={patience!r} must be an int >= 0.")
+        if mode not in ("min", "max"):
+            raise ValueError(f"`mode` can be min, max, got {mode}")  # Lightning's message
         super().__init__(monitor=monitor, patience=max(patience, 1), mode=mode, check_finite=check_finite,
                          min_delta=min_delta, verbose=verbose, strict=strict, stopping_threshold=stopping_threshold,
                          divergence_threshold=divergence_threshold, check_on_train_epoch_end=check_on_train_epoch_end,
@@ -68,6 +72,31 @@ class EarlyStopping(_EarlyStopping):
 
         return torch.tensor(self.best if self.best is not None else (math.inf if self.mode == "min" else -math.inf))
 
+    @best_score.setter
+    def best_score(self, value: Any) -> None:
+        best = float(value)
+        self.best = None if best == (math.inf if self.mode == "min" else -math.inf) else best  # the unset value
+
+    def state_dict(self) -> dict[str, Any]:
+        """Lightning's keys (``best_score`` a 0-dim tensor, ``stopping_reason`` the enum's value), plus
+        ``stopped_step``."""
+        return {"wait_count": self.wait_count, "stopped_epoch": self.stopped_epoch, "best_score": self.best_score,
+                "patience": self.patience, "stopping_reason": self.stopping_reason.value,
+                "stopping_reason_message": self.stopping_reason_message, "stopped_step": self.stopped_step}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Restore :meth:`state_dict`'s keys (a state without the reason, as Lightning's before 2.6: not stopped;
+        one saved by :class:`taskfit.callbacks.EarlyStopping`: its keys)."""
+        if "wait_count" not in state_dict:
+            super().load_state_dict(state_dict)
+            return
+        self.wait_count, self.stopped_epoch = state_dict["wait_count"], state_dict["stopped_epoch"]
+        self.best_score, self.patience = state_dict["best_score"], state_dict["patience"]
+        self.stopping_reason = EarlyStoppingReason(state_dict.get("stopping_reason",
+                                                                  EarlyStoppingReason.NOT_STOPPED.value))
+        self.stopping_reason_message = state_dict.get("stopping_reason_message")
+        self.stopped_step = state_dict.get("stopped_step")
+
     def on_train_start(self, fit: Any, module: Any) -> None:
         super().on_train_start(fit, module)
         self.stopped_epoch = 0
@@ -85,7 +114,7 @@ class EarlyStopping(_EarlyStopping):
 
 
 __all__ = ["BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "Callback", "DeviceStatsMonitor",
-           "EarlyStopping", "EMAWeightAveraging", "GradientAccumulationScheduler", "LambdaCallback",
-           "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary", "ProgressBar",
-           "RichProgressBar", "StochasticWeightAveraging", "TQDMProgressBar", "ThroughputMonitor", "Timer",
-           "WeightAveraging"]
+           "EarlyStopping", "EarlyStoppingReason", "EMAWeightAveraging", "GradientAccumulationScheduler",
+           "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
+           "ProgressBar", "RichProgressBar", "StochasticWeightAveraging", "TQDMProgressBar", "ThroughputMonitor",
+           "Timer", "WeightAveraging"]

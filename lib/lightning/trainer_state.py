@@ -56,6 +56,8 @@ class LightningState:
         object.__setattr__(self, "_loop_state", loop_state)
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("_trainer", "_loop_state"):  # not set yet: unpickling (a spawned worker's copy) asks first
+            raise AttributeError(name)
         return getattr(self._loop_state, name)
 
     def __setattr__(self, name: str, value: Any) -> None:

@@ -4,6 +4,7 @@ micro-batches (the last window of an epoch may be shorter)."""
 
 from __future__ import annotations
 
+import logging
 import math
 import sys
 from typing import TYPE_CHECKING, Any, Callable
@@ -119,6 +120,9 @@ class FitLoop:
         self.skipped_rest = False
         self.windows = self.windows_at_start = self._manual_seen = 0
         self.manual = self.explicit_max_steps = False
+        self.min_epochs = self.min_steps = 0
+        self._min_flags: tuple[Any, Any] = (None, None)
+        self._min_told = False
 
     def _prepare(self, loader: Any) -> None:
         """Decide once per run what every window needs: the step (automatic or manual) and its policy, the
@@ -132,6 +136,10 @@ class FitLoop:
         # log / evaluate / save intervals count batches (Lightning's _batches_that_stepped)
         self._manual_seen = module.__dict__.get("_manual_steps", 0)
         self.explicit_max_steps = bool(args.max_steps and args.max_steps > 0)
+        # Lightning's Trainer(min_epochs=, min_steps=): a stop request waits until both are met (Fit has neither)
+        self._min_flags = (getattr(self.owner, "min_epochs", None), getattr(self.owner, "min_steps", None))
+        self.min_epochs, self.min_steps = (v or 0 for v in self._min_flags)
+        self._min_told = False
         self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None, args, self.hooks)
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
         self.step.free_gradients()  # gradients left from before the run (zeroed in the first closure otherwise)
@@ -172,20 +180,40 @@ class FitLoop:
             self.windows = state.current_epoch * self.batches_per_epoch + state.batch_in_epoch
         self.windows_at_start = self.windows
         finished = resumed and self._limit_count() >= state.max_steps  # saved at the last step: only the end is left
+        # Lightning's Trainer(reload_dataloaders_every_n_epochs=n): a new train loader every n epochs (Fit: 0)
+        every, last_reload = getattr(self.owner, "reload_dataloaders_every_n_epochs", 0) or 0, state.current_epoch
         for epoch in range(state.current_epoch, num_epochs):
+            if every and epoch - last_reload >= every and run.reload_train_loader is not None:
+                loader, last_reload = self._reload(epoch, num_epochs), epoch
             skip = state.batch_in_epoch if resumed else 0
             iterator = self._start_epoch(loader, epoch, skip, finished)
             resumed = False
             if not finished:
                 self._run_windows(iterator, epoch)
             self._end_epoch(epoch)
-            if run.control.should_training_stop:
+            if run.control.should_training_stop and self._may_stop(epoch + 1):
                 break
         if sums.steps_since_log > self.lossless_steps:
             sums.total_loss += float(self._global_tr_loss())
         # weights that became non-finite after the last logging/save step would end the run silently: one
         # check (one host sync) per run, whatever the logging and save intervals
         check_finite(self.strategy, run.module, state.global_step, self.args.output_dir)
+
+    def _reload(self, epoch: int, num_epochs: int) -> Any:
+        """A new train loader for ``epoch`` (``run.reload_train_loader``); without an explicit ``max_steps`` the
+        steps of the epochs left are re-counted from its length."""
+        run, state = self.run, self.run.state
+        state.current_epoch = epoch  # what the loader's source reads (trainer.current_epoch)
+        loader = run.train_loader = run.reload_train_loader()
+        try:
+            n = len(loader)
+        except TypeError:
+            n = None
+        self.batches_per_epoch = state.batches_per_epoch = n
+        if n and not self.explicit_max_steps:
+            left = sum(math.ceil(n / self.accum_at(e)) for e in range(epoch, num_epochs))
+            state.max_steps = self._limit_count() + left
+        return loader
 
     def _start_epoch(self, loader: Any, epoch: int, skip: int, finished: bool) -> Any:
         """The epoch's start: hooks, the accumulation and schedulers of this epoch, and its batch iterator (after
@@ -245,8 +273,22 @@ class FitLoop:
                                      "(an empty IterableDataset?).")
                 break
             self._run_window(window, epoch)
-            if control.should_training_stop or control.should_epoch_stop:
+            if (control.should_training_stop and self._may_stop(epoch)) or control.should_epoch_stop:
                 break
+
+    def _may_stop(self, epochs_done: int) -> bool:
+        """Whether a stop request ends training now: always at the step limit, else once ``min_epochs`` epochs
+        are done and ``min_steps`` steps taken (Lightning's ``_can_stop_early``, with its info message once)."""
+        if not (self.min_epochs or self.min_steps) or self._limit_count() >= self.run.state.max_steps:
+            return True
+        if epochs_done >= self.min_epochs and self.run.state.global_step >= self.min_steps:
+            return True
+        if not self._min_told:
+            self._min_told = True
+            logging.getLogger("taskfit").info(
+                "Trainer was signaled to stop but the required `min_epochs=%r` or `min_steps=%r` has not been met. "
+                "Training will continue...", *self._min_flags)  # Lightning's message
+        return False
 
     def _weights(self, window: list[Any]) -> list[Any] | None:
         """The micro-batch loss weights of ``window`` (None: every weight is 1)."""
@@ -355,7 +397,8 @@ class FitLoop:
         """The epoch's end: epoch schedulers, the epoch's log row, validation and save, plateau schedulers."""
         run, hooks, fit, args = self.run, self.hooks, self.owner, self.args
         state, control, module = run.state, run.control, run.module
-        if not (control.should_training_stop or control.should_epoch_stop) and self.batches_per_epoch is not None:
+        if (not ((control.should_training_stop and self._may_stop(epoch)) or control.should_epoch_stop)
+                and self.batches_per_epoch is not None):
             state.epoch = float(epoch + 1)  # the epoch ran to its end (without a length HF keeps the fraction)
         if not self.manual and self.batches_per_epoch is None:  # a loader without length: at the end of the epoch
             for cfg in self.epoch_schedulers:

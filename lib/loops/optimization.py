@@ -261,6 +261,11 @@ class AutomaticStep:
         self.own_backward = overrides(module, "backward") and not engine
         self.own_clipping = overrides(module, "configure_gradient_clipping") and not engine
         self.max_norm, self.clip_by_value = args.max_grad_norm, args.gradient_clip_algorithm == "value"
+        # what configure_gradient_clipping receives as its algorithm: the owner's flag as given where it keeps one
+        # (Lightning's Trainer: None when not given), else the algorithm in effect
+        self.clip_algorithm_arg = getattr(loop.owner, "gradient_clip_algorithm",
+                                          ("value" if self.clip_by_value else "norm")
+                                          if self.max_norm and self.max_norm > 0 else None)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.hf_step = policy.hf_step
         self.zero_in_closure = not policy.zero_grad_after_step  # else freed after each step (free_gradients)
@@ -391,7 +396,7 @@ class AutomaticStep:
         self.L["on_before_optimizer_step"] and self.hooks.call("on_before_optimizer_step", self.owner, module, opt)
         if self.own_clipping:
             clip = max_norm if max_norm and max_norm > 0 else None
-            module.configure_gradient_clipping(opt, clip, ("value" if self.clip_by_value else "norm") if clip else None)
+            module.configure_gradient_clipping(opt, clip, self.clip_algorithm_arg)
         elif max_norm and max_norm > 0 and opt is optimizer:
             if self.clip_by_value:  # elementwise, so exact on shards
                 strategy.clip_gradients_value(self.params, max_norm, optimizer)

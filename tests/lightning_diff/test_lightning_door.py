@@ -139,7 +139,7 @@ def test_F_LIT_DOOR_5_setup_teardown_stages_match(tmp_path):
     assert r["taskfit"][0].seen == r["lightning"][0].seen
 
 
-@pytest.mark.parametrize("flag, value", [("min_epochs", 2), ("sync_batchnorm", True),
+@pytest.mark.parametrize("flag, value", [("benchmark", True), ("sync_batchnorm", True),
                                          ("use_distributed_sampler", False),
                                          ("val_check_interval", "00:00:01:00")])
 def test_F_LIT_DOOR_6_unsupported_flag_fails_first_naming_it(flag, value, tmp_path):
