@@ -244,6 +244,9 @@ class Trainer(Fit):
             float ``val_check_interval``; as ``Fit`` (unknown accelerator, strategy, precision...).
     """
 
+    #: under manual optimization ``global_step`` counts every optimizer's steps (Lightning); ``Fit`` counts batches
+    counts_optimizer_steps = True
+
     #: Names logged in ``validation_step`` during ``fit`` keep their names (Lightning adds no ``eval_`` prefix).
     fit_eval_prefix = ""
 

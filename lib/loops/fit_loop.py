@@ -119,7 +119,7 @@ class FitLoop:
         self.loss_seen = True
         self.skipped_rest = False
         self.windows = self.windows_at_start = self._manual_seen = 0
-        self.manual = self.explicit_max_steps = False
+        self.manual = self.explicit_max_steps = self.count_optimizer_steps = False
         self.min_epochs = self.min_steps = 0
         self._min_flags: tuple[Any, Any] = (None, None)
         self._min_told = False
@@ -132,8 +132,10 @@ class FitLoop:
         scheduled = accumulation_schedule(getattr(self.owner, "callbacks", ()))
         self.accum_at = scheduled or (lambda epoch, accum=args.gradient_accumulation_steps: accum)
         self.manual = not module.automatic_optimization
-        # manual optimization: global_step counts optimizer steps (Lightning: two optimizers -> 2 per batch), the
-        # log / evaluate / save intervals count batches (Lightning's _batches_that_stepped)
+        # manual optimization under the Lightning door: global_step counts optimizer steps (two optimizers -> 2 per
+        # batch), the log / evaluate / save intervals count batches (Lightning's _batches_that_stepped); Fit keeps
+        # HF's one step per batch
+        self.count_optimizer_steps = self.manual and bool(getattr(self.owner, "counts_optimizer_steps", False))
         self._manual_seen = module.__dict__.get("_manual_steps", 0)
         self.explicit_max_steps = bool(args.max_steps and args.max_steps > 0)
         # Lightning's Trainer(min_epochs=, min_steps=): a stop request waits until both are met (Fit has neither)
@@ -377,7 +379,7 @@ class FitLoop:
                     self._step_scheduler(cfg)
         sums.steps_since_log += 1
         self.windows += 1
-        if self.manual:
+        if self.count_optimizer_steps:
             taken = run.module.__dict__.get("_manual_steps", 0)
             state.global_step += taken - self._manual_seen
             self._manual_seen = taken
@@ -542,9 +544,12 @@ class FitLoop:
         control._new_step()
 
     def _limit_count(self) -> int:
-        """What ``state.max_steps`` limits: optimizer steps, except under manual optimization without an explicit
-        ``max_steps``, where the derived limit counts batches (the epochs decide, as Lightning)."""
-        return self.windows if self.manual and not self.explicit_max_steps else self.run.state.global_step
+        """What ``state.max_steps`` limits: optimizer steps, except when ``global_step`` counts every optimizer's
+        steps (manual optimization, Lightning door) without an explicit ``max_steps``: then the derived limit counts
+        batches (the epochs decide, as Lightning)."""
+        if self.count_optimizer_steps and not self.explicit_max_steps:
+            return self.windows
+        return self.run.state.global_step
 
     def _global_tr_loss(self) -> torch.Tensor:
         """The loss sum since the last log, averaged over processes (each holds its share of the window)."""

@@ -88,8 +88,13 @@ def test_resume_with_changed_layout_continues_as_hf_G7_F_HF_1(tmp_path):
                  save_strategy="steps", save_steps=2, logging_steps=2, max_steps=3).train()
         t = _trainer(m, out, length=64, per_device_train_batch_size=8, gradient_accumulation_steps=2,
                      save_strategy="steps", save_steps=4, logging_steps=2, max_steps=3)
-        with CaptureLogger(hf_logging.get_logger()) as cl:
-            t.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
+        verbosity = hf_logging.get_verbosity()  # an earlier test's log_level may have raised it (both doors set it)
+        hf_logging.set_verbosity_warning()
+        try:
+            with CaptureLogger(hf_logging.get_logger()) as cl:
+                t.train(resume_from_checkpoint=os.path.join(out, "checkpoint-2"))
+        finally:
+            hf_logging.set_verbosity(verbosity)
         return (t.state.global_step, [round(p.item(), 5) for p in t.model.parameters()],
                 "save_steps: 4 (from args) != 2 (from trainer_state.json)" in cl.out,
                 "per_device_train_batch_size: 8 (from args) != 4 (from trainer_state.json)" in cl.out)
