@@ -25,6 +25,7 @@ from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers  # modules: `from taskfit.lightning.callbacks import X` works
+from taskfit.lightning.flags import fit_options
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
@@ -39,59 +40,7 @@ __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "see
 LightningModule = TaskModule
 LightningDataModule = DataModule
 
-#: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
-_UNSUPPORTED = {"use_distributed_sampler": (True,),
-                "sync_batchnorm": (False,), "model_registry": (None,),
-                "benchmark": (None, False)}
 _RUN_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second")
-
-
-def _refuse_unsupported(flags: dict[str, Any]) -> None:
-    """Raise NotImplementedError naming the first flag of ``flags`` outside its accepted values."""
-    for name, ok in _UNSUPPORTED.items():
-        if flags[name] not in ok:
-            raise NotImplementedError(f"Trainer({name}={flags[name]!r}) is not supported by taskfit.lightning "
-                                      f"(accepted: {ok}); see docs/lightning.md.")
-    vci, every = flags["val_check_interval"], flags["check_val_every_n_epoch"]
-    if vci is not None and (isinstance(vci, bool) or not isinstance(vci, (int, float))):
-        raise NotImplementedError(f"Trainer(val_check_interval={vci!r}): a time interval is not supported by "
-                                  "taskfit.lightning; give an int number of batches or a float fraction of an epoch.")
-    if isinstance(vci, float) and not 0.0 <= vci <= 1.0:
-        raise ValueError(f"Trainer(val_check_interval={vci!r}): a float must be a fraction of an epoch in [0.0, 1.0] "
-                         "(an int counts batches).")
-    if every is None and not isinstance(vci, int):
-        raise ValueError(f"Trainer(check_val_every_n_epoch=None) counts val_check_interval in batches over epochs: "
-                         f"give an int val_check_interval, not {vci!r}.")
-    if every is not None and (not isinstance(every, int) or every < 1):
-        raise ValueError(f"Trainer(check_val_every_n_epoch={every!r}) must be an int >= 1 or None.")
-
-
-def fit_options(f: dict[str, Any]) -> dict[str, Any]:
-    """``FitArguments`` fields for Lightning's ``Trainer`` flags ``f`` (all of them, with Lightning's defaults).
-
-    Raises:
-        NotImplementedError: a flag taskfit does not support (named).
-    """
-    _refuse_unsupported(f)
-    max_epochs, max_steps = f["max_epochs"], f["max_steps"]
-    if max_epochs is None:  # Lightning: 1000 epochs when neither limit is given, else no epoch limit
-        max_epochs = 1000 if max_steps in (None, -1) else 10 ** 9
-    out = dict(output_dir=str(f["default_root_dir"] or os.getcwd()), report_to="none", save_strategy="no",
-               num_train_epochs=max_epochs, max_steps=max_steps if max_steps not in (None, -1) else -1,
-               gradient_accumulation_steps=f["accumulate_grad_batches"],
-               max_grad_norm=float(f["gradient_clip_val"] or 0.0),
-               gradient_clip_algorithm=f["gradient_clip_algorithm"] or "norm",
-               logging_steps=f["log_every_n_steps"] if f["log_every_n_steps"] is not None else 50,
-               num_sanity_val_steps=f["num_sanity_val_steps"] if f["num_sanity_val_steps"] is not None else 2,
-               fast_dev_run=f["fast_dev_run"], overfit_batches=f["overfit_batches"],
-               detect_anomaly=f["detect_anomaly"], disable_tqdm=f["enable_progress_bar"] is False or f["barebones"],
-               eval_strategy="no")  # deterministic: Lightning's torch flags, set by the Trainer
-    for k in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
-        if f[k] is not None:
-            out[k] = f[k]
-    if isinstance(f["profiler"], str):
-        out["profiler"] = f["profiler"]
-    return out
 
 
 class _LightningLoop(Callback):
