@@ -17,7 +17,6 @@ import itertools
 import os
 import statistics
 import sys
-import time
 from typing import Any
 
 from benchmarks.common import (
@@ -66,9 +65,10 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     """Train one row; returns ``tokens_per_step`` (real tokens), ``padding_fraction``, ``step_s`` (median, s),
     ``tokens_per_s``."""
     import torch
-
-    from taskfit import Callback, Fit
+    from taskfit import Fit
     from taskfit.data import pack_dataset
+
+    from benchmarks.fitjobs import step_clock
 
     torch.set_num_threads(spec["threads"])
     ex = _example()
@@ -83,19 +83,12 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
     shaped = sum(len(b[0]["input_ids"]) * len(b) if packed else max(len(r["input_ids"]) for r in b) * len(b)
                  for b in (used[i:i + batch] for i in range(0, len(used), batch)))
 
-    class StepClock(Callback):
-        def __init__(self) -> None:
-            self.stamps: list[float] = []
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.stamps.append(time.perf_counter())
-
-    clock = StepClock()
+    clock = step_clock()  # on_step_end timestamps (s)
     fit = Fit(output_dir=os.path.join(spec["tmp"], name), max_steps=steps, per_device_train_batch_size=batch,
               learning_rate=3e-3, seed=0, logging_strategy="no", save_strategy="no", report_to="none",
               disable_tqdm=True, train_sampling_strategy="sequential", callbacks=[clock])
     fit.fit(ex.lora_llama(), rows, data_collator=None if packed else _pad(ex.PAD))
-    step_s = statistics.median(b - a for a, b in itertools.pairwise(clock.stamps[spec["warmup"] - 1:]))
+    step_s = statistics.median(b - a for a, b in itertools.pairwise(clock.steps[spec["warmup"] - 1:]))
     tokens_per_step = real / steps
     return {"tokens_per_step": tokens_per_step, "padding_fraction": 1 - real / shaped, "step_s": step_s,
             "tokens_per_s": tokens_per_step / step_s, "verses_or_rows_per_step": batch}

@@ -164,7 +164,9 @@ def worker(spec: dict[str, Any]) -> dict[str, Any]:
 def _run_row(row: tuple, spec: dict[str, Any], example: Any, tokenizer: Any, tweets: Any) -> dict[str, Any]:
     import numpy as np
     import torch
-    from taskfit import Callback, Fit, FitArguments
+    from taskfit import Fit, FitArguments
+
+    from benchmarks.fitjobs import step_clock
 
     name, _, _, overrides, _ = row
     steps, warmup = spec["steps"], spec["warmup"]
@@ -177,14 +179,7 @@ def _run_row(row: tuple, spec: dict[str, Any], example: Any, tokenizer: Any, twe
     data = example.TweetDataset(list(texts), np.asarray(labels), tokenizer, spec["max_length"])
     module = _classifier(example, spec["small_model"])
 
-    class StepClock(Callback):
-        def __init__(self) -> None:
-            self.stamps: list[float] = []
-
-        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-            self.stamps.append(time.perf_counter())
-
-    clock = StepClock()
+    clock = step_clock()  # on_step_end timestamps (s)
     args = FitArguments(
         output_dir=os.path.join(spec["tmp"], name),
         max_steps=steps + warmup,
@@ -205,7 +200,7 @@ def _run_row(row: tuple, spec: dict[str, Any], example: Any, tokenizer: Any, twe
     fit = Fit(args, accelerator="cuda" if cuda else "cpu", callbacks=[clock])
     result = fit.fit(module, data)
     call_s = time.perf_counter() - start
-    measured = clock.stamps[warmup - 1 :] if warmup else [start, *clock.stamps]
+    measured = clock.steps[warmup - 1 :] if warmup else [start, *clock.steps]
     span = measured[-1] - measured[0]
     diffs = [b - a for a, b in itertools.pairwise(measured)]
     step_s = statistics.median(diffs)
