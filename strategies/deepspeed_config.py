@@ -1,5 +1,5 @@
 """The DeepSpeed config of a run (F-STRAT-6, F-PREC-3): read a dict / JSON string / JSON file (HF ``deepspeed=``),
-apply a registry preset (``deepspeed_stage_3_offload`` ...), fill ``"auto"`` values from ``FitArguments`` and
+apply a registry preset (``deepspeed_stage_3_offload`` ...), fill ``"auto"`` values from the run's options and
 report every real conflict in one error. Mirrors HF ``HfTrainerDeepSpeedConfig.trainer_config_process`` /
 ``trainer_config_finalize``. Imports neither torch nor deepspeed.
 
@@ -107,8 +107,8 @@ def resolve_config(config: Any, args: Any, *, world_size: int, precision: str, s
 
     Args:
         config (dict | str | None): the user's config (dict, JSON string or JSON file path); None for the preset.
-        args (FitArguments): batch size, accumulation, ``max_grad_norm``, ``optim`` and its hyperparameters,
-            ``lr_scheduler_type``.
+        args (ScheduleOptions | FitArguments): batch size, accumulation, ``max_grad_norm``, ``optim`` and its
+            hyperparameters, ``lr_scheduler_type`` (the connector passes the run's ``ScheduleOptions``).
         world_size (int): processes (data-parallel ranks) of the run.
         precision (str): the precision plugin's name (``"32-true"``, ``"bf16-mixed"``, ...).
         stage (int | None): ZeRO stage of the registry preset (None: the config's, else 2).

@@ -87,14 +87,7 @@ class FitArguments(ArgumentSetters, RuntimeProperties, TaskfitFields, LegacyFiel
         """``logging_dir``, else ``<output_dir>/logs``. Loggers write local files, so for a remote ``output_dir``
         (an fsspec URL such as ``s3://bucket/run``) the default is the local folder ``runs/<bucket>_<run>/logs``;
         a ``file://`` URL becomes its path."""
-        if self.logging_dir:
-            return self.logging_dir
-        out = self.output_dir.rstrip("/")
-        if out.startswith("file://"):
-            out = out[len("file://"):]
-        elif "://" in out:
-            out = os.path.join("runs", out.split("://", 1)[1].strip("/").replace("/", "_"))
-        return out + "/logs"
+        return self.logging_dir or default_logging_dir(self.output_dir)
 
     @property
     def resolved_run_name(self) -> str:
@@ -258,6 +251,18 @@ class FitArguments(ArgumentSetters, RuntimeProperties, TaskfitFields, LegacyFiel
         changed = [f"{f.name}={_redacted(f.name, getattr(self, f.name))!r}" for f in fields(self)
                    if getattr(self, f.name) != defaults.get(f.name)]
         return f"{type(self).__name__}({', '.join(changed)})"
+
+
+def default_logging_dir(output_dir: str) -> str:
+    """``<output_dir>/logs``, a local folder: for an fsspec URL ``s3://bucket/run`` it is ``runs/bucket_run/logs``
+    (loggers write local files); a ``file://`` URL becomes its path. Mirrors HF's default ``logging_dir`` under
+    ``output_dir``."""
+    out = output_dir.rstrip("/")
+    if out.startswith("file://"):
+        out = out[len("file://"):]
+    elif "://" in out:
+        out = os.path.join("runs", out.split("://", 1)[1].strip("/").replace("/", "_"))
+    return out + "/logs"
 
 
 def _redacted(name: str, value: Any) -> Any:

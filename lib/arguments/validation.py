@@ -275,8 +275,14 @@ _NUMERIC_OPTIM_ARGS = frozenset({"lr", "eps", "weight_decay", "momentum", "dampe
                                  "initial_accumulator_value", "rho", "clip_threshold", "decay_rate"})
 
 
-def _normalize_lists(a: Any) -> None:
-    names = _words("report_to", "csv" if a.report_to is None else a.report_to)
+def report_to_names(value: Any) -> list[str]:
+    """``report_to`` as a list of logger names: ``None`` -> ``["csv"]``, ``"none"`` -> ``[]``, ``"all"`` -> every
+    installed logger (mirrors HF's ``report_to`` handling).
+
+    Raises:
+        ValueError: an unknown name (with the valid choices), or ``"none"`` mixed with loggers.
+    """
+    names = _words("report_to", "csv" if value is None else value)
     for name in names:
         if name not in REPORT_TO:
             raise invalid_choice("report_to logger", name, REPORT_TO)
@@ -289,12 +295,26 @@ def _normalize_lists(a: Any) -> None:
     # own, so a run without transformers (an optional dependency) is left as it is rather than made to fail
     if kubeflow_available() and transformers_installed():
         expanded.append("kubeflow")
-    a.report_to = list(dict.fromkeys(expanded))
-    fsdp = a.fsdp
-    a.fsdp = (["full_shard"] if fsdp else []) if isinstance(fsdp, bool) else _words("fsdp", fsdp)
-    for option in a.fsdp:
+    return list(dict.fromkeys(expanded))
+
+
+def fsdp_words(value: Any) -> list[str]:
+    """``fsdp`` as a list of FSDP option words (``True`` -> ``["full_shard"]``, ``"full_shard auto_wrap"`` ->
+    two words; mirrors HF's ``fsdp`` parsing).
+
+    Raises:
+        ValueError: an unknown word (with the valid choices).
+    """
+    words = (["full_shard"] if value else []) if isinstance(value, bool) else _words("fsdp", value)
+    for option in words:
         if option not in FSDP_OPTIONS:
             raise invalid_choice("fsdp option", option, FSDP_OPTIONS)
+    return words
+
+
+def _normalize_lists(a: Any) -> None:
+    a.report_to = report_to_names(a.report_to)
+    a.fsdp = fsdp_words(a.fsdp)
     a.debug = _words("debug", a.debug)
     for option in a.debug:
         if option not in DEBUG_OPTIONS:
@@ -446,9 +466,13 @@ def _validate_conflicts(a: Any) -> None:
     if a.lr_scheduler_type == "reduce_lr_on_plateau" and a.eval_strategy == "no":
         raise ValueError("lr_scheduler_type='reduce_lr_on_plateau' needs evaluation: set eval_strategy to 'steps' "
                          "or 'epoch'.")
-    if a.fsdp == ["offload"]:
+    _check_fsdp_words(a.fsdp)
+
+
+def _check_fsdp_words(words: list[str]) -> None:
+    if words == ["offload"]:
         raise ValueError("fsdp='offload' cannot work on its own; add 'full_shard' or 'shard_grad_op'.")
-    if "full_shard" in a.fsdp and "shard_grad_op" in a.fsdp:
+    if "full_shard" in words and "shard_grad_op" in words:
         raise ValueError("fsdp cannot contain both 'full_shard' and 'shard_grad_op'.")
 
 
@@ -487,3 +511,44 @@ def normalize_and_validate(a: Any) -> None:
     """
     _normalize(a)
     _validate(a)
+
+
+def check_values(cls: type, values: dict[str, Any]) -> dict[str, Any]:
+    """``values`` (option name -> value) of the options dataclass ``cls`` normalised and checked one option at a
+    time by the rules ``FitArguments`` applies to the same names: types (text converted where unambiguous),
+    Lightning's precision aliases, JSON object strings decoded, ``devices`` and ``fsdp`` parsed, ``report_to``
+    listed, choices and ranges checked. For option sets smaller than ``FitArguments`` (``Engine``'s).
+
+    Args:
+        cls (type): a dataclass whose annotations give each option's types.
+        values (dict[str, Any]): the given options.
+
+    Returns:
+        dict[str, Any]: the normalised values, same keys.
+
+    Raises:
+        ValueError: a bad value (naming it and the valid choices), an option ``cls`` does not have.
+    """
+    out: dict[str, Any] = {}
+    for name, value in values.items():
+        value = _coerce(name, value, field_kinds(cls, name))
+        if name == "precision" and value is not None and str(value) in PRECISION_ALIASES:
+            value = PRECISION_ALIASES[str(value)]
+        if name == "lr_scheduler_kwargs" and value is None:
+            value = {}
+        if isinstance(value, str) and (name in _JSON_DICT or (name in _JSON_OR_PATH and value.strip().startswith("{"))):
+            value = _json_object(name, value)
+        if name == "devices":
+            value = _normalize_devices(value)
+        elif name == "fsdp":
+            value = fsdp_words("" if value is None else value)
+            _check_fsdp_words(value)
+        elif name == "report_to":
+            value = report_to_names(value)
+        if name in _CHOICES and value is not None and value not in _CHOICES[name]:
+            raise invalid_choice(name, value, _CHOICES[name])
+        for option, ok, requirement in _RANGES:
+            if option == name and value is not None and not ok(value):
+                raise ValueError(f"{name} must be {requirement}, got {shown(name, value)}.")
+        out[name] = value
+    return out

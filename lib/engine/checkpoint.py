@@ -54,10 +54,18 @@ def _value_state(value: Any) -> Any:
     return value.state_dict() if hasattr(value, "state_dict") and callable(value.state_dict) else value
 
 
-def save(strategy: Any, args: Any, path: str, state: dict[str, Any]) -> str:
+def save(strategy: Any, options: Any, path: str, state: dict[str, Any], record: str) -> str:
     """Write ``state`` to the checkpoint folder ``path`` (replacing a complete one there) through
     ``strategy.save_checkpoint`` (which adds the module's and optimizers' states: shards or full files). Every
     process calls it.
+
+    Args:
+        strategy (Strategy): the Engine's strategy.
+        options (StrategyOptions): its options (``ddp_timeout``: the save's barrier timeout in seconds;
+            ``save_safetensors``: the full-weight file's format).
+        path (str): the folder (local or fsspec URL).
+        state (dict[str, Any]): ``{"model": ..., "optimizer": ..., "step": ..., ...}``.
+        record (str): the options as JSON text (``fit_args.json``).
 
     Returns:
         str: ``path``.
@@ -73,10 +81,10 @@ def save(strategy: Any, args: Any, path: str, state: dict[str, Any]) -> str:
     module = unwrap_module(state[modules[0]]) if modules else None
     plan = FolderPlan.default(strategy, path)
     plan.manifest = manifest_header(step, strategy.world_size)
-    plan.timeout = float(getattr(args, "ddp_timeout", None) or 1800)
-    if getattr(args, "save_safetensors", True) is False:
+    plan.timeout = float(options.ddp_timeout or 1800)
+    if options.save_safetensors is False:
         plan.weights_name = "pytorch_model.bin"
-    files = _files(strategy, args, state, step, module, (modules, optimizers, schedulers, values)) \
+    files = _files(strategy, record, state, step, module, (modules, optimizers, schedulers, values)) \
         if plan.writer else {}
     from taskfit.seed import rng_states
 
@@ -86,7 +94,7 @@ def save(strategy: Any, args: Any, path: str, state: dict[str, Any]) -> str:
     return path
 
 
-def _files(strategy: Any, args: Any, state: dict[str, Any], step: int, module: nn.Module | None,
+def _files(strategy: Any, record: str, state: dict[str, Any], step: int, module: nn.Module | None,
            kinds: tuple[list[str], list[str], list[str], list[str]]) -> dict[str, Any]:
     """The writing rank's files besides the RNG and the model/optimizer states: ``config.json``, schedulers, the
     loop state with the plain values (``training_state.pt``), ``trainer_state.json`` and ``fit_args.json``."""
@@ -112,7 +120,7 @@ def _files(strategy: Any, args: Any, state: dict[str, Any], step: int, module: n
                    "values": states_on_cpu(strategy, {k: _value_state(state[k]) for k in values})},
         "taskfit_version": __version__}
     files["trainer_state.json"] = fit_state.state_dict()
-    files["fit_args.json"] = args.to_json_string(redact=True)
+    files["fit_args.json"] = record
     return files
 
 

@@ -42,27 +42,35 @@ class Engine(Topology):
             ``"16-true"``, ``"64-true"``, or a plugin instance.
         plugins (list | None): ``Precision`` / ``CheckpointIO`` instances.
         loggers (Logger | list[Logger] | None): where :meth:`log` / :meth:`log_dict` go (rank zero only).
-        **options: any other ``FitArguments`` option the strategy reads (``fsdp``, ``fsdp_config``,
-            ``deepspeed`` (a config), ``ddp_timeout``, ``ddp_backend``, ``max_grad_norm`` (DeepSpeed clips inside
-            its step), ``report_to``, ``logging_dir``, ``save_safetensors``...).
+        **options: the ``FitArguments`` options the strategy reads (``fsdp``, ``fsdp_config``, ``deepspeed`` (a
+            config), ``ddp_timeout``, ``ddp_backend``, ``save_safetensors``..., and the values a DeepSpeed config's
+            ``"auto"`` entries take: ``max_grad_norm`` (DeepSpeed clips inside its step; default 0, no
+            clipping), ``learning_rate``, ``optim``...; see ``StrategyOptions``), plus ``report_to``,
+            ``logging_dir``, ``run_name``, ``output_dir`` and ``max_steps`` (see ``EngineOptions``). Each value is
+            checked as ``FitArguments`` checks it; no ``FitArguments`` is built.
+
+    Attributes:
+        options (StrategyOptions): the strategy's options, resolved once.
+        engine_options (EngineOptions): the Engine's own options.
 
     Raises:
-        ValueError: an unknown name (with the valid choices and the closest match), a conflicting pair, or an
-            option ``FitArguments`` does not have; all before any work, exactly as ``Fit`` raises them.
+        ValueError: an unknown name (with the valid choices and the closest match), a conflicting pair, a bad
+            value, or an option the Engine does not read (a ``FitArguments`` option of the training loop, or an
+            unknown name with the closest ones); all before any work, as ``Fit`` raises them.
         TypeError: a plugin or logger of an unknown kind.
     """
 
     def __init__(self, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto", num_nodes: int = 1,
                  precision: Any = None, plugins: list[Any] | None = None, loggers: Any = None,
                  **options: Any) -> None:
-        from taskfit.arguments.fit_arguments import FitArguments
         from taskfit.connector import resolve_components
+        from taskfit.engine.options import engine_options
         from taskfit.loggers import build_loggers
         from taskfit.precision import Precision
 
         plugins = list(plugins or [])
         instances: dict[str, Any] = {}
-        fields = {"max_grad_norm": 0.0, "report_to": "none", "disable_tqdm": True, **options}
+        fields = dict(options)
         for key, value in zip(_COMPONENTS, (accelerator, strategy, devices, num_nodes)):
             if isinstance(value, (str, int, list, tuple)):
                 fields[key] = list(value) if isinstance(value, tuple) else value
@@ -72,13 +80,13 @@ class Engine(Topology):
             plugins.append(precision)
         elif precision is not None:
             fields["precision"] = precision
-        self.args = FitArguments().replace(**fields)  # unknown names: "did you mean"
-        self.strategy = resolve_components(self.args, plugins, **{k: v for k, v in instances.items()
-                                                                  if k in ("accelerator", "strategy")})
+        self.options, self.engine_options = engine_options(fields)  # unknown names: "did you mean"
+        self.strategy = resolve_components(self.options, plugins, **{k: v for k, v in instances.items()
+                                                                     if k in ("accelerator", "strategy")})
         rank_zero_only.rank = self.strategy.global_rank
         if loggers is not None and not isinstance(loggers, (list, tuple)):
             loggers = [loggers]
-        self.loggers = build_loggers(self.args, list(loggers or []))
+        self.loggers = build_loggers(self.engine_options, list(loggers or []))
         self._launched = False
         self._log_step = 0
         self._models: list[EngineModule] = []
@@ -132,7 +140,7 @@ class Engine(Topology):
         if fn is None and spawns:
             raise RuntimeError(f"strategy={self.strategy.name!r} runs the work in spawned processes: pass the "
                                "function to run, engine.launch(fn) (fn(engine, *args)), or use strategy='ddp'.")
-        configure_strategy(self.strategy, self.args)
+        configure_strategy(self.strategy, self.options)
         if fn is None:
             self.strategy.launch(self._join)
             return None
@@ -193,7 +201,7 @@ class Engine(Topology):
                              f"{type(self._models[0].module).__name__}. Put the modules into one nn.Module (e.g. "
                              "nn.ModuleDict) and set that up, with one optimizer per part if needed.")
         self._ensure_launched("setup")
-        steps = max_steps if max_steps is not None else max(int(self.args.max_steps or 0), 1)
+        steps = max_steps if max_steps is not None else max(int(self.engine_options.max_steps or 0), 1)
         wrapped, opts, scheds = self.strategy.setup(module, list(optimizers),
                                                     [scheduler] if scheduler is not None else [], max_steps=steps)
         model = EngineModule(wrapped, module, self.strategy)
@@ -384,8 +392,10 @@ class Engine(Topology):
             ValueError: more than one module in ``state``.
         """
         from taskfit.engine import checkpoint as engine_checkpoint
+        from taskfit.engine.options import options_record
 
-        return engine_checkpoint.save(self.strategy, self.args, os.fspath(path), state)
+        return engine_checkpoint.save(self.strategy, self.options, os.fspath(path), state,
+                                      options_record(self.options, self.engine_options))
 
     def load(self, path: str | os.PathLike, state: dict[str, Any] | None = None, strict: bool = True,
              weights_only: bool = True) -> dict[str, Any]:

@@ -17,10 +17,11 @@ from torch import nn
 
 from taskfit import efficiency
 from taskfit.arguments.fit_arguments import FitArguments
+from taskfit.arguments.strategy_options import StrategyOptions
 from taskfit.callbacks.console import configure_console
 from taskfit.connector import resolve_components
 from taskfit.core.wrapping import model_loss
-from taskfit.data.loaders import DataModule, num_examples, num_tokens
+from taskfit.data.loaders import DataModule, data_options, num_examples, num_tokens
 from taskfit.fit import outputs
 from taskfit.fit.hf_api import HFTrainerAPI
 from taskfit.fit.hf_overrides import HFAdapter, default_collator
@@ -94,7 +95,8 @@ class Fit(Topology):
         args, plugins, instances = fit_arguments(args, (accelerator, strategy, devices, num_nodes, precision),
                                               list(plugins or []), kwargs)
         self.args = args
-        self.strategy = resolve_components(args, plugins, **instances)
+        data_options(args)  # accelerator_config / split_batches: bad keys fail before any work
+        self.strategy = resolve_components(StrategyOptions.from_arguments(args), plugins, **instances)
         init_memory = None if args.skip_memory_metrics else MemoryTracker(self.strategy.root_device,
                                                                           self.strategy.accelerator)
         if init_memory is not None:  # the construction's own deltas, reported as init_mem_* (HF)

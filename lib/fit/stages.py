@@ -13,6 +13,7 @@ from typing import Any, Callable
 from torch import nn
 
 from taskfit import efficiency
+from taskfit.arguments.strategy_options import StrategyOptions
 from taskfit.connector import configure_strategy
 from taskfit.data.loaders import DataModule
 from taskfit.loops.evaluation_loop import EvaluationLoop
@@ -75,7 +76,7 @@ class EvaluationStages:
         fit = self.fit
         if model is not None and not isinstance(model, nn.Module) and data is None:
             model, data = None, model  # HF-style fit.evaluate(eval_dataset)
-        configure_strategy(fit.strategy, fit.args)
+        configure_strategy(fit.strategy, StrategyOptions.from_arguments(fit.args))
         fit.strategy.setup_environment()
         model, module = fit._launcher.resolve_model(model, stage)
         last = fit._run

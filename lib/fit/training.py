@@ -19,6 +19,7 @@ from torch import nn
 
 from taskfit import efficiency
 from taskfit.arguments.fit_arguments import FitArguments
+from taskfit.arguments.strategy_options import StrategyOptions
 from taskfit.checkpoint.writer import checkpoint_path, save_checkpoint
 from taskfit.core.hooks import module_loader, overrides
 from taskfit.core.module import infer_batch_size
@@ -163,7 +164,7 @@ class TrainingStage:
                                        num_train_epochs=1, save_strategy="no", load_best_model_at_end=False,
                                        eval_strategy="epoch" if args.eval_strategy != "no" else "no")
         fit.args = args  # a retry or a trial brings new arguments: the strategy re-derives its settings too
-        configure_strategy(fit.strategy, args)
+        configure_strategy(fit.strategy, StrategyOptions.from_arguments(args))
         return args, n_dev
 
     def _data(self, args: FitArguments, module: Any, datamodule: DataModule | None, train_data: Any,
