@@ -531,9 +531,10 @@ def check_values(cls: type, values: dict[str, Any]) -> dict[str, Any]:
     """
     out: dict[str, Any] = {}
     for name, value in values.items():
-        value = _coerce(name, value, field_kinds(cls, name))
-        if name == "precision" and value is not None and str(value) in PRECISION_ALIASES:
+        if name == "precision" and value is not None and not isinstance(value, bool) \
+                and str(value) in PRECISION_ALIASES:  # Lightning's short names: "bf16", 16, 32, ...
             value = PRECISION_ALIASES[str(value)]
+        value = _coerce(name, value, field_kinds(cls, name))
         if name == "lr_scheduler_kwargs" and value is None:
             value = {}
         if isinstance(value, str) and (name in _JSON_DICT or (name in _JSON_OR_PATH and value.strip().startswith("{"))):

@@ -34,7 +34,7 @@ def test_F_CORE_4_hf_flags_fold_into_the_precision_and_use_cpu():
 VALUES = [
     {"devices": "2", "strategy": "ddp", "ddp_timeout": "60", "ddp_backend": "gloo", "ddp_static_graph": "true"},
     {"fsdp": "full_shard auto_wrap", "fsdp_config": '{"min_num_params": 10}', "precision": "bf16"},
-    {"fsdp": True, "deepspeed": '{"zero_optimization": {"stage": 2}}', "devices": [0, 1]},
+    {"fsdp": True, "deepspeed": '{"zero_optimization": {"stage": 2}}', "devices": [0, 1], "precision": 16},
     {"learning_rate": "1e-3", "lr_scheduler_kwargs": '{"power": 2.0}', "warmup_steps": 0.1, "optim": "adamw_torch"},
 ]
 
