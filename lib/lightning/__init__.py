@@ -25,7 +25,7 @@ from taskfit.callbacks.order import lightning_order
 from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
-from taskfit.lightning import callbacks, loggers  # modules: `from taskfit.lightning.callbacks import X` works
+from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.flags import fit_options, loop_policy
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
@@ -33,10 +33,10 @@ from taskfit.lightning.trainer_state import (
 )
 from taskfit.seed import seed_everything
 
-_cb, _lg = callbacks, loggers
+_cb, _lg, _pf = callbacks, loggers, profilers
 
 __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything", "callbacks",
-           "loggers"]
+           "loggers", "profilers"]
 
 LightningModule = TaskModule
 LightningDataModule = DataModule
