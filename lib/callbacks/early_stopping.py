@@ -88,9 +88,10 @@ class EarlyStopping(Callback):
         self._training = False
 
     def on_train_start(self, fit: Any, module: Any) -> None:
-        """A new run starts with no best value and no patience used."""
-        self.best, self.wait, self.stopped_epoch, self.stopped_step = None, 0, None, None
-        self.stopping_reason, self.stopping_reason_message = EarlyStoppingReason.NOT_STOPPED, None
+        """A new run starts with no best value and no patience used; a resumed run keeps the state its checkpoint
+        restored (Lightning's ``EarlyStopping`` continues its count)."""
+        if not self.__dict__.pop("_restored", False):
+            self._reset()
         self._training = True
         if self._check_on_train_epoch_end is None:  # nothing evaluates: check on the epoch's logged values
             self.check_on_train_epoch_end = getattr(fit.args, "eval_strategy", "no") == "no"
@@ -184,4 +185,10 @@ class EarlyStopping(Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for k, v in state_dict.items():
             setattr(self, k, v)
+        self._restored = True  # the next on_train_start keeps it
+
+    def _reset(self) -> None:
+        """No best value, no patience used, not stopped."""
+        self.best, self.wait, self.stopped_epoch, self.stopped_step = None, 0, None, None
+        self.stopping_reason, self.stopping_reason_message = EarlyStoppingReason.NOT_STOPPED, None
 

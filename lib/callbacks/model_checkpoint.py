@@ -89,6 +89,10 @@ class ModelCheckpoint(Callback):
         self._fit: Any = None
         self._on_epoch_end = False
 
+    #: saves at an epoch's end after the module's on_train_epoch_end (Lightning's monitoring callbacks), so the
+    #: epoch's values logged there can be monitored and the other callbacks' epoch-end state is saved
+    monitors_epoch_end = True
+
     @property
     def state_key(self) -> str:
         return f"ModelCheckpoint{{'monitor': {self.monitor!r}, 'mode': {self.mode!r}}}"

@@ -32,6 +32,7 @@ from taskfit.fit.run import Run, RunLauncher
 from taskfit.fit.stages import EvaluationStages, _hf_positional
 from taskfit.fit.training import TrainingStage, hf_floating_point_ops
 from taskfit.loggers import Logger, build_loggers, send_summary
+from taskfit.loops.policy import LoopPolicy
 from taskfit.loops.state import FitControl, FitState
 from taskfit.metrics import MemoryTracker, PredictionOutput, TrainOutput
 
@@ -79,9 +80,9 @@ class Fit(Topology):
         NotImplementedError: an option or component whose feature has not landed yet (names the issue).
     """
 
-    #: The key prefix of an evaluation during ``fit`` (HF's ``metric_key_prefix="eval"``: ``eval_acc``); the
-    #: Lightning door sets "" (names as logged with ``self.log``). A class attribute: chosen once, not per step.
-    fit_eval_prefix: str = "eval"
+    #: Where Lightning's loop semantics differ from HF's, HF's choices (the Lightning door's ``Trainer`` sets its
+    #: own): handed to the fit loop, chosen once, never per step. Frozen, so one instance serves every ``Fit``.
+    loop_policy: LoopPolicy = LoopPolicy()
 
     def __init__(self, args: FitArguments | dict | None = None, *, accelerator: Any = None, strategy: Any = None,
                  devices: Any = None, num_nodes: int | None = None, precision: Any = None,

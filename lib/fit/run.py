@@ -57,6 +57,8 @@ class Run:
         neftune_embedding (Any): the embedding NEFTune noises during this run, if any.
         reload_train_loader (Callable[[], Any] | None): builds a new train loader from the run's source (Lightning's
             ``reload_dataloaders_every_n_epochs``).
+        reload_eval_loaders (Callable[[], None] | None): builds new ``eval_loaders`` from the run's source (None:
+            eval data was given); ``eval_loaded_epoch`` (int) is the epoch they were built at.
         eval_data (Any), data_collator (Any): the eval data and collator given to ``fit`` (HF loader overrides).
         loss_weight (Any): the current micro-batch's share of its accumulation window (HF ``training_step``).
     """
@@ -81,6 +83,8 @@ class Run:
     publisher: Any = None
     neftune_embedding: Any = None
     reload_train_loader: Any = None
+    reload_eval_loaders: Any = None
+    eval_loaded_epoch: int = 0
     eval_data: Any = None
     data_collator: Any = None
     loss_weight: Any = None

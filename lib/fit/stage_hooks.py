@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from taskfit.callbacks.order import lightning_order
 from taskfit.core.hooks import overrides
 
 
@@ -17,6 +18,8 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
         if extra:
             types = {type(cb) for cb in extra}
             fit.callbacks = [cb for cb in fit.callbacks if type(cb) not in types] + extra
+            if fit.loop_policy.checkpoint_callbacks_last:
+                fit.callbacks = lightning_order(fit.callbacks)
             fit._hooks = fit._hook_runner(module)
     if fit.strategy.local_rank == 0:
         if datamodule is not None:

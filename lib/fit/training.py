@@ -64,6 +64,17 @@ def rebuild_train_loader(fit: Any, run: Run, datamodule: DataModule | None, modu
     return fit._hf.train_dataloader(run, data, data_collator)
 
 
+def rebuild_eval_loaders(fit: Any, run: Run, datamodule: DataModule | None, module: Any,
+                         data_collator: Callable | None) -> None:
+    """New eval loaders for ``run`` from the datamodule's or the module's ``val_dataloader`` called again, built as
+    ``_new_run`` builds them, at ``run.state.current_epoch`` (Lightning's ``reload_dataloaders_every_n_epochs``
+    for the validation loaders; given eval data is never reloaded)."""
+    data = datamodule.val_dataloader() if datamodule is not None else module_loader(module, "val_dataloader")
+    run.eval_data = data
+    run.eval_loaders = fit._launcher.eval_loader_dict(data, data_collator, run=run)
+    run.eval_loaded_epoch = run.state.current_epoch
+
+
 def hf_parameter_count(model: Any) -> int | None:
     """``model.num_parameters(exclude_embeddings=True)`` of a ``transformers.PreTrainedModel`` (what HF's
     ``floating_point_ops`` multiplies by); None for a model without that method (a TaskModule's own
@@ -133,14 +144,18 @@ class TrainingStage:
         (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         model, module = fit._launcher.resolve_model(model, "fit")
         start_stage(fit, module, datamodule, "fit")  # configure_callbacks, prepare_data, setup, configure_model
-        given = train_data
+        given, eval_given = train_data, eval_data is not None
         train_data, eval_data = self._data(args, module, datamodule, train_data, eval_data)
         run = self._new_run(args, model, module, train_data, eval_data, data_collator)
         run.reload_train_loader = functools.partial(rebuild_train_loader, fit, run, datamodule, module, given,
                                                     data_collator)
+        if run.eval_loaders and not eval_given:
+            run.reload_eval_loaders = functools.partial(rebuild_eval_loaders, fit, run, datamodule, module,
+                                                        data_collator)
         plan, ckpt = self._plan(run, args, resume_from_checkpoint, weights_only)
         self._setup(run, args, plan, ckpt, weights_only)
         st, hooks, ctl = run.state, fit._hooks, run.control
+        run.eval_loaded_epoch = st.current_epoch  # the eval loaders were built for this epoch (resumed: its own)
         start_samples, start_step = st.samples_seen, st.global_step
         log_summary(fit, module, plan.max_steps, plan.steps_per_epoch, run.train_loader)
         ctl._new_training()
@@ -297,7 +312,7 @@ class TrainingStage:
 
         fit = self.fit
         loop = FitLoop(run, fit, args, fit.strategy, hooks, lambda logs: fit.log(logs),
-                       self.evaluate_during_fit, self.write_checkpoint)
+                       self.evaluate_during_fit, self.write_checkpoint, fit.loop_policy)
         loop.stop = install_graceful_stop(  # SIGTERM / Ctrl-C / SLURM
             args.save_on_interrupt, fit.world_size, fit.strategy.check_collective)
         start = time.perf_counter()
@@ -363,13 +378,17 @@ class TrainingStage:
         """
         fit = self.fit
         run = fit._run
+        if run.reload_eval_loaders is not None and fit.loop_policy.reload_due(run.state.current_epoch,
+                                                                              run.eval_loaded_epoch):
+            run.reload_eval_loaders()
         if overrides(run.module, "on_validation_model_zero_grad"):  # Lightning: before a validation inside fit
             run.module.on_validation_model_zero_grad()
         if fit._hf.overrides("get_eval_dataloader", "evaluate"):
             with fit._hf.loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):
                 metrics = fit.evaluate(ignore_keys=fit._ignore_keys_for_eval)
         else:
-            metrics = fit._stages.evaluate_in_run(run.eval_loaders, fit.fit_eval_prefix, fit._ignore_keys_for_eval)
+            metrics = fit._stages.evaluate_in_run(run.eval_loaders, fit.loop_policy.eval_prefix,
+                                                  fit._ignore_keys_for_eval)
         for cfg in () if skip_scheduler else run.schedulers:
             if cfg.interval != "eval":
                 continue

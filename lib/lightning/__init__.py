@@ -21,21 +21,22 @@ from typing import Any, Iterator
 
 from taskfit.callbacks.base import Callback, HookRunner
 from taskfit.callbacks.console import LogPrinter
+from taskfit.callbacks.order import lightning_order
 from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
-from taskfit.lightning import callbacks, loggers  # modules: `from taskfit.lightning.callbacks import X` works
-from taskfit.lightning.flags import fit_options
+from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
+from taskfit.lightning.flags import fit_options, loop_policy
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
 )
 from taskfit.seed import seed_everything
 
-_cb, _lg = callbacks, loggers
+_cb, _lg, _pf = callbacks, loggers, profilers
 
 __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything", "callbacks",
-           "loggers"]
+           "loggers", "profilers"]
 
 LightningModule = TaskModule
 LightningDataModule = DataModule
@@ -193,12 +194,6 @@ class Trainer(Fit):
             float ``val_check_interval``; as ``Fit`` (unknown accelerator, strategy, precision...).
     """
 
-    #: under manual optimization ``global_step`` counts every optimizer's steps (Lightning); ``Fit`` counts batches
-    counts_optimizer_steps = True
-
-    #: Names logged in ``validation_step`` during ``fit`` keep their names (Lightning adds no ``eval_`` prefix).
-    fit_eval_prefix = ""
-
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
                  num_nodes: int = 1, precision: Any = None, logger: Any = None, callbacks: Any = None,
                  fast_dev_run: int | bool = False, max_epochs: int | None = None, min_epochs: int | None = None,
@@ -234,8 +229,11 @@ class Trainer(Fit):
                          precision=precision, callbacks=_default_callbacks(flags, list(given), root,
                                                                             (lightning_loggers or [None])[0]),
                          loggers=lightning_loggers, plugins=plugins, **options)
+        # Lightning's loop semantics where they differ from HF's (global_step under manual optimization, min_epochs
+        # / min_steps, reloaded loaders, no eval_ prefix, checkpoint callbacks last), chosen once here
+        self.loop_policy = loop_policy(flags)
         # Lightning prints no per-log lines when the bar is off
-        self.callbacks = [cb for cb in self.callbacks if not isinstance(cb, LogPrinter)]
+        self.callbacks = lightning_order([cb for cb in self.callbacks if not isinstance(cb, LogPrinter)])
         self._hooks = HookRunner(self.callbacks)
         self._loop: _LightningLoop = next(c for c in self.callbacks if isinstance(c, _LightningLoop))
 
@@ -450,18 +448,17 @@ class Trainer(Fit):
     def min_epochs(self) -> int:
         """Epochs trained before a stop request (``should_stop``, ``EarlyStopping``) ends training: the flag, 1
         when only ``min_steps`` is given, else 0 (Lightning's parsed value)."""
-        f = self._flags
-        return f["min_epochs"] if f["min_epochs"] is not None else (1 if f["min_steps"] is not None else 0)
+        return self.loop_policy.min_epochs
 
     @property
     def reload_dataloaders_every_n_epochs(self) -> int:
-        """Epochs between new train loaders (the flag; 0: never)."""
-        return self._flags["reload_dataloaders_every_n_epochs"]
+        """Epochs between new train and validation loaders (the flag; 0: never)."""
+        return self.loop_policy.reload_dataloaders_every_n_epochs
 
     @property
     def min_steps(self) -> int | None:
         """Optimizer steps taken before a stop request ends training (the flag; None: no minimum)."""
-        return self._flags["min_steps"]
+        return self.loop_policy.min_steps
 
     @property
     def estimated_stepping_batches(self) -> int:

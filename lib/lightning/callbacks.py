@@ -95,11 +95,15 @@ class EarlyStopping(_EarlyStopping):
         self.stopping_reason = EarlyStoppingReason(state_dict.get("stopping_reason",
                                                                   EarlyStoppingReason.NOT_STOPPED.value))
         self.stopping_reason_message = state_dict.get("stopping_reason_message")
+        self._restored = True  # the next on_train_start keeps it
         self.stopped_step = state_dict.get("stopped_step")
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.stopped_epoch = 0  # Lightning's value when it did not stop
 
     def on_train_start(self, fit: Any, module: Any) -> None:
         super().on_train_start(fit, module)
-        self.stopped_epoch = 0
         if self._check_on_train_epoch_end is None and hasattr(fit, "check_val_every_n_epoch"):
             # Lightning's rule: at the train epoch's end (after its validation) unless validation runs several
             # times per epoch or not every epoch

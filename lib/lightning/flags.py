@@ -1,9 +1,12 @@
-"""Lightning ``Trainer`` flags -> ``FitArguments`` fields, and the flags taskfit refuses (named, before any work)."""
+"""Lightning ``Trainer`` flags -> ``FitArguments`` fields and the loop policy, and the flags taskfit refuses (named,
+before any work)."""
 
 from __future__ import annotations
 
 import os
 from typing import Any
+
+from taskfit.loops.policy import LoopPolicy
 
 #: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
 _UNSUPPORTED = {"use_distributed_sampler": (True,),
@@ -29,6 +32,9 @@ def _refuse_unsupported(flags: dict[str, Any]) -> None:
                          f"give an int val_check_interval, not {vci!r}.")
     if every is not None and (not isinstance(every, int) or every < 1):
         raise ValueError(f"Trainer(check_val_every_n_epoch={every!r}) must be an int >= 1 or None.")
+    reload = flags["reload_dataloaders_every_n_epochs"]
+    if isinstance(reload, bool) or not isinstance(reload, int) or reload < 0:
+        raise ValueError(f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload!r}.")  # Lightning's
 
 
 def fit_options(f: dict[str, Any]) -> dict[str, Any]:
@@ -57,3 +63,13 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
     if isinstance(f["profiler"], str):
         out["profiler"] = f["profiler"]
     return out
+
+
+def loop_policy(f: dict[str, Any]) -> LoopPolicy:
+    """The :class:`~taskfit.loops.policy.LoopPolicy` of Lightning's ``Trainer`` flags ``f`` (checked by
+    :func:`fit_options` first): Lightning's loop semantics where they differ from HF's."""
+    min_epochs = f["min_epochs"] if f["min_epochs"] is not None else (1 if f["min_steps"] is not None else 0)
+    return LoopPolicy(counts_optimizer_steps=True, min_epochs=min_epochs, min_steps=f["min_steps"],
+                      reload_dataloaders_every_n_epochs=f["reload_dataloaders_every_n_epochs"],
+                      clip_algorithm_as_given=True, gradient_clip_algorithm=f["gradient_clip_algorithm"],
+                      eval_prefix="", checkpoint_callbacks_last=True)

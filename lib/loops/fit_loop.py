@@ -17,6 +17,7 @@ from taskfit.data.loaders import set_loader_epoch, skip_first_batches, splits_ev
 from taskfit.data.stateful import decode_state, stateful_source
 from taskfit.loops.finite import check_finite
 from taskfit.loops.optimization import AutomaticStep, ManualStep, batch_outputs, choose_policy, window_weights
+from taskfit.loops.policy import LoopPolicy
 
 if TYPE_CHECKING:
     from taskfit.protocols import RunView
@@ -105,11 +106,15 @@ class FitLoop:
         log (Callable[[dict], None]): sends a log row to loggers and ``on_log``.
         evaluate (Callable[[], dict]): evaluation during training (metrics).
         save (Callable[[dict], str]): writes a checkpoint of the given training state; returns its path.
+        loop_policy (LoopPolicy): where Lightning's loop semantics differ from HF's (chosen by the owner once; HF's
+            defaults when not given).
     """
 
     def __init__(self, run: RunView, owner: Any, args: Any, strategy: Any, hooks: Any, log: Callable[[dict], None],
-                 evaluate: Callable[[], dict], save: Callable[[dict], str]) -> None:
+                 evaluate: Callable[[], dict], save: Callable[[dict], str],
+                 loop_policy: LoopPolicy | None = None) -> None:
         self.run, self.owner, self.args, self.strategy, self.hooks = run, owner, args, strategy, hooks
+        self.loop_policy = loop_policy if loop_policy is not None else LoopPolicy()
         self._log, self._evaluate, self._save = log, evaluate, save
         self.sums = run.sums
         self._norm_due = False  # the last step's gradient norm is not computed yet (only for a log row or a save)
@@ -129,17 +134,18 @@ class FitLoop:
         accumulation per epoch, how item counts are weighed, the batch mover."""
         run, args, strategy, sums = self.run, self.args, self.strategy, self.sums
         module = run.module
-        scheduled = accumulation_schedule(getattr(self.owner, "callbacks", ()))
+        scheduled = accumulation_schedule(self.owner.callbacks)
         self.accum_at = scheduled or (lambda epoch, accum=args.gradient_accumulation_steps: accum)
         self.manual = not module.automatic_optimization
-        # manual optimization under the Lightning door: global_step counts optimizer steps (two optimizers -> 2 per
-        # batch), the log / evaluate / save intervals count batches (Lightning's _batches_that_stepped); Fit keeps
-        # HF's one step per batch
-        self.count_optimizer_steps = self.manual and bool(getattr(self.owner, "counts_optimizer_steps", False))
+        # manual optimization, Lightning's policy: global_step counts optimizer steps (two optimizers -> 2 per
+        # batch), the log / evaluate / save intervals count batches (Lightning's _batches_that_stepped); HF's
+        # policy keeps one step per batch
+        policy = self.loop_policy
+        self.count_optimizer_steps = self.manual and policy.counts_optimizer_steps
         self._manual_seen = module.__dict__.get("_manual_steps", 0)
         self.explicit_max_steps = bool(args.max_steps and args.max_steps > 0)
-        # Lightning's Trainer(min_epochs=, min_steps=): a stop request waits until both are met (Fit has neither)
-        self._min_flags = (getattr(self.owner, "min_epochs", None), getattr(self.owner, "min_steps", None))
+        # Lightning's Trainer(min_epochs=, min_steps=): a stop request waits until both are met (HF has neither)
+        self._min_flags = (policy.min_epochs, policy.min_steps)
         self.min_epochs, self.min_steps = (v or 0 for v in self._min_flags)
         self._min_told = False
         self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None, args, self.hooks)
@@ -182,10 +188,10 @@ class FitLoop:
             self.windows = state.current_epoch * self.batches_per_epoch + state.batch_in_epoch
         self.windows_at_start = self.windows
         finished = resumed and self._limit_count() >= state.max_steps  # saved at the last step: only the end is left
-        # Lightning's Trainer(reload_dataloaders_every_n_epochs=n): a new train loader every n epochs (Fit: 0)
-        every, last_reload = getattr(self.owner, "reload_dataloaders_every_n_epochs", 0) or 0, state.current_epoch
+        # Lightning's Trainer(reload_dataloaders_every_n_epochs=n): a new train loader every n epochs (HF: never)
+        last_reload = state.current_epoch
         for epoch in range(state.current_epoch, num_epochs):
-            if every and epoch - last_reload >= every and run.reload_train_loader is not None:
+            if run.reload_train_loader is not None and self.loop_policy.reload_due(epoch, last_reload):
                 loader, last_reload = self._reload(epoch, num_epochs), epoch
             skip = state.batch_in_epoch if resumed else 0
             iterator = self._start_epoch(loader, epoch, skip, finished)
@@ -412,7 +418,14 @@ class FitLoop:
                                                               and (args.eval_delay or 0) <= state.epoch)
         control.should_save = control.should_save or args.save_strategy == "epoch"
         hooks.hf["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
-        self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
+        training_state = run.training_state
+        if training_state.epoch_evaluated:  # resumed from a checkpoint taken during this evaluation: it is done
+            control.should_evaluate = training_state.epoch_evaluated = False
+        training_state.evaluating_epoch_end = True
+        try:
+            self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
+        finally:
+            training_state.evaluating_epoch_end = False
         defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's epoch-end defaults
         # a checkpoint from here on (ModelCheckpoint's in on_train_epoch_end, the epoch's save below) resumes at
         # the next epoch's start

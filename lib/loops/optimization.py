@@ -261,11 +261,9 @@ class AutomaticStep:
         self.own_backward = overrides(module, "backward") and not engine
         self.own_clipping = overrides(module, "configure_gradient_clipping") and not engine
         self.max_norm, self.clip_by_value = args.max_grad_norm, args.gradient_clip_algorithm == "value"
-        # what configure_gradient_clipping receives as its algorithm: the owner's flag as given where it keeps one
-        # (Lightning's Trainer: None when not given), else the algorithm in effect
-        self.clip_algorithm_arg = getattr(loop.owner, "gradient_clip_algorithm",
-                                          ("value" if self.clip_by_value else "norm")
-                                          if self.max_norm and self.max_norm > 0 else None)
+        # what configure_gradient_clipping receives as its algorithm: the flag as given (Lightning's policy: None
+        # when not given), else the algorithm in effect
+        self.clip_algorithm_arg = loop.loop_policy.clip_algorithm_argument(self.max_norm, self.clip_by_value)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.hf_step = policy.hf_step
         self.zero_in_closure = not policy.zero_grad_after_step  # else freed after each step (free_gradients)

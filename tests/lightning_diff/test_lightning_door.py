@@ -9,13 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from harness import data, linear, same_weights
-
-
-def _frameworks():
-    import lightning
-    import taskfit.lightning
-
-    return {"lightning": lightning, "taskfit": taskfit.lightning}
+from two_doors import frameworks, with_evaluation
 
 
 def script(L, make, tmp_path, calls=None, stages=("fit",), **flags):
@@ -38,15 +32,7 @@ def script(L, make, tmp_path, calls=None, stages=("fit",), **flags):
 
 def evaluating(base_make):
     def make(base):
-        class M(base_make(base)):
-            def validation_step(self, batch, batch_idx):
-                x, y = batch
-                self.log("val_loss", F.mse_loss(self.layer(x), y))
-
-            def test_step(self, batch, batch_idx):
-                x, y = batch
-                self.log("mae", F.l1_loss(self.layer(x), y))
-
+        class M(with_evaluation(base_make)(base)):
             def predict_step(self, batch, batch_idx):
                 return self.layer(batch[0])
 
@@ -60,7 +46,7 @@ def evaluating(base_make):
 
 
 def both(make, tmp_path, **kw):
-    return {name: script(L, make, tmp_path / name, **kw) for name, L in _frameworks().items()}
+    return {name: script(L, make, tmp_path / name, **kw) for name, L in frameworks().items()}
 
 
 def test_F_LIT_DOOR_1_defaults_fit_validate_test_predict_match(tmp_path):
@@ -161,7 +147,7 @@ def test_F_LIT_DOOR_7_trainer_attributes(tmp_path):
             seen.setdefault(key, []).append({n: getattr(trainer, n) for n in names})
         return hook
 
-    for name, L in _frameworks().items():
+    for name, L in frameworks().items():
         cb = L.pytorch.callbacks.LambdaCallback(on_train_epoch_end=grab(name)) if name == "lightning" else \
             L.callbacks.LambdaCallback(on_train_epoch_end=grab(name))
         script(L, evaluating(linear), tmp_path / name, max_epochs=2, logger=False, enable_checkpointing=False,
@@ -197,7 +183,7 @@ def test_F_LIT_DOOR_8_validation_keys_without_eval_prefix(tmp_path):
         return M
 
     got = {}
-    for name, L in _frameworks().items():
+    for name, L in frameworks().items():
         _, trainer, _ = script(L, make, tmp_path / name, max_epochs=2, enable_checkpointing=False,
                                logger=_with_csv(L, name, tmp_path / name), log_every_n_steps=1)
         rows = [r for r in _csv_rows(tmp_path / name) if "acc" in r]
@@ -237,7 +223,7 @@ def test_F_LIT_DOOR_9_manual_optimization_without_loss_logs_no_loss(tmp_path):
     logs only what it is given, not a fake 0.0); the user's own values are logged as under Lightning, and the
     weights match bitwise."""
     got = {}
-    for name, L in _frameworks().items():
+    for name, L in frameworks().items():
         module, trainer, _ = script(L, manual_without_loss, tmp_path / name, max_epochs=2,
                                     enable_checkpointing=False, logger=_with_csv(L, name, tmp_path / name),
                                     log_every_n_steps=1)

@@ -8,20 +8,7 @@ import warnings
 import pytest
 import torch
 from harness import data, linear, same_weights
-
-
-def _frameworks():
-    import lightning
-    import taskfit.lightning
-
-    return {"lightning": lightning, "taskfit": taskfit.lightning}
-
-
-def _callbacks(L):
-    import lightning.pytorch.callbacks
-    import taskfit.lightning.callbacks
-
-    return lightning.pytorch.callbacks if L.__name__ == "lightning" else taskfit.lightning.callbacks
+from two_doors import callbacks_of, frameworks
 
 
 def script(L, make, tmp_path, callbacks=(), val=None, **flags):
@@ -71,7 +58,7 @@ def test_F_LIT_DOOR_min_epochs_min_steps_hold_a_stop_request(tmp_path, caplog, m
     epoch goes on; with ``min_steps`` met mid-epoch training stops at that step), as Lightning: the same batches,
     ``current_epoch``, ``global_step``, ``should_stop``, weights, and Lightning's info message once."""
     runs = {}
-    for name, L in _frameworks().items():
+    for name, L in frameworks().items():
         caplog.clear()
         with caplog.at_level(logging.INFO):
             module, trainer = script(L, counting, tmp_path / name, callbacks=[stop_at(*stop)(L)], max_epochs=6,
@@ -109,8 +96,8 @@ def test_F_LIT_DOOR_early_stopping_reasons(tmp_path, values, kwargs):
     ``stopping_reason_message`` (the same words up to the value), ``stopped_epoch``, ``wait_count``,
     ``best_score`` and the epochs trained as Lightning."""
     out = {}
-    for name, L in _frameworks().items():
-        es = _callbacks(L).EarlyStopping(monitor="val_loss", **kwargs)
+    for name, L in frameworks().items():
+        es = callbacks_of(L).EarlyStopping(monitor="val_loss", **kwargs)
         _, trainer = script(L, _losses(values), tmp_path / name, callbacks=[es], val=data(n=4),
                             max_epochs=len(values))
         message = es.stopping_reason_message
@@ -119,7 +106,7 @@ def test_F_LIT_DOOR_early_stopping_reasons(tmp_path, values, kwargs):
     assert out["taskfit"] == out["lightning"]
 
 
-def test_F_LIT_DOOR_early_stopping_state_crosses_frameworks():
+def test_F_LIT_DOOR_early_stopping_state_crossesframeworks():
     """F-LIT-DOOR: ``EarlyStopping.state_dict`` has Lightning's keys and values; each framework's state loads into
     the other's callback with the same ``stopping_reason``, message, ``wait_count``, ``best_score``, ``patience``;
     ``best_score`` is settable; a state without a reason (Lightning before 2.6) means not stopped."""
@@ -172,7 +159,7 @@ def test_F_LIT_DOOR_configure_gradient_clipping_receives_the_flags_as_given(tmp_
                 self.clip_gradients(optimizer, gradient_clip_val, gradient_clip_algorithm)
         return M
     (lm, _), (tm, _) = [script(L, make, tmp_path / name, max_epochs=1, **flags)
-                        for name, L in _frameworks().items()]
+                        for name, L in frameworks().items()]
     assert tm.seen == lm.seen and len(lm.seen) == 3
     assert same_weights(lm, tm)
 
@@ -210,7 +197,7 @@ def test_F_LIT_DOOR_reload_dataloaders_every_n_epochs(tmp_path):
                 return data(n=8 + 4 * len(self.loaders_at), seed=len(self.loaders_at))
         return M
     runs = []
-    for name, L in _frameworks().items():
+    for name, L in frameworks().items():
         torch.manual_seed(0)
         module = make(L.LightningModule)()
         trainer = L.Trainer(default_root_dir=str(tmp_path / name), enable_progress_bar=False, logger=False,

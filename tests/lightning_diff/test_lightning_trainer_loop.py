@@ -7,21 +7,8 @@ import warnings
 import pytest
 import torch
 from harness import data, linear, same_weights
+from two_doors import callbacks_of, frameworks, with_evaluation
 from torch.nn import functional as F
-
-
-def _frameworks():
-    import lightning
-    import taskfit.lightning
-
-    return {"lightning": lightning, "taskfit": taskfit.lightning}
-
-
-def _callbacks(L):
-    import lightning.pytorch.callbacks
-    import taskfit.lightning.callbacks
-
-    return lightning.pytorch.callbacks if L.__name__ == "lightning" else taskfit.lightning.callbacks
 
 
 def script(L, make, tmp_path, train=None, val=None, callbacks=None, **flags):
@@ -39,7 +26,7 @@ def script(L, make, tmp_path, train=None, val=None, callbacks=None, **flags):
 
 
 def both(make, tmp_path, **kw):
-    return [script(L, make, tmp_path / name, **kw) for name, L in _frameworks().items()]
+    return [script(L, make, tmp_path / name, **kw) for name, L in frameworks().items()]
 
 
 def recording(make_body):
@@ -109,7 +96,7 @@ def test_F_LIT_DOOR_13_early_stopping_on_train_epoch_end(monitor, tmp_path):
     Lightning), with Lightning's mode="min" default: same stop, stopped_epoch, wait_count, best_score."""
     runs = []
     for module_trainer in both(_epoch_logging, tmp_path / monitor, max_epochs=6, callbacks=lambda L: [
-            _callbacks(L).EarlyStopping(monitor=monitor, patience=1, check_on_train_epoch_end=True,
+            callbacks_of(L).EarlyStopping(monitor=monitor, patience=1, check_on_train_epoch_end=True,
                                         log_rank_zero_only=True)]):
         es = module_trainer[1].early_stopping_callback
         runs.append((module_trainer[1].global_step, module_trainer[1].current_epoch, es.stopped_epoch,
@@ -121,7 +108,7 @@ def test_F_LIT_DOOR_13_early_stopping_on_train_epoch_end(monitor, tmp_path):
 def test_F_LIT_DOOR_13_early_stopping_without_validation_checks_at_epoch_end(tmp_path):
     """check_on_train_epoch_end=None and no validation: Lightning checks at the end of each training epoch."""
     runs = both(_epoch_logging, tmp_path, max_epochs=6,
-                callbacks=lambda L: [_callbacks(L).EarlyStopping(monitor="rising", patience=1)])
+                callbacks=lambda L: [callbacks_of(L).EarlyStopping(monitor="rising", patience=1)])
     assert [(t.global_step, t.early_stopping_callback.stopped_epoch) for _, t in runs] == [(8, 1), (8, 1)]
 
 
@@ -217,7 +204,7 @@ def test_F_LIT_DOOR_16_sanity_check_and_validation_model_hooks_match_lightning(t
     the same training mode); a value a callback logs with pl_module.log in on_validation_epoch_end reaches
     callback_metrics, and the sanity pass's values do not stay there. Same calls, same weights."""
     runs = []
-    for name, L in _frameworks().items():
+    for name, L in frameworks().items():
         calls = []
         module, trainer = script(L, _sanity_module(calls), tmp_path / name, val=data(n=16), train=data(n=8),
                                  max_epochs=1, num_sanity_val_steps=2,
@@ -232,26 +219,17 @@ def test_F_LIT_DOOR_16_sanity_check_and_validation_model_hooks_match_lightning(t
     assert float(tt.callback_metrics["val_loss"]) == pytest.approx(float(tl.callback_metrics["val_loss"]))
 
 
-def _evaluated(base):
-    class M(linear(base)):
-        def validation_step(self, batch, batch_idx):
-            x, y = batch
-            self.log("val_loss", F.mse_loss(self.layer(x), y))
-
-        def test_step(self, batch, batch_idx):
-            x, y = batch
-            self.log("mae", F.l1_loss(self.layer(x), y))
-    return M
+_evaluated = with_evaluation(linear)
 
 
 def test_F_LIT_DOOR_17_ckpt_path_last_resumes_from_save_last(tmp_path):
     """A new Trainer with ModelCheckpoint(save_last=True) on the same folder and fit(ckpt_path="last") resumes
     from the last checkpoint (epoch 2 of 3 done): same steps, epochs and weights as Lightning's resume."""
     runs = []
-    for name, L in _frameworks().items():
+    for name, L in frameworks().items():
         folder = tmp_path / name
         def checkpoints(L, folder=folder):
-            return [_callbacks(L).ModelCheckpoint(dirpath=str(folder / "ck"), save_last=True)]
+            return [callbacks_of(L).ModelCheckpoint(dirpath=str(folder / "ck"), save_last=True)]
 
         script(L, _evaluated, folder, val=data(n=8), max_epochs=2, enable_checkpointing=True, callbacks=checkpoints)
         torch.manual_seed(1)  # the resume must not depend on the new module's initial weights
@@ -271,7 +249,7 @@ def test_F_LIT_DOOR_17_ckpt_path_best_without_monitor_tests_the_last_checkpoint(
     """test(ckpt_path="best") after a fit whose ModelCheckpoint monitors nothing (Lightning's default one) scores
     the last saved checkpoint, as Lightning: the same values."""
     results = []
-    for name, L in _frameworks().items():
+    for name, L in frameworks().items():
         _, trainer = script(L, _evaluated, tmp_path / name, val=data(n=8), max_epochs=2, enable_checkpointing=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -298,7 +276,7 @@ def test_F_LIT_DOOR_18_manual_optimization_global_step_counts_optimizer_steps(fl
     from harness import recording_logger
 
     runs = []
-    for name, L in _frameworks().items():
+    for name, L in frameworks().items():
         logger = recording_logger()
         runs.append((*script(L, make, tmp_path / name, logger=logger, **flags), logger))
     (ml, tl, ll), (mt, tt, lt) = runs

@@ -12,11 +12,13 @@ What is rewritten (the change the docs ask of a user script, nothing else):
 - ``from lightning.pytorch import LightningModule, Trainer, ...`` (also ``from lightning import ...`` and the
   defining submodules such as ``lightning.pytorch.core.module``): the provided names move to
   ``from taskfit.lightning import ...``, the rest stays;
-- ``from lightning.pytorch.callbacks import EarlyStopping, ...`` and ``from lightning.pytorch.loggers import ...``
-  (and their submodules): the names ``taskfit.lightning.callbacks`` / ``.loggers`` hold are bound from there
-  (those two are namespaces, not modules, so the line becomes an import plus assignments);
+- ``from lightning.pytorch.callbacks import EarlyStopping, ...``, ``from lightning.pytorch.loggers import ...`` and
+  ``from lightning.pytorch.profilers import ...`` (and their submodules, such as ``lightning.pytorch.profilers.simple``):
+  the names ``taskfit.lightning.callbacks`` / ``.loggers`` / ``.profilers`` hold are bound from there (the line
+  becomes an import of the module plus assignments, which also covers Lightning's submodule paths);
 - ``import lightning.pytorch as pl`` / ``import lightning as L``: swapped to ``import taskfit.lightning as pl`` only
-  when every use of the alias in the file is a provided name (``pl.Trainer``, ``pl.callbacks.EarlyStopping``);
+  when every use of the alias in the file is a provided name (``pl.Trainer``, ``pl.callbacks.EarlyStopping``,
+  ``pl.profilers.SimpleProfiler``);
 - ``lightning.pytorch.demos.boring_classes`` (BoringModel & co., user code written against Lightning): the installed
   file is copied into the taskfit copy as ``tests_pytorch/_taskfit_demos.py`` with the same rewriting, and imports
   of it point there (``--keep-demos`` leaves them on Lightning's classes).
@@ -49,7 +51,7 @@ NAME_MODULES = TOP_MODULES | {"lightning.pytorch.core", "lightning.pytorch.core.
                               "lightning.pytorch.trainer", "lightning.pytorch.trainer.trainer",
                               "lightning.pytorch.callbacks.callback", "lightning.pytorch.utilities.seed",
                               "lightning.fabric", "lightning.fabric.utilities.seed", "lightning.fabric.utilities"}
-NAMESPACES = ("callbacks", "loggers")
+NAMESPACES = ("callbacks", "loggers", "profilers")
 DEMOS = "lightning.pytorch.demos.boring_classes"
 DEMOS_LOCAL = "tests_pytorch._taskfit_demos"
 
@@ -57,7 +59,7 @@ DEMOS_LOCAL = "tests_pytorch._taskfit_demos"
 @dataclass
 class Provided:
     """What ``taskfit.lightning`` offers: ``top`` (its ``__all__`` minus the namespaces) and the members of its
-    ``callbacks`` and ``loggers`` namespaces."""
+    ``callbacks``, ``loggers`` and ``profilers`` modules (a namespace missing here provides nothing)."""
     top: set[str]
     spaces: dict[str, set[str]]
 
@@ -72,8 +74,8 @@ def _literal_all(path: Path) -> set[str] | None:
 
 
 def taskfit_lightning_names() -> Provided:
-    """Read ``taskfit.lightning``'s ``__all__`` and those of its ``callbacks``/``loggers`` modules from their
-    sources, without importing them (no torch import).
+    """Read ``taskfit.lightning``'s ``__all__`` and those of its ``callbacks``/``loggers``/``profilers`` modules from
+    their sources, without importing them (no torch import).
 
     Raises:
         RuntimeError: when ``taskfit.lightning`` cannot be found or a module has no literal ``__all__``.
@@ -108,7 +110,7 @@ def _from_edit(node: ast.ImportFrom, indent: str, provided: Provided, demos: boo
     if demos and module == DEMOS:
         return f"{indent}from {DEMOS_LOCAL} import {_names(node.names)}\n", [a.name for a in node.names]
     space = _space_of(module)
-    ours = [a for a in node.names if (space and a.name in provided.spaces[space])
+    ours = [a for a in node.names if (space and a.name in provided.spaces.get(space, ()))
             or (module in NAME_MODULES and a.name in provided.top)]
     if not ours:
         return None
@@ -138,7 +140,7 @@ def _alias_uses_ok(tree: ast.AST, alias: str, provided: Provided) -> bool:
             continue
         inner = parents.get(attr)
         if not (attr.attr in NAMESPACES and isinstance(inner, ast.Attribute)
-                and inner.attr in provided.spaces[attr.attr]):
+                and inner.attr in provided.spaces.get(attr.attr, ())):
             return False
     return True
 

@@ -92,6 +92,23 @@ def test_module_alias_swapped_only_when_every_use_is_provided(body, swapped):
     assert moved == (["pl"] if swapped else [])
 
 
+def test_profiler_imports_swap_from_lightnings_submodules():
+    """``lightning.pytorch.profilers`` and its submodules (``.simple``) bind taskfit.lightning.profilers' names;
+    names it does not hold stay on Lightning; a Provided without the namespace swaps nothing."""
+    provided = run_lightning_suite.Provided(PROVIDED.top, {**PROVIDED.spaces, "profilers": {"SimpleProfiler"}})
+    source = ("from lightning.pytorch.profilers.simple import SimpleProfiler\n"
+              "from lightning.pytorch.profilers import SimpleProfiler as SP, XLAProfiler\n")
+    text, moved = run_lightning_suite.rewrite_imports(source, provided)
+    assert text == ("from taskfit.lightning import profilers as _taskfit_profilers\n"
+                    "SimpleProfiler = _taskfit_profilers.SimpleProfiler\n"
+                    "from taskfit.lightning import profilers as _taskfit_profilers\n"
+                    "SP = _taskfit_profilers.SimpleProfiler\n"
+                    "from lightning.pytorch.profilers import XLAProfiler\n")
+    assert moved == ["SimpleProfiler", "SimpleProfiler"]
+    assert run_lightning_suite.rewrite_imports(source, PROVIDED) == (source, [])
+    assert {"SimpleProfiler", "PassThroughProfiler"} <= run_lightning_suite.taskfit_lightning_names().spaces["profilers"]
+
+
 def test_provided_names_read_from_the_source():
     provided = run_lightning_suite.taskfit_lightning_names()
     assert {"LightningModule", "Trainer", "seed_everything"} <= provided.top
