@@ -34,7 +34,11 @@ def save_model(fit: Any, output_dir: str | None = None, merge_adapters: bool = F
                          f"{type(exportable_model(fit.model)).__name__} (no adapters to merge).")
     check_finite(fit.strategy, fit.model, fit.state.global_step, None, action="save_model refused")
     folder = output_dir or fit.args.output_dir
-    weights = fit.strategy.model_state_dict(exportable_model(fit.model))  # every rank: may be a gather
+    model = exportable_model(fit.model)
+    if is_peft_model(model) and not merge_adapters and fit.strategy.shards_parameters:
+        weights = fit.strategy.adapter_state_dict(model)  # every rank: gathers the adapter only, not the base
+    else:
+        weights = fit.strategy.model_state_dict(model)  # every rank: may be a gather
     if fit.is_global_zero:
         save_model_folder(fit, folder, weights, merge_adapters)
         fit.strategy.checkpoint_io.write_bytes(join(folder, "fit_args.json"), fit.args.to_json_string(redact=True).encode())
@@ -81,7 +85,11 @@ def push_to_hub(fit: Any, dataset: str | list[str] | None = None, card: dict[str
     ``card``: :func:`create_model_card`'s keywords (HF's); ``token`` overrides ``hub_token``."""
     from taskfit.checkpoint.publish import Publisher, hub_storage_options, hub_target, push_final
 
-    weights = fit.strategy.model_state_dict(exportable_model(fit.model))  # every rank: may be a gather
+    model = exportable_model(fit.model)
+    if is_peft_model(model) and not merge_adapters and fit.strategy.shards_parameters:
+        weights = fit.strategy.adapter_state_dict(model)  # every rank: gathers the adapter only, not the base
+    else:
+        weights = fit.strategy.model_state_dict(model)  # every rank: may be a gather
     if not fit.is_global_zero:
         return []
     args = fit.args.replace(hub_token=token) if token else fit.args
