@@ -75,7 +75,9 @@ def test_lora_sharded_equals_one_process_and_resumes_from_adapter_checkpoint_F_F
     assert not names & {"model.safetensors", "pytorch_model.bin"}
     base_bytes = sum(p.numel() * p.element_size() for p in tiny_llama(**SIZES).parameters())
     tensor_bytes = sum(p.stat().st_size for p in files if p.name.endswith(TENSOR_FILES))
-    assert tensor_bytes < base_bytes / 8, (tensor_bytes, base_bytes)  # adapter-sized: no copy of the frozen base
+    # adapter-sized: no copy of the frozen base (1.25 MB); measured 164 KB under FSDP (DCP's per-tensor framing
+    # of 16 small tensors and their optimizer states on 2 ranks), ~90 KB under ZeRO-3; the adapter itself is 14 KB
+    assert tensor_bytes < base_bytes / 4, (tensor_bytes, base_bytes)
     loaded = PeftModel.from_pretrained(tiny_llama(**SIZES), str(ckpt))  # PEFT reads the checkpoint as it is
     assert sum(p.numel() for n, p in loaded.named_parameters() if "lora_" in n) == sum(v.numel() for v in full.values())
 
