@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -29,7 +30,7 @@ def main(out: str, strategy: str, resume: str = "", base: str = "") -> None:
     trainer.save_model(os.path.join(out, "final"))
 
 
-def qlora_model(base: str) -> "torch.nn.Module":
+def qlora_model(base: str) -> Any:
     """The nf4 base saved in folder ``base`` (fp32 compute), prepared for k-bit training, with the LoRA adapters
     of :func:`finetune_common.lora_model` (the same seed)."""
     import torch

@@ -24,6 +24,10 @@ from lora_parallel_job import SIZES  # noqa: E402
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 2 two-process jobs per case, ~1-3 min each on 2 cores
 JOB = Path(__file__).parent / "lora_parallel_job.py"
 LAUNCH_VARS = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TASKFIT_LAUNCHED")
+#: ZeRO-3 reduce-scatters gradients into fp32 partitions: after 4 AdamW steps, measured max difference 4.5e-6 on
+#: layer 0's q_proj LoRA B (1.6e-6 on its A; every other adapter tensor within 2.2e-7): Adam divides by the root
+#: of the squared gradient, so where gradients are near zero it enlarges their reduction-order rounding
+TOL = {"deepspeed_stage_3": 1e-5}
 #: the files that hold tensors (weights, optimizer state, shards); the rest is JSON, RNG and loop state
 TENSOR_FILES = (".safetensors", ".bin", ".distcp", "_states.pt", "optimizer.pt")
 
@@ -66,7 +70,7 @@ def test_lora_sharded_equals_one_process_and_resumes_from_adapter_checkpoint_F_F
 
     reference = one_process(lora_model(sizes=SIZES), tmp_path / "one")
     full = run_job(tmp_path / "run", strategy)
-    assert_close(full, reference, 1e-6)  # the same sums reduced in another order
+    assert_close(full, reference, TOL.get(strategy, 1e-6))  # the same sums reduced in another order
 
     ckpt = tmp_path / "run" / "checkpoint-2"
     files = [p for p in ckpt.rglob("*") if p.is_file()]
