@@ -184,6 +184,13 @@ def save_folder(strategy: Any, folder: str, files: dict[str, Any], module: torch
     files = dict(files)
     if shards is None:
         _add_states(strategy, files, module, optimizers, plan)
+    elif module is not None and is_peft_model(exportable_model(module)):
+        # the shards hold the adapter and optimizer for resume; PEFT's files (gathered: a collective) let
+        # PeftModel.from_pretrained read the checkpoint, as transformers.Trainer's adapter checkpoints
+        model = exportable_model(module)
+        weights = strategy.adapter_state_dict(model)
+        if plan.writer:
+            files.update(weight_files(model, weights, plan.weights_name))
     # backend-written shards are hashed (and synced) on a background thread while the other files are written
     hashes = hash_files_in_background(io, target, list(shards)) if shards else None
     if plan.writer:

@@ -297,6 +297,25 @@ class DeepSpeedStrategy(ParallelStrategy):
         with deepspeed.zero.GatheredParameters(list(module.parameters()), modifier_rank=None):
             return {k: v.detach().clone() for k, v in module.state_dict().items()}
 
+    def adapter_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full tensors of PEFT ``module``'s adapter parameters only; under ZeRO-3 only these are gathered
+        (a collective: every rank calls this), never the frozen base."""
+        from taskfit.io.peft_files import adapter_parameter_names
+
+        names = adapter_parameter_names(module)
+        params = [(n, p) for n, p in module.named_parameters() if n in names]
+        if self.engine is None or self.zero_stage != 3:
+            return {n: p.detach().clone() for n, p in params}
+        deepspeed = require_deepspeed()
+        with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=None):
+            return {n: p.detach().clone() for n, p in params}
+
+    def _is_peft(self, module: torch.nn.Module) -> bool:
+        from taskfit.io.peft_files import is_peft_model
+        from taskfit.strategies.checkpointing import exportable_model
+
+        return is_peft_model(exportable_model(module))
+
     # -- checkpoints ------------------------------------------------------------------------------------
     def _prefix(self, module: torch.nn.Module) -> str:
         """Where the exported model sits inside the engine's module (``"module."``, ``"module.model."``, ...)."""
@@ -323,7 +342,10 @@ class DeepSpeedStrategy(ParallelStrategy):
                              "locally and copy, or publish with push_to_hub.")
         local = self.checkpoint_io.fs(folder)[1]
         shard_dir = os.path.join(local, "shards")
-        self._check("save_checkpoint", lambda: self.engine.save_checkpoint(shard_dir, tag=TAG))
+        # a PEFT model: the trainable adapter only, not the frozen base (as transformers.Trainer saves it)
+        frozen_out = self._is_peft(module)
+        self._check("save_checkpoint", lambda: self.engine.save_checkpoint(
+            shard_dir, tag=TAG, exclude_frozen_parameters=frozen_out))
         if self.is_global_zero:
             meta = {"format": "taskfit-deepspeed", "tag": TAG, "zero_stage": self.zero_stage,
                     "world_size": self.world_size, "prefix": self._prefix(module),
@@ -383,7 +405,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         with verified_engine_loads(engine, reader, local):
             path, _ = self._check("load_checkpoint", lambda: engine.load_checkpoint(
                 os.path.join(local, "shards"), tag=TAG, load_optimizer_states=True,
-                load_lr_scheduler_states=False, load_module_strict=True))
+                load_lr_scheduler_states=False, load_module_strict=not self._is_peft(module)))
         if path is None:
             raise ValueError(f"DeepSpeed could not load the engine checkpoint in {folder!r}/shards.")
         return True

@@ -34,6 +34,20 @@ log = logging.getLogger("taskfit")
 _NO_FORWARD = (nn.ModuleList, nn.ModuleDict)  # containers: fully_shard's hooks would never run on them
 
 
+def _model_options(module: nn.Module) -> Any:
+    """DCP state-dict options of a checkpoint's model shards: a PEFT model's frozen base is left out (the shards
+    hold the trainable adapter, as accelerate's ``save_fsdp_model(adapter_only=True)`` for HF's Trainer), and
+    loading leaves it as the rebuilt model has it; any other model whole."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    from taskfit.io.peft_files import is_peft_model
+    from taskfit.strategies.checkpointing import exportable_model
+
+    if is_peft_model(exportable_model(module)):
+        return StateDictOptions(ignore_frozen_params=True, strict=False)
+    return None
+
+
 def shard_like(full: Any, like: Any) -> Any:
     """``full`` (nested dicts of full tensors, present on every rank) cut into this rank's shards the way the
     matching entries of ``like`` are placed (``DTensor``: same mesh and placements; plain tensors: same dtype and
@@ -333,6 +347,24 @@ class FSDPStrategy(ParallelStrategy):
             return module.state_dict()
         return self._full_model_state(module)
 
+    def adapter_state_dict(self, module: nn.Module) -> dict[str, torch.Tensor]:
+        """The full tensors of PEFT ``module``'s adapter parameters only, gathered one by one onto rank 0's CPU
+        (a collective; other ranks get ``{}``): the frozen base is never gathered."""
+        from taskfit.io.peft_files import adapter_parameter_names
+
+        prefix = self._prefix_of(module)
+        if prefix is None:
+            return super().adapter_state_dict(module)
+        names = adapter_parameter_names(module)
+        out: dict[str, torch.Tensor] = {}
+        for name, p in self.model.named_parameters():  # the same order on every rank
+            key = name[len(prefix):] if name.startswith(prefix) else None
+            if key in names:
+                full = p.full_tensor() if hasattr(p, "full_tensor") else p
+                if self.is_global_zero:
+                    out[key] = full.detach().cpu().clone()
+        return out
+
     def _model_file_name(self) -> str:
         return "model.safetensors" if self.settings.save_safetensors else "pytorch_model.bin"
 
@@ -373,7 +405,7 @@ class FSDPStrategy(ParallelStrategy):
         import torch.distributed.checkpoint as dcp
 
         path = shard_folder(local_folder(io, folder))
-        state: dict[str, Any] = {"model": get_model_state_dict(module)}
+        state: dict[str, Any] = {"model": get_model_state_dict(module, options=_model_options(module))}
         if optimizer is not None:
             state["optim"] = get_optimizer_state_dict(module, optimizer)
         self._check("torch.distributed.checkpoint save",
@@ -401,13 +433,14 @@ class FSDPStrategy(ParallelStrategy):
             from taskfit.strategies.checkpoint_shards import dcp_reader, verified_shard_bytes
 
             path = shard_folder(local_folder(self.checkpoint_io, folder))
-            state: dict[str, Any] = {"model": get_model_state_dict(module)}
+            options = _model_options(module)
+            state: dict[str, Any] = {"model": get_model_state_dict(module, options=options)}
             if optimizer is not None:
                 state["optim"] = get_optimizer_state_dict(module, optimizer)
             self._check("torch.distributed.checkpoint load",
                         lambda: dcp.load(state, storage_reader=dcp_reader(path, verified_shard_bytes(reader),
                                                                        reader.weights_only)))
-            set_model_state_dict(module, state["model"])
+            set_model_state_dict(module, state["model"], options=options)
             if optimizer is not None:
                 set_optimizer_state_dict(module, optimizer, state["optim"])
             return True

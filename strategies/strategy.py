@@ -316,6 +316,15 @@ class Strategy:
         """The full (unsharded, unwrapped) state dict of ``module``."""
         return module.state_dict()
 
+    def adapter_state_dict(self, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        """The full (unsharded) tensors of PEFT ``module``'s adapter parameters
+        (:func:`~taskfit.io.peft_files.adapter_parameter_names`), what an adapter checkpoint writes; sharded
+        strategies gather only these, never the frozen base (a collective there: every rank calls it)."""
+        from taskfit.io.peft_files import adapter_parameter_names
+
+        names = adapter_parameter_names(module)
+        return {k: v for k, v in self.model_state_dict(module).items() if k in names}
+
     def save_checkpoint_shards(self, module: torch.nn.Module, optimizer: Any, folder: str) -> list[str] | None:
         """Sharded strategies (FSDP, DeepSpeed): write this rank's model and optimizer shards into the local
         checkpoint ``folder`` (which exists on every rank when this is called) and return the file names written,

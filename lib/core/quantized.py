@@ -40,3 +40,40 @@ def check_quantized_training(model: Any) -> None:
     if quantizer is None or not getattr(quantizer, "is_trainable", False):
         raise ValueError(f"The model is quantized with {method}, a method that does not support training; "
                          "bitsandbytes 4-bit and 8-bit bases do (with adapters).")
+
+
+#: strategies a bitsandbytes-quantised base trains under: each process holds the whole model
+QUANTIZED_STRATEGIES = ("single_device", "ddp")
+
+
+def check_quantized_strategy(model: Any, strategy: str, detail: str = "") -> None:
+    """Refuse a bitsandbytes-quantised base (QLoRA, 8-bit) under a strategy that shards or flattens the parameters,
+    before any process starts or any weight moves.
+
+    bitsandbytes keeps 4-bit weights as ``uint8`` ``Params4bit`` with their quantisation state beside the tensor,
+    and 8-bit weights as ``int8`` ``Int8Params``: FSDP's ``fully_shard`` turns parameters into DTensors and
+    DeepSpeed ZeRO flattens and partitions them, and neither keeps that state. accelerate (under
+    ``transformers.Trainer``) leaves such weights out of FSDP2's sharding, unsharded on every rank, unless
+    ``bnb_4bit_quant_storage`` stores them in a float dtype; taskfit does not shard them either, and says so.
+
+    Args:
+        model (nn.Module): the model about to train (any module passes unless it is quantised by bitsandbytes).
+        strategy (str): the strategy's name (``"fsdp"``, ``"deepspeed"``...).
+        detail (str): shown after the name (e.g. ``" (ZeRO-3)"``).
+
+    Raises:
+        ValueError: a bitsandbytes-quantised model under any strategy but one process or ``"ddp"``, naming the
+            strategy and what works.
+    """
+    if strategy in QUANTIZED_STRATEGIES or not getattr(model, "is_quantized", False):
+        return
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", "unknown")
+    method = getattr(method, "value", method)
+    if method != "bitsandbytes":
+        return
+    raise ValueError(f"strategy={strategy!r}{detail} cannot train a base quantized with bitsandbytes "
+                     f"({type(model).__name__}): it shards or flattens the parameters, and bitsandbytes' 4-bit/8-bit "
+                     "weights keep their quantization state outside the tensor. Train the quantized base (QLoRA) "
+                     "with strategy='ddp' (each process holds the whole quantized base, small by design) or on one "
+                     "process; or load the base unquantized to shard it with FSDP or DeepSpeed.")

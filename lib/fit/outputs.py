@@ -18,6 +18,16 @@ from taskfit.loops.finite import check_finite
 from taskfit.metrics import metrics_table, save_metrics_json
 
 
+def _weights_to_save(fit: Any, merge_adapters: bool) -> dict[str, Any]:
+    """What ``save_model``/``push_to_hub`` write from (a collective for sharded strategies: every rank calls it):
+    a PEFT model under a strategy that shards parameters gathers its adapter only, never the frozen base (unless
+    merging needs the full weights); any other model its full state dict."""
+    model = exportable_model(fit.model)
+    if is_peft_model(model) and not merge_adapters and fit.strategy.shards_parameters:
+        return fit.strategy.adapter_state_dict(model)
+    return fit.strategy.model_state_dict(model)
+
+
 def save_model(fit: Any, output_dir: str | None = None, merge_adapters: bool = False) -> str:
     """``Fit.save_model``: the trained model (safetensors weights + config, and the processing class) written to
     ``output_dir`` (default ``args.output_dir``) on rank zero; returns the folder. A PEFT model writes its adapters,
@@ -34,7 +44,7 @@ def save_model(fit: Any, output_dir: str | None = None, merge_adapters: bool = F
                          f"{type(exportable_model(fit.model)).__name__} (no adapters to merge).")
     check_finite(fit.strategy, fit.model, fit.state.global_step, None, action="save_model refused")
     folder = output_dir or fit.args.output_dir
-    weights = fit.strategy.model_state_dict(exportable_model(fit.model))  # every rank: may be a gather
+    weights = _weights_to_save(fit, merge_adapters)  # every rank: may be a gather
     if fit.is_global_zero:
         save_model_folder(fit, folder, weights, merge_adapters)
         fit.strategy.checkpoint_io.write_bytes(join(folder, "fit_args.json"), fit.args.to_json_string(redact=True).encode())
@@ -81,7 +91,7 @@ def push_to_hub(fit: Any, dataset: str | list[str] | None = None, card: dict[str
     ``card``: :func:`create_model_card`'s keywords (HF's); ``token`` overrides ``hub_token``."""
     from taskfit.checkpoint.publish import Publisher, hub_storage_options, hub_target, push_final
 
-    weights = fit.strategy.model_state_dict(exportable_model(fit.model))  # every rank: may be a gather
+    weights = _weights_to_save(fit, False)  # every rank: may be a gather
     if not fit.is_global_zero:
         return []
     args = fit.args.replace(hub_token=token) if token else fit.args

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from taskfit.core.quantized import check_quantized_training
+from taskfit.core.quantized import check_quantized_strategy, check_quantized_training
 from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size
 from taskfit.debugging import batch_limit, limit_batches
 from taskfit.loops.evaluation_loop import is_loader_list
@@ -114,6 +114,17 @@ class _SpawnedResult:
     state: dict[str, Any]
 
 
+def _check_strategy(fit: Any, model: Any) -> None:
+    """:func:`~taskfit.core.quantized.check_quantized_strategy` on the model (or the HF model a TaskModule
+    wraps) and the Fit's strategy."""
+    if model is None:
+        return
+    from taskfit.strategies.checkpointing import exportable_model
+
+    stage = getattr(fit.strategy, "zero_stage", None)
+    check_quantized_strategy(exportable_model(model), fit.strategy.name, f" (ZeRO-{stage})" if stage else "")
+
+
 def _stage_entry(fit: Any, stage: str, model: Any, kwargs: dict[str, Any], caller_pid: int) -> Any:
     return fit._launcher.run_stage(stage, model, kwargs, caller_pid)
 
@@ -140,6 +151,8 @@ class RunLauncher:
         worker copies, or inside spawned workers whose rank-0 result comes back: then the trained weights are loaded
         into the caller's model and the loop state into ``fit.state``)."""
         fit = self.fit
+        if stage == "fit":  # before any worker starts: a quantized base under a strategy that cannot shard it
+            _check_strategy(fit, model if isinstance(model, nn.Module) else getattr(fit, "_given_model", None))
         # a plain function with the Fit among its arguments: spawn launchers pickle the arguments privately per
         # worker (tensors reached through ``fn`` itself would be shared between the workers)
         result = fit.strategy.launch(_stage_entry, fit, stage, model, kwargs, os.getpid())

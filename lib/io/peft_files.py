@@ -36,6 +36,15 @@ def is_peft_model(model: Any) -> bool:
     return any(c.__name__ == "PeftModel" and c.__module__.startswith("peft") for c in type(model).__mro__)
 
 
+def adapter_parameter_names(model: Any) -> set[str]:
+    """The names (``model.named_parameters()``'s) of the parameters a checkpoint of PEFT ``model`` keeps: the
+    trainable ones and those of every adapter (an inactive adapter is frozen, yet PEFT saves it). The frozen base
+    is left out: a resumed run takes it from the model the user builds again, as ``transformers.Trainer`` does.
+    Sharded strategies gather only these (:meth:`~taskfit.strategies.strategy.Strategy.adapter_state_dict`)."""
+    marks = tuple(f".{name}." for name in model.peft_config)
+    return {n for n, p in model.named_parameters() if p.requires_grad or any(m in f".{n}." for m in marks)}
+
+
 def _adapter_folder(name: str) -> str:
     """PEFT's rule: the "default" adapter at the top of the folder, any other one in a sub-folder named after it."""
     return "" if name == "default" else f"{name}/"

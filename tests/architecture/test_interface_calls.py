@@ -36,6 +36,8 @@ EXEMPT = {
     ("ddp", "Accelerator.set_tf32"): "tf32 applies to CUDA only (the CPU refusal has its own test)",
     ("single", "Accelerator.supports_tf32"): "asked by the CUDA accelerator's set_tf32 only",
     ("ddp", "Accelerator.supports_tf32"): "asked by the CUDA accelerator's set_tf32 only",
+    ("single", "Strategy.adapter_state_dict"): "a PEFT model under FSDP/DeepSpeed (tests/finetune/test_lora_sharded)",
+    ("ddp", "Strategy.adapter_state_dict"): "a PEFT model under FSDP/DeepSpeed (tests/finetune/test_lora_sharded)",
 }
 MODES = {"single": {}, "ddp": {"devices": 2, "strategy": "ddp"}}
 

@@ -13,13 +13,15 @@ import torch
 VOCAB = 64
 
 
-def tiny_llama(seed: int = 0) -> Any:
-    """A 2-layer Llama with hidden size 32 and a 64-token vocabulary, seeded (fp32, CPU)."""
+def tiny_llama(seed: int = 0, **sizes: int) -> Any:
+    """A 2-layer Llama with hidden size 32 and a 64-token vocabulary, seeded (fp32, CPU); ``sizes`` override
+    ``LlamaConfig`` fields (e.g. ``hidden_size``)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    options = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    config = LlamaConfig(**{**options, **sizes})
     return LlamaForCausalLM(config)
 
 
@@ -61,12 +63,12 @@ def stable(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{k: v for k, v in row.items() if not k.endswith(VOLATILE)} for row in rows]
 
 
-def lora_model(seed: int = 0, **config: Any) -> Any:
-    """:func:`tiny_llama` with LoRA adapters (rank 4) on ``q_proj``/``v_proj``, no dropout; the adapters'
-    initialisation is seeded too, so two calls build the same model."""
+def lora_model(seed: int = 0, sizes: dict[str, int] | None = None, **config: Any) -> Any:
+    """:func:`tiny_llama` (with ``sizes``) with LoRA adapters (rank 4) on ``q_proj``/``v_proj``, no dropout; the
+    adapters' initialisation is seeded too, so two calls build the same model."""
     from peft import LoraConfig, get_peft_model
 
-    base = tiny_llama(seed)
+    base = tiny_llama(seed, **(sizes or {}))
     torch.manual_seed(seed + 1)
     options = dict(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     return get_peft_model(base, LoraConfig(**{**options, **config}))

@@ -74,3 +74,27 @@ def test_full_fine_tuning_of_quantized_model_is_refused_F_FT_2(tmp_path, base_di
     with pytest.raises(ValueError, match="purely quantized model \\(LlamaForCausalLM, quantized with bitsandbytes"
                                          ".*get_peft_model"):
         _train(taskfit.hf, str(tmp_path / "tf"), model)
+
+
+def test_8bit_base_with_lora_same_as_transformers_F_FT_2(tmp_path, base_dir):
+    """bitsandbytes 0.50.2 runs int8 layers (``Linear8bitLt``, ``load_in_8bit``) forward and backward on the CPU
+    (inputs cast to fp16 for the int8 matmul): a LoRA run on an 8-bit base gives under both trainers the same log
+    history and adapter weights, bit for bit, and the loss moves."""
+    from bitsandbytes.nn import Linear8bitLt
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig, LlamaForCausalLM
+
+    def run(m: Any, out: str) -> tuple[list, dict]:
+        model = LlamaForCausalLM.from_pretrained(base_dir, quantization_config=BitsAndBytesConfig(load_in_8bit=True),
+                                                 device_map="cpu")
+        assert isinstance(model.model.layers[0].mlp.up_proj, Linear8bitLt)
+        model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+        torch.manual_seed(1)
+        model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"],
+                                                 lora_dropout=0.0))
+        return stable(_train(m, out, model).state.log_history), adapter_weights(model)
+
+    (hf_log, hf_w), (tf_log, tf_w) = both(run, tmp_path)
+    losses = [r["loss"] for r in tf_log if "loss" in r]
+    assert tf_log == hf_log and len(losses) == 3 and losses[0] != losses[-1]
+    assert set(tf_w) == set(hf_w) and all(torch.equal(tf_w[k], hf_w[k]) for k in hf_w)
