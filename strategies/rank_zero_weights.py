@@ -11,7 +11,8 @@ model. DDP keeps a full replica per rank by design: there the other ranks alloca
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist

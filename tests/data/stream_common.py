@@ -5,9 +5,8 @@ records which samples each step received. The job runs as a script from this fol
 from __future__ import annotations
 
 import torch
-from torch import nn
-
 from taskfit import TaskModule
+from torch import nn
 
 N = 16  # samples in the whole stream
 

@@ -10,10 +10,13 @@ import os
 import sys
 
 import torch
+from stream_common import (  # each of the 2 ranks reads 8 samples (4 batches of 2 per pass)
+    N,
+    Recorder,
+    stream_samples,
+)
 from taskfit import Fit
 from torch.utils.data import IterableDataset
-
-from stream_common import N, Recorder, stream_samples  # each of the 2 ranks reads 8 samples (4 batches of 2 per pass)
 
 
 class RankStream(IterableDataset):

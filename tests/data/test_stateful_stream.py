@@ -10,10 +10,9 @@ import os
 
 import pytest
 import torch
+from stream_common import N, Recorder, stream_samples
 from taskfit import Fit
 from torch.utils.data import IterableDataset
-
-from stream_common import N, Recorder, stream_samples
 
 BATCH, STOP, STEPS = 2, 3, 10  # 8 batches per pass of N = 16: the resumed run crosses into a second pass
 

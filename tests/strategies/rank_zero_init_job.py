@@ -8,14 +8,12 @@ after ``steps`` training steps it records whether the weights moved. Writes ``{r
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 import torch
-from torch import nn
-
 from taskfit import Fit, TaskModule
 from taskfit.core.rank_zero_init import rank_zero_init
+from torch import nn
 
 
 def peak_rss_bytes() -> int:
@@ -72,8 +70,8 @@ if __name__ == "__main__":
     fit = Fit(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=2, save_strategy="no",
               disable_tqdm=True, report_to="none", lr_scheduler_type="constant", learning_rate=1e-3,
               strategy=cfg["strategy"], devices=2, **{"ddp_timeout": 300, **cfg.get("options", {})})
-    import torch.distributed.checkpoint.state_dict  # noqa: F401  (what set-up imports: not the model's memory)
-    import torch.distributed.fsdp  # noqa: F401
+    import torch.distributed.checkpoint.state_dict
+    import torch.distributed.fsdp
     module = Stack(cfg["layers"], cfg["width"])
     g = torch.Generator().manual_seed(1)
     rows = [{"x": torch.randn(cfg["width"], generator=g), "y": torch.randn(cfg["width"], generator=g)}

@@ -11,9 +11,8 @@ import sys
 
 import pytest
 import torch
-from torch import nn
-
 from taskfit.core.rank_zero_init import rank_zero_init
+from torch import nn
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -76,10 +75,8 @@ def test_rank_zero_init_builds_on_meta_off_rank_zero_F_FT_5(monkeypatch):
     assert torch.empty(1).device.type == "cpu"  # the default device is restored after the block
     with rank_zero_init(rank=0) as real:
         assert real
-    with pytest.raises(ValueError, match=r"rank=\.\.\.\) needs a process rank .*got -1"):
-        with rank_zero_init(rank=-1):
-            pass
+    with pytest.raises(ValueError, match=r"rank=\.\.\.\) needs a process rank .*got -1"), rank_zero_init(rank=-1):
+        pass
     monkeypatch.setenv("RANK", "x")
-    with pytest.raises(ValueError, match="RANK='x' is not a process rank"):
-        with rank_zero_init():
-            pass
+    with pytest.raises(ValueError, match="RANK='x' is not a process rank"), rank_zero_init():
+        pass
