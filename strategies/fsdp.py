@@ -222,14 +222,56 @@ class FSDPStrategy(ParallelStrategy):
         """Convert and move ``module``, broadcast rank 0's weights (``sync_module_states``), apply activation
         checkpointing, then ``fully_shard`` every auto-wrap unit and the root ``StepForward(module)``.
         Returns the root. ``fully_shard`` replaces every parameter by a new sharded one (a ``DTensor``):
-        :meth:`setup_optimizers` re-points the run's optimizers."""
+        :meth:`setup_optimizers` re-points the run's optimizers.
+
+        With ``cpu_ram_efficient_loading``, or when the other ranks built the model on the meta device
+        (:func:`taskfit.core.rank_zero_init.rank_zero_init`), nothing is broadcast before sharding: every rank
+        shards its model (on the meta device, no memory), allocates only its shards, and rank 0's weights are
+        broadcast one tensor at a time into them (mirrors accelerate's FSDP2 ``cpu_ram_efficient_loading``).
+
+        Raises:
+            ValueError: see the class; rank 0's model has meta tensors.
+        """
+        from taskfit.strategies.rank_zero_weights import loads_from_rank_zero
+
+        module = self.precision.convert_module(module)
+        self._params_before = list(module.named_parameters())
+        self._names_before = {id(p): n for n, p in self._params_before}
+        lean = loads_from_rank_zero(module, self.root_device, self.global_rank, self.world_size, self._check,
+                                    asked=self.options.cpu_ram_efficient_loading)
+        if lean:
+            return self._shard_then_load(module)
+        module = module.to(self.root_device)
+        if self.options.sync_module_states and self.world_size > 1:
+            self._sync_module_states(module)
+        root = StepForward(module)
+        self._shard(root, module)
+        return root
+
+    def _shard_then_load(self, module: nn.Module) -> nn.Module:
+        """Shard first (meta tensors stay meta), allocate this rank's shards, then fill them from rank 0's full
+        state dict, broadcast tensor by tensor (see :mod:`taskfit.strategies.rank_zero_weights`)."""
+        from taskfit.strategies.rank_zero_weights import has_meta_tensors, load_rank_zero_state, materialize
+
+        meta = has_meta_tensors(module)
+        if not meta:
+            module = module.to(self.root_device)
+        root = StepForward(module)
+        full = root.state_dict() if self.is_global_zero else {}  # references, no copy
+        self._shard(root, module)
+        if meta:
+            materialize(root, self.root_device)
+        load_rank_zero_state(root, full, self.global_rank, self._check)
+        log.info("FSDP2: rank 0's weights loaded into every rank's shards (%s).",
+                 "meta-device model on this rank" if meta else "this rank held the model")
+        return root
+
+    def _shard(self, root: StepForward, module: nn.Module) -> None:
+        """Apply activation checkpointing, then ``fully_shard`` every auto-wrap unit of ``module`` and ``root``
+        with the strategy's mesh, resharding, mixed precision, offload and prefetch options."""
         from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
         opts = self.options
-        module = self.precision.convert_module(module).to(self.root_device)
-        self._params_before = list(module.named_parameters())
-        if opts.sync_module_states and self.world_size > 1:
-            self._sync_module_states(module)
         units = self.auto_wrap_units(module)
         if opts.activation_checkpointing:
             if not units:
@@ -250,7 +292,6 @@ class FSDPStrategy(ParallelStrategy):
                       offload_policy=offload)
         for _, m in units:
             fully_shard(m, **kwargs)
-        root = StepForward(module)
         fully_shard(root, **kwargs)
         self.wrapped_names = [n for n, _ in units]
         ordered = [m for _, m in reversed(units)]  # forward order
@@ -260,10 +301,8 @@ class FSDPStrategy(ParallelStrategy):
         if opts.backward_prefetch == "no_prefetch":
             for m in [root, *ordered]:
                 m.set_modules_to_backward_prefetch([])
-        self._names_before = {id(p): n for n, p in self._params_before}
         log.info("FSDP2: %s, %d auto-wrapped unit(s), offload=%s, mesh %s.", opts.sharding_strategy, len(units),
                  opts.offload_params, tuple(self.mesh.shape))
-        return root
 
     def setup_optimizers(self, module: nn.Module, optimizers: list[Any]) -> list[Any]:
         """Replace the parameters ``optimizers`` were built over by the sharded parameters ``fully_shard`` put in
@@ -272,24 +311,9 @@ class FSDPStrategy(ParallelStrategy):
         Raises:
             ValueError: an optimizer holds a parameter that is not one of ``module``'s.
         """
-        names = getattr(self, "_names_before", {})
-        now = dict(module.named_parameters())
-        for optimizer in optimizers:
-            for group in optimizer.param_groups:
-                new = []
-                for p in group["params"]:
-                    if any(p is q for q in now.values()):
-                        new.append(p)
-                        continue
-                    name = names.get(id(p))
-                    if name is None or name not in now:
-                        raise ValueError(f"An optimizer holds a parameter of shape {tuple(p.shape)} that is not a "
-                                         "parameter of the module FSDP wraps; build optimizers over the module's "
-                                         "own parameters.")
-                    if p in optimizer.state:
-                        optimizer.state[now[name]] = optimizer.state.pop(p)
-                    new.append(now[name])
-                group["params"] = new
+        from taskfit.strategies.rank_zero_weights import repoint_optimizers
+
+        repoint_optimizers(module, optimizers, getattr(self, "_names_before", {}))
         self._params_before, self._names_before = [], {}  # drop the references to the replaced parameters
         return optimizers
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
@@ -263,7 +264,8 @@ def skip_first_batches(loader: Any, skip: int) -> Any:
 def distributed_loader(loader: Any, num_replicas: int, rank: int) -> Any:
     """``loader`` rebuilt so this process reads its share of the samples (see
     :class:`~taskfit.data.samplers.DistributedSamplerWrapper`); iterable datasets are returned unchanged (they
-    must shard themselves, e.g. with ``torch.utils.data.get_worker_info`` and the rank).
+    must shard themselves, e.g. with ``torch.utils.data.get_worker_info`` and the rank). A torchdata
+    ``StatefulDataLoader`` stays one (its ``state_dict`` is what a mid-epoch resume restores).
 
     Raises:
         ValueError: a DataLoader built with a custom ``batch_sampler`` (no per-sample order to split).
@@ -284,6 +286,10 @@ def distributed_loader(loader: Any, num_replicas: int, rank: int) -> Any:
     }
     if loader.num_workers > 0:
         kwargs["prefetch_factor"] = loader.prefetch_factor
+    stateful = sys.modules.get("torchdata.stateful_dataloader")
+    if stateful is not None and type(loader) is stateful.StatefulDataLoader:  # keep its own resumable state
+        return stateful.StatefulDataLoader(loader.dataset, snapshot_every_n_steps=loader.snapshot_every_n_steps,
+                                           **kwargs)
     return DataLoader(loader.dataset, **kwargs)
 
 

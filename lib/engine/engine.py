@@ -350,6 +350,15 @@ class Engine(Topology):
         if first:
             self.barrier("rank_zero_first")
 
+    def rank_zero_init(self) -> ContextManager[bool]:
+        """Build the model inside this block (before :meth:`setup`): real weights on global rank 0, the meta device
+        (no memory) elsewhere; :meth:`setup` under ``"fsdp"``/``"ddp"`` fills the other ranks from rank 0. Yields
+        True on rank 0. See :func:`taskfit.core.rank_zero_init.rank_zero_init` (HF ``cpu_ram_efficient_loading``;
+        Fabric's ``init_module(empty_init=True)`` with rank 0's weights kept)."""
+        from taskfit.core.rank_zero_init import rank_zero_init
+
+        return rank_zero_init(self.global_rank)
+
     # -- output -----------------------------------------------------------------------------------------
     def print(self, *args: Any, **kwargs: Any) -> None:
         """``print`` on global rank zero only."""

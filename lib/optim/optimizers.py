@@ -253,7 +253,8 @@ def _build_adamw(
             f"{p.device.type}/{p.dtype}"
             for g in param_groups
             for p in g["params"]
-            if p.device.type not in supported or not torch.is_floating_point(p)
+            # meta: a placeholder the strategy materialises from rank 0 (``rank_zero_init``), checked there
+            if (p.device.type not in supported and p.device.type != "meta") or not torch.is_floating_point(p)
         }
     )
     if bad:  # torch itself only checks this lazily, at the first step

@@ -1,6 +1,7 @@
 """A DDP job for the streaming-resume test, run in fresh processes: ``python stream_ddp_job.py CONFIG.json``
-(taskfit re-launches it per rank). Each rank reads its own share of a stateful stream and writes what it trained on
-and how many samples its stream produced to ``{result}.rank{r}.json``."""
+(taskfit re-launches it per rank). Each rank reads its own share of a stateful stream (or, with ``"loader":
+"torchdata"``, of map-style rows through torchdata's ``StatefulDataLoader``) and writes what it trained on and how
+many samples it loaded to ``{result}.rank{r}.json``."""
 
 from __future__ import annotations
 
@@ -9,11 +10,13 @@ import os
 import sys
 
 import torch
-from taskfit import Fit, TaskModule
-from torch import nn
+from stream_common import (  # each of the 2 ranks reads 8 samples (4 batches of 2 per pass)
+    N,
+    Recorder,
+    stream_samples,
+)
+from taskfit import Fit
 from torch.utils.data import IterableDataset
-
-N = 16  # samples in the whole stream; each of the 2 ranks reads 8 (4 batches of 2 per pass)
 
 
 class RankStream(IterableDataset):
@@ -22,9 +25,7 @@ class RankStream(IterableDataset):
 
     def __init__(self) -> None:
         self.rank, self.world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        g = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(N, 4, generator=g)
-        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+        self.x, self.y = stream_samples()
         self.epoch = self.fetched = self.pos = self._start = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -49,16 +50,29 @@ class RankStream(IterableDataset):
             yield {"idx": torch.tensor(i), "x": self.x[i], "y": self.y[i]}
 
 
-class Recorder(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(4, 1)
-        self.seen: list[list[int]] = []
+class Rows(torch.utils.data.Dataset):
+    """The stream's samples as map-style rows; ``fetched`` counts the rows loaded in this process."""
 
-    def training_step(self, batch, batch_idx):
-        self.seen.append(batch["idx"].tolist())
-        return nn.functional.mse_loss(self.layer(batch["x"]).squeeze(-1), batch["y"].float())
+    def __init__(self) -> None:
+        self.x, self.y = stream_samples()
+        self.fetched = 0
+
+    def __len__(self) -> int:
+        return N
+
+    def __getitem__(self, i: int):
+        self.fetched += 1
+        return {"idx": torch.tensor(i), "x": self.x[i], "y": self.y[i]}
+
+
+def torchdata_loader(rows: Rows):
+    """torchdata's ``StatefulDataLoader`` over ``rows`` in a fixed shuffled order (taskfit gives each rank its share
+    of it). Not a ``RandomSampler``: taskfit's split re-reads the sampler it wraps when torchdata fast-forwards it,
+    and a ``RandomSampler``'s generator then gives the resumed pass another order."""
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    order = torch.randperm(N, generator=torch.Generator().manual_seed(7)).tolist()
+    return StatefulDataLoader(torch.utils.data.Subset(rows, order), batch_size=2)
 
 
 if __name__ == "__main__":
@@ -68,7 +82,9 @@ if __name__ == "__main__":
     fit = Fit(output_dir=cfg["out"], max_steps=cfg["steps"], per_device_train_batch_size=2, save_steps=cfg["save"],
               save_strategy="steps", disable_tqdm=True, report_to="none", lr_scheduler_type="constant",
               strategy="ddp", devices=2, ddp_timeout=120)
-    module, stream = Recorder(), RankStream()
-    fit.fit(module, stream, resume_from_checkpoint=cfg.get("resume"))
+    module = Recorder()
+    stream = Rows() if cfg.get("loader") == "torchdata" else RankStream()
+    data = torchdata_loader(stream) if cfg.get("loader") == "torchdata" else stream
+    fit.fit(module, data, resume_from_checkpoint=cfg.get("resume"))
     with open(cfg["result"] + f".rank{fit.global_rank}.json", "w") as f:
         json.dump({"seen": module.seen, "fetched": stream.fetched, "weight": module.layer.weight.tolist()}, f)

@@ -10,11 +10,11 @@ import os
 
 import pytest
 import torch
-from taskfit import Fit, TaskModule
-from torch import nn
+from stream_common import N, Recorder, stream_samples
+from taskfit import Fit
 from torch.utils.data import IterableDataset
 
-N, BATCH, STOP, STEPS = 16, 2, 3, 10  # 8 batches per pass: the resumed run crosses into a second pass
+BATCH, STOP, STEPS = 2, 3, 10  # 8 batches per pass of N = 16: the resumed run crosses into a second pass
 
 
 class Stream(IterableDataset):
@@ -22,9 +22,7 @@ class Stream(IterableDataset):
     process)."""
 
     def __init__(self) -> None:
-        g = torch.Generator().manual_seed(1234)
-        self.x = torch.randn(N, 4, generator=g)
-        self.y = self.x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
+        self.x, self.y = stream_samples()
         self.epoch = self.fetched = 0
 
     def set_epoch(self, epoch: int) -> None:
@@ -59,20 +57,6 @@ class StatefulStream(Stream):
             self.fetched += 1
             self.pos += 1
             yield {"idx": torch.tensor(i), "x": self.x[i], "y": self.y[i]}
-
-
-class Recorder(TaskModule):
-    """Linear regression recording which samples each step received."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(4, 1)
-        self.seen: list[list[int]] = []
-
-    def training_step(self, batch, batch_idx):
-        self.seen.append(batch["idx"].tolist())
-        return nn.functional.mse_loss(self.layer(batch["x"]).squeeze(-1), batch["y"].float())
 
 
 def _fit(out, max_steps: int, **kw) -> Fit:
@@ -201,6 +185,26 @@ def test_stateful_iterable_resumes_per_rank_under_ddp_F_FT_6(tmp_path):
         assert resumed[rank]["weight"] == full[rank]["weight"]
 
 
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_torchdata_stateful_dataloader_resumes_per_rank_under_ddp_F_FT_6(tmp_path):
+    """F-FT-6: 2 DDP processes fed by torchdata's ``StatefulDataLoader`` over rows in a fixed shuffled order
+    (taskfit splits it per rank and keeps it a ``StatefulDataLoader``): stopped at step 2 and resumed to step 6, each rank resumes from the
+    loader's own state (``data_state_{rank}.json``): the same batches and weights as the uninterrupted run, and each
+    rank loaded only the (6 - 2) x 2 rows left."""
+    pytest.importorskip("torchdata.stateful_dataloader")
+    full = _ddp_job(tmp_path / "a", "full", steps=6, save=6, loader="torchdata")
+    _ddp_job(tmp_path / "b", "cut", steps=2, save=2, loader="torchdata")
+    ckpt = str(tmp_path / "b" / "out" / "checkpoint-2")
+    assert _json(ckpt, "data_state_1.json")["_num_yielded"] == 2
+    resumed = _ddp_job(tmp_path / "b", "resumed", steps=6, save=6, resume=ckpt, loader="torchdata")
+    assert sorted(i for r in range(2) for b in full[r]["seen"][:4] for i in b) == list(range(N))  # split, 1 pass
+    for rank in range(2):
+        assert resumed[rank]["seen"] == full[rank]["seen"][2:]
+        assert resumed[rank]["fetched"] == (6 - 2) * 2
+        assert resumed[rank]["weight"] == full[rank]["weight"]
+
+
 class Rows(torch.utils.data.Dataset):
     """Map-style rows of a :class:`Stream`; ``fetched`` counts the rows loaded."""
 
@@ -254,3 +258,27 @@ def test_stateful_loader_resumes_from_its_state_F_FT_6(tmp_path):
     assert torch.equal(resumed.layer.weight, full.layer.weight)
     assert rows[-1].fetched == (STEPS - STOP) * BATCH
     assert _json(ckpt, "data_state_0.json") == {"batches": STOP}
+
+
+def test_torchdata_stateful_dataloader_resumes_from_its_state_F_FT_6(tmp_path):
+    """F-FT-6: a real torchdata ``StatefulDataLoader`` (a ``RandomSampler`` with its own generator) stopped at
+    step 3 resumes from its own ``state_dict``: the same batches after the resume (into the second, reshuffled pass)
+    and the same weights as the uninterrupted run, and only the (10 - 3) x 2 rows still to train on are loaded (the
+    consumed ones are skipped in the sampler, not read). The generator goes to the sampler: with
+    ``shuffle=True, generator=g`` on the loader, torchdata 0.11 itself (no taskfit involved) reshuffles the pass
+    after a resumed one differently from an uninterrupted loader."""
+    stateful_dataloader = pytest.importorskip("torchdata.stateful_dataloader")
+    rows: list[Rows] = []
+
+    def make():
+        rows.append(Rows())
+        sampler = torch.utils.data.RandomSampler(rows[-1], generator=torch.Generator().manual_seed(7))
+        return stateful_dataloader.StatefulDataLoader(rows[-1], batch_size=BATCH, sampler=sampler)
+
+    full, resumed, _, ckpt = _interrupted(tmp_path, make)
+    assert resumed.seen == full.seen[STOP:]
+    assert sorted(i for b in full.seen[:8] for i in b) == list(range(N))  # shuffled, each row once per pass
+    assert full.seen[:2] != [[0, 1], [2, 3]] and full.seen[8:] != full.seen[:2]
+    assert torch.equal(resumed.layer.weight, full.layer.weight)
+    assert rows[-1].fetched == (STEPS - STOP) * BATCH
+    assert _json(ckpt, "data_state_0.json")["_num_yielded"] == STOP
