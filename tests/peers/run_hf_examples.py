@@ -166,7 +166,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--exceptions", type=Path, default=DEFAULT_EXCEPTIONS)
     p.add_argument("--out", type=Path, default=None, help="keep the runs' folders here (default: temporary, removed)")
     p.add_argument("--rtol", type=float, default=0.0,
-                   help="relative tolerance of the numbers compared (default 0: bitwise, same init and data order)")
+                   help="relative tolerance of the numbers compared (default 0: bitwise, same init and data order; "
+                        "evaluation means get 1e-6, see example_compare.EVAL_MEAN_RTOL)")
     p.add_argument("--timeout", type=int, default=1200, help="seconds per script run")
     return p.parse_args(argv)
 
