@@ -12,11 +12,15 @@ import os
 
 import pytest
 import torch
-
 from common import RegressionDataset, RegressionModel, args_for, both
 
 transformers = pytest.importorskip("transformers")
 pytest.importorskip("accelerate")  # transformers.Trainer needs it
+
+
+def _json(path: str) -> dict:
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
 
 
 def _tokenizer():
@@ -116,9 +120,9 @@ def test_checkpoint_holds_what_save_pretrained_and_the_processing_class_write(tm
         built = model.config.pad_token_id
         trainer.train()
         ckpt = os.path.join(out, "checkpoint-1")
-        read = {n: json.load(open(os.path.join(ckpt, n))) for n in sorted(os.listdir(ckpt))
+        read = {n: _json(os.path.join(ckpt, n)) for n in sorted(os.listdir(ckpt))
                 if n.startswith(("tokenizer", "generation_config"))}
-        config = json.load(open(os.path.join(ckpt, "config.json")))
+        config = _json(os.path.join(ckpt, "config.json"))
         return (built, model.config.pad_token_id, model.generation_config.pad_token_id, config["architectures"],
                 config["pad_token_id"]), read
 

@@ -80,13 +80,13 @@ def compare_safetensors(rel: str, hf: Path, tf: Path, rtol: float) -> Check:
 
     a, b = load_file(str(hf)), load_file(str(tf))
     if set(a) != set(b):
-        return (rel, False, f"tensor names differ: HF only {sorted(set(a) - set(b))[:3]}, "
-                            f"taskfit only {sorted(set(b) - set(a))[:3]}")
+        return (rel, False, (f"tensor names differ: HF only {sorted(set(a) - set(b))[:3]}, "
+                             f"taskfit only {sorted(set(b) - set(a))[:3]}"))
     worst, name = 0.0, ""  # the largest |diff| relative to the tensor's largest |value|
     for key in sorted(a):
         if a[key].shape != b[key].shape or a[key].dtype != b[key].dtype:
-            return (rel, False, f"{key}: HF {tuple(a[key].shape)} {a[key].dtype}, taskfit {tuple(b[key].shape)} "
-                                f"{b[key].dtype}")
+            return (rel, False, (f"{key}: HF {tuple(a[key].shape)} {a[key].dtype}, "
+                                 f"taskfit {tuple(b[key].shape)} {b[key].dtype}"))
         if a[key].numel() == 0 or torch.equal(a[key], b[key]):
             continue
         x, y = a[key].double(), b[key].double()

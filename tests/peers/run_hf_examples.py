@@ -25,9 +25,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import hf_example_inputs as inputs
 from example_compare import compare_outputs
@@ -109,7 +109,7 @@ def run_script(script: Path, args: list[str], out_dir: Path, timeout: int) -> in
         try:
             return subprocess.run([sys.executable, script.name, *args, "--output_dir", str(out_dir)], cwd=script.parent,
                                   env=side_env(script.parent / "hf_home"), stdout=f, stderr=subprocess.STDOUT,
-                                  timeout=timeout).returncode
+                                  timeout=timeout, check=False).returncode
         except subprocess.TimeoutExpired:
             return 124
 

@@ -17,7 +17,7 @@ run_hf_examples = importlib.util.module_from_spec(_spec)
 sys.modules["run_hf_examples"] = run_hf_examples
 _spec.loader.exec_module(run_hf_examples)
 
-import example_compare  # noqa: E402  (after the path set-up above)
+import example_compare  # after the path set-up above
 
 SCRIPT = '''\
 import evaluate
