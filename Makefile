@@ -116,13 +116,17 @@ clean:
 # ---- peer suite: Hugging Face's own Trainer tests judge taskfit.hf (tests/peers/run_hf_suite.py) ----
 # PEER_HF_DIR: transformers' tests/trainer folder of the installed version, kept outside this repository.
 # PEER_HF_FILES: the files to run (default: test_trainer, _callback, _evaluation, _checkpointing).
+# PEER_HF_EXAMPLES: a folder holding transformers' examples/pytorch/ (run_classification.py, run_clm.py), also kept
+# outside; each script runs unchanged and with its Trainer imports on taskfit.hf (tests/peers/run_hf_examples.py).
 PEER_HF_DIR ?=
 PEER_HF_FILES ?=
+PEER_HF_EXAMPLES ?=
 .PHONY: peer-hf
 peer-hf: install
-	@test -n "$(PEER_HF_DIR)" || (echo "make peer-hf PEER_HF_DIR=<transformers tests/trainer folder>"; exit 2)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) tests/peers/run_hf_suite.py "$(PEER_HF_DIR)" \
-		$(if $(PEER_HF_FILES),--files $(PEER_HF_FILES))
+	@test -n "$(PEER_HF_DIR)$(PEER_HF_EXAMPLES)" || (echo "make peer-hf PEER_HF_DIR=<transformers tests/trainer folder> PEER_HF_EXAMPLES=<folder holding examples/pytorch>"; exit 2)
+	$(if $(PEER_HF_DIR),HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) tests/peers/run_hf_suite.py "$(PEER_HF_DIR)" \
+		$(if $(PEER_HF_FILES),--files $(PEER_HF_FILES)))
+	$(if $(PEER_HF_EXAMPLES),HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) tests/peers/run_hf_examples.py "$(PEER_HF_EXAMPLES)")
 
 # ---- peer suite: Lightning's own tests judge taskfit.lightning (tests/peers/run_lightning_suite.py) ----
 # PEER_LIGHTNING_DIR: Lightning's tests/tests_pytorch folder of the installed version, kept outside this repository.

@@ -82,6 +82,37 @@ class Trainer(Fit):
                          optimizers=optimizers, optimizer_cls_and_kwargs=optimizer_cls_and_kwargs,
                          preprocess_logits_for_metrics=preprocess_logits_for_metrics, **kwargs)
 
+    def train(self, resume_from_checkpoint: str | bool | None = None, trial: Any = None,
+              ignore_keys_for_eval: list[str] | None = None, **kwargs: Any) -> TrainOutput:
+        """HF ``Trainer.train`` (:meth:`taskfit.Fit.train`, same arguments and errors), after writing the
+        tokenizer's special token ids into the model's config as HF's ``train`` does (:func:`align_special_tokens`;
+        a model from ``model_init`` is built inside the run and keeps its own ids)."""
+        if self.model is not None and self.processing_class is not None:
+            align_special_tokens(self.model, self.processing_class)
+        return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)
+
+
+def align_special_tokens(model: nn.Module, processing_class: Any) -> None:
+    """Write the pad/bos/eos token ids a tokenizer defines into the model's config and generation config, with
+    transformers' warning naming the ids changed, as ``transformers.Trainer.train`` does before training (mirrors
+    ``transformers.trainer_utils.align_special_tokens``; a tokenizer that adds a pad token thus reaches the saved
+    ``config.json``). Does nothing unless ``processing_class`` is a transformers tokenizer or processor and
+    ``model`` has a ``config``.
+
+    Args:
+        model (nn.Module): the model given to the Trainer.
+        processing_class (Any): the Trainer's ``processing_class``.
+    """
+    import sys
+
+    if "transformers" not in sys.modules or not hasattr(model, "config"):  # no transformers tokenizer exists then
+        return
+    from transformers import PreTrainedTokenizerBase, ProcessorMixin
+    from transformers.trainer_utils import align_special_tokens as hf_align
+
+    if isinstance(processing_class, (PreTrainedTokenizerBase, ProcessorMixin)):
+        hf_align(model, processing_class)
+
 
 Seq2SeqTrainer = Trainer
 

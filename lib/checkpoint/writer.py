@@ -49,6 +49,8 @@ def model_config(model: torch.nn.Module) -> Any:
     parameter count, taskfit version and the hyperparameters ``load_from_checkpoint`` rebuilds it from."""
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_json_string"):
+        if hasattr(model, "save_pretrained"):  # as save_pretrained records it: the class whose weights these are
+            config.architectures = [type(model).__name__.removeprefix("FSDP")]
         return config.to_json_string()
     out = {"class": f"{type(model).__module__}.{type(model).__qualname__}",
            "num_parameters": sum(p.numel() for p in model.parameters()), "taskfit_version": __version__}
@@ -84,11 +86,39 @@ def save_model_folder(fit: FitView, folder: str, weights: dict[str, torch.Tensor
         name = WEIGHTS_NAME if fit.args.save_safetensors is not False else WEIGHTS_NAME_PT
         files = {**weight_files(model, weights, name), "config.json": model_config(model)}
         synchronous_io(io).save_files(files, folder)
-    processor = fit.processing_class
-    if processor is None:  # HF: the collator's tokenizer (DataCollatorWithPadding(tok) given without one)
-        processor = getattr(getattr(fit, "data_collator", None), "tokenizer", None)
-    if processor is not None and hasattr(processor, "save_pretrained") and io.is_local(folder):
+    processor = _processor(fit)
+    if processor is not None and io.is_local(folder):
         processor.save_pretrained(io.fs(folder)[1])
+
+
+def _processor(fit: FitView) -> Any:
+    """The processing class HF saves with the model (None when it has no ``save_pretrained``): ``processing_class``,
+    else the collator's tokenizer (HF: ``DataCollatorWithPadding(tok)`` given without one)."""
+    processor = fit.processing_class
+    if processor is None:
+        processor = getattr(getattr(fit, "data_collator", None), "tokenizer", None)
+    return processor if hasattr(processor, "save_pretrained") else None
+
+
+def saved_with_model_files(fit: FitView) -> dict[str, bytes]:
+    """``{file name: bytes}`` HF writes into every checkpoint folder next to the weights and ``config.json``: a
+    generative model's ``generation_config.json`` (``save_pretrained``) and the processing class's files
+    (tokenizer files..., ``Trainer._save``); listed in the manifest like the other files. Empty for other models
+    without a processing class."""
+    import tempfile
+    from pathlib import Path
+
+    model = exportable_model(fit.model)
+    generation = getattr(model, "generation_config", None)
+    if not (generation is not None and callable(getattr(model, "can_generate", None)) and model.can_generate()):
+        generation = None
+    savers = [x for x in (generation, _processor(fit)) if x is not None]
+    if not savers:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for saver in savers:
+            saver.save_pretrained(tmp)
+        return {p.relative_to(tmp).as_posix(): p.read_bytes() for p in sorted(Path(tmp).rglob("*")) if p.is_file()}
 
 
 def checkpoint_files(fit: FitView, training_state: dict[str, Any]) -> dict[str, Any]:
@@ -107,6 +137,7 @@ def checkpoint_files(fit: FitView, training_state: dict[str, Any]) -> dict[str, 
         files[HF_RNG_NAME] = hf_rng_file(training_state["rng"], strategy.root_device.index)
     if not is_writer(fit):
         return files
+    files.update(saved_with_model_files(fit))  # before config.json: a processor's own file never replaces it
     files["config.json"] = model_config(exportable_model(fit.model))
     if not a.save_only_model:
         for i, cfg in enumerate(fit.lr_scheduler_configs):

@@ -175,6 +175,7 @@ class EvaluationStages:
         for key in ("epoch", "num_input_tokens_seen") if row is not metrics else ():
             if key in row:
                 metrics[key] = row[key]
+        fit.control.should_evaluate = False  # as HF's on_evaluate: a checkpoint saved after it records False
         fit._hooks.call_hf("on_evaluate", fit.args, fit.state, fit.control, metrics=metrics)
         return metrics
 

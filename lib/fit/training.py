@@ -253,8 +253,9 @@ class TrainingStage:
                 (steps_per_epoch, max_steps, num_epochs), weights_only)
         st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
         st.logging_steps = resolve_interval(args.logging_steps, max_steps)
-        st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,
-                                         max_steps)
+        # HF: None means logging_steps under eval_strategy="steps" (set by the arguments), else TrainerState's 500
+        st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else
+                                         (args.logging_steps if args.eval_strategy == "steps" else 500), max_steps)
         st.save_steps = resolve_interval(args.save_steps, max_steps)
         st.train_batch_size = args.per_device_train_batch_size
         st.batches_per_epoch = steps_per_epoch and len(run.train_loader)

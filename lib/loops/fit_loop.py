@@ -524,6 +524,7 @@ class FitLoop:
             self._norm_due = False  # row may still read it; the step's gradients are intact
             params, optimizer = self._norm_of
             sums.grad_norm = self.strategy.clip_gradients(params, math.inf, optimizer)
+        logging_step = control.should_log
         if control.should_log and sums.steps_since_log:
             with_loss = sums.steps_since_log - self.lossless_steps
             logs = {}
@@ -542,7 +543,8 @@ class FitLoop:
             logs.update(self.strategy.precision.log_values())  # 16-mixed: loss_scale, skipped_steps
             logs.update(run.module._results.step_values())
             self._log(logs)
-        if control.should_log or control.should_save:  # the only host sync it adds: on logging and save steps
+            control.should_log = False  # HF's on_log clears it: a save after the row records False, as HF's
+        if logging_step or control.should_save:  # the only host sync it adds: on logging and save steps
             check_finite(self.strategy, run.module, step, args.output_dir)  # after the log row, before a save
         if not epoch_end and self.policy.zero_grad_after_step:  # the step's gradients are read (norm, log row):
             self.step.free_gradients()  # free them before evaluation and the next forward
