@@ -12,7 +12,7 @@ files each side wrote. It exits 1 when a difference is found that ``hf_examples_
 
 Usage::
 
-    python tests/peers/run_hf_examples.py FOLDER [--scripts run_clm.py ...] [--out DIR] [--rtol 0]
+    python tests/peers/run_hf_examples.py FOLDER [--scripts run_clm.py ...] [--out DIR] [--rtol 0] [--verbose]
 
 ``FOLDER`` holds ``examples/pytorch/...`` (or the two scripts directly).
 """
@@ -131,8 +131,9 @@ def run_example(name: str, script: Path, work: Path, names: set[str], timeout: i
 
 
 def report_example(name: str, results: dict[str, tuple[int, Path]], listed: dict[str, tuple[str, str]],
-                   rtol: float) -> int:
-    """Print the checks of one script (``  same  id`` / ``  DIFF  id  -- detail``) and its summary line.
+                   rtol: float, verbose: bool = False) -> int:
+    """Print the checks of one script (``  DIFF  id  -- detail``; with ``verbose`` also ``  same  id``) and its
+    summary line.
 
     Returns:
         int: the unlisted differences.
@@ -153,7 +154,8 @@ def report_example(name: str, results: dict[str, tuple[int, Path]], listed: dict
             else:
                 unlisted += 1
                 note = f"  -- UNLISTED: {detail}"
-        print(f"  {'same' if same else 'DIFF'}  {key}{note}")
+        if verbose or not same:
+            print(f"  {'same' if same else 'DIFF'}  {key}{note}")
     print(f"summary {name}: checks {len(checks)}, same {len(checks) - unlisted - listed_n}, listed {listed_n}, "
           f"unlisted differences {unlisted} (HF exit {rc_hf}, taskfit exit {rc_tf})")
     return unlisted
@@ -169,6 +171,7 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
                    help="relative tolerance of the numbers compared (default 0: bitwise, same init and data order; "
                         "evaluation means get 1e-6, see example_compare.EVAL_MEAN_RTOL)")
     p.add_argument("--timeout", type=int, default=1200, help="seconds per script run")
+    p.add_argument("--verbose", action="store_true", help="also print every check that found no difference")
     return p.parse_args(argv)
 
 
@@ -189,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
     unlisted = 0
     for name, script in scripts.items():
         results = run_example(name, script, work / Path(name).stem, names, a.timeout)
-        unlisted += report_example(name, results, listed, a.rtol)
+        unlisted += report_example(name, results, listed, a.rtol, a.verbose)
     print(f"summary examples: scripts {len(scripts)}, unlisted differences {unlisted}")
     if a.out is None:
         shutil.rmtree(work, ignore_errors=True)

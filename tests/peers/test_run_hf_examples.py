@@ -104,7 +104,7 @@ def test_report_counts_listed_and_unlisted(tmp_path, capsys):
     tf = _folder(tmp_path / "tf", w, {"eval_steps": 2})
     results = {"hf": (0, hf), "taskfit": (0, tf)}
     listed = {"run_x.py::file training_args.bin": ("2", "docs/hf.md row: checkpoint folder")}
-    assert run_hf_examples.report_example("run_x.py", results, listed, 0.0) == 1
+    assert run_hf_examples.report_example("run_x.py", results, listed, 0.0, verbose=True) == 1
     text = capsys.readouterr().out
     assert "  same  run_x.py::exit status" in text
     assert ("  DIFF  run_x.py::file training_args.bin  -- written under HF only; listed (2: documented difference): "
@@ -113,7 +113,8 @@ def test_report_counts_listed_and_unlisted(tmp_path, capsys):
     assert "summary run_x.py: checks 5, same 3, listed 1, unlisted differences 1 (HF exit 0, taskfit exit 0)" in text
     results["taskfit"] = (1, tf)
     assert run_hf_examples.report_example("run_x.py", results, {}, 0.0) == 3
-    assert "  DIFF  run_x.py::exit status  -- UNLISTED: HF 0, taskfit 1" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "  DIFF  run_x.py::exit status  -- UNLISTED: HF 0, taskfit 1" in text and "  same  " not in text
 
 
 def test_usage_errors_exit_2(tmp_path, capsys):
