@@ -17,12 +17,17 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 MULTIPROCESS_GROUP = "multiprocess"
-# Files of a few long tests (seconds on a quiet 2-core machine, one worker, from ``--durations``): the scheduler
-# starts them first. xdist orders the groups by their number of tests, which put these one-test files last, where
-# one worker ran them for a minute while the other had nothing left to do.
+# Files of a few long tests, with their rough seconds on a quiet 2-core machine (from ``--durations``; only their
+# order matters): the scheduler starts them first, longest first. xdist orders the groups by their number of tests,
+# which put the one-test files among these last, where one worker ran them for a minute while the other had nothing
+# left to do.
 LONG_FILES = {
     "tests/gpu/test_gpu_kit.py": 59,
-    "tests/packaging/test_packaging.py": 33,
+    "tests/loggers/test_logger_resume.py": 35,
+    "tests/examples/test_own_loop.py": 20,
+    "tests/packaging/test_packaging.py": 14,
+    "tests/engine/test_engine_benchmark.py": 6,
+    "tests/strategies/test_resume_layout.py": 6,
 }
 _GROUPS_DIR = "taskfit_xdist_groups"  # workerinput key: where each worker writes {nodeid: group}
 
