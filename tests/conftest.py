@@ -17,8 +17,8 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 MULTIPROCESS_GROUP = "multiprocess"
-# Files of a few long tests, with their rough seconds on a quiet 2-core machine (from ``--durations``; only their
-# order matters): the scheduler starts them first, longest first. xdist orders the groups by their number of tests,
+# Files of a few long tests, with their rough seconds on a quiet 2-core machine (``--durations``, some scaled down
+# from a loaded machine; only their order matters): the scheduler starts them first, longest first. xdist orders the groups by their number of tests,
 # which put the one-test files among these last, where one worker ran them for a minute while the other had nothing
 # left to do.
 LONG_FILES = {

@@ -59,7 +59,7 @@ def test_wheel_contents_and_fresh_venv(tmp_path):
 
     torch_spec = f"torch=={torch.__version__.split('+')[0]}"
     uv = install.find_uv()
-    if uv is None:  # pip unpacks torch afresh (~20 CPU-s)
+    if uv is None:  # pip unpacks and compiles torch afresh: the test costs ~3x the CPU time
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         cmd, env = [str(py), "-m", "pip", "install", "-q", torch_spec, str(wheel)], None
     else:  # the same resolution from the same indexes; uv links torch's files from its cache (make install's)
