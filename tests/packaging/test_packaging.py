@@ -10,6 +10,8 @@ import zipfile
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "tests" / "packaging"))
+import install  # noqa: E402  (the Makefile's installer: uv with pip's indexes, else pip)
 
 SCRIPT = """
 import torch, taskfit, taskfit.strategies, taskfit.accelerators
@@ -52,13 +54,18 @@ def test_wheel_contents_and_fresh_venv(tmp_path):
     if os.environ.get("TASKFIT_SKIP_VENV_TEST"):
         pytest.skip("TASKFIT_SKIP_VENV_TEST is set")
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     py = venv / "bin" / "python"
     import torch
 
     torch_spec = f"torch=={torch.__version__.split('+')[0]}"
-    inst = subprocess.run([str(py), "-m", "pip", "install", "-q", torch_spec, str(wheel)], capture_output=True,
-                          text=True)
+    uv = install.find_uv()
+    if uv is None:  # pip unpacks and compiles torch afresh: the test costs ~3x the CPU time
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        cmd, env = [str(py), "-m", "pip", "install", "-q", torch_spec, str(wheel)], None
+    else:  # the same resolution from the same indexes; uv links torch's files from its cache (make install's)
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+        cmd, env = install.uv_command(uv, ["-q", torch_spec, str(wheel)], install.pip_settings(), python=str(py))
+    inst = subprocess.run(cmd, env=env, capture_output=True, text=True)
     assert inst.returncode == 0, inst.stderr[-3000:]
     run = subprocess.run([str(py), "-c", f"OUT={str(tmp_path / 'out')!r}\n" + SCRIPT], capture_output=True,
                          text=True, cwd=str(tmp_path))
