@@ -73,7 +73,11 @@ def main(args: list[str]) -> int:
     # --compile-bytecode: pip writes the .pyc files at install time, uv only when asked; without them every
     # first import in the test run would compile (and race to write) them
     cmd, env = uv_command(uv, ["--compile-bytecode", *args], pip_settings())
-    return subprocess.call(cmd, env=env)
+    code = subprocess.call(cmd, env=env)
+    if code != 0:  # a resolution or index pip handles and uv does not must not stop the set-up
+        print(f"uv pip install exited with {code}: installing with pip instead", file=sys.stderr)
+        code = subprocess.call([sys.executable, "-m", "pip", "install", *args])
+    return code
 
 
 if __name__ == "__main__":
