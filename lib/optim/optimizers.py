@@ -248,13 +248,17 @@ def _build_adamw(
         return construct(name, torch.optim.AdamW, param_groups, kwargs, optim_args)
     kwargs["fused"] = True
     supported = _fused_supported_devices()
+    # several processes: meta parameters are placeholders the strategy fills from rank 0 (``rank_zero_init``),
+    # whose real parameters this check sees; in one process they stay meta
+    several = torch.distributed.is_available() and torch.distributed.is_initialized() \
+        and torch.distributed.get_world_size() > 1
+    placeholder = "meta" if several else None
     bad = sorted(
         {
             f"{p.device.type}/{p.dtype}"
             for g in param_groups
             for p in g["params"]
-            # meta: a placeholder the strategy materialises from rank 0 (``rank_zero_init``), checked there
-            if (p.device.type not in supported and p.device.type != "meta") or not torch.is_floating_point(p)
+            if (p.device.type not in supported and p.device.type != placeholder) or not torch.is_floating_point(p)
         }
     )
     if bad:  # torch itself only checks this lazily, at the first step

@@ -80,3 +80,21 @@ def test_rank_zero_init_builds_on_meta_off_rank_zero_F_FT_5(monkeypatch):
     monkeypatch.setenv("RANK", "x")
     with pytest.raises(ValueError, match="RANK='x' is not a process rank"), rank_zero_init():
         pass
+
+
+def test_engine_rank_zero_init_uses_the_engine_rank_F_FT_5(monkeypatch):
+    """F-FT-5: ``Engine.rank_zero_init`` builds by the engine's own rank (0 in one process: real weights), whatever
+    ``RANK`` says; a single-process strategy given a meta-device model is refused before any work."""
+    from taskfit import Engine
+    from taskfit.strategies.rank_zero_weights import loads_from_rank_zero
+
+    monkeypatch.setenv("RANK", "1")
+    engine = Engine(accelerator="cpu", devices=1)
+    with engine.rank_zero_init() as real:
+        layer = nn.Linear(3, 3)
+    assert real and not layer.weight.is_meta
+    with torch.device("meta"):
+        meta = nn.Linear(3, 3)
+    with pytest.raises(ValueError, match="Linear has parameters on the meta device, but this run has one process"):
+        loads_from_rank_zero(meta, torch.device("cpu"), 0, 1, lambda what, fn: fn())
+    assert loads_from_rank_zero(layer, torch.device("cpu"), 0, 1, lambda what, fn: fn()) is False
