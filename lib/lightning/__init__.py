@@ -31,7 +31,7 @@ from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
 )
-from taskfit.seed import seed_everything
+from taskfit.lightning.seed import seed_everything
 
 _cb, _lg = callbacks, loggers
 

@@ -76,7 +76,7 @@ class ModelCheckpoint(_Base):
             raise NotImplementedError("ModelCheckpoint(save_weights_only=True) is not supported by taskfit.lightning: "
                                       "a checkpoint is always complete; load only the weights with "
                                       "LightningModule.load_from_checkpoint(path).")
-        if dirpath is not None and _is_local(os.fspath(dirpath)):
+        if dirpath and _is_local(os.fspath(dirpath)):
             dirpath = os.path.realpath(os.path.expanduser(dirpath))
         super().__init__(dirpath=dirpath, filename=filename, monitor=monitor, verbose=verbose,
                          save_last=save_last, save_top_k=save_top_k, mode=mode,
