@@ -139,3 +139,26 @@ def test_F_LOOP_5_manual_optimization_plateau_and_backward_kwargs(tmp_path):
         b, t = _taskfit(plateau, tmp_path, manual=True)
     assert a.steps == b.steps == 4 and t.global_step == 4
     assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_F_LOOP_5_plateau_not_stepped_in_an_epoch_cut_short(tmp_path):
+    """A ReduceLROnPlateau on a metric never logged: an epoch cut short by ``max_steps`` neither steps nor checks
+    it; a complete epoch raises (Lightning: MisconfigurationException, taskfit: ValueError), same message."""
+    import lightning as L
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    import taskfit.lightning as TL
+
+    def configure(m):
+        o = _sgd(m)
+        return {"optimizer": o, "lr_scheduler": {"scheduler": S.ReduceLROnPlateau(o), "monitor": "giraffe"}}
+
+    for pl, exc in ((L, MisconfigurationException), (TL, ValueError)):
+        kw = dict(logger=False, enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                  default_root_dir=str(tmp_path))
+        m = _module(configure, pl.LightningModule)
+        t = pl.Trainer(max_steps=1, **kw)
+        t.fit(m, data())
+        assert t.global_step == 1 and t.optimizers[0].param_groups[0]["lr"] == 0.1
+        with pytest.raises(exc, match=r"ReduceLROnPlateau conditioned on metric .* which is not available\."):
+            pl.Trainer(max_epochs=1, **kw).fit(_module(configure, pl.LightningModule), data())
