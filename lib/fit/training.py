@@ -338,9 +338,14 @@ class TrainingStage:
             metrics.update(getattr(cb, "train_metrics", dict)())
         metrics.update(finish_checkpoints(fit, metrics, run.publisher))  # best model, final push
         fit.log(metrics)  # the same dict, as HF: a log() override that edits it edits the TrainOutput
-        hooks.call("on_train_end", fit, module)
-        hooks.call_hf("on_train_end", args, st, run.control, **run.hf_kwargs())
-        hooks.call("on_fit_end", fit, module)
+        try:
+            hooks.call("on_train_end", fit, module)
+            hooks.call_hf("on_train_end", args, st, run.control, **run.hf_kwargs())
+            hooks.call("on_fit_end", fit, module)
+        except Exception as exc:  # Lightning: on_exception covers the end hooks too (save_on_exception)
+            hooks.call("on_exception", fit, module, exc)
+            self.finalize_loggers("failed")
+            raise
         end_stage(fit, module, datamodule, "fit")
         self.finalize_loggers("success")
         return TrainOutput(st.global_step, loop.training_loss, metrics)

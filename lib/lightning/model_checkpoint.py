@@ -157,9 +157,6 @@ class ModelCheckpoint(_Base):
             ValueError: ``save_last="link"`` with a folder that is not local.
         """
         self.dirpath = self._resolve_dir(trainer)
-        if stage == "fit" and self.save_top_k != 0 and getattr(trainer, "is_global_zero", True) and \
-                _is_local(str(self.dirpath)) and os.path.isdir(self.dirpath) and os.listdir(self.dirpath):
-            warnings.warn(f"Checkpoint directory {self.dirpath} exists and is not empty.", UserWarning, stacklevel=2)
         if self.save_last == "link" and not _is_local(str(self.dirpath)):
             raise ValueError("`ModelCheckpoint(save_last='link')` is only supported for local file paths, got "
                              f"`dirpath={self.dirpath}`.")

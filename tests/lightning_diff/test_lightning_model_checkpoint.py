@@ -14,12 +14,16 @@ from torch.utils.data import DataLoader, TensorDataset
 
 def _module(base, scores=None, raise_at=None):
     class Net(base):
+        def on_fit_end(self):
+            if raise_at == "fit_end":
+                raise RuntimeError("Trouble!")
+
         def __init__(self):
             super().__init__()
             self.layer = torch.nn.Linear(4, 1)
 
         def training_step(self, batch, batch_idx):
-            if raise_at is not None and self.global_step == raise_at:
+            if isinstance(raise_at, int) and self.global_step == raise_at:
                 raise RuntimeError("Trouble!")
             x, y = batch
             return torch.nn.functional.mse_loss(self.layer(x), y)
@@ -118,6 +122,10 @@ def test_F_LIT_CKPT_save_on_exception_and_link(tmp_path):
         folder = tmp_path / fw
         with pytest.raises(RuntimeError, match="Trouble!"):
             _run(fw, folder, dict(filename="exception", save_on_exception=True, every_n_epochs=7), raise_at=3)
+        with pytest.raises(RuntimeError, match="Trouble!"):  # also from the end hooks (Lightning)
+            _run(fw, tmp_path / (fw + "_end"), dict(filename="exception", save_on_exception=True, every_n_epochs=7),
+                 raise_at="fit_end")
+        assert os.listdir(tmp_path / (fw + "_end")) == ["exception.ckpt"]
         link_dir = tmp_path / (fw + "_link")
         _run(fw, link_dir, dict(save_last="link", save_top_k=1), max_epochs=2)
         seen[fw] = (sorted(os.listdir(folder)), sorted(os.listdir(link_dir)), os.readlink(link_dir / "last.ckpt"))
