@@ -167,6 +167,8 @@ class ModelCheckpoint(_Base):
         loggers = getattr(trainer, "loggers", None) or []
         if loggers:
             lg = loggers[0]
+            if getattr(lg, "log_dir", None):  # = save_dir/name/version (Lightning's formula) for TB and CSV
+                return os.path.join(lg.log_dir, "checkpoints")
             save_dir = getattr(lg, "save_dir", None) or trainer.default_root_dir
             version = lg.version if isinstance(lg.version, str) else f"version_{lg.version}"
             return os.path.join(save_dir, str(lg.name), version, "checkpoints")
