@@ -415,7 +415,14 @@ class TrainingStage:
         if path is None and fit.state.best_global_step == fit.state.global_step:  # recorded before writing
             fit.state.best_model_checkpoint = checkpoint_path(fit)
             training_state["state"]["best_model_checkpoint"] = fit.state.best_model_checkpoint
+        # Lightning's keys for the hooks to read (kept elsewhere in the checkpoint, so not written twice)
+        view = {"epoch": int(run.state.current_epoch), "global_step": run.state.global_step,
+                "lr_schedulers": [c.scheduler.state_dict() for c in run.schedulers or ()]}
+        added = [k for k in view if k not in training_state]
+        training_state.update({k: view[k] for k in added})
         fit._hooks.call("on_save_checkpoint", fit, run.module, training_state)
+        for k in added:
+            training_state.pop(k, None)
         written = save_checkpoint(fit, training_state, path)
         if path is None and run.publisher is not None:
             from taskfit.checkpoint.publish import push_checkpoint

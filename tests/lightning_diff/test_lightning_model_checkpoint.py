@@ -174,3 +174,34 @@ def test_F_LIT_CKPT_format_state_and_yaml_match_lightning(tmp_path):
         cb.to_yaml(tmp_path / f"{id(cb)}.yaml")
     assert (tmp_path / f"{id(a)}.yaml").read_text() == (tmp_path / f"{id(b)}.yaml").read_text()
     assert set(a.state_dict()) <= set(b.state_dict())
+
+
+def test_F_LIT_CKPT_on_save_checkpoint_sees_epoch_step_and_scheduler_states(tmp_path):
+    """``on_save_checkpoint(checkpoint)`` reads Lightning's ``epoch``, ``global_step`` and ``lr_schedulers`` (the
+    states after this step's scheduler steps), for epoch and step intervals and step-triggered saves."""
+    def run(fw, every, epoch_interval):
+        pl = __import__("lightning.pytorch" if fw == "lightning" else "taskfit.lightning", fromlist=["Trainer"])
+        cb = __import__(f"{pl.__name__}.callbacks", fromlist=["ModelCheckpoint"])
+
+        class Net(type(_module(pl.LightningModule))):
+            seen: list = []
+
+            def configure_optimizers(self):
+                o = torch.optim.SGD(self.parameters(), lr=1)
+                c = {"scheduler": torch.optim.lr_scheduler.StepLR(o, 1, gamma=10)}
+                return [o], [c if epoch_interval else {**c, "interval": "step"}]
+
+            def on_save_checkpoint(self, ckpt):
+                s = ckpt["lr_schedulers"][0]
+                self.seen.append((ckpt["epoch"], ckpt["global_step"], s["_step_count"], s["_last_lr"]))
+
+        torch.manual_seed(0)
+        m, folder = Net(), tmp_path / f"{fw}{every}{epoch_interval}"
+        m.seen = []
+        pl.Trainer(default_root_dir=str(folder), enable_progress_bar=False, logger=False, max_epochs=1,
+                   limit_train_batches=2, limit_val_batches=1, enable_model_summary=False, num_sanity_val_steps=0,
+                   callbacks=[cb.ModelCheckpoint(dirpath=folder, every_n_train_steps=every)]).fit(m, _data(), _data())
+        return m.seen
+
+    for every, epoch_interval in ((None, True), (2, False), (2, True)):
+        assert run("lightning", every, epoch_interval) == run("taskfit", every, epoch_interval)
