@@ -176,7 +176,6 @@ class ModelCheckpoint(_Base):
 
     def on_train_start(self, fit: Any, module: Any) -> None:
         super().on_train_start(fit, module)
-        self._on_epoch_end = self._should_save_on_train_epoch_end(fit)
         self._last_time_checked = time.monotonic()
         self.ckpt_path = getattr(fit, "ckpt_path", None)
 
@@ -215,16 +214,21 @@ class ModelCheckpoint(_Base):
             self._save_last_checkpoint(fit, candidates)
 
     def on_train_epoch_end(self, fit: Any, module: Any) -> None:
-        if self._on_epoch_end and not self._should_skip(fit):
+        if not self._should_skip(fit) and self._should_save_on_train_epoch_end(fit):
             self._epoch_save(fit)
 
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        """After validation inside ``fit`` (not the sanity check): the epoch's save when it is not taken at the
+        training epoch's end (Lightning's hook, so a subclass overriding ``on_train_start`` keeps it)."""
+        run = getattr(trainer, "run", None)
+        if getattr(trainer, "sanity_checking", False) or run is None or run.stage != "fit":
+            return
+        self._val_has_run = True
+        if not self._should_skip(trainer) and not self._should_save_on_train_epoch_end(trainer):
+            self._epoch_save(trainer)
+
     def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
-        fit = self._fit
-        if fit is not None and not getattr(fit, "sanity_checking", False):
-            self._val_has_run = True
-            if not self._on_epoch_end and not self._should_skip(fit):
-                self._epoch_save(fit)
-        return control
+        return control  # the save after validation is on_validation_end's
 
     def _epoch_save(self, fit: Any) -> None:
         candidates = self._monitor_candidates(fit)
