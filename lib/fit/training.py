@@ -260,7 +260,8 @@ class TrainingStage:
         run.optimizers, run.schedulers = configure_optimizers(
             module, run.model, args, plan.max_steps,
             fit._hf.run_optimizers(run, plan.max_steps) or self._hf_optimizers(run.model),
-            strategy_builds_optimizer=fit.strategy.builds_own_optimizer)
+            strategy_builds_optimizer=fit.strategy.builds_own_optimizer,
+            none_trains_nothing=getattr(fit, "none_optimizer_trains_nothing", False))
         fit._launcher.setup_run(run, plan.max_steps)
         fit._run = fit._last_fit = run
         module._results = ResultCollection(infer_batch_size, fit.strategy.reduce)

@@ -203,6 +203,8 @@ class Trainer(Fit):
 
     #: Names logged in ``validation_step`` during ``fit`` keep their names (Lightning adds no ``eval_`` prefix).
     fit_eval_prefix = ""
+    #: ``configure_optimizers`` returning None trains with no optimizer (Lightning); ``Fit`` builds its default one
+    none_optimizer_trains_nothing = True
 
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
                  num_nodes: int = 1, precision: Any = None, logger: Any = None, callbacks: Any = None,

@@ -60,6 +60,21 @@ class SchedulerConfig:
     __hash__ = object.__hash__
 
 
+class NoOptimizer(torch.optim.Optimizer):
+    """An optimizer over one placeholder tensor whose ``step`` changes nothing (Lightning's ``_MockOptimizer``, used
+    when ``configure_optimizers`` returns None under the Lightning door): the loop runs, the weights stay."""
+
+    def __init__(self) -> None:
+        super().__init__([torch.zeros(1)], {"lr": 0.0})
+
+    def step(self, closure: Any = None) -> Any:
+        """Run ``closure`` (if any) and return its result; no parameter changes."""
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to zero (the module's gradients are left to the next backward)."""
+
+
 def _one_scheduler(sched: Any, args: Any, from_module: bool = False, monitor: str | None = None) -> SchedulerConfig:
     """A scheduler config. A module's scheduler without a config steps every epoch (Lightning's default), one
     from ``FitArguments`` or HF ``optimizers=`` every optimizer step (HF's)."""
@@ -105,7 +120,8 @@ def _user_defined(obj: Any, name: str) -> bool:
 
 def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, max_steps: int,
                          hf_optimizers: tuple[Any, Any] = (None, None), *,
-                         strategy_builds_optimizer: bool = False) -> tuple[list[Any], list[SchedulerConfig]]:
+                         strategy_builds_optimizer: bool = False,
+                         none_trains_nothing: bool = False) -> tuple[list[Any], list[SchedulerConfig]]:
     """Return ``(optimizers, schedulers)`` for a run of ``max_steps`` optimizer steps.
 
     Order: a ``configure_optimizers`` result (an optimizer; ``(optimizer, scheduler)``; ``([optimizers],
@@ -116,7 +132,9 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
     ``interval`` is ``"step"``, ``"epoch"``, or ``"eval"`` for metric schedulers
     (``ReduceLROnPlateau``), which then watch ``monitor`` (default ``eval_<metric_for_best_model>`` or
     ``eval_loss``). With ``strategy_builds_optimizer`` (a DeepSpeed config with an ``optimizer`` section) no
-    optimizer is built here: the strategy's ``setup`` returns its own.
+    optimizer is built here: the strategy's ``setup`` returns its own. With ``none_trains_nothing`` (the Lightning
+    door) a module's ``configure_optimizers`` returning None gives Lightning's warning and an optimizer whose step
+    changes nothing (Lightning's ``_MockOptimizer``) instead of the default optimizer.
 
     Raises:
         TypeError: ``configure_optimizers`` returned something else, or a scheduler without ``state_dict``.
@@ -126,6 +144,11 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
         RuntimeError: several optimizers under automatic optimization (Lightning's refusal).
     """
     cfg = module.configure_optimizers()
+    if cfg is None and none_trains_nothing and hf_optimizers[0] is None and not strategy_builds_optimizer and \
+            _user_defined(module, "configure_optimizers"):
+        warnings.warn("`LightningModule.configure_optimizers` returned `None`, this fit will run with no optimizer",
+                      UserWarning, stacklevel=2)  # Lightning's warning
+        return [NoOptimizer()], []
     if cfg is None and hf_optimizers[0] is None and not strategy_builds_optimizer and _user_defined(
             module, "configure_optimizers"):
         warnings.warn(f"{type(module).__name__}.configure_optimizers returned None, so this run trains with the "

@@ -162,3 +162,18 @@ def test_F_LOOP_5_plateau_not_stepped_in_an_epoch_cut_short(tmp_path):
         assert t.global_step == 1 and t.optimizers[0].param_groups[0]["lr"] == 0.1
         with pytest.raises(exc, match=r"ReduceLROnPlateau conditioned on metric .* which is not available\."):
             pl.Trainer(max_epochs=1, **kw).fit(_module(configure, pl.LightningModule), data())
+
+
+def test_F_LOOP_5_configure_optimizers_none_trains_nothing_like_lightning(tmp_path):
+    """``configure_optimizers`` returning None: Lightning's warning, the loop runs its steps and the weights stay
+    (Lightning's ``_MockOptimizer``); ``Fit`` keeps building its default optimizer instead."""
+    runs = []
+    for run in (_lightning, lambda c: _taskfit(c, tmp_path)):
+        with pytest.warns(UserWarning, match="will run with no optimizer"):
+            m, t = run(lambda m: None)
+        runs.append((m, t))
+    torch.manual_seed(0)
+    fresh = torch.nn.Linear(4, 1)
+    for m, t in runs:
+        assert m.steps == 4 and t.global_step == 4
+        assert torch.equal(m.layer.weight, fresh.weight) and torch.equal(m.layer.bias, fresh.bias)
