@@ -260,11 +260,12 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._engine().set_gradient_accumulation_boundary(not enabled)
         return contextlib.nullcontext()
 
-    def backward(self, loss: torch.Tensor) -> None:
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
         """``engine.backward(loss)`` without DeepSpeed's 1/accumulation scaling (the loop already weights each
-        micro-batch's loss by its share of the window's items)."""
+        micro-batch's loss by its share of the window's items); ``kwargs`` (``retain_graph``) go to the engine."""
         engine = self._engine()
-        self._check("backward (gradient reduction)", lambda: engine.backward(loss, scale_wrt_gas=False))
+        self._check("backward (gradient reduction)", lambda: engine.backward(loss, *args, scale_wrt_gas=False,
+                                                                             **kwargs))
 
     def clip_gradients(self, parameters: list[torch.Tensor], max_norm: float, optimizer: Any) -> torch.Tensor:
         """No clipping here: the engine clips to ``gradient_clipping`` (= ``max_grad_norm``) inside ``step``.

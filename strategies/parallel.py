@@ -236,8 +236,9 @@ class ParallelStrategy(Strategy):
         if dist.is_initialized() and self.world_size > 1:
             self._check(f"barrier {name or ''}".strip(), dist.barrier)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        self._check("backward (gradient all-reduce)", lambda: super(ParallelStrategy, self).backward(loss))
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        self._check("backward (gradient all-reduce)",
+                    lambda: super(ParallelStrategy, self).backward(loss, *args, **kwargs))
 
     # the process group and the script launcher's workers outlive a stage: the next stage (``validate`` after
     # ``fit``) runs on them; both are released at exit (``destroy_process_group``, ``SubprocessScriptLauncher.join``)

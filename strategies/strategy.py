@@ -254,9 +254,10 @@ class Strategy:
         """
         return contextlib.nullcontext()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate a scalar ``loss`` through the precision plugin."""
-        self.precision.backward(loss)
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backpropagate a scalar ``loss`` through the precision plugin (``args``/``kwargs``, e.g. ``retain_graph``,
+        go to ``Tensor.backward``)."""
+        self.precision.backward(loss, *args, **kwargs)
 
     def clip_gradients(self, parameters: list[torch.Tensor], max_norm: float,
                        optimizer: torch.optim.Optimizer) -> torch.Tensor:

@@ -277,7 +277,8 @@ class TrainingStage:
         run.optimizers, run.schedulers = configure_optimizers(
             module, run.model, args, plan.max_steps,
             fit._hf.run_optimizers(run, plan.max_steps) or self._hf_optimizers(run.model),
-            strategy_builds_optimizer=fit.strategy.builds_own_optimizer)
+            strategy_builds_optimizer=fit.strategy.builds_own_optimizer,
+            none_trains_nothing=fit.loop_policy.none_optimizer_trains_nothing)
         fit._launcher.setup_run(run, plan.max_steps)
         fit._run = fit._last_fit = run
         module._results = ResultCollection(infer_batch_size, fit.strategy.reduce)
@@ -355,9 +356,14 @@ class TrainingStage:
             metrics.update(getattr(cb, "train_metrics", dict)())
         metrics.update(finish_checkpoints(fit, metrics, run.publisher))  # best model, final push
         fit.log(metrics)  # the same dict, as HF: a log() override that edits it edits the TrainOutput
-        hooks.call("on_train_end", fit, module)
-        hooks.call_hf("on_train_end", args, st, run.control, **run.hf_kwargs())
-        hooks.call("on_fit_end", fit, module)
+        try:
+            hooks.call("on_train_end", fit, module)
+            hooks.call_hf("on_train_end", args, st, run.control, **run.hf_kwargs())
+            hooks.call("on_fit_end", fit, module)
+        except Exception as exc:  # Lightning: on_exception covers the end hooks too (save_on_exception)
+            hooks.call("on_exception", fit, module, exc)
+            self.finalize_loggers("failed")
+            raise
         end_stage(fit, module, datamodule, "fit")
         self.finalize_loggers("success")
         return TrainOutput(st.global_step, loop.training_loss, metrics)
@@ -431,7 +437,14 @@ class TrainingStage:
         if path is None and fit.state.best_global_step == fit.state.global_step:  # recorded before writing
             fit.state.best_model_checkpoint = checkpoint_path(fit)
             training_state["state"]["best_model_checkpoint"] = fit.state.best_model_checkpoint
+        # Lightning's keys for the hooks to read (kept elsewhere in the checkpoint, so not written twice)
+        view = {"epoch": int(run.state.current_epoch), "global_step": run.state.global_step,
+                "lr_schedulers": [c.scheduler.state_dict() for c in run.schedulers or ()]}
+        added = [k for k in view if k not in training_state]
+        training_state.update({k: view[k] for k in added})
         fit._hooks.call("on_save_checkpoint", fit, run.module, training_state)
+        for k in added:
+            training_state.pop(k, None)
         written = save_checkpoint(fit, training_state, path)
         if path is None and run.publisher is not None:
             from taskfit.checkpoint.publish import push_checkpoint

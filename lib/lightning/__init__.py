@@ -22,6 +22,7 @@ from typing import Any, Iterator
 from taskfit.callbacks.base import Callback, HookRunner
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
+from taskfit.callbacks.model_checkpoint import ModelCheckpoint as ModelCheckpointBase
 from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
@@ -31,7 +32,7 @@ from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
 )
-from taskfit.seed import seed_everything
+from taskfit.lightning.seed import seed_everything
 
 _cb, _lg, _pf = callbacks, loggers, profilers
 
@@ -125,7 +126,11 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
                           f["check_val_every_n_epoch"]), *given]
     if f["barebones"]:
         return out
-    if f["enable_checkpointing"] is not False and not any(isinstance(c, _cb.ModelCheckpoint) for c in given):
+    found = any(isinstance(c, ModelCheckpointBase) for c in given)
+    if f["enable_checkpointing"] is False and found:
+        raise ValueError("Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
+                         "callbacks list.")  # Lightning's message
+    if f["enable_checkpointing"] is not False and not found:
         folder = getattr(logger, "log_dir", None) or root
         out.append(_cb.ModelCheckpoint(dirpath=os.path.join(folder, "checkpoints")))
     if f["enable_model_summary"] is not False and not any(isinstance(c, _cb.ModelSummary) for c in given):
@@ -278,6 +283,7 @@ class Trainer(Fit):
             val_dataloaders = None
         self.args = self.args.replace(eval_strategy=self._eval_plan(model, val_dataloaders, datamodule))
         resume = self._last_checkpoint() if ckpt_path == "last" else ckpt_path
+        self.ckpt_path = None if resume in (None, True) else str(resume)  # Lightning's trainer.ckpt_path
         with self._lightning_run("fit", datamodule):
             super().fit(model, train_dataloaders, val_dataloaders, datamodule=datamodule,
                         resume_from_checkpoint=str(resume) if resume not in (None, True) else resume,
@@ -302,29 +308,17 @@ class Trainer(Fit):
             self._hooks = HookRunner(self.callbacks)
 
     def _last_checkpoint(self) -> str | None:
-        """``ckpt_path="last"`` for ``fit``: the newest of the ``ModelCheckpoint`` callbacks' last checkpoints
-        (``last_model_path``, or a complete ``last`` folder in their ``dirpath`` from an earlier run); None with
-        Lightning's warning when there is none (training starts from scratch, as Lightning)."""
-        from taskfit.checkpoint.writer import CheckpointError, read_manifest
-        from taskfit.io.checkpoint_io import join
+        """``ckpt_path="last"`` for ``fit`` (:func:`taskfit.lightning.model_checkpoint.last_checkpoint`)."""
+        from taskfit.lightning.model_checkpoint import last_checkpoint
 
-        io = self.strategy.checkpoint_io
-        found = []
-        for cb in self.checkpoint_callbacks:
-            folder = cb.dirpath or join(self.args.output_dir, "checkpoints")
-            for path in (cb.last_model_path, join(str(folder), cb.CHECKPOINT_NAME_LAST)):
-                try:
-                    if path and path not in found and read_manifest(io, str(path)) is not None:
-                        found.append(str(path))
-                except (CheckpointError, FileNotFoundError, OSError):
-                    continue
-        if not found:
-            warnings.warn('.fit(ckpt_path="last") is set, but there is no last checkpoint available. No checkpoint '
-                          "will be loaded. HINT: Set `ModelCheckpoint(..., save_last=True)`.", UserWarning,
-                          stacklevel=3)  # Lightning's warning
-            return None
-        local = [p for p in found if os.path.exists(p)]
-        return max(local, key=os.path.getmtime) if local else found[0]
+        return last_checkpoint(self)
+
+    def save_checkpoint(self, filepath: Any = None, weights_only: bool = False, storage_options: Any = None) -> str:
+        """``lightning.Trainer.save_checkpoint``: a complete checkpoint folder at ``filepath``. Raises
+        NotImplementedError for ``weights_only=True`` or ``storage_options`` (a checkpoint is always complete)."""
+        if weights_only or storage_options is not None:
+            raise NotImplementedError("Trainer.save_checkpoint(weights_only=True, storage_options=) is not supported")
+        return super().save_checkpoint(None if filepath is None else os.fspath(filepath))
 
     def _evaluate(self, stage: str, model: Any, dataloaders: Any, ckpt_path: Any,
                   datamodule: Any) -> list[dict[str, float]]:
@@ -504,7 +498,7 @@ class Trainer(Fit):
     @property
     def checkpoint_callbacks(self) -> list[Any]:
         """The ``ModelCheckpoint`` callbacks."""
-        return [c for c in self.callbacks if isinstance(c, _cb.ModelCheckpoint)]
+        return [c for c in self.callbacks if isinstance(c, ModelCheckpointBase)]
 
     @property
     def checkpoint_callback(self) -> Any:

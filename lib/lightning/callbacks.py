@@ -6,7 +6,7 @@ from typing import Any
 
 from taskfit.callbacks import (
     BatchSizeFinder, DeviceStatsMonitor, EMAWeightAveraging, GradientAccumulationScheduler,
-    LearningRateFinder, LearningRateMonitor, ModelCheckpoint, ModelSummary, ProgressBar, RichProgressBar,
+    LearningRateFinder, LearningRateMonitor, ModelSummary, ProgressBar, RichProgressBar,
     StochasticWeightAveraging, ThroughputMonitor, Timer, WeightAveraging,
 )
 from taskfit.callbacks.base import Callback
@@ -15,6 +15,7 @@ from taskfit.callbacks.early_stopping import EarlyStoppingReason
 from taskfit.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from taskfit.callbacks.lambda_callback import LambdaCallback
 from taskfit.callbacks.progress import TQDMProgressBar
+from taskfit.lightning.model_checkpoint import ModelCheckpoint
 
 
 class EarlyStopping(_EarlyStopping):

@@ -445,8 +445,9 @@ class FitLoop:
         if control.should_save:
             self._save(run.training_state.state_dict())
         control._new_step()
-        for cfg in () if self.manual else self.plateau_schedulers:  # after validation, on the epoch's metrics
-            if (epoch + 1) % cfg.frequency == 0:  # (Lightning)
+        complete = self.batches_per_epoch is None or state.batch_in_epoch == self.batches_per_epoch
+        for cfg in () if self.manual or not complete else self.plateau_schedulers:  # after validation, on the
+            if (epoch + 1) % cfg.frequency == 0:  # epoch's metrics; not an epoch cut short by max_steps (Lightning)
                 self._step_scheduler(cfg)
 
     def _epoch_callback_metrics(self) -> dict[str, Any]:
@@ -484,7 +485,7 @@ class FitLoop:
         values = self._monitor_values()
         if cfg.monitor not in values:
             if cfg.strict:
-                raise KeyError(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available. "
+                raise ValueError(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available. "
                                f"Available metrics are: {sorted(values)}. Set it with the 'monitor' key of the "
                                "lr_scheduler config.")
             import warnings

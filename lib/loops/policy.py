@@ -30,6 +30,8 @@ class LoopPolicy:
         checkpoint_callbacks_last (bool): checkpoint callbacks run after the others at every hook, finders first
             (Lightning's ``_reorder_callbacks``, also after a module's ``configure_callbacks``); False keeps the
             given order (HF calls callbacks in the order given; its own save follows them all anyway).
+        none_optimizer_trains_nothing (bool): ``configure_optimizers`` returning None trains with no optimizer
+            (Lightning, with its warning); False: ``Fit`` builds its default optimizer (HF's AdamW).
     """
 
     counts_optimizer_steps: bool = False
@@ -40,6 +42,7 @@ class LoopPolicy:
     gradient_clip_algorithm: str | None = None
     eval_prefix: str = "eval"
     checkpoint_callbacks_last: bool = False
+    none_optimizer_trains_nothing: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect

@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from taskfit.core.module import TaskModule
 
 
-@dataclass
+@dataclass(eq=False)
 class SchedulerConfig:
-    """An LR scheduler with when it steps (Lightning's ``lr_scheduler`` config).
+    """An LR scheduler with when it steps (Lightning's ``lr_scheduler`` config, ``LRSchedulerConfig``).
 
     Attributes:
         scheduler (LRScheduler | ReduceLROnPlateau): the schedule.
@@ -32,6 +32,10 @@ class SchedulerConfig:
         frequency (int): step every ``frequency`` batches (``"step"``) or epochs (``"epoch"``), as Lightning.
         strict (bool): a monitored metric that is missing raises (True) or warns and skips the step (False).
         name (str | None): a name for LR monitors.
+        plateau (bool | None): steps with the monitored value (Lightning's ``reduce_on_plateau``); None: whether
+            the scheduler is a ``ReduceLROnPlateau``.
+
+    A config equals another object with the same fields (Lightning's ``LRSchedulerConfig`` too).
     """
 
     scheduler: Any
@@ -40,14 +44,35 @@ class SchedulerConfig:
     frequency: int = 1
     strict: bool = True
     name: str | None = None
+    plateau: bool | None = None
 
     @property
     def reduce_on_plateau(self) -> bool:
         """True for metric schedulers (``ReduceLROnPlateau``), which step with a monitored value."""
-        return is_metric_scheduler(self.scheduler)
+        return is_metric_scheduler(self.scheduler) if self.plateau is None else self.plateau
+
+    def __eq__(self, other: object) -> bool:
+        names = ("scheduler", "interval", "monitor", "frequency", "strict", "name", "reduce_on_plateau")
+        if not all(hasattr(other, n) for n in names):
+            return NotImplemented
+        return all(getattr(self, n) == getattr(other, n) for n in names)
+
+    __hash__ = object.__hash__
 
 
-_SCHEDULER_KEYS = ("scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau")
+class NoOptimizer(torch.optim.Optimizer):
+    """An optimizer over one placeholder tensor whose ``step`` changes nothing (Lightning's ``_MockOptimizer``, used
+    when ``configure_optimizers`` returns None under the Lightning door): the loop runs, the weights stay."""
+
+    def __init__(self) -> None:
+        super().__init__([torch.zeros(1)], {"lr": 0.0})
+
+    def step(self, closure: Any = None) -> Any:
+        """Run ``closure`` (if any) and return its result; no parameter changes."""
+        return closure() if closure is not None else None
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Nothing to zero (the module's gradients are left to the next backward)."""
 
 
 def _one_scheduler(sched: Any, args: Any, from_module: bool = False, monitor: str | None = None) -> SchedulerConfig:
@@ -95,7 +120,8 @@ def _user_defined(obj: Any, name: str) -> bool:
 
 def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, max_steps: int,
                          hf_optimizers: tuple[Any, Any] = (None, None), *,
-                         strategy_builds_optimizer: bool = False) -> tuple[list[Any], list[SchedulerConfig]]:
+                         strategy_builds_optimizer: bool = False,
+                         none_trains_nothing: bool = False) -> tuple[list[Any], list[SchedulerConfig]]:
     """Return ``(optimizers, schedulers)`` for a run of ``max_steps`` optimizer steps.
 
     Order: a ``configure_optimizers`` result (an optimizer; ``(optimizer, scheduler)``; ``([optimizers],
@@ -106,15 +132,23 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
     ``interval`` is ``"step"``, ``"epoch"``, or ``"eval"`` for metric schedulers
     (``ReduceLROnPlateau``), which then watch ``monitor`` (default ``eval_<metric_for_best_model>`` or
     ``eval_loss``). With ``strategy_builds_optimizer`` (a DeepSpeed config with an ``optimizer`` section) no
-    optimizer is built here: the strategy's ``setup`` returns its own.
+    optimizer is built here: the strategy's ``setup`` returns its own. With ``none_trains_nothing`` (the Lightning
+    door) a module's ``configure_optimizers`` returning None gives Lightning's warning and an optimizer whose step
+    changes nothing (Lightning's ``_MockOptimizer``) instead of the default optimizer.
 
     Raises:
-        TypeError: ``configure_optimizers`` returned something else.
-        ValueError: an ``interval`` other than ``"step"``/``"epoch"``; an optimizer defined both by the module or
-            ``optimizers=`` and by the strategy's backend config.
+        TypeError: ``configure_optimizers`` returned something else, or a scheduler without ``state_dict``.
+        ValueError: an ``interval`` other than ``"step"``/``"epoch"``, a ``ReduceLROnPlateau`` without a monitor,
+            a scheduler of an optimizer not returned (Lightning's messages, :mod:`taskfit.optim.module_config`); an
+            optimizer defined both by the module or ``optimizers=`` and by the strategy's backend config.
         RuntimeError: several optimizers under automatic optimization (Lightning's refusal).
     """
     cfg = module.configure_optimizers()
+    if cfg is None and none_trains_nothing and hf_optimizers[0] is None and not strategy_builds_optimizer and \
+            _user_defined(module, "configure_optimizers"):
+        warnings.warn("`LightningModule.configure_optimizers` returned `None`, this fit will run with no optimizer",
+                      UserWarning, stacklevel=2)  # Lightning's warning
+        return [NoOptimizer()], []
     if cfg is None and hf_optimizers[0] is None and not strategy_builds_optimizer and _user_defined(
             module, "configure_optimizers"):
         warnings.warn(f"{type(module).__name__}.configure_optimizers returned None, so this run trains with the "
@@ -135,43 +169,31 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
         opts = [opt]
         scheds = _as_list(sched if sched is not None else create_scheduler(opt, args, max_steps))  # HF default
     else:
-        monitors: list[str | None] = []
-        if isinstance(cfg, torch.optim.Optimizer):
-            opts, scheds = [cfg], []
-        elif isinstance(cfg, Mapping):
-            opts, scheds = [cfg.get("optimizer")], _as_list(cfg.get("lr_scheduler"))
-            monitors = [cfg.get("monitor")] * len(scheds)
-        elif isinstance(cfg, (list, tuple)) and cfg and all(isinstance(c, Mapping) for c in cfg):
-            opts = [c.get("optimizer") for c in cfg]
-            scheds, monitors = [], []
-            for c in cfg:
-                for s in _as_list(c.get("lr_scheduler")):
-                    scheds.append(s)
-                    monitors.append(c.get("monitor"))
-        elif isinstance(cfg, (list, tuple)) and len(cfg) == 2 and not isinstance(cfg[0], torch.optim.Optimizer):
-            opts, scheds = _as_list(cfg[0]), _as_list(cfg[1])
-        elif isinstance(cfg, (list, tuple)) and len(cfg) == 2 and not isinstance(cfg[1], torch.optim.Optimizer):
-            opts, scheds = [cfg[0]], _as_list(cfg[1])
-        elif isinstance(cfg, (list, tuple)):
-            opts, scheds = list(cfg), []
-        else:
-            opts, scheds = [cfg], []
-        if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
-            raise TypeError("configure_optimizers must return an optimizer, (optimizer, scheduler), ([optimizers], "
-                            "[schedulers]), {'optimizer': ..., 'lr_scheduler': ...} or a list of such dicts; got "
-                            f"{type(cfg).__name__}.")
-        if len(opts) > 1 and getattr(module, "automatic_optimization", True):  # Lightning 2.x refuses this too
-            raise RuntimeError(
-                f"configure_optimizers returned {len(opts)} optimizers, but training with multiple optimizers is only "
-                "supported with manual optimization. Set `self.automatic_optimization = False` in __init__, then "
-                "access your optimizers in `training_step` with `opt1, opt2, ... = self.optimizers()`.")
-        for o in opts:
-            check_parameters_in_model(o, module)
-        monitors = monitors or [None] * len(scheds)
-        return opts, [_one_scheduler(s, args, True, m) for s, m in zip(scheds, monitors)]
+        return _from_module(module, cfg)
     for o in opts:
         check_parameters_in_model(o, module)
     return opts, [_one_scheduler(s, args) for s in scheds]
+
+
+def _from_module(module: TaskModule, cfg: Any) -> tuple[list[Any], list[SchedulerConfig]]:
+    """A ``configure_optimizers`` result, read and checked by Lightning's rules (:mod:`taskfit.optim.module_config`);
+    a module's scheduler without a config steps every epoch."""
+    from taskfit.optim.module_config import scheduler_fields, split_config, validate
+
+    opts, scheds, monitors = split_config(cfg)
+    if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
+        raise TypeError("Unknown configuration for model optimizers: configure_optimizers returned "
+                        f"{type(cfg).__name__} without an optimizer.")
+    automatic = getattr(module, "automatic_optimization", True)
+    configs = []
+    for s, m in zip(scheds, monitors):
+        f = scheduler_fields(s, m, automatic)
+        configs.append(SchedulerConfig(f["scheduler"], f.get("interval", "epoch"), f.get("monitor"),
+                                       f.get("frequency", 1), f.get("strict", True), f.get("name"), f["plateau"]))
+    validate(module, opts, configs)
+    for o in opts:
+        check_parameters_in_model(o, module)
+    return opts, configs
 
 
 def check_parameters_in_model(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:

@@ -63,9 +63,10 @@ class Precision:
         """Context for forward passes (autocast for mixed precision). A no-op here."""
         return contextlib.nullcontext()
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss`` (a scalar tensor)."""
-        loss.backward()
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` (a scalar tensor); ``args``/``kwargs`` go to ``Tensor.backward`` (``retain_graph``:
+        Lightning's ``manual_backward(loss, retain_graph=True)``)."""
+        loss.backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Undo loss scaling before gradient clipping (only scaling plugins do anything; the plugin tracks which
@@ -182,11 +183,12 @@ class MixedPrecision(Precision):
     def forward_context(self, device_type: str = "cpu") -> ContextManager:
         return torch.autocast(device_type=device_type, dtype=self.dtype)
 
-    def backward(self, loss: torch.Tensor) -> None:
-        """Backpropagate ``loss`` (scaled by the current loss scale under ``"16-mixed"``)."""
+    def backward(self, loss: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+        """Backpropagate ``loss`` (scaled by the current loss scale under ``"16-mixed"``); ``args``/``kwargs`` go to
+        ``Tensor.backward``."""
         if self.scaler is not None:
             loss = self.scaler.scale(loss)
-        loss.backward()
+        loss.backward(*args, **kwargs)
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide ``optimizer``'s gradients by the loss scale (``"16-mixed"``), at most once per optimizer per

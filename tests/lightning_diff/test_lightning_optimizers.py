@@ -138,10 +138,22 @@ def test_F_LOOP_5_plateau_errors_like_lightning(tmp_path):
 
 
 def test_F_LOOP_5_bad_scheduler_config_refused(tmp_path):
-    for cfg, match in (({"interval": "batch"}, "interval"), ({"frequency": 0}, "frequency"),
-                       ({"bogus": 1}, "unknown keys")):
+    for cfg, match in (({"interval": "batch"}, 'The "interval" key in lr scheduler dict must be "step" or "epoch"'),
+                       ({"frequency": 0}, "frequency")):
         with pytest.raises(ValueError, match=match):
             run_taskfit(module(with_sched(step_lr, cfg)), data(), tmp_path=tmp_path)
+
+
+def test_F_LOOP_5_unknown_scheduler_keys_warn_and_train_like_lightning(tmp_path):
+    """Unknown keys of a scheduler config warn (Lightning's RuntimeWarning) and are dropped: the same lrs and
+    weights as Lightning."""
+    make = module(with_sched(step_lr, {"interval": "step", "bogus": 1}))
+    with pytest.warns(RuntimeWarning, match="Found unsupported keys in the lr scheduler dict"):
+        a, _ = run_lightning(make, data(), quiet=False)
+    with pytest.warns(RuntimeWarning, match="Found unsupported keys in the lr scheduler dict"):
+        b, _ = run_taskfit(make, data(), tmp_path=tmp_path)
+    assert a.lrs == b.lrs == [0.1, 0.05, 0.025, 0.0125]
+    assert same_weights(a, b)
 
 
 def test_F_LOOP_5_fitarguments_schedule_keeps_hf_per_step_semantics(tmp_path):
