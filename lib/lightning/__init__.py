@@ -30,12 +30,13 @@ from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
 )
+from taskfit.lightning.utilities import is_overridden
 from taskfit.seed import seed_everything
 
 _cb, _lg = callbacks, loggers
 
 __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything", "callbacks",
-           "loggers"]
+           "loggers", "is_overridden"]
 
 LightningModule = TaskModule
 LightningDataModule = DataModule
