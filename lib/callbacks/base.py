@@ -187,16 +187,17 @@ class HookRunner:
                 if own is not None and own is not getattr(TaskModule, name, None) and name in self.lightning:
                     self.lightning[name].append((getattr(module, name), False))
 
-    def call(self, name: str, fit: Any, module: Any, *args: Any) -> Any:
-        """Call Lightning-style hook ``name``: callbacks get ``(fit, module, *args)``, the module ``(*args)``.
+    def call(self, name: str, fit: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call Lightning-style hook ``name``: callbacks get ``(fit, module, *args, **kwargs)``, the module
+        ``(*args, **kwargs)`` (``setup``/``teardown`` take ``stage=`` by keyword, as Lightning passes it).
         Returns the module hook's return value (None without one): Lightning reads only the module's, e.g. -1
         from ``on_train_batch_start``."""
         response = None
         for fn, is_callback in self.lightning[name]:
             if is_callback:
-                fn(fit, module, *args)
+                fn(fit, module, *args, **kwargs)
             else:
-                response = fn(*args)
+                response = fn(*args, **kwargs)
         return response
 
     def call_hf(self, name: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -106,7 +106,7 @@ class EvaluationStages:
         if datamodule is None:
             return None
         datamodule.prepare_data()
-        datamodule.setup(stage)
+        datamodule.setup(stage=stage)  # by keyword, as Lightning calls it
         return getattr(datamodule, method)()
 
     def stage_entry(self, model: Any, data: Any, datamodule: DataModule | None, stage: str,

@@ -176,13 +176,19 @@ class TrainingStage:
         """
         fit = self.fit
         can_validate = fit._stages.can_validate(module)
+        # Lightning asks for the validation loader first when the sanity check will use it
+        val_first = bool(args.num_sanity_val_steps) and args.limit_val_batches != 0
         if datamodule is not None:
-            train_data = train_data if train_data is not None else datamodule.train_dataloader()
-            if eval_data is None and not step_disabled(module, "validation_step"):  # None: no val loop
+            if eval_data is None and val_first and not step_disabled(module, "validation_step"):
                 eval_data = datamodule.val_dataloader()
+            train_data = train_data if train_data is not None else datamodule.train_dataloader()
+            if eval_data is None and not val_first and not step_disabled(module, "validation_step"):
+                eval_data = datamodule.val_dataloader()  # None: no val loop
         else:  # a LightningModule-style module may define its own loaders
+            if eval_data is None and val_first and can_validate:
+                eval_data = module_loader(module, "val_dataloader")
             train_data = train_data if train_data is not None else module_loader(module, "train_dataloader")
-            if eval_data is None and can_validate:
+            if eval_data is None and not val_first and can_validate:
                 eval_data = module_loader(module, "val_dataloader")
         if train_data is None:
             raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")

@@ -336,14 +336,14 @@ class Trainer(Fit):
         if datamodule is not None:
             self.datamodule = datamodule
         run = super().validate if stage == "validate" else super().test
-        with self._lightning_run(stage, datamodule), self._stage_hooks(model, stage):
+        with self._lightning_run(stage, datamodule), self._stage_hooks(model, stage, datamodule):
             # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
             metrics = run(model, dataloaders, datamodule=datamodule, ckpt_path=ckpt_path, metric_key_prefix="")
         n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
         return _per_loader(metrics, n)
 
     @contextlib.contextmanager
-    def _stage_hooks(self, model: Any, stage: str) -> Iterator[None]:
+    def _stage_hooks(self, model: Any, stage: str, datamodule: Any = None) -> Iterator[None]:
         """``setup(stage)`` / ``teardown(stage)`` of the callbacks and the module around a validate, test or
         predict call, as Lightning runs them for every stage (Fit runs them for ``fit``; the datamodule's own
         ``setup`` runs where Fit builds its loader)."""
@@ -351,16 +351,18 @@ class Trainer(Fit):
         hooked = [cb for cb in self.callbacks if _overrides(cb, "setup", Callback) or
                   _overrides(cb, "teardown", Callback)]
         for cb in hooked:
-            cb.setup(self, module, stage)
+            cb.setup(self, module, stage=stage)
         if module is not None:
-            module.setup(stage)
+            module.setup(stage=stage)
         try:
             yield
         finally:
+            if datamodule is not None:  # Lightning's teardown order: datamodule, callbacks, module
+                datamodule.teardown(stage=stage)
             for cb in hooked:
-                cb.teardown(self, module, stage)
+                cb.teardown(self, module, stage=stage)
             if module is not None:
-                module.teardown(stage)
+                module.teardown(stage=stage)
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
                  datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
@@ -383,7 +385,7 @@ class Trainer(Fit):
         self.callbacks.append(collector)
         self._hooks = HookRunner(self.callbacks)
         try:
-            with self._lightning_run("predict", datamodule), self._stage_hooks(model, "predict"):
+            with self._lightning_run("predict", datamodule), self._stage_hooks(model, "predict", datamodule):
                 super().predict(model=model, data=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)
