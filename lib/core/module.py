@@ -96,8 +96,9 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, nn.Module):
         """Like :meth:`validation_step`, for ``Fit.test``; defaults to :meth:`validation_step`."""
         return self.validation_step(batch, batch_idx)
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
-        """Return predictions for one batch. Default: ``self(**inputs)`` for dict batches (label keys removed),
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        """Return predictions for one batch (``dataloader_idx``: the loader's index among several, as Lightning's
+        ``predict_step`` takes it). Default: ``self(**inputs)`` for dict batches (label keys removed),
         ``self(batch[0])`` for ``(inputs, labels)`` tuples, ``self(batch)`` otherwise."""
         if isinstance(batch, Mapping):
             return self(**{k: v for k, v in batch.items() if k not in ("labels", "label", "label_ids")})

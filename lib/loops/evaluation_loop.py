@@ -277,7 +277,7 @@ class EvaluationLoop:
             if p.real_limit is not None:  # the sampler's padding repeats count nowhere (loss, logged means)
                 weight = sum(1 for i in range(p.n_samples, p.n_samples + bs) if p.rank + i * p.world < p.real_limit)
                 results._batch_size = weight
-            hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx)
+            hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx, *p.extra)
             with strategy.forward_context():
                 out = p.step_fn(batch, batch_idx, *p.extra) if p.hf_step is None else p.hf_step(batch)
             loss, logits, lab = self._unpack(out, batch, p.label_names, p.returned_metrics)
@@ -292,7 +292,7 @@ class EvaluationLoop:
             p.batch_bounds.append(p.n_samples)
             if p.memory is not None:
                 p.memory.sample()
-            hooks.call(f"on_{hook_stage}_batch_end", fit, module, out, batch, batch_idx)
+            hooks.call(f"on_{hook_stage}_batch_end", fit, module, out, batch, batch_idx, *p.extra)
             if hooks.hf["on_prediction_step"]:
                 hooks.call_hf("on_prediction_step", args, fit.state, fit.control)
 
