@@ -148,3 +148,14 @@ def module_loader(module: Any, name: str) -> Any:
     return fn() if callable(fn) else None
 
 
+
+
+def module_modes(module: torch.nn.Module) -> Callable[[], None]:
+    """Capture the ``training`` flag of ``module`` and of every submodule; the returned function puts them back
+    (Lightning's ``_ModuleMode``: a submodule the user froze in eval mode stays there after an evaluation)."""
+    modes = [(m, m.training) for m in module.modules()]
+
+    def restore() -> None:
+        for m, mode in modes:
+            m.training = mode
+    return restore

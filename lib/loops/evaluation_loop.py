@@ -20,7 +20,7 @@ from taskfit.loops.gather import gather_in_dataset_order, loader_indices
 from taskfit.metrics import metric_key
 from taskfit.metrics import EvalPrediction, MemoryTracker, take_init_memory, nested_concat, speed_metrics, to_numpy
 from taskfit.core.module import infer_batch_size
-from taskfit.core.hooks import batch_mover
+from taskfit.core.hooks import batch_mover, module_modes
 from taskfit.optim.hf_optimizers import set_optimizer_mode
 from taskfit.core.results import ResultCollection
 from taskfit.core.wrapping import ModelTaskModule
@@ -190,6 +190,7 @@ class EvaluationLoop:
         fit, module = self.fit, self.fit.module
         p = self._plan(loader)
         was_training = module.training
+        restore_modes = module_modes(module)  # put back per submodule (a frozen one stays in eval)
         # the module's on_{stage}_model_eval/train when overridden (Lightning), once per evaluation of several loaders
         model_eval, model_train = (_own_hook(module, f"on_{p.hook_stage}_model_{m}") for m in ("eval", "train"))
         custom = model_eval is not None or model_train is not None
@@ -230,7 +231,7 @@ class EvaluationLoop:
             if custom and self.last and model_train is not None:
                 model_train()
             elif was_training and (not custom or self.last):
-                module.train()
+                restore_modes()
 
     def _plan(self, loader: Any) -> _Pass:
         """What the pass decides before its first batch (the step, what it collects, the sampler split)."""
