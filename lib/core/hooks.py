@@ -124,7 +124,11 @@ TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_af
 
 
 def overrides(module: Any, name: str) -> bool:
-    """True when ``module``'s class overrides Lightning hook ``name`` of :class:`LightningHooks`."""
+    """True when ``module``'s class overrides Lightning hook ``name`` of :class:`LightningHooks`, or the instance
+    holds its own ``name`` (a wrapper set in ``__init__``; None there means "no such hook", as Lightning's
+    ``is_overridden`` reads it)."""
+    if name in getattr(module, "__dict__", ()):
+        return module.__dict__[name] is not None
     return getattr(type(module), name, None) is not getattr(LightningHooks, name)
 
 

@@ -11,6 +11,7 @@ from torch import nn
 from taskfit.core.hooks import LightningHooks
 from taskfit.core.lightning_members import LightningMembers
 from taskfit.core.lightning_tools import JIT_UNUSED_PROPERTIES, LightningTools, fabric_log
+from taskfit.core.model_hooks import ModelHooks
 
 if TYPE_CHECKING:
     from taskfit.protocols import FitView
@@ -63,7 +64,7 @@ def infer_batch_size(batch: Any) -> int:
     raise ValueError(f"Cannot infer the batch size of a {type(batch).__name__}: it holds no tensor.")
 
 
-class TaskModule(LightningMembers, LightningTools, LightningHooks, nn.Module):
+class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, nn.Module):
     """A ``torch.nn.Module`` that says how to train, evaluate and predict (F-CORE-1).
 
     Override :meth:`training_step` (required) and any of :meth:`validation_step`, :meth:`test_step`,

@@ -25,6 +25,7 @@ from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers  # modules: `from taskfit.lightning.callbacks import X` works
+from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import fit_options
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
@@ -152,7 +153,8 @@ def _default_logger(logger: Any, root: str, barebones: bool) -> list[Any]:
 
 
 def _is_datamodule(obj: Any) -> bool:
-    return isinstance(obj, DataModule) or all(hasattr(obj, n) for n in ("train_dataloader", "setup", "prepare_data"))
+    return isinstance(obj, DataModule) or not isinstance(obj, TaskModule) and all(
+        hasattr(obj, n) for n in ("train_dataloader", "setup", "prepare_data"))
 
 
 def _overrides(obj: Any, name: str, base: type) -> bool:
@@ -336,33 +338,14 @@ class Trainer(Fit):
         if datamodule is not None:
             self.datamodule = datamodule
         run = super().validate if stage == "validate" else super().test
-        with self._lightning_run(stage, datamodule), self._stage_hooks(model, stage, datamodule):
+        with self._lightning_run(stage, datamodule), eval_stage(self, model, stage, datamodule,
+                                                              dataloaders) as (dataloaders, runs):
+            if not runs:  # limit_*_batches=0: Lightning runs no loop
+                return []
             # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
-            metrics = run(model, dataloaders, datamodule=datamodule, ckpt_path=ckpt_path, metric_key_prefix="")
+            metrics = run(model, dataloaders, ckpt_path=ckpt_path, metric_key_prefix="")
         n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
         return _per_loader(metrics, n)
-
-    @contextlib.contextmanager
-    def _stage_hooks(self, model: Any, stage: str, datamodule: Any = None) -> Iterator[None]:
-        """``setup(stage)`` / ``teardown(stage)`` of the callbacks and the module around a validate, test or
-        predict call, as Lightning runs them for every stage (Fit runs them for ``fit``; the datamodule's own
-        ``setup`` runs where Fit builds its loader)."""
-        module = model if model is not None else self.module
-        hooked = [cb for cb in self.callbacks if _overrides(cb, "setup", Callback) or
-                  _overrides(cb, "teardown", Callback)]
-        for cb in hooked:
-            cb.setup(self, module, stage=stage)
-        if module is not None:
-            module.setup(stage=stage)
-        try:
-            yield
-        finally:
-            if datamodule is not None:  # Lightning's teardown order: datamodule, callbacks, module
-                datamodule.teardown(stage=stage)
-            for cb in hooked:
-                cb.teardown(self, module, stage=stage)
-            if module is not None:
-                module.teardown(stage=stage)
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
                  datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
@@ -385,8 +368,10 @@ class Trainer(Fit):
         self.callbacks.append(collector)
         self._hooks = HookRunner(self.callbacks)
         try:
-            with self._lightning_run("predict", datamodule), self._stage_hooks(model, "predict", datamodule):
-                super().predict(model=model, data=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
+            with self._lightning_run("predict", datamodule), eval_stage(self, model, "predict", datamodule,
+                                                                        dataloaders) as (dataloaders, runs):
+                if runs:
+                    super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)
             self._hooks = HookRunner(self.callbacks)

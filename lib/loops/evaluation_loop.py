@@ -31,9 +31,11 @@ if TYPE_CHECKING:
 
 
 def _own_hook(module: Any, name: str) -> Any:
-    """The module's bound hook ``name`` when its class overrides the default (None otherwise)."""
+    """The module's bound hook ``name`` when its class (or the instance) overrides the default (None otherwise)."""
     from taskfit.core.hooks import LightningHooks
 
+    if name in getattr(module, "__dict__", ()):  # set on the instance; None: none
+        return module.__dict__[name]
     own = getattr(type(module), name, None)
     return getattr(module, name) if own is not None and own is not getattr(LightningHooks, name, None) else None
 
