@@ -123,6 +123,5 @@ def sanity_check(fit: Any, run: Any) -> None:
         fit.callback_metrics.clear()
         fit.callback_metrics.update(before)
         run.module._results.reset_epoch()
-        run.module.train()
         for m, mode in modes:
             m.training = mode

@@ -84,7 +84,7 @@ class LightningHooks:
     # before a validation inside fit, eval before the ``on_*_start`` hooks, train after the ``on_*_end`` hooks.
     def on_validation_model_zero_grad(self) -> None:
         """Drop the gradients before a validation during ``fit`` (Lightning's default frees their memory)."""
-        self.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+        self.zero_grad()  # type: ignore[attr-defined]  # torch 2 frees them by default; Lightning calls it bare
 
     def on_validation_model_eval(self) -> None:
         """Switch to evaluation mode before validation (default ``self.eval()``)."""

@@ -147,6 +147,7 @@ class TrainingStage:
             for lg in fit.loggers:
                 lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
         hooks.call("on_fit_start", fit, module)
+        module.zero_grad()  # Lightning clears the module's gradients as the stage starts
         hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
         loop, start = self._train(run, args, plan, ckpt, hooks)  # sanity check, on_train_start, the loop
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
