@@ -132,6 +132,17 @@ def overrides(module: Any, name: str) -> bool:
     return getattr(type(module), name, None) is not getattr(LightningHooks, name)
 
 
+def lightning_overrides(module: Any, name: str) -> bool:
+    """Lightning's ``is_overridden(name, module)``: a wrapper set on the instance counts as what it wraps
+    (``functools.wraps``/``partial`` unwrapped), so a recorder around the default is not an override. Lightning
+    decides with it whether to call ``configure_model`` and ``on_{validation,test}_model_train``."""
+    from lightning_utilities.core.overrides import is_overridden
+
+    if getattr(LightningHooks, name, None) is None:  # no default here: any such method is the user's own
+        return getattr(module, name, None) is not None
+    return is_overridden(name, module, LightningHooks)
+
+
 def batch_mover(module: Any, strategy: Any) -> Callable[..., Any]:
     """``(batch, dataloader_idx=0) -> batch`` on the device: the strategy's, or the module's transfer hooks when it
     overrides any of them (before -> transfer -> after, as Lightning)."""

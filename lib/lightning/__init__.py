@@ -63,7 +63,8 @@ class _LightningLoop(Callback):
     @property
     def default_schedule(self) -> bool:
         """Once at the end of every epoch (the run's own ``eval_strategy="epoch"`` does that)."""
-        return self.vci in (None, 1.0) and self.every == 1
+        # an int 1 counts batches (validate after every batch), only the float 1.0 is once per epoch
+        return (self.vci is None or isinstance(self.vci, float) and self.vci == 1.0) and self.every == 1
 
     def on_train_start(self, fit: Any, module: Any) -> None:
         """Resolve the validation interval in batches (Lightning's ``val_check_batch``).
@@ -370,8 +371,9 @@ class Trainer(Fit):
         try:
             with self._lightning_run("predict", datamodule), eval_stage(self, model, "predict", datamodule,
                                                                         dataloaders) as (dataloaders, runs):
-                if runs:
-                    super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
+                if not runs:  # limit_predict_batches=0: no loop, nothing returned (Lightning)
+                    return None
+                super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)
             self._hooks = HookRunner(self.callbacks)

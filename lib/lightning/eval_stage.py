@@ -9,6 +9,7 @@ from typing import Any
 
 from taskfit.callbacks.base import Callback
 from taskfit.core.hooks import overrides
+from taskfit.lightning.utilities import is_overridden
 
 LOADER_OF = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
 LIMIT_OF = {"validate": "limit_val_batches", "test": "limit_test_batches", "predict": "limit_predict_batches"}
@@ -64,7 +65,8 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
         cb.setup(trainer, module, stage=stage)
     if module is not None:
         module.setup(stage=stage)
-        module.configure_model()
+        if is_overridden("configure_model", module):  # Lightning calls it only when overridden
+            module.configure_model()
         module.zero_grad()
     runs = getattr(trainer.args, LIMIT_OF[stage], None) != 0
     try:

@@ -20,7 +20,7 @@ from taskfit.loops.gather import gather_in_dataset_order, loader_indices
 from taskfit.metrics import metric_key
 from taskfit.metrics import EvalPrediction, MemoryTracker, take_init_memory, nested_concat, speed_metrics, to_numpy
 from taskfit.core.module import infer_batch_size
-from taskfit.core.hooks import batch_mover, module_modes
+from taskfit.core.hooks import batch_mover, lightning_overrides, module_modes
 from taskfit.optim.hf_optimizers import set_optimizer_mode
 from taskfit.core.results import ResultCollection
 from taskfit.core.wrapping import ModelTaskModule
@@ -195,6 +195,8 @@ class EvaluationLoop:
         restore_modes = module_modes(module)  # put back per submodule (a frozen one stays in eval)
         # the module's on_{stage}_model_eval/train when overridden (Lightning), once per evaluation of several loaders
         model_eval, model_train = (_own_hook(module, f"on_{p.hook_stage}_model_{m}") for m in ("eval", "train"))
+        if model_train is not None and not lightning_overrides(module, f"on_{p.hook_stage}_model_train"):
+            model_train = None  # a wrapper around the default: Lightning restores the modes itself
         custom = model_eval is not None or model_train is not None
         if not custom:
             module.eval()
