@@ -39,6 +39,16 @@ class ProgressBar(Callback):
         the latest evaluation values (formatted to 4 significant digits)."""
         return dict(self._postfix)
 
+    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+        """Lightning's ``ProgressBar.get_metrics``: the trainer's ``progress_bar_metrics`` (its ``prog_bar=True``
+        values) with ``v_num``, the logger's version, first when there is one; :attr:`metrics` under a ``Fit``."""
+        pbar = getattr(trainer, "progress_bar_metrics", None)
+        if pbar is None:
+            return self.metrics
+        version = getattr(getattr(trainer, "logger", None), "version", None)
+        standard = {"v_num": version[-4:] if isinstance(version, str) else version} if version is not None else {}
+        return {**standard, **pbar}
+
     # drawing (RichProgressBar overrides these) ------------------------------------------------------------------
     def _open_train(self, total: int, initial: int) -> None:
         from tqdm.auto import tqdm

@@ -27,6 +27,7 @@ from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers  # modules: `from taskfit.lightning.callbacks import X` works
 from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import fit_options
+from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
@@ -124,7 +125,7 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
     """Lightning's implicit callbacks: a checkpoint every epoch into ``logger.log_dir/checkpoints`` (or
     ``root/checkpoints`` without a logger), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
     out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None, f["val_check_interval"],
-                          f["check_val_every_n_epoch"]), *given]
+                          f["check_val_every_n_epoch"]), *given, ProgressBarNames()]
     if f["barebones"]:
         return out
     if f["enable_checkpointing"] is not False and not any(isinstance(c, _cb.ModelCheckpoint) for c in given):
@@ -571,6 +572,13 @@ class Trainer(Fit):
     def predicting(self) -> bool:
         """True during ``predict``."""
         return self.run is not None and self.run.stage == "predict"
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, Any]:
+        """Lightning's ``trainer.progress_bar_metrics``: the latest values logged with ``prog_bar=True``
+        (``name``, or ``name_step``/``name_epoch`` for values logged on both), ``logger=False`` ones included."""
+        names = next((c for c in self.callbacks if isinstance(c, ProgressBarNames)), None)
+        return names.metrics(self.callback_metrics) if names is not None else {}
 
     @property
     def progress_bar_callback(self) -> Any:
