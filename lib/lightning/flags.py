@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
+
+from lightning_utilities.core.rank_zero import rank_zero_only
+
+_log = logging.getLogger("taskfit")
+_LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches",
+           "overfit_batches", "val_check_interval")
 
 #: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
 _UNSUPPORTED = {"use_distributed_sampler": (True,),
@@ -31,6 +38,25 @@ def _refuse_unsupported(flags: dict[str, Any]) -> None:
         raise ValueError(f"Trainer(check_val_every_n_epoch={every!r}) must be an int >= 1 or None.")
 
 
+@rank_zero_only
+def announce_batch_limits(flags: dict[str, Any]) -> None:
+    """Lightning's info line for a batch limit of exactly ``1`` or ``1.0`` (an int counts batches, a float is a
+    fraction: the two read alike), in Lightning's words (``_determine_batch_limits``)."""
+    for name in _LIMITS:
+        value = flags[name]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != 1:
+            continue
+        if isinstance(value, int):
+            what = {"limit_train_batches": "1 batch per epoch will be used.",
+                    "val_check_interval": "validation will run after every batch."}.get(name, "1 batch will be used.")
+            _log.info(f"`Trainer({name}=1)` was configured so {what}")
+        else:
+            what = {"limit_train_batches": "100% of the batches per epoch will be used.",
+                    "val_check_interval": "validation will run at the end of the training epoch."}.get(
+                name, "100% of the batches will be used.")
+            _log.info(f"`Trainer({name}=1.0)` was configured so {what}.")  # Lightning's doubled period
+
+
 def fit_options(f: dict[str, Any]) -> dict[str, Any]:
     """``FitArguments`` fields for Lightning's ``Trainer`` flags ``f`` (all of them, with Lightning's defaults).
 
@@ -38,6 +64,7 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
         NotImplementedError: a flag taskfit does not support (named).
     """
     _refuse_unsupported(f)
+    announce_batch_limits(f)
     max_epochs, max_steps = f["max_epochs"], f["max_steps"]
     if max_epochs is None:  # Lightning: 1000 epochs when neither limit is given, else no epoch limit
         max_epochs = 1000 if max_steps in (None, -1) else 10 ** 9
