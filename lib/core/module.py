@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -62,6 +63,20 @@ def infer_batch_size(batch: Any) -> int:
         if sized:
             return len(sized[0])
     raise ValueError(f"Cannot infer the batch size of a {type(batch).__name__}: it holds no tensor.")
+
+
+def _check_loggable(name: str, value: Any) -> None:
+    """Refuse what ``self.log`` cannot hold (anything but a number, a tensor or a ``torchmetrics.Metric``), in
+    Lightning's words, before it reaches the run.
+
+    Raises:
+        ValueError: a nested dict, or a value of another type (None, str, list, dict...).
+    """
+    if isinstance(value, Mapping) and any(isinstance(v, Mapping) for v in value.values()):
+        raise ValueError(f"`self.log({name}, {value})` was called, but nested dictionaries cannot be logged")
+    if not (isinstance(value, (numbers.Number, torch.Tensor)) or hasattr(value, "compute") and hasattr(value, "update")):
+        raise ValueError(f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be "
+                         "logged")
 
 
 class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, nn.Module):
@@ -154,6 +169,7 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         """
         if self.__dict__.get("_fabric") is not None:  # run by Lightning Fabric: its loggers, at once
             return fabric_log(self.__dict__["_fabric"], {name: value}, logger)
+        _check_loggable(name, value)
         results = self._results
         if results is None:
             raise RuntimeError(f"self.log({name!r}) was called outside a Fit stage; call it from a *_step or hook.")
