@@ -481,6 +481,13 @@ class Trainer(Fit):
         return self.state.batches_per_epoch or float("inf")
 
     @property
+    def num_val_batches(self) -> list[int | float]:
+        """Lightning's ``trainer.num_val_batches``: the validation batches per loader of the latest run (its batch
+        limits applied; ``inf`` for a loader without a length); ``[]`` without validation data."""
+        loaders = getattr(self._run, "eval_loaders", None) or {}
+        return [len(v) if hasattr(v, "__len__") else float("inf") for v in loaders.values()]
+
+    @property
     def logger(self) -> Any:
         """The first logger (None without any)."""
         return self.loggers[0] if self.loggers else None
