@@ -113,6 +113,7 @@ def sanity_check(fit: Any, run: Any) -> None:
     loaders = {k: (v if n == -1 else limit_batches(v, n)) for k, v in run.eval_loaders.items()}
     fit.sanity_checking = True
     before = dict(fit.callback_metrics)  # Lightning resets what the sanity pass logged
+    modes = [(m, m.training) for m in run.module.modules()]  # a submodule frozen in eval mode stays there
     try:
         fit._hooks.call("on_sanity_check_start", fit, run.module)
         fit._run_eval(loaders, "validate", "eval")
@@ -122,4 +123,5 @@ def sanity_check(fit: Any, run: Any) -> None:
         fit.callback_metrics.clear()
         fit.callback_metrics.update(before)
         run.module._results.reset_epoch()
-        run.module.train()
+        for m, mode in modes:
+            m.training = mode

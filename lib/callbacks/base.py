@@ -144,6 +144,12 @@ def _is_overridden(obj: Any, name: str) -> bool:
     return not getattr(fn, "__qualname__", "").startswith("TrainerCallback.")
 
 
+def _on_instance(obj: Any, name: str, hooks: tuple[str, ...]) -> bool:
+    """True when Lightning hook ``name`` is set on the instance itself (a wrapper made in ``__init__``): Lightning
+    calls it then, whatever the class defines; None there means no hook."""
+    return name in hooks and getattr(obj, "__dict__", {}).get(name) is not None
+
+
 def _hf_style(fn: Callable) -> bool:
     params = [p for p in inspect.signature(fn).parameters.values() if p.name != "self"]
     return bool(params) and params[0].name == "args"
@@ -172,7 +178,7 @@ class HookRunner:
         self.hf: dict[str, list[Callable]] = {n: [] for n in HF_HOOKS + ("on_train_end",)}
         for cb in callbacks:
             for name in LIGHTNING_HOOKS + HF_HOOKS:
-                if not _is_overridden(cb, name):
+                if not _is_overridden(cb, name) and not _on_instance(cb, name, LIGHTNING_HOOKS):
                     continue
                 fn = getattr(cb, name)
                 if name in HF_HOOKS or (name == "on_train_end" and _hf_style(fn)):
@@ -184,19 +190,21 @@ class HookRunner:
         if isinstance(module, TaskModule):
             for name in MODULE_HOOKS:
                 own = getattr(type(module), name, None)
-                if own is not None and own is not getattr(TaskModule, name, None) and name in self.lightning:
+                if name in self.lightning and (_on_instance(module, name, MODULE_HOOKS) or (
+                        own is not None and own is not getattr(TaskModule, name, None))):
                     self.lightning[name].append((getattr(module, name), False))
 
-    def call(self, name: str, fit: Any, module: Any, *args: Any) -> Any:
-        """Call Lightning-style hook ``name``: callbacks get ``(fit, module, *args)``, the module ``(*args)``.
+    def call(self, name: str, fit: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
+        """Call Lightning-style hook ``name``: callbacks get ``(fit, module, *args, **kwargs)``, the module
+        ``(*args, **kwargs)`` (``setup``/``teardown`` take ``stage=`` by keyword, as Lightning passes it).
         Returns the module hook's return value (None without one): Lightning reads only the module's, e.g. -1
         from ``on_train_batch_start``."""
         response = None
         for fn, is_callback in self.lightning[name]:
             if is_callback:
-                fn(fit, module, *args)
+                fn(fit, module, *args, **kwargs)
             else:
-                response = fn(*args)
+                response = fn(*args, **kwargs)
         return response
 
     def call_hf(self, name: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from taskfit.callbacks.base import Callback
+from taskfit.core.hooks import module_modes
 
 
 def _fmt(n: int) -> str:
@@ -48,13 +49,13 @@ def summarize(module: nn.Module, max_depth: int = 1) -> list[dict[str, Any]]:
         shapes: dict[int, tuple[Any, Any]] = {}
         hooks = [m.register_forward_hook(lambda m, i, o, k=k: shapes.__setitem__(k, (_shape(i), _shape(o))))
                  for k, m in enumerate(mods)]
-        mode = module.training
+        restore_modes = module_modes(module)
         try:
             module.eval()
             with torch.no_grad():
                 module(*example) if isinstance(example, tuple) else module(example)
         finally:
-            module.train(mode)
+            restore_modes()  # each submodule's own mode (a frozen one stays in eval)
             for h in hooks:
                 h.remove()
         for k, row in enumerate(rows):

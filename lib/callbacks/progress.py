@@ -39,6 +39,30 @@ class ProgressBar(Callback):
         the latest evaluation values (formatted to 4 significant digits)."""
         return dict(self._postfix)
 
+    @property
+    def total_val_batches(self) -> int | float:
+        """Lightning's ``ProgressBar.total_val_batches``: the validation batches of the current training epoch
+        (the sum over loaders of the trainer's ``num_val_batches``), 0 in an epoch that does not validate
+        (``check_val_every_n_epoch``) or before training starts."""
+        trainer = getattr(self, "_trainer", None)
+        counts = getattr(trainer, "num_val_batches", None)
+        if not counts:
+            return 0
+        every = getattr(trainer, "check_val_every_n_epoch", 1)
+        if every and (trainer.current_epoch + 1) % every:
+            return 0
+        return sum(counts)
+
+    def get_metrics(self, trainer: Any, pl_module: Any) -> dict[str, Any]:
+        """Lightning's ``ProgressBar.get_metrics``: the trainer's ``progress_bar_metrics`` (its ``prog_bar=True``
+        values) with ``v_num``, the logger's version, first when there is one; :attr:`metrics` under a ``Fit``."""
+        pbar = getattr(trainer, "progress_bar_metrics", None)
+        if pbar is None:
+            return self.metrics
+        version = getattr(getattr(trainer, "logger", None), "version", None)
+        standard = {"v_num": version[-4:] if isinstance(version, str) else version} if version is not None else {}
+        return {**standard, **pbar}
+
     # drawing (RichProgressBar overrides these) ------------------------------------------------------------------
     def _open_train(self, total: int, initial: int) -> None:
         from tqdm.auto import tqdm
@@ -79,6 +103,7 @@ class ProgressBar(Callback):
 
     # hooks ----------------------------------------------------------------------------------------------------
     def on_train_start(self, fit: Any, module: Any) -> None:
+        self._trainer = fit  # for total_val_batches (Lightning's bar reads its trainer)
         self.on_train_end(fit, module)  # a bar left from an earlier run
         if fit.is_global_zero:
             self._results = module._results

@@ -84,7 +84,7 @@ class LightningHooks:
     # before a validation inside fit, eval before the ``on_*_start`` hooks, train after the ``on_*_end`` hooks.
     def on_validation_model_zero_grad(self) -> None:
         """Drop the gradients before a validation during ``fit`` (Lightning's default frees their memory)."""
-        self.zero_grad(set_to_none=True)  # type: ignore[attr-defined]
+        self.zero_grad()  # type: ignore[attr-defined]  # torch 2 frees them by default; Lightning calls it bare
 
     def on_validation_model_eval(self) -> None:
         """Switch to evaluation mode before validation (default ``self.eval()``)."""
@@ -124,8 +124,23 @@ TRANSFER_HOOKS = ("on_before_batch_transfer", "transfer_batch_to_device", "on_af
 
 
 def overrides(module: Any, name: str) -> bool:
-    """True when ``module``'s class overrides Lightning hook ``name`` of :class:`LightningHooks`."""
+    """True when ``module``'s class overrides Lightning hook ``name`` of :class:`LightningHooks`, or the instance
+    holds its own ``name`` (a wrapper set in ``__init__``; None there means "no such hook", as Lightning's
+    ``is_overridden`` reads it)."""
+    if name in getattr(module, "__dict__", ()):
+        return module.__dict__[name] is not None
     return getattr(type(module), name, None) is not getattr(LightningHooks, name)
+
+
+def lightning_overrides(module: Any, name: str) -> bool:
+    """Lightning's ``is_overridden(name, module)``: a wrapper set on the instance counts as what it wraps
+    (``functools.wraps``/``partial`` unwrapped), so a recorder around the default is not an override. Lightning
+    decides with it whether to call ``configure_model`` and ``on_{validation,test}_model_train``."""
+    from lightning_utilities.core.overrides import is_overridden
+
+    if getattr(LightningHooks, name, None) is None:  # no default here: any such method is the user's own
+        return getattr(module, name, None) is not None
+    return is_overridden(name, module, LightningHooks)
 
 
 def batch_mover(module: Any, strategy: Any) -> Callable[..., Any]:
@@ -148,3 +163,14 @@ def module_loader(module: Any, name: str) -> Any:
     return fn() if callable(fn) else None
 
 
+
+
+def module_modes(module: torch.nn.Module) -> Callable[[], None]:
+    """Capture the ``training`` flag of ``module`` and of every submodule; the returned function puts them back
+    (Lightning's ``_ModuleMode``: a submodule the user froze in eval mode stays there after an evaluation)."""
+    modes = [(m, m.training) for m in module.modules()]
+
+    def restore() -> None:
+        for m, mode in modes:
+            m.training = mode
+    return restore

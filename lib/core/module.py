@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -11,6 +12,7 @@ from torch import nn
 from taskfit.core.hooks import LightningHooks
 from taskfit.core.lightning_members import LightningMembers
 from taskfit.core.lightning_tools import JIT_UNUSED_PROPERTIES, LightningTools, fabric_log
+from taskfit.core.model_hooks import ModelHooks
 
 if TYPE_CHECKING:
     from taskfit.protocols import FitView
@@ -63,7 +65,21 @@ def infer_batch_size(batch: Any) -> int:
     raise ValueError(f"Cannot infer the batch size of a {type(batch).__name__}: it holds no tensor.")
 
 
-class TaskModule(LightningMembers, LightningTools, LightningHooks, nn.Module):
+def _check_loggable(name: str, value: Any) -> None:
+    """Refuse what ``self.log`` cannot hold (anything but a number, a tensor or a ``torchmetrics.Metric``), in
+    Lightning's words, before it reaches the run.
+
+    Raises:
+        ValueError: a nested dict, or a value of another type (None, str, list, dict...).
+    """
+    if isinstance(value, Mapping) and any(isinstance(v, Mapping) for v in value.values()):
+        raise ValueError(f"`self.log({name}, {value})` was called, but nested dictionaries cannot be logged")
+    if not (isinstance(value, (numbers.Number, torch.Tensor)) or hasattr(value, "compute") and hasattr(value, "update")):
+        raise ValueError(f"`self.log({name}, {value})` was called, but `{type(value).__name__}` values cannot be "
+                         "logged")
+
+
+class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, nn.Module):
     """A ``torch.nn.Module`` that says how to train, evaluate and predict (F-CORE-1).
 
     Override :meth:`training_step` (required) and any of :meth:`validation_step`, :meth:`test_step`,
@@ -96,8 +112,9 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, nn.Module):
         """Like :meth:`validation_step`, for ``Fit.test``; defaults to :meth:`validation_step`."""
         return self.validation_step(batch, batch_idx)
 
-    def predict_step(self, batch: Any, batch_idx: int) -> Any:
-        """Return predictions for one batch. Default: ``self(**inputs)`` for dict batches (label keys removed),
+    def predict_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> Any:
+        """Return predictions for one batch (``dataloader_idx``: the loader's index among several, as Lightning's
+        ``predict_step`` takes it). Default: ``self(**inputs)`` for dict batches (label keys removed),
         ``self(batch[0])`` for ``(inputs, labels)`` tuples, ``self(batch)`` otherwise."""
         if isinstance(batch, Mapping):
             return self(**{k: v for k, v in batch.items() if k not in ("labels", "label", "label_ids")})
@@ -152,6 +169,7 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, nn.Module):
         """
         if self.__dict__.get("_fabric") is not None:  # run by Lightning Fabric: its loggers, at once
             return fabric_log(self.__dict__["_fabric"], {name: value}, logger)
+        _check_loggable(name, value)
         results = self._results
         if results is None:
             raise RuntimeError(f"self.log({name!r}) was called outside a Fit stage; call it from a *_step or hook.")

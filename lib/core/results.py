@@ -11,6 +11,22 @@ from typing import Any, Callable
 import torch
 
 _REDUCE_FX = ("mean", "sum", "max", "min")
+#: the callables Lightning's ``self.log(reduce_fx=...)`` accepts, by the name taskfit keeps
+_REDUCE_CALLABLES = {torch.mean: "mean", torch.sum: "sum", sum: "sum", torch.max: "max", max: "max", torch.min: "min",
+                     min: "min"}
+
+
+def _reduce_name(reduce_fx: Any) -> Any:
+    """Lightning's spellings of a reduction as taskfit's name: any case of ``"mean"``/``"avg"``/``"sum"``/``"max"``/
+    ``"min"``, or ``torch.mean``, ``torch.sum``/``sum``, ``torch.max``/``max``, ``torch.min``/``min``; anything else
+    is returned as given (refused by the caller)."""
+    if isinstance(reduce_fx, str):
+        low = reduce_fx.lower()
+        return "mean" if low == "avg" else low
+    try:
+        return _REDUCE_CALLABLES.get(reduce_fx, reduce_fx)
+    except TypeError:  # unhashable
+        return reduce_fx
 
 
 class LoggedValue:
@@ -81,6 +97,7 @@ class ResultCollection:
         suffix = f"/dataloader_idx_{self.dataloader_idx}" if add_dataloader_idx and self.dataloader_idx is not None \
             else ""
         entry = self.values.get(name + suffix)
+        reduce_fx = _reduce_name(reduce_fx)
         if entry is None:
             if reduce_fx not in _REDUCE_FX:
                 raise ValueError(f"reduce_fx={reduce_fx!r} is not valid for {name!r}; choose one of {_REDUCE_FX}.")

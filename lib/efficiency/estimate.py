@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from taskfit.core.hooks import module_modes
 from taskfit.optim.optimizers import BNB_OPTIMIZERS, parse_optim_args
 from taskfit.registry import invalid_choice
 
@@ -137,7 +138,7 @@ def _saved_activation_bytes(module: nn.Module, batch: Any, precision: Any, devic
             seen[storage.data_ptr()] = storage.nbytes()
         return t
 
-    was_training, results = module.training, getattr(module, "_results", None)
+    restore_modes, results = module_modes(module), getattr(module, "_results", None)
     is_task = isinstance(module, TaskModule)
     if is_task and results is None:
         module._results = ResultCollection(infer_batch_size, lambda t, *a, **k: t)
@@ -147,7 +148,7 @@ def _saved_activation_bytes(module: nn.Module, batch: Any, precision: Any, devic
             out = module.training_step(batch, 0) if is_task else extract_loss(run_model(module, batch))
         del out
     finally:
-        module.train(was_training)
+        restore_modes()  # each submodule's own mode (a frozen one stays in eval)
         if is_task:
             module._results = results
     return sum(seen.values())

@@ -28,8 +28,8 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
     if fit.strategy.world_size > 1:
         fit.strategy.barrier("prepare_data")  # the other processes wait for the data local rank 0 prepared
     if datamodule is not None:
-        datamodule.setup(stage)
-    fit._hooks.call("setup", fit, module, stage)
+        datamodule.setup(stage=stage)  # by keyword, as Lightning calls it
+    fit._hooks.call("setup", fit, module, stage=stage)
     fit.strategy.prepare_for_configure_model(module)  # model parallel: checks the module, builds the mesh
     module.configure_model()
 
@@ -37,5 +37,5 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
 def end_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
     """Lightning's order at the end of a stage: ``teardown`` of the datamodule, the callbacks, the module."""
     if datamodule is not None and hasattr(datamodule, "teardown"):
-        datamodule.teardown(stage)
-    fit._hooks.call("teardown", fit, module, stage)
+        datamodule.teardown(stage=stage)
+    fit._hooks.call("teardown", fit, module, stage=stage)

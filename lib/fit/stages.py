@@ -16,7 +16,7 @@ from taskfit import efficiency
 from taskfit.arguments.strategy_options import StrategyOptions
 from taskfit.connector import configure_strategy
 from taskfit.data.loaders import DataModule
-from taskfit.loops.evaluation_loop import EvaluationLoop
+from taskfit.loops.evaluation_loop import EvaluationLoop, is_loader_list
 from taskfit.metrics import PredictionOutput
 from taskfit.core.module import TaskModule, infer_batch_size
 from taskfit.core.hooks import module_loader
@@ -107,7 +107,7 @@ class EvaluationStages:
         if datamodule is None:
             return None
         datamodule.prepare_data()
-        datamodule.setup(stage)
+        datamodule.setup(stage=stage)  # by keyword, as Lightning calls it
         return getattr(datamodule, method)()
 
     def stage_entry(self, model: Any, data: Any, datamodule: DataModule | None, stage: str,
@@ -225,6 +225,21 @@ class EvaluationStages:
         fit.log({k: v for k, v in metrics.items() if k not in hidden})
         return metrics
 
+    def _predict_loaders(self, loaders: dict[int, Any], prefix: str,
+                         ignore_keys: list[str] | None) -> PredictionOutput:
+        """Predict over several loaders as one prediction epoch (Lightning's ``dataloader_idx``); the predictions
+        and labels are lists with one entry per loader."""
+        fit, metrics, preds, labels = self.fit, {}, [], []
+        for i, loader in loaders.items():
+            loop = EvaluationLoop(fit, "predict", fit._hooks, ignore_keys, dataloader_idx=i, first=i == 0,
+                                  last=i == len(loaders) - 1)
+            m, p, lab = loop.run(loader, prefix)
+            metrics.update(m)
+            preds.append(p)
+            labels.append(lab)
+        fit._hooks.call_hf("on_predict", fit.args, fit.state, fit.control, metrics=metrics)
+        return PredictionOutput(preds, labels, metrics)
+
     def predict_stage(self, model: Any, data: Any, data_collator: Callable | None, datamodule: DataModule | None,
                       metric_key_prefix: str, ckpt_path: str | None = None,
                       ignore_keys: list[str] | None = None) -> PredictionOutput:
@@ -238,6 +253,9 @@ class EvaluationStages:
         if isinstance(module, ModelTaskModule) and fit._hf.overrides("get_test_dataloader"):
             with fit._hf.loader_context(fit._run, data_collator=data_collator):
                 loader = fit.get_test_dataloader(data)
+        elif is_loader_list(data) and len(data) > 1:  # Lightning's list of loaders: one pass each, indexed
+            return self._predict_loaders(fit._launcher.eval_loader_dict(data, data_collator), metric_key_prefix,
+                                         ignore_keys)
         else:
             loader = fit._launcher.loader(data, train=False, collator=data_collator, what="predict dataset")
         loop = EvaluationLoop(fit, "predict", fit._hooks, ignore_keys)

@@ -163,6 +163,7 @@ class TrainingStage:
             for lg in fit.loggers:
                 lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
         hooks.call("on_fit_start", fit, module)
+        module.zero_grad()  # Lightning clears the module's gradients as the stage starts
         hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
         loop, start = self._train(run, args, plan, ckpt, hooks)  # sanity check, on_train_start, the loop
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
@@ -192,13 +193,19 @@ class TrainingStage:
         """
         fit = self.fit
         can_validate = fit._stages.can_validate(module)
+        # Lightning asks for the validation loader first when the sanity check will use it
+        val_first = bool(args.num_sanity_val_steps) and args.limit_val_batches != 0
         if datamodule is not None:
-            train_data = train_data if train_data is not None else datamodule.train_dataloader()
-            if eval_data is None and not step_disabled(module, "validation_step"):  # None: no val loop
+            if eval_data is None and val_first and not step_disabled(module, "validation_step"):
                 eval_data = datamodule.val_dataloader()
+            train_data = train_data if train_data is not None else datamodule.train_dataloader()
+            if eval_data is None and not val_first and not step_disabled(module, "validation_step"):
+                eval_data = datamodule.val_dataloader()  # None: no val loop
         else:  # a LightningModule-style module may define its own loaders
+            if eval_data is None and val_first and can_validate:
+                eval_data = module_loader(module, "val_dataloader")
             train_data = train_data if train_data is not None else module_loader(module, "train_dataloader")
-            if eval_data is None and can_validate:
+            if eval_data is None and not val_first and can_validate:
                 eval_data = module_loader(module, "val_dataloader")
         if train_data is None:
             raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")
@@ -322,7 +329,8 @@ class TrainingStage:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
                 sanity_check(fit, run)  # between on_fit_start and on_train_start (Lightning)
             hooks.call("on_train_start", fit, run.module)
-            run.module.train()
+            if not run.module.training:  # a module already training keeps its submodules' modes (Lightning)
+                run.module.train()
             fit.is_in_train = True  # HF's flag: evaluate() called now evaluates inside this run
             if args.eval_on_start and run.eval_loaders:
                 self.evaluate_during_fit(skip_scheduler=True)  # HF: no ReduceLROnPlateau step before training

@@ -27,17 +27,20 @@ from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
+from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import fit_options, loop_policy
+from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
 )
 from taskfit.lightning.seed import seed_everything
+from taskfit.lightning.utilities import is_overridden
 
 _cb, _lg, _pf = callbacks, loggers, profilers
 
 __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything", "callbacks",
-           "loggers", "profilers"]
+           "loggers", "profilers", "is_overridden"]
 
 LightningModule = TaskModule
 LightningDataModule = DataModule
@@ -63,7 +66,8 @@ class _LightningLoop(Callback):
     @property
     def default_schedule(self) -> bool:
         """Once at the end of every epoch (the run's own ``eval_strategy="epoch"`` does that)."""
-        return self.vci in (None, 1.0) and self.every == 1
+        # an int 1 counts batches (validate after every batch), only the float 1.0 is once per epoch
+        return (self.vci is None or isinstance(self.vci, float) and self.vci == 1.0) and self.every == 1
 
     def on_train_start(self, fit: Any, module: Any) -> None:
         """Resolve the validation interval in batches (Lightning's ``val_check_batch``).
@@ -123,7 +127,7 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
     """Lightning's implicit callbacks: a checkpoint every epoch into ``logger.log_dir/checkpoints`` (or
     ``root/checkpoints`` without a logger), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
     out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None, f["val_check_interval"],
-                          f["check_val_every_n_epoch"]), *given]
+                          f["check_val_every_n_epoch"]), *given, ProgressBarNames()]
     if f["barebones"]:
         return out
     found = any(isinstance(c, ModelCheckpointBase) for c in given)
@@ -157,7 +161,8 @@ def _default_logger(logger: Any, root: str, barebones: bool) -> list[Any]:
 
 
 def _is_datamodule(obj: Any) -> bool:
-    return isinstance(obj, DataModule) or all(hasattr(obj, n) for n in ("train_dataloader", "setup", "prepare_data"))
+    return isinstance(obj, DataModule) or not isinstance(obj, TaskModule) and all(
+        hasattr(obj, n) for n in ("train_dataloader", "setup", "prepare_data"))
 
 
 def _overrides(obj: Any, name: str, base: type) -> bool:
@@ -327,31 +332,14 @@ class Trainer(Fit):
         if datamodule is not None:
             self.datamodule = datamodule
         run = super().validate if stage == "validate" else super().test
-        with self._lightning_run(stage, datamodule), self._stage_hooks(model, stage):
+        with self._lightning_run(stage, datamodule), eval_stage(self, model, stage, datamodule,
+                                                              dataloaders) as (dataloaders, runs):
+            if not runs:  # limit_*_batches=0: Lightning runs no loop
+                return []
             # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
-            metrics = run(model, dataloaders, datamodule=datamodule, ckpt_path=ckpt_path, metric_key_prefix="")
+            metrics = run(model, dataloaders, ckpt_path=ckpt_path, metric_key_prefix="")
         n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
         return _per_loader(metrics, n)
-
-    @contextlib.contextmanager
-    def _stage_hooks(self, model: Any, stage: str) -> Iterator[None]:
-        """``setup(stage)`` / ``teardown(stage)`` of the callbacks and the module around a validate, test or
-        predict call, as Lightning runs them for every stage (Fit runs them for ``fit``; the datamodule's own
-        ``setup`` runs where Fit builds its loader)."""
-        module = model if model is not None else self.module
-        hooked = [cb for cb in self.callbacks if _overrides(cb, "setup", Callback) or
-                  _overrides(cb, "teardown", Callback)]
-        for cb in hooked:
-            cb.setup(self, module, stage)
-        if module is not None:
-            module.setup(stage)
-        try:
-            yield
-        finally:
-            for cb in hooked:
-                cb.teardown(self, module, stage)
-            if module is not None:
-                module.teardown(stage)
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
                  datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:
@@ -374,8 +362,11 @@ class Trainer(Fit):
         self.callbacks.append(collector)
         self._hooks = HookRunner(self.callbacks)
         try:
-            with self._lightning_run("predict", datamodule), self._stage_hooks(model, "predict"):
-                super().predict(model=model, data=dataloaders, datamodule=datamodule, ckpt_path=ckpt_path)
+            with self._lightning_run("predict", datamodule), eval_stage(self, model, "predict", datamodule,
+                                                                        dataloaders) as (dataloaders, runs):
+                if not runs:  # limit_predict_batches=0: no loop, nothing returned (Lightning)
+                    return None
+                super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)
             self._hooks = HookRunner(self.callbacks)
@@ -481,6 +472,13 @@ class Trainer(Fit):
         return self.state.batches_per_epoch or float("inf")
 
     @property
+    def num_val_batches(self) -> list[int | float]:
+        """Lightning's ``trainer.num_val_batches``: the validation batches per loader of the latest run (its batch
+        limits applied; ``inf`` for a loader without a length); ``[]`` without validation data."""
+        loaders = getattr(self._run, "eval_loaders", None) or {}
+        return [len(v) if hasattr(v, "__len__") else float("inf") for v in loaders.values()]
+
+    @property
     def logger(self) -> Any:
         """The first logger (None without any)."""
         return self.loggers[0] if self.loggers else None
@@ -572,6 +570,13 @@ class Trainer(Fit):
     def predicting(self) -> bool:
         """True during ``predict``."""
         return self.run is not None and self.run.stage == "predict"
+
+    @property
+    def progress_bar_metrics(self) -> dict[str, Any]:
+        """Lightning's ``trainer.progress_bar_metrics``: the latest values logged with ``prog_bar=True``
+        (``name``, or ``name_step``/``name_epoch`` for values logged on both), ``logger=False`` ones included."""
+        names = next((c for c in self.callbacks if isinstance(c, ProgressBarNames)), None)
+        return names.metrics(self.callback_metrics) if names is not None else {}
 
     @property
     def progress_bar_callback(self) -> Any:

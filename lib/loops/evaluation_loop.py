@@ -20,7 +20,7 @@ from taskfit.loops.gather import gather_in_dataset_order, loader_indices
 from taskfit.metrics import metric_key
 from taskfit.metrics import EvalPrediction, MemoryTracker, take_init_memory, nested_concat, speed_metrics, to_numpy
 from taskfit.core.module import infer_batch_size
-from taskfit.core.hooks import batch_mover
+from taskfit.core.hooks import batch_mover, lightning_overrides, module_modes
 from taskfit.optim.hf_optimizers import set_optimizer_mode
 from taskfit.core.results import ResultCollection
 from taskfit.core.wrapping import ModelTaskModule
@@ -31,9 +31,11 @@ if TYPE_CHECKING:
 
 
 def _own_hook(module: Any, name: str) -> Any:
-    """The module's bound hook ``name`` when its class overrides the default (None otherwise)."""
+    """The module's bound hook ``name`` when its class (or the instance) overrides the default (None otherwise)."""
     from taskfit.core.hooks import LightningHooks
 
+    if name in getattr(module, "__dict__", ()):  # set on the instance; None: none
+        return module.__dict__[name]
     own = getattr(type(module), name, None)
     return getattr(module, name) if own is not None and own is not getattr(LightningHooks, name, None) else None
 
@@ -190,8 +192,11 @@ class EvaluationLoop:
         fit, module = self.fit, self.fit.module
         p = self._plan(loader)
         was_training = module.training
+        restore_modes = module_modes(module)  # put back per submodule (a frozen one stays in eval)
         # the module's on_{stage}_model_eval/train when overridden (Lightning), once per evaluation of several loaders
         model_eval, model_train = (_own_hook(module, f"on_{p.hook_stage}_model_{m}") for m in ("eval", "train"))
+        if model_train is not None and not lightning_overrides(module, f"on_{p.hook_stage}_model_train"):
+            model_train = None  # a wrapper around the default: Lightning restores the modes itself
         custom = model_eval is not None or model_train is not None
         if not custom:
             module.eval()
@@ -230,7 +235,7 @@ class EvaluationLoop:
             if custom and self.last and model_train is not None:
                 model_train()
             elif was_training and (not custom or self.last):
-                module.train()
+                restore_modes()
 
     def _plan(self, loader: Any) -> _Pass:
         """What the pass decides before its first batch (the step, what it collects, the sampler split)."""
@@ -277,7 +282,7 @@ class EvaluationLoop:
             if p.real_limit is not None:  # the sampler's padding repeats count nowhere (loss, logged means)
                 weight = sum(1 for i in range(p.n_samples, p.n_samples + bs) if p.rank + i * p.world < p.real_limit)
                 results._batch_size = weight
-            hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx)
+            hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx, *p.extra)
             with strategy.forward_context():
                 out = p.step_fn(batch, batch_idx, *p.extra) if p.hf_step is None else p.hf_step(batch)
             loss, logits, lab = self._unpack(out, batch, p.label_names, p.returned_metrics)
@@ -292,7 +297,7 @@ class EvaluationLoop:
             p.batch_bounds.append(p.n_samples)
             if p.memory is not None:
                 p.memory.sample()
-            hooks.call(f"on_{hook_stage}_batch_end", fit, module, out, batch, batch_idx)
+            hooks.call(f"on_{hook_stage}_batch_end", fit, module, out, batch, batch_idx, *p.extra)
             if hooks.hf["on_prediction_step"]:
                 hooks.call_hf("on_prediction_step", args, fit.state, fit.control)
 

@@ -394,7 +394,8 @@ class AutomaticStep:
         self.L["on_before_optimizer_step"] and self.hooks.call("on_before_optimizer_step", self.owner, module, opt)
         if self.own_clipping:
             clip = max_norm if max_norm and max_norm > 0 else None
-            module.configure_gradient_clipping(opt, clip, self.clip_algorithm_arg)
+            module.configure_gradient_clipping(opt, gradient_clip_val=clip,  # by keyword, as Lightning calls it
+                                               gradient_clip_algorithm=self.clip_algorithm_arg)
         elif max_norm and max_norm > 0 and opt is optimizer:
             if self.clip_by_value:  # elementwise, so exact on shards
                 strategy.clip_gradients_value(self.params, max_norm, optimizer)

@@ -61,7 +61,7 @@ def _hf(name):
 
 
 def _module_hook(name):
-    def hook(self, *args):
+    def hook(self, *args, **kwargs):  # setup/teardown get stage= by keyword (as Lightning passes it)
         CALLS.append((f"mod.{name}", self.fit.state.global_step))
     return hook
 

@@ -50,7 +50,8 @@ TOP_MODULES = {"lightning", "lightning.pytorch"}
 NAME_MODULES = TOP_MODULES | {"lightning.pytorch.core", "lightning.pytorch.core.module", "lightning.pytorch.core.datamodule",
                               "lightning.pytorch.trainer", "lightning.pytorch.trainer.trainer",
                               "lightning.pytorch.callbacks.callback", "lightning.pytorch.utilities.seed",
-                              "lightning.fabric", "lightning.fabric.utilities.seed", "lightning.fabric.utilities"}
+                              "lightning.fabric", "lightning.fabric.utilities.seed", "lightning.fabric.utilities",
+                              "lightning.pytorch.utilities", "lightning.pytorch.utilities.model_helpers"}
 NAMESPACES = ("callbacks", "loggers", "profilers")
 DEMOS = "lightning.pytorch.demos.boring_classes"
 DEMOS_LOCAL = "tests_pytorch._taskfit_demos"

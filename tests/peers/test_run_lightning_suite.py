@@ -109,9 +109,22 @@ def test_profiler_imports_swap_from_lightnings_submodules():
     assert {"SimpleProfiler", "PassThroughProfiler"} <= run_lightning_suite.taskfit_lightning_names().spaces["profilers"]
 
 
+def test_is_overridden_import_moves_with_the_module_class():
+    """``is_overridden`` (Lightning's model_helpers) is swapped: Lightning's own rejects a taskfit module
+    ("Expected a parent"); the rest of the utilities stay on Lightning."""
+    provided = run_lightning_suite.Provided(top=PROVIDED.top | {"is_overridden"}, spaces=PROVIDED.spaces)
+    source = ("from lightning.pytorch.utilities.model_helpers import is_overridden\n"
+              "from lightning.pytorch.utilities import rank_zero_only, is_overridden as iso\n")
+    text, moved = run_lightning_suite.rewrite_imports(source, provided)
+    assert text == ("from taskfit.lightning import is_overridden\n"
+                    "from taskfit.lightning import is_overridden as iso\n"
+                    "from lightning.pytorch.utilities import rank_zero_only\n")
+    assert moved == ["is_overridden", "is_overridden"]
+
+
 def test_provided_names_read_from_the_source():
     provided = run_lightning_suite.taskfit_lightning_names()
-    assert {"LightningModule", "Trainer", "seed_everything"} <= provided.top
+    assert {"LightningModule", "Trainer", "seed_everything", "is_overridden"} <= provided.top
     assert "callbacks" not in provided.top
     assert {"EarlyStopping", "ModelCheckpoint", "LambdaCallback"} <= provided.spaces["callbacks"]
     assert {"CSVLogger", "TensorBoardLogger"} <= provided.spaces["loggers"]

@@ -1,0 +1,48 @@
+"""``trainer.progress_bar_metrics`` of the Lightning door: which ``self.log`` names were logged with
+``prog_bar=True`` (under Lightning's forked names), their values read from ``trainer.callback_metrics``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from taskfit.callbacks.base import Callback
+
+
+def prog_bar_keys(results: Any) -> set[str]:
+    """The progress-bar names of a ``ResultCollection``'s values, as Lightning forks them: ``name`` for a value
+    logged on the step or on the epoch only, ``name_step`` and ``name_epoch`` for one logged on both."""
+    keys: set[str] = set()
+    for e in getattr(results, "values", {}).values():
+        if e.prog_bar:
+            keys |= {e.key("_step"), e.key("_epoch")} if e.on_step and e.on_epoch else {e.key()}
+    return keys
+
+
+class ProgressBarNames(Callback):
+    """Collects the ``prog_bar=True`` names the module logs during training and evaluation (after the module's own
+    epoch-end hooks: ``monitors_epoch_end``), for :meth:`metrics`."""
+
+    monitors_epoch_end = True  # runs after the module's on_train_epoch_end, so it sees what that logs
+
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def _note(self, module: Any) -> None:
+        self.names |= prog_bar_keys(getattr(module, "_results", None))
+
+    def on_train_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._note(module)
+
+    def on_train_epoch_end(self, fit: Any, module: Any) -> None:
+        self._note(module)
+
+    def on_validation_epoch_end(self, fit: Any, module: Any) -> None:
+        self._note(module)
+
+    def on_test_epoch_end(self, fit: Any, module: Any) -> None:
+        self._note(module)
+
+    def metrics(self, callback_metrics: dict[str, Any]) -> dict[str, Any]:
+        """Lightning's ``trainer.progress_bar_metrics``: ``{name: value}`` of the noted names present in
+        ``callback_metrics`` (the latest values)."""
+        return {k: v for k, v in callback_metrics.items() if k in self.names}

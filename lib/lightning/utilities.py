@@ -1,0 +1,38 @@
+"""Lightning's ``lightning.pytorch.utilities.model_helpers.is_overridden`` for the door's own classes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from lightning_utilities.core.overrides import is_overridden as _is_overridden
+from taskfit.callbacks.base import Callback
+from taskfit.core.module import TaskModule
+from taskfit.data.loaders import DataModule
+
+__all__ = ["is_overridden"]
+
+
+def is_overridden(method_name: str, instance: Any = None, parent: type | None = None) -> bool:
+    """Whether ``instance`` overrides ``method_name`` of ``parent``; mirrors Lightning's
+    ``lightning.pytorch.utilities.model_helpers.is_overridden``.
+
+    Args:
+        method_name (str): the method's name, e.g. ``"validation_step"``.
+        instance (object | None): the object to inspect; None gives False.
+        parent (type | None): the class whose method counts as not overridden; None picks ``LightningModule``
+            (``TaskModule``), ``LightningDataModule`` (``DataModule``) or ``Callback`` from ``instance``'s type.
+
+    Returns:
+        bool: True when the method differs from ``parent``'s (an instance attribute counts; one set to None
+        means not overridden).
+
+    Raises:
+        ValueError: ``"Expected a parent"`` when ``parent`` is None and ``instance`` is none of the three kinds.
+    """
+    if instance is None:
+        return False
+    if parent is None:
+        parent = next((p for p in (TaskModule, DataModule, Callback) if isinstance(instance, p)), None)
+        if parent is None:
+            raise ValueError("Expected a parent")
+    return _is_overridden(method_name, instance, parent)
