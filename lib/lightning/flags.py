@@ -103,4 +103,5 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
     return LoopPolicy(counts_optimizer_steps=True, min_epochs=min_epochs, min_steps=f["min_steps"],
                       reload_dataloaders_every_n_epochs=f["reload_dataloaders_every_n_epochs"],
                       clip_algorithm_as_given=True, gradient_clip_algorithm=f["gradient_clip_algorithm"],
-                      eval_prefix="", checkpoint_callbacks_last=True, none_optimizer_trains_nothing=True)
+                      eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
+                      none_optimizer_trains_nothing=True)

@@ -4,7 +4,11 @@
 ``PassThroughProfiler`` without one."""
 
 from taskfit.callbacks.profilers import (
-    AdvancedProfiler, PassThroughProfiler, Profiler, PyTorchProfiler, SimpleProfiler,
+    AdvancedProfiler,
+    PassThroughProfiler,
+    Profiler,
+    PyTorchProfiler,
+    SimpleProfiler,
 )
 
 __all__ = ["AdvancedProfiler", "PassThroughProfiler", "Profiler", "PyTorchProfiler", "SimpleProfiler"]

@@ -418,14 +418,10 @@ class FitLoop:
                                                               and (args.eval_delay or 0) <= state.epoch)
         control.should_save = control.should_save or args.save_strategy == "epoch"
         hooks.hf["on_epoch_end"] and hooks.call_hf("on_epoch_end", args, state, control, **run.hf_kwargs())
-        training_state = run.training_state
-        if training_state.epoch_evaluated:  # resumed from a checkpoint taken during this evaluation: it is done
-            control.should_evaluate = training_state.epoch_evaluated = False
-        training_state.evaluating_epoch_end = True
-        try:
-            self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
-        finally:
-            training_state.evaluating_epoch_end = False
+        # Lightning's policy: a checkpoint taken during the closing validation (ModelCheckpoint after it) resumes at
+        # the next epoch's start; HF's resumes before that validation and runs it again
+        run.training_state.epoch_ended = self.loop_policy.validation_closes_epoch
+        self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
         defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's epoch-end defaults
         # a checkpoint from here on (ModelCheckpoint's in on_train_epoch_end, the epoch's save below) resumes at
         # the next epoch's start

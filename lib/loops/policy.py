@@ -27,6 +27,10 @@ class LoopPolicy:
         gradient_clip_algorithm (str | None): that flag, read only with ``clip_algorithm_as_given``.
         eval_prefix (str): the key prefix of an evaluation during ``fit`` (HF's ``metric_key_prefix="eval"``:
             ``eval_acc``); Lightning's ``""`` keeps the names logged with ``self.log``.
+        validation_closes_epoch (bool): a checkpoint taken during an epoch's closing validation (a
+            ``ModelCheckpoint`` saving after it) resumes at the next epoch's start, as Lightning (which then runs
+            neither that validation, nor that epoch's ``on_train_epoch_end`` and plateau scheduler step again);
+            False resumes at the epoch's end and validates again, so everything after the save runs once.
         checkpoint_callbacks_last (bool): checkpoint callbacks run after the others at every hook, finders first
             (Lightning's ``_reorder_callbacks``, also after a module's ``configure_callbacks``); False keeps the
             given order (HF calls callbacks in the order given; its own save follows them all anyway).
@@ -41,6 +45,7 @@ class LoopPolicy:
     clip_algorithm_as_given: bool = False
     gradient_clip_algorithm: str | None = None
     eval_prefix: str = "eval"
+    validation_closes_epoch: bool = False
     checkpoint_callbacks_last: bool = False
     none_optimizer_trains_nothing: bool = False
 

@@ -264,11 +264,6 @@ class TrainingState:
         #: set by the fit loop from an epoch's end (before on_train_epoch_end) to the next epoch's start: a
         #: checkpoint taken then resumes at the next epoch's start
         self.epoch_ended = False
-        #: set by the fit loop during an epoch's closing evaluation: a checkpoint taken then (a ``ModelCheckpoint``
-        #: saving after validation) resumes after it, so the resumed run does not evaluate that epoch again
-        #: (Lightning); ``epoch_evaluated`` is the restored mark, read once by the fit loop
-        self.evaluating_epoch_end = False
-        self.epoch_evaluated = False
 
     def resume_point(self) -> dict[str, Any]:
         """The :class:`FitState` dict a checkpoint taken now continues from: the live state, or the next
@@ -306,7 +301,6 @@ class TrainingState:
             "control": self.control.state_dict(),
             "loop": {"tr_loss_per_rank": per_rank.cpu().clone(), "steps_since_log": s.steps_since_log,
                      "total_loss": s.total_loss, "epoch_done": False,  # (read by version 2)
-                     "epoch_evaluated": self.evaluating_epoch_end,
                      "grad_norm": None if s.grad_norm is None else s.grad_norm.detach().cpu().clone()},
             "precision": self.precision.state_dict() if self.precision is not None else {},
             "callbacks": callback_states(self.callbacks),
@@ -336,7 +330,6 @@ class TrainingState:
         if saved.get("results") and results is not None:
             results.load_state_dict(saved["results"])
         s = self.sums
-        self.epoch_evaluated = bool(loop.get("epoch_evaluated", False))  # absent before: evaluate again
         if loop:
             if "tr_loss_per_rank" in loop:
                 per_rank = loop["tr_loss_per_rank"]

@@ -14,13 +14,26 @@ from two_doors import callbacks_of, frameworks
 
 def _flat(validate):
     """A module whose monitored value never improves: ``flat`` is 1.0 every epoch, logged from ``validation_step``
-    (``validate``) or per training step with ``on_epoch=True``."""
+    (``validate``) or per training step with ``on_epoch=True``; a ``ReduceLROnPlateau`` on it (patience 0, halving);
+    ``epoch_ends`` records the epochs of its ``on_train_epoch_end``."""
     def make(base):
         class M(linear(base)):
+            def __init__(self):
+                super().__init__()
+                self.epoch_ends = []
+
             def training_step(self, batch, batch_idx):
                 if not validate:
                     self.log("flat", 1.0, on_step=False, on_epoch=True)
                 return super().training_step(batch, batch_idx)
+
+            def on_train_epoch_end(self):
+                self.epoch_ends.append(self.current_epoch)
+
+            def configure_optimizers(self):
+                opt = torch.optim.SGD(self.parameters(), lr=0.1)
+                plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=0, factor=0.5)
+                return {"optimizer": opt, "lr_scheduler": {"scheduler": plateau, "monitor": "flat"}}
 
             if validate:
                 def validation_step(self, batch, batch_idx):
@@ -49,7 +62,9 @@ def test_F_LIT_DOOR_checkpoint_callbacks_run_last_so_early_stopping_resumes_its_
     """F-LIT-DOOR: ``callbacks=[ModelCheckpoint, EarlyStopping]``: the trainer's callbacks are reordered with the
     checkpoint last, so the checkpoint of epoch 1 holds EarlyStopping's count after that epoch's check (1), and a
     run resumed from it to 3 epochs ends with ``wait_count`` 2, as Lightning (checked at the end of the training
-    epoch and after validation); same steps and weights."""
+    epoch and after validation); same steps and weights. A checkpoint taken after the epoch's validation resumes
+    at the next epoch's start, as Lightning: epoch 1's ``on_train_epoch_end`` and plateau step are not run again
+    (the learning rate after resuming is Lightning's)."""
     runs = {}
     for name, L in frameworks().items():
         _, first, _ = _fit(L, _flat(validate), tmp_path / name, 2, validate)
@@ -62,6 +77,9 @@ def test_F_LIT_DOOR_checkpoint_callbacks_run_last_so_early_stopping_resumes_its_
     assert (et.wait_count, tt.global_step, tt.current_epoch) == (el.wait_count, tl.global_step,
                                                                    tl.current_epoch) == (2, 6, 3)
     assert float(et.best_score) == float(el.best_score) == 1.0
+    assert mt.epoch_ends == ml.epoch_ends == [2]
+    lr = [t.optimizers[0].param_groups[0]["lr"] for t in (tl, tt)]
+    assert lr[0] == lr[1] == 0.05  # no plateau step for epoch 1 (taken after the checkpoint), one for epoch 2
     assert same_weights(ml, mt)
 
 
@@ -119,13 +137,14 @@ def test_F_LIT_DOOR_loop_policy_chosen_once_by_fit_and_by_the_door(tmp_path):
     from taskfit.loops.policy import LoopPolicy
 
     hf = Fit(output_dir=str(tmp_path / "hf"), report_to="none").loop_policy
-    assert hf == LoopPolicy() and (hf.counts_optimizer_steps, hf.eval_prefix, hf.min_epochs) == (False, "eval", None)
+    assert hf == LoopPolicy() and (hf.counts_optimizer_steps, hf.eval_prefix, hf.min_epochs,
+                                   hf.validation_closes_epoch) == (False, "eval", None, False)
     assert hf.clip_algorithm_argument(1.0, by_value=False) == "norm" and hf.clip_algorithm_argument(0.0, False) is None
     trainer = L.Trainer(default_root_dir=str(tmp_path / "l"), logger=False, min_steps=3,
                         reload_dataloaders_every_n_epochs=2, gradient_clip_val=0.5)
     policy = trainer.loop_policy
     assert (policy.counts_optimizer_steps, policy.min_epochs, policy.min_steps, policy.eval_prefix,
-            policy.checkpoint_callbacks_last) == (True, 1, 3, "", True)
+            policy.checkpoint_callbacks_last, policy.validation_closes_epoch) == (True, 1, 3, "", True, True)
     assert (trainer.min_epochs, trainer.min_steps, trainer.reload_dataloaders_every_n_epochs) == (1, 3, 2)
     assert policy.clip_algorithm_argument(0.5, by_value=False) is None  # the flag as given (not given: None)
     assert [policy.reload_due(e, 0) for e in range(4)] == [False, False, True, True]

@@ -4,7 +4,7 @@ to a module body."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from torch.nn import functional as F
 
