@@ -68,6 +68,10 @@ class Callback:
     returning a modified ``control`` from an HF-style hook.
     """
 
+    #: run before the other callbacks in Lightning's order (the tuner's finders, as Lightning's
+    #: ``_reorder_callbacks`` puts ``BatchSizeFinder``/``LearningRateFinder`` first)
+    runs_first: bool = False
+
     @property
     def state_key(self) -> str:
         """Key of this callback's state in checkpoints (class name; override when several instances exist)."""

@@ -61,6 +61,8 @@ class LearningRateFinder(Callback):
         ValueError: a bad ``mode``, range or ``num_training_steps`` (at construction).
     """
 
+    runs_first = True  # Lightning's order: finders before the other callbacks
+
     def __init__(self, min_lr: float = 1e-8, max_lr: float = 1.0, num_training_steps: int = 100,
                  mode: str = "exponential", early_stop_threshold: float | None = 4.0, update_attr: bool = True,
                  attr_name: str = "") -> None:
@@ -119,6 +121,8 @@ class BatchSizeFinder(Callback):
         ValueError: a bad argument (at construction); at fit start, ``max_steps`` > 0 (the number of epochs would
             depend on the batch size found), or train data without a dataset.
     """
+
+    runs_first = True  # Lightning's order: finders before the other callbacks
 
     def __init__(self, mode: str = "power", steps_per_trial: int = 3, init_val: int = 2, max_trials: int = 25,
                  batch_arg_name: str = "batch_size") -> None:
