@@ -329,8 +329,8 @@ class TrainingStage:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
                 sanity_check(fit, run)  # between on_fit_start and on_train_start (Lightning)
             hooks.call("on_train_start", fit, run.module)
-            if not run.module.training:  # a module already training keeps its submodules' modes (Lightning)
-                run.module.train()
+            if not (fit.loop_policy.keeps_submodule_modes and run.module.training):
+                run.module.train()  # HF: the whole model trains (a PEFT base loaded in eval mode included)
             fit.is_in_train = True  # HF's flag: evaluate() called now evaluates inside this run
             if args.eval_on_start and run.eval_loaders:
                 self.evaluate_during_fit(skip_scheduler=True)  # HF: no ReduceLROnPlateau step before training

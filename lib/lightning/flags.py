@@ -7,8 +7,6 @@ import logging
 import os
 from typing import Any
 
-from lightning_utilities.core.rank_zero import rank_zero_only
-
 from taskfit.loops.policy import LoopPolicy
 
 _log = logging.getLogger("taskfit")
@@ -44,10 +42,11 @@ def _refuse_unsupported(flags: dict[str, Any]) -> None:
         raise ValueError(f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload!r}.")  # Lightning's
 
 
-@rank_zero_only
 def announce_batch_limits(flags: dict[str, Any]) -> None:
     """Lightning's info line for a batch limit of exactly ``1`` or ``1.0`` (an int counts batches, a float is a
     fraction: the two read alike), in Lightning's words (``_determine_batch_limits``)."""
+    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) != 0:  # rank 0 only (no group formed yet)
+        return
     for name in _LIMITS:
         value = flags[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != 1:
@@ -104,4 +103,4 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       reload_dataloaders_every_n_epochs=f["reload_dataloaders_every_n_epochs"],
                       clip_algorithm_as_given=True, gradient_clip_algorithm=f["gradient_clip_algorithm"],
                       eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
-                      none_optimizer_trains_nothing=True)
+                      keeps_submodule_modes=True, none_optimizer_trains_nothing=True)

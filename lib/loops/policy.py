@@ -34,6 +34,10 @@ class LoopPolicy:
         checkpoint_callbacks_last (bool): checkpoint callbacks run after the others at every hook, finders first
             (Lightning's ``_reorder_callbacks``, also after a module's ``configure_callbacks``); False keeps the
             given order (HF calls callbacks in the order given; its own save follows them all anyway).
+        keeps_submodule_modes (bool): a module already in training mode at the start of training keeps each
+            submodule's mode (Lightning: a submodule frozen in eval mode stays there); False puts the whole model
+            in training mode, as HF's ``model.train()`` (a PEFT model's base loaded by ``from_pretrained`` in eval
+            mode included).
         none_optimizer_trains_nothing (bool): ``configure_optimizers`` returning None trains with no optimizer
             (Lightning, with its warning); False: ``Fit`` builds its default optimizer (HF's AdamW).
     """
@@ -47,6 +51,7 @@ class LoopPolicy:
     eval_prefix: str = "eval"
     validation_closes_epoch: bool = False
     checkpoint_callbacks_last: bool = False
+    keeps_submodule_modes: bool = False
     none_optimizer_trains_nothing: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
