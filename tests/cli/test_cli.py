@@ -200,6 +200,7 @@ class RecordingFit:
 
 @pytest.fixture
 def recording_core(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the config names no output_dir: HF's default folder lands here, not in the checkout
     (tmp_path / "cli_tiny_task.py").write_text(TINY_TASK)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "cli_tiny_task", raising=False)
