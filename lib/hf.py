@@ -86,7 +86,18 @@ class Trainer(Fit):
               ignore_keys_for_eval: list[str] | None = None, **kwargs: Any) -> TrainOutput:
         """HF ``Trainer.train`` (:meth:`taskfit.Fit.train`, same arguments and errors), after writing the
         tokenizer's special token ids into the model's config as HF's ``train`` does (:func:`align_special_tokens`;
-        a model from ``model_init`` is built inside the run and keeps its own ids)."""
+        a model from ``model_init`` is built inside the run and keeps its own ids).
+
+        Raises:
+            ValueError: ``resume_from_checkpoint=True`` with no complete checkpoint in ``output_dir``, with HF's
+                message (``Fit.fit`` starts from scratch there instead, for restart loops; ``"auto"`` does so here).
+        """
+        if resume_from_checkpoint is True:  # HF's rule for True; "auto" keeps taskfit's restart-loop start
+            from taskfit.checkpoint.resume import newest_checkpoint
+
+            resume_from_checkpoint = newest_checkpoint(self.strategy.checkpoint_io, self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise ValueError(f"No valid checkpoint found in output directory ({self.args.output_dir})")
         if self.model is not None and self.processing_class is not None:
             align_special_tokens(self.model, self.processing_class)
         return super().train(resume_from_checkpoint, trial, ignore_keys_for_eval, **kwargs)

@@ -75,20 +75,31 @@ def resolve_checkpoint(io: Any, output_dir: str, value: str | bool | None) -> st
     return str(value)
 
 
-def _newest_complete(io: Any, out: str, value: str | bool) -> str | None:
-    """The newest complete checkpoint in ``out`` (a folder ``transformers.Trainer`` wrote counts as complete;
-    warning about incomplete ones), or None."""
-    done = list_checkpoints(io, out)
-    others = [(s, p) for s, p in list_checkpoints(io, out, complete_only=False) if (s, p) not in done]
+def newest_checkpoint(io: Any, output_dir: str) -> str | None:
+    """The newest complete ``checkpoint-N`` folder in ``output_dir`` (a folder ``transformers.Trainer`` wrote counts
+    as complete; incomplete ones are skipped with a warning naming them), or None when there is none (mirrors
+    ``transformers.trainer_utils.get_last_checkpoint``, which skips nothing).
+
+    Args:
+        io (CheckpointIO): the strategy's checkpoint IO (local or fsspec paths).
+        output_dir (str): the run's output folder.
+    """
+    done = list_checkpoints(io, output_dir)
+    others = [(s, p) for s, p in list_checkpoints(io, output_dir, complete_only=False) if (s, p) not in done]
     done = sorted(done + [(s, p) for s, p in others if is_hf_checkpoint(io, p)])
     partial = sorted(set(p for _, p in others) - set(p for _, p in done))
     if partial:
         log.warning("Ignoring incomplete checkpoints (no %s): %s", MANIFEST_NAME, ", ".join(partial))
-    if not done:
+    return done[-1][1] if done else None
+
+
+def _newest_complete(io: Any, out: str, value: str | bool) -> str | None:
+    """:func:`newest_checkpoint`, saying when there is none that training starts from scratch."""
+    found = newest_checkpoint(io, out)
+    if found is None:
         (log.info if value == "auto" else log.warning)(
             "resume_from_checkpoint=%r: no complete checkpoint in %s; training from scratch.", value, out)
-        return None
-    return done[-1][1]
+    return found
 
 
 def restore(run: RunView, path: str, strategy: Any, args: Any, weights_only: bool = True,

@@ -33,17 +33,23 @@ def test_bad_resume_path_raises_hf_message_G7_F_HF_1(tmp_path):
     assert list(both(run, tmp_path)) == [True, True]
 
 
-def test_resume_true_without_checkpoint_starts_fresh_G7_F_HF_1(tmp_path):
-    """G7, a documented difference (docs/hf.md "resume_from_checkpoint=True with no checkpoint"): HF raises "No
-    valid checkpoint found in output directory"; taskfit trains from scratch, as a restart loop's first run
-    needs."""
+def test_resume_true_without_checkpoint_raises_as_hf_G7_F_HF_1(tmp_path):
+    """G7: ``train(resume_from_checkpoint=True)`` with no checkpoint in ``output_dir`` raises HF's "No valid
+    checkpoint found in output directory" under both Trainers; ``Fit.fit`` (and ``"auto"`` under the HF door)
+    starts from scratch instead, as a restart loop's first run needs; with a checkpoint, True resumes from it."""
     import taskfit.hf
     import transformers
 
-    with pytest.raises(ValueError, match="No valid checkpoint found in output directory"):
-        _trainer(transformers, str(tmp_path / "hf"), max_steps=1).train(resume_from_checkpoint=True)
-    out = _trainer(taskfit.hf, str(tmp_path / "tf"), max_steps=1).train(resume_from_checkpoint=True)
-    assert out.global_step == 1
+    for m in (transformers, taskfit.hf):
+        out = str(tmp_path / m.__name__)
+        with pytest.raises(ValueError, match=r"No valid checkpoint found in output directory \(.*\)"):
+            _trainer(m, out, max_steps=1).train(resume_from_checkpoint=True)
+    out = str(tmp_path / "tf")
+    assert _trainer(taskfit.hf, out, max_steps=1, save_strategy="steps", save_steps=1).train(
+        resume_from_checkpoint="auto").global_step == 1
+    resumed = _trainer(taskfit.hf, out, max_steps=2, logging_steps=1)
+    assert resumed.train(resume_from_checkpoint=True).global_step == 2
+    assert resumed.state.log_history[0]["step"] == 2  # continued from checkpoint-1: only step 2 ran here
 
 
 def _shard(folder: str) -> None:
