@@ -580,9 +580,6 @@ class Fit(Topology):
         signature; see :meth:`taskfit.fit.hf_api.HFTrainerAPI.push_to_hub`)."""
         return self._api.push_to_hub(commit_message, blocking, token, revision, private, **kwargs)
 
-    def _hook_runner(self, module: Any = None) -> Any:
-        return self._api.hook_runner(module)
-
     # ------------------------------------------------------ private members the loops and tests use ---
     def _loader(self, data: Any, *, train: bool, collator: Callable | None, what: str, run: Run | None = None) -> Any:
         return self._launcher.loader(data, train=train, collator=collator, what=what, run=run)

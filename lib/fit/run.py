@@ -227,7 +227,7 @@ class RunLauncher:
             module = model if isinstance(model, TaskModule) else ModelTaskModule(model, fit.args.label_names)
         module._fit = fit
         if last is None or module is not last.module:
-            fit._hooks = fit._hook_runner(module)
+            fit._hooks = fit._api.hook_runner(module)
         return model, module
 
     def setup_run(self, run: Run, max_steps: int | None = None) -> None:

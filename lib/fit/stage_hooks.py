@@ -20,7 +20,7 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
             fit.callbacks = [cb for cb in fit.callbacks if type(cb) not in types] + extra
             if fit.loop_policy.checkpoint_callbacks_last:
                 fit.callbacks = lightning_order(fit.callbacks)
-            fit._hooks = fit._hook_runner(module)
+            fit._hooks = fit._api.hook_runner(module)
     if fit.strategy.local_rank == 0:
         if datamodule is not None:
             datamodule.prepare_data()

@@ -14,14 +14,7 @@ pytest.importorskip("accelerate")
 pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 
-from finetune_common import adapter_weights, both, equal_rows, stable, tiny_llama  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("base")
-    tiny_llama().save_pretrained(str(path))
-    return str(path)
+from finetune_common import adapter_weights, both, equal_rows, stable  # noqa: E402
 
 
 def nf4_llama(path: str) -> Any:

@@ -12,15 +12,8 @@ pytest.importorskip("accelerate")
 pytest.importorskip("peft")
 pytest.importorskip("bitsandbytes")
 
-from finetune_common import equal_rows, tiny_llama  # noqa: E402
+from finetune_common import equal_rows  # noqa: E402
 from lora_parallel_job import qlora_model  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def base_dir(tmp_path_factory):
-    path = tmp_path_factory.mktemp("base")
-    tiny_llama().save_pretrained(str(path))
-    return str(path)
 
 
 @pytest.mark.distributed
