@@ -35,6 +35,7 @@ from taskfit.loggers import Logger, build_loggers, send_summary
 from taskfit.loops.policy import LoopPolicy
 from taskfit.loops.state import FitControl, FitState
 from taskfit.metrics import MemoryTracker, PredictionOutput, TrainOutput
+from taskfit.seed import enable_full_determinism, seed_everything
 
 log = logging.getLogger("taskfit")
 
@@ -73,7 +74,8 @@ class Fit(Topology):
             name; ``optimizers=`` wins when both are given.
 
     With these keywords ``Fit(model=m, args=a, train_dataset=d).train()`` is the HF ``Trainer`` call shape;
-    ``taskfit.hf.Trainer`` only adds HF's positional order.
+    ``taskfit.hf.Trainer`` only adds HF's positional order. ``args.seed`` is set here and again as ``fit`` starts
+    (HF's ``Trainer.__init__`` and ``train`` do the same): a model built after ``Fit(...)`` is the same every run.
 
     Raises:
         ValueError: unknown option names or values (with "did you mean"), incompatible components.
@@ -83,6 +85,7 @@ class Fit(Topology):
     #: Where Lightning's loop semantics differ from HF's, HF's choices (the Lightning door's ``Trainer`` sets its
     #: own): handed to the fit loop, chosen once, never per step. Frozen, so one instance serves every ``Fit``.
     loop_policy: LoopPolicy = LoopPolicy()
+    seed_on_init: bool = True  #: seed in the constructor as HF does (Lightning's Trainer does not)
 
     def __init__(self, args: FitArguments | dict | None = None, *, accelerator: Any = None, strategy: Any = None,
                  devices: Any = None, num_nodes: int | None = None, precision: Any = None,
@@ -97,6 +100,8 @@ class Fit(Topology):
                                               list(plugins or []), kwargs)
         self.args = args
         data_options(args)  # accelerator_config / split_batches: bad keys fail before any work
+        if self.seed_on_init:  # models built after Fit(...) start from the seed (HF seeds in __init__ too)
+            (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         self.strategy = resolve_components(StrategyOptions.from_arguments(args), plugins, **instances)
         init_memory = None if args.skip_memory_metrics else MemoryTracker(self.strategy.root_device,
                                                                           self.strategy.accelerator)

@@ -204,6 +204,8 @@ class Trainer(Fit):
             float ``val_check_interval``; as ``Fit`` (unknown accelerator, strategy, precision...).
     """
 
+    seed_on_init = False  # Lightning's constructor leaves the random state alone
+
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
                  num_nodes: int = 1, precision: Any = None, logger: Any = None, callbacks: Any = None,
                  fast_dev_run: int | bool = False, max_epochs: int | None = None, min_epochs: int | None = None,

@@ -28,15 +28,40 @@ def _blocks() -> list[tuple[str, str]]:
 BLOCKS = _blocks()
 
 
+QUICK_START = "README.md#1"
+# the quick start runs twice in one interpreter, each time in its own folder, printing a marker after each run: a
+# fresh interpreter starts torch's generator from the same default seed, so only a second run in the same process
+# (its random state moved on by the first) shows whether the script's results depend on its own seed
+_TWICE = """import os, runpy
+for run in ("first", "second"):
+    os.makedirs(run)
+    os.chdir(run)
+    runpy.run_path(os.path.join("..", "block.py"), run_name="__main__")
+    os.chdir("..")
+    print("=== end of run", flush=True)
+"""
+
+
 @pytest.mark.parametrize("name,code", BLOCKS, ids=[n for n, _ in BLOCKS])
 def test_F_OBS_7_python_block_runs(name, code, tmp_path):
+    """Each block exits 0; the README's quick start (F-REPRO-1) also prints the same results (training loss,
+    validation accuracy, prediction shape) and saves the same weights, byte for byte, when run twice in one
+    interpreter: its model is built after ``Fit(...)``, which seeds as HF's ``Trainer.__init__`` does."""
     script = tmp_path / "block.py"
     script.write_text(code)
+    (tmp_path / "twice.py").write_text(_TWICE)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     env.pop("PYTHONPATH", None)
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+    run = tmp_path / ("twice.py" if name == QUICK_START else "block.py")
+    proc = subprocess.run([sys.executable, str(run)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=600)
     assert proc.returncode == 0, f"{name} failed:\n{code}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    if name == QUICK_START:
+        first, second, rest = proc.stdout.split("=== end of run\n")  # each ends with the script's print
+        assert not rest and first.splitlines()[-1] == second.splitlines()[-1], proc.stdout[-2000:]
+        weights = [(tmp_path / run / "runs" / "demo" / "final" / "model.safetensors").read_bytes()
+                   for run in ("first", "second")]
+        assert weights[0] == weights[1]
 
 
 def test_F_OBS_7_docs_exist_and_blocks_found():
