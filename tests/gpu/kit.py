@@ -1,12 +1,14 @@
-"""The GPU proof kit's driver: ``python tests/gpu/kit.py PART --device cuda|cpu --out DIR [--dry-run]``.
+"""The GPU proof kit's driver: ``python tests/gpu/kit.py PART [PART ...] --device cuda|cpu --out DIR [--dry-run]``.
 
-Parts (``tests/gpu/run.sh`` runs each in its own process under its own ``timeout``): ``env`` (device, versions),
-``pytest`` (turns the junit XML of ``pytest -m cuda`` into rows), ``matrix`` (single-device correctness rows, each
-against the fp32 run of the same job), ``dist`` (DDP, FSDP2, DeepSpeed ZeRO-2/3 with ``devices=1``), ``checks``
-(exact resume after SIGKILL, ``DeviceStatsMonitor``, async checkpoint blocking time) and ``perf`` (taskfit against
-a hand-written loop, Lightning and the HF Trainer). Every part writes ``DIR/<part>.json`` and ``DIR/<part>.md``
-after each row, so a part stopped by its time limit leaves the rows it finished. ``--dry-run`` uses tiny sizes so
-the whole kit runs on a CPU in about a minute (the test ``tests/gpu/test_gpu_kit.py`` does).
+Parts (on the GPU ``tests/gpu/run.sh`` runs each in its own process under its own ``timeout``; the CPU dry run
+runs ``env matrix checks perf dist`` in one process, one interpreter start instead of five): ``env`` (device,
+versions), ``pytest`` (turns the junit XML of ``pytest -m cuda`` into rows), ``matrix`` (single-device
+correctness rows, each against the fp32 run of the same job), ``dist`` (DDP, FSDP2, DeepSpeed ZeRO-2/3 with
+``devices=1``), ``checks`` (exact resume after SIGKILL, ``DeviceStatsMonitor``, async checkpoint blocking time)
+and ``perf`` (taskfit against a hand-written loop, Lightning and the HF Trainer). Every part writes
+``DIR/<part>.json`` and ``DIR/<part>.md`` after each row, so a part stopped by its time limit leaves the rows it
+finished. ``--dry-run`` uses tiny sizes so the whole kit runs on a CPU in about a minute (the test
+``tests/gpu/test_gpu_kit.py`` does).
 """
 
 from __future__ import annotations
@@ -150,27 +152,35 @@ def pytest_part(report: Report, junit: str) -> None:
         report.run(name, row)
 
 
+def run_one(part: str, device: str, out: str, dry_run: bool, junit: str | None = None) -> None:
+    """Run part ``part`` into ``out/<part>.json`` and ``.md`` (the row functions of its module)."""
+    report = Report(part, out, device, dry_run)
+    sizes = SIZES["dry" if dry_run else "gpu"]
+    if part == "env":
+        env_part(report, device)
+    elif part == "pytest":
+        pytest_part(report, junit or "")
+    else:
+        import importlib
+
+        module = importlib.import_module({"matrix": "matrix", "dist": "dist_rows", "checks": "checks",
+                                          "perf": "perf"}[part])
+        module.run_part(report, device, sizes)
+    report.write()
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``kit.py PART [PART ...]``: several parts run one after another in this process (the CPU dry run does so,
+    saving an interpreter with torch and transformers per part); each still writes its own files."""
     p = argparse.ArgumentParser(prog="python tests/gpu/kit.py")
-    p.add_argument("part", choices=("env", "pytest", "matrix", "dist", "checks", "perf"))
+    p.add_argument("part", nargs="+", choices=("env", "pytest", "matrix", "dist", "checks", "perf"))
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     p.add_argument("--out", required=True)
     p.add_argument("--dry-run", action="store_true", help="tiny sizes (a CPU run of the whole kit)")
     p.add_argument("--junit", help="pytest part: the junit XML to read")
     ns = p.parse_args(argv)
-    report = Report(ns.part, ns.out, ns.device, ns.dry_run)
-    sizes = SIZES["dry" if ns.dry_run else "gpu"]
-    if ns.part == "env":
-        env_part(report, ns.device)
-    elif ns.part == "pytest":
-        pytest_part(report, ns.junit)
-    else:
-        import importlib
-
-        module = importlib.import_module({"matrix": "matrix", "dist": "dist_rows", "checks": "checks",
-                                          "perf": "perf"}[ns.part])
-        module.run_part(report, ns.device, sizes)
-    report.write()
+    for part in ns.part:
+        run_one(part, ns.device, ns.out, ns.dry_run, ns.junit)
     return 0
 
 

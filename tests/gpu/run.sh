@@ -46,15 +46,24 @@ if [ -z "$DRY" ]; then
     part install bash -c "$PY -m pip install -q --no-deps --no-index --no-build-isolation . \
         || $PY -m pip install -q --no-deps --no-index --find-links gpu-wheels . ; $PY tests/gpu/wheels.py install gpu-wheels"
 fi
-part env "$PY" tests/gpu/kit.py env --device "$DEVICE" --out "$OUT" $DRY
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUT/env.log" 2>&1
-cat "$OUT/env.md"
+if [ -z "$DRY" ]; then
+    part env "$PY" tests/gpu/kit.py env --device "$DEVICE" --out "$OUT"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >> "$OUT/env.log" 2>&1
+    cat "$OUT/env.md"
+fi
 mapfile -t CUDA_TESTS < <(grep -rl "pytest.mark.cuda" tests --include="test_*.py" | sort)
 part pytest "$PY" -m pytest -q -p no:cacheprovider -m cuda --junitxml "$OUT/pytest.xml" "${CUDA_TESTS[@]}"
 "$PY" tests/gpu/kit.py pytest --device "$DEVICE" --out "$OUT" --junit "$OUT/pytest.xml" $DRY > /dev/null 2>&1
-for name in matrix dist checks perf; do
-    part "$name" "$PY" tests/gpu/kit.py "$name" --device "$DEVICE" --out "$OUT" $DRY
-done
+if [ -z "$DRY" ]; then
+    for name in matrix dist checks perf; do
+        part "$name" "$PY" tests/gpu/kit.py "$name" --device "$DEVICE" --out "$OUT"
+    done
+else  # one process for the rows (an interpreter with torch and transformers costs seconds of CPU on its own);
+    # dist last: its DDP row leaves a process group behind
+    LIMIT[rows]=$(( LIMIT[env] + LIMIT[matrix] + LIMIT[dist] + LIMIT[checks] + LIMIT[perf] ))
+    part rows "$PY" tests/gpu/kit.py env matrix checks perf dist --device "$DEVICE" --out "$OUT" $DRY
+    cat "$OUT/env.md"
+fi
 ONLY=$([ -n "$DRY" ] && echo "--only baseline" || echo "")
 part techniques "$PY" -m benchmarks techniques --quick --device "$DEVICE" --out "$OUT/techniques" $ONLY
 
