@@ -374,6 +374,32 @@ def test_model_init_is_seeded_F_REPRO_1(tmp_path):
     assert torch.equal(weights[0], weights[1])
 
 
+def test_construction_seeds_as_hf_trainer_init_and_lightning_trainer_does_not_F_REPRO_1(tmp_path):
+    """F-REPRO-1: ``Fit(...)`` seeds ``torch``, ``random`` and ``numpy`` with ``args.seed`` as HF's
+    ``Trainer.__init__`` does (``set_seed(args.seed)``), so a model built after it is the same whatever the random
+    state was; Lightning's ``Trainer`` constructor leaves the random state alone, and so does the Lightning door's."""
+    import random
+
+    import numpy as np
+    from transformers import set_seed
+    from taskfit.lightning import Trainer as LightningTrainer
+
+    set_seed(7)
+    want = (torch.rand(3), random.random(), np.random.rand())
+    for disturb in (1, 2):
+        torch.manual_seed(disturb)
+        random.seed(disturb)
+        np.random.seed(disturb)
+        _fit(tmp_path, seed=7)
+        got = (torch.rand(3), random.random(), np.random.rand())
+        assert torch.equal(got[0], want[0]) and got[1:] == want[1:]
+    torch.manual_seed(1)
+    state = torch.get_rng_state()
+    LightningTrainer(default_root_dir=str(tmp_path / "lit"), logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
 def test_taskmodule_that_handles_raw_strings_trains_F_CORE_5(tmp_path):
     """F-CORE-5 / F-CORE-1: a TaskModule may receive non-tensor batches (here lists of strings it tokenises
     itself, as Lightning allows); the loop must not fail on counting the samples of such a batch."""
