@@ -1,9 +1,10 @@
 """F-OBS-7: every ```python block of README.md and docs/*.md runs as written: each block is a self-contained
-script, executed in a fresh interpreter in an empty folder (its own tiny data; nothing downloaded). User-facing
+script, executed in a process of its own in an empty folder (its own tiny data; nothing downloaded). User-facing
 docs name no internal feature IDs and no files outside the repository."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -42,25 +43,56 @@ for run in ("first", "second"):
 """
 
 
+@pytest.fixture(scope="module")
+def run_script():
+    """``run(script, cwd) -> (exit code, stdout, stderr)``: the script in a process of its own with the blocks'
+    environment (no ``PYTHONPATH``, one thread, W&B offline), forked from ``block_runner.py`` (torch and taskfit
+    imported once for all blocks) where ``os.fork`` exists, else a fresh interpreter."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
+    env.pop("PYTHONPATH", None)
+    server = None
+    if hasattr(os, "fork"):
+        server = subprocess.Popen([sys.executable, str(Path(__file__).with_name("block_runner.py"))], env=env,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    def run(script: Path, cwd: Path) -> tuple[int, str, str]:
+        if server is None:
+            proc = subprocess.run([sys.executable, str(script)], cwd=cwd, env=env, capture_output=True, text=True,
+                                  timeout=600)
+            return proc.returncode, proc.stdout, proc.stderr
+        out, err = cwd / "block.stdout", cwd / "block.stderr"
+        server.stdin.write(json.dumps({"script": str(script), "cwd": str(cwd), "stdout": str(out),
+                                       "stderr": str(err)}) + "\n")
+        server.stdin.flush()
+        reply = server.stdout.readline()
+        assert reply, f"block_runner.py ended (exit code {server.poll()})"
+        return json.loads(reply)["rc"], out.read_text(), err.read_text()
+
+    yield run
+    if server is not None:
+        server.stdin.close()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:  # a block that never ended (its test failed on its timeout)
+            server.kill()
+            server.wait()
+
+
 @pytest.mark.parametrize("name,code", BLOCKS, ids=[n for n, _ in BLOCKS])
-def test_F_OBS_7_python_block_runs(name, code, tmp_path):
+def test_F_OBS_7_python_block_runs(name, code, tmp_path, run_script):
     """Each block exits 0; the README's quick start (F-REPRO-1) also prints the same results (training loss,
     validation accuracy, prediction shape) and saves the same weights, byte for byte, when run twice in one
     interpreter: its model is built after ``Fit(...)``, which seeds as HF's ``Trainer.__init__`` does."""
     script = tmp_path / "block.py"
     script.write_text(code)
     (tmp_path / "twice.py").write_text(_TWICE)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
-    env.pop("PYTHONPATH", None)
-    run = tmp_path / ("twice.py" if name == QUICK_START else "block.py")
-    proc = subprocess.run([sys.executable, str(run)], cwd=tmp_path, env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0, f"{name} failed:\n{code}\n--- stderr ---\n{proc.stderr[-4000:]}"
+    rc, stdout, stderr = run_script(tmp_path / ("twice.py" if name == QUICK_START else "block.py"), tmp_path)
+    assert rc == 0, f"{name} failed:\n{code}\n--- stderr ---\n{stderr[-4000:]}"
     if name == QUICK_START:
-        first, second, rest = proc.stdout.split("=== end of run\n")  # each ends with the script's print
-        assert not rest and first.splitlines()[-1] == second.splitlines()[-1], proc.stdout[-2000:]
-        weights = [(tmp_path / run / "runs" / "demo" / "final" / "model.safetensors").read_bytes()
-                   for run in ("first", "second")]
+        first, second, rest = stdout.split("=== end of run\n")  # each ends with the script's print
+        assert not rest and first.splitlines()[-1] == second.splitlines()[-1], stdout[-2000:]
+        weights = [(tmp_path / folder / "runs" / "demo" / "final" / "model.safetensors").read_bytes()
+                   for folder in ("first", "second")]
         assert weights[0] == weights[1]
 
 
