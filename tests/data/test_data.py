@@ -381,8 +381,8 @@ def test_construction_seeds_as_hf_trainer_init_and_lightning_trainer_does_not_F_
     import random
 
     import numpy as np
-    from transformers import set_seed
     from taskfit.lightning import Trainer as LightningTrainer
+    from transformers import set_seed
 
     set_seed(7)
     want = (torch.rand(3), random.random(), np.random.rand())

@@ -17,9 +17,8 @@ import runpy
 import sys
 import traceback
 
-import torch
-
 import taskfit  # noqa: F401  (loaded once here, inherited by every child)
+import torch
 from taskfit import Fit, FitArguments, TaskModule  # noqa: F401
 
 
