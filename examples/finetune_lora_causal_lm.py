@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import shlex
 import sys
 import time
+import warnings
 
 import torch
 from taskfit.data import completion_only_row, pack_dataset
@@ -116,7 +118,9 @@ def main(argv=None) -> dict:
           f"({fill:.1%} real tokens): {real / len(packed):.0f} real tokens per row, against "
           f"{real / len(train_rows):.0f} with one verse per padded row")
 
-    model = lora_llama(a.seed)
+    with warnings.catch_warnings():  # PEFT 0.21 reads a property transformers 5 deprecated: not this job's concern
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        model = lora_llama(a.seed)
     model.print_trainable_parameters()
     args = TrainingArguments(
         output_dir=a.output_dir, max_steps=a.max_steps, per_device_train_batch_size=a.batch_size,
@@ -128,20 +132,26 @@ def main(argv=None) -> dict:
     trainer = Trainer(model=model, args=args, train_dataset=packed, eval_dataset=held_out, callbacks=[printer])
 
     before = trainer.evaluate()
-    print(f"held-out completion loss before: {before['eval_loss']:.4f}", flush=True)
-    train = trainer.train(resume_from_checkpoint=True if a.resume else None).metrics
+    print(f"held-out completion loss before training: {before['eval_loss']:.4f}", flush=True)
+    try:
+        train = trainer.train(resume_from_checkpoint=True if a.resume else None).metrics
+    except SystemExit as stop:  # SIGTERM / Ctrl-C: taskfit finished the step, saved a checkpoint and stops here
+        again = [] if a.resume else ["--resume"]
+        print(f"stopped (exit status {stop.code}); continue with: python {shlex.join(sys.argv + again)}", flush=True)
+        raise
     seconds = time.perf_counter() - printer.start
     steps = trainer.state.global_step - printer.first
     tokens_per_step = real / len(packed) * a.batch_size * a.gradient_accumulation_steps  # real tokens, no padding
     tokens_per_s = tokens_per_step * steps / seconds if steps else 0.0
     after = trainer.evaluate()
-    print(f"held-out completion loss after:  {after['eval_loss']:.4f}")
+    print(f"held-out completion loss after training:  {after['eval_loss']:.4f}")
     print(f"steps {printer.first}->{trainer.state.global_step} in {seconds:.1f} s: {tokens_per_step:.0f} real "
           f"tokens per step, {tokens_per_s:.0f} tokens/s")
 
     adapter = os.path.join(a.output_dir, "adapter")
     trainer.save_model(adapter)  # adapter_model.safetensors + adapter_config.json (PeftModel.from_pretrained reads it)
-    checkpoints = sorted(str(p) for p in pathlib.Path(a.output_dir).glob("checkpoint-*"))
+    checkpoints = [str(p) for p in sorted(pathlib.Path(a.output_dir).glob("checkpoint-*"),
+                                          key=lambda p: int(p.name.split("-")[-1]))]
     print(f"adapter: {adapter} ({sorted(os.listdir(adapter))})\ncheckpoints: {', '.join(checkpoints) or 'none'}")
     return {"before": before, "after": after, "train": train, "tokens_per_s": tokens_per_s, "fill": fill,
             "adapter": adapter, "model": model}

@@ -153,9 +153,18 @@ class DeepSpeedStrategy(ParallelStrategy):
 
         Raises:
             ValueError: more than one optimizer (DeepSpeed drives exactly one), before any work; under ZeRO-3 a
-                second training setup of a module an earlier engine partitioned.
+                second training setup of a module an earlier engine partitioned; a model built on the meta device
+                (``rank_zero_init``) on any rank, on every rank (a collective check), naming the strategy.
         """
+        from taskfit.strategies.rank_zero_weights import loads_from_rank_zero
+
         optimizers, schedulers = list(optimizers), list(schedulers)
+        if loads_from_rank_zero(module, self.root_device, self.global_rank, self.world_size, self._check):
+            raise ValueError(f"strategy={self.name!r} (ZeRO-{self.zero_stage}) cannot fill a model built on the meta "
+                             "device (rank_zero_init, cpu_ram_efficient_loading) from rank 0's weights: DeepSpeed "
+                             "partitions the parameters each rank holds. Build the model with real weights on every "
+                             "rank under DeepSpeed, or use strategy='fsdp' (rank 0's weights loaded into each rank's "
+                             "shards) or 'ddp'.")
         if len(optimizers) > 1:
             raise ValueError(f"strategy={self.name!r} drives exactly one optimizer per engine; configure_optimizers "
                              f"returned {len(optimizers)}. Combine the parameter groups into one optimizer, or use "

@@ -397,7 +397,9 @@ class FSDPStrategy(ParallelStrategy):
         """``state_dict_type="sharded"``: every rank writes its model and optimizer shards with
         ``torch.distributed.checkpoint`` into ``folder/shards/`` (no gather) and returns its file names.
         ``"full"``: model and optimizer are gathered to rank 0, which writes ``model.safetensors`` (keys of a
-        single-device run) and ``optimizer.pt`` (``Optimizer.state_dict()`` form), loadable by any strategy.
+        single-device run) and ``optimizer.pt`` (``Optimizer.state_dict()`` form), loadable by any strategy; of a
+        PEFT model only the adapter is gathered and the checkpoint code writes it in PEFT's layout (as accelerate's
+        ``save_fsdp_model(adapter_only=True)`` for ``transformers.Trainer``), no full weights.
 
         Raises:
             ValueError: a remote ``folder`` with sharded checkpoints.
@@ -411,17 +413,21 @@ class FSDPStrategy(ParallelStrategy):
             return None
         io = self.checkpoint_io
         if self.options.state_dict_type == "full":
+            from taskfit.io.peft_files import is_peft_model
             from taskfit.strategies.checkpointing import exportable_model  # the same module save_model exports
 
             target = exportable_model(module)
-            weights = self._full_model_state(target)
+            # a PEFT model: no full weights; the checkpoint code gathers and writes only the adapter (PEFT's files)
+            adapter_only = is_peft_model(target)
+            weights = None if adapter_only else self._full_model_state(target)
             full = StateDictOptions(full_state_dict=True, cpu_offload=True)
             osd = self._check("full optimizer state gather",
                               lambda: get_optimizer_state_dict(module, optimizer, options=full)) if optimizer else None
             if not self.is_global_zero:
                 return []
-            names = [self._model_file_name()]
-            io.write_bytes(join(folder, names[0]), serialize(names[0], weights))
+            names = [] if adapter_only else [self._model_file_name()]
+            if weights is not None:
+                io.write_bytes(join(folder, names[0]), serialize(names[0], weights))
             if osd is not None:  # copied by serialising now: on the CPU the gathered state aliases live tensors
                 names.append("optimizer.pt")
                 io.write_bytes(join(folder, "optimizer.pt"), serialize("optimizer.pt", optimizer_state_by_index(osd)))
@@ -436,11 +442,39 @@ class FSDPStrategy(ParallelStrategy):
                     lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(path, single_file_per_rank=True)))
         return rank_file_names(self.global_rank, with_metadata=self.is_global_zero)
 
+    def _load_full_model(self, module: nn.Module, folder: str, reader: Any) -> bool:
+        """Load full weights (``model.safetensors``/``pytorch_model.bin``), or a PEFT model's adapter files (a
+        ``"full"`` checkpoint of a PEFT model, a single-device or DDP adapter checkpoint), into sharded ``module``:
+        every rank reads the full tensors and cuts its own shard locally (no collective). False: neither there."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+
+        from taskfit.io.peft_files import adapter_state_by_model_key, has_adapter_files, is_peft_model
+        from taskfit.strategies.checkpointing import exportable_model
+
+        files, target = reader.manifest["files"], exportable_model(module)
+        weights = next((n for n in ("model.safetensors", "pytorch_model.bin") if n in files), None)
+        if weights is None and is_peft_model(target) and has_adapter_files(files):
+            adapter = adapter_state_by_model_key(target, files, reader.read, folder)
+            own = {k: v for k, v in get_model_state_dict(target).items() if k in adapter}
+            set_model_state_dict(target, shard_like(adapter, own), options=StateDictOptions(strict=False))
+            return True
+        if weights is None:
+            return False
+        full_model = reader.read(weights)
+        own = get_model_state_dict(target)
+        missing, unexpected = sorted(set(own) - set(full_model)), sorted(set(full_model) - set(own))
+        if missing or unexpected:
+            raise ValueError(f"{folder!r} does not match {type(target).__name__}: missing keys {missing[:5]}, "
+                             f"unexpected keys {unexpected[:5]}.")
+        set_model_state_dict(target, shard_like(full_model, own))
+        return True
+
     def load_checkpoint_shards(self, module: nn.Module, optimizer: Any, folder: str, names: list[str],
                                reader: Any = None) -> bool:
         """Restore model and optimizer: from the DCP shards (any world size: DCP reshards), or, without shards,
-        from full ``model.safetensors``/``optimizer.pt`` (a ``"full"`` FSDP checkpoint or one written by a
-        single-device / DDP run), each rank keeping its shard. Returns True when it restored them."""
+        from full ``model.safetensors`` (a PEFT model: its adapter files) and ``optimizer.pt`` (a ``"full"`` FSDP
+        checkpoint or one written by a single-device / DDP run), each rank keeping its shard. Returns True when it
+        restored them."""
         from torch.distributed.checkpoint.state_dict import (
             get_model_state_dict, get_optimizer_state_dict, set_model_state_dict,
             set_optimizer_state_dict,
@@ -468,21 +502,9 @@ class FSDPStrategy(ParallelStrategy):
             if optimizer is not None:
                 set_optimizer_state_dict(module, optimizer, state["optim"])
             return True
-        from taskfit.strategies.checkpointing import exportable_model
-
-        manifest = reader.manifest
-        weights = next((n for n in ("model.safetensors", "pytorch_model.bin") if n in manifest["files"]), None)
-        if weights is None:
+        if not self._load_full_model(module, folder, reader):
             return False
-        # every rank holds the full tensors: cut its own shard locally (no collective) and load the sharded dicts
-        target = exportable_model(module)
-        full_model = reader.read(weights)
-        own = get_model_state_dict(target)
-        missing, unexpected = sorted(set(own) - set(full_model)), sorted(set(full_model) - set(own))
-        if missing or unexpected:
-            raise ValueError(f"{folder!r} does not match {type(target).__name__}: missing keys {missing[:5]}, "
-                             f"unexpected keys {unexpected[:5]}.")
-        set_model_state_dict(target, shard_like(full_model, own))
+        manifest = reader.manifest
         if optimizer is not None and "optimizer.pt" in manifest["files"]:
             osd = optimizer_state_by_name(reader.read("optimizer.pt"),
                                           parameter_names(module, optimizer))

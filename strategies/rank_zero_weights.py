@@ -56,11 +56,31 @@ def loads_from_rank_zero(module: nn.Module, device: torch.device, rank: int, wor
     return asked or bool(flags[0] > 0)
 
 
+def shared_parameters(module: nn.Module) -> list[list[tuple[nn.Module, str]]]:
+    """The parameters held by several submodules (tied weights, e.g. an output layer sharing the input
+    embedding: transformers' ``tie_word_embeddings``), each as its ``(submodule, attribute name)`` owners."""
+    owners: dict[int, list[tuple[nn.Module, str]]] = {}
+    for sub in module.modules():
+        for name, p in sub._parameters.items():
+            if p is not None:
+                owners.setdefault(id(p), []).append((sub, name))
+    return [group for group in owners.values() if len(group) > 1]
+
+
 def materialize(module: nn.Module, device: torch.device) -> None:
-    """Allocate uninitialised storage on ``device`` for a model with meta tensors (``nn.Module.to_empty``); a
-    no-op for a model without any (rank 0's: its weights are the ones every rank will hold)."""
-    if has_meta_tensors(module):
-        module.to_empty(device=device)
+    """Allocate uninitialised storage on ``device`` for a model with meta tensors (``nn.Module.to_empty``), keeping
+    tied weights tied; a no-op for a model without any (rank 0's: its weights are the ones every rank will hold).
+
+    ``to_empty`` gives every owner of a shared meta parameter a new parameter of its own (a meta tensor cannot be
+    filled in place), so the tie would be lost and the rank would hold one more parameter than rank 0; each later
+    owner gets the first owner's new parameter back, as transformers' ``tie_weights`` ties them after loading."""
+    if not has_meta_tensors(module):
+        return
+    shared = shared_parameters(module)
+    module.to_empty(device=device)
+    for (first, first_name), *others in shared:
+        for sub, name in others:
+            sub._parameters[name] = first._parameters[first_name]
 
 
 def load_rank_zero_state(root: nn.Module, full_state: dict[str, torch.Tensor], rank: int,

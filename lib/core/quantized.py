@@ -77,3 +77,23 @@ def check_quantized_strategy(model: Any, strategy: str, detail: str = "") -> Non
                      "weights keep their quantization state outside the tensor. Train the quantized base (QLoRA) "
                      "with strategy='ddp' (each process holds the whole quantized base, small by design) or on one "
                      "process; or load the base unquantized to shard it with FSDP or DeepSpeed.")
+
+
+def check_quantized_setup(model: Any, strategy: Any, training: bool = True) -> None:
+    """The quantised-model checks every door runs on its model before the strategy wraps it (``Fit`` and
+    ``taskfit.hf.Trainer`` before any worker starts, ``Engine.setup`` before any weight moves): the strategy check
+    (:func:`check_quantized_strategy`) and, when the model is about to train, the training check
+    (:func:`check_quantized_training`).
+
+    Args:
+        model (nn.Module): the model (a ``peft.PeftModel``, a transformers model, or any module: it passes).
+        strategy (Strategy): the run's strategy (its ``name``, and ``zero_stage`` for DeepSpeed).
+        training (bool): the model will train (``Engine.setup`` with optimizers); False checks the strategy only.
+
+    Raises:
+        ValueError: as :func:`check_quantized_strategy` and :func:`check_quantized_training` raise.
+    """
+    stage = getattr(strategy, "zero_stage", None)
+    check_quantized_strategy(model, strategy.name, f" (ZeRO-{stage})" if stage else "")
+    if training:
+        check_quantized_training(model)

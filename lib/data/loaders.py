@@ -173,11 +173,16 @@ def build_dataloader(data: Any, args: Any, *, train: bool, batch_size: int, coll
 
 
 def set_loader_epoch(loader: Any, epoch: int) -> None:
-    """Tell a loader's sampler / batch sampler / iterable dataset which epoch starts (``set_epoch`` protocol)."""
+    """Tell a loader's sampler / batch sampler / iterable dataset which epoch starts (``set_epoch`` protocol); a
+    ``RandomSampler`` with its own generator is set to the epoch's start
+    (:func:`~taskfit.data.samplers.position_generator`: a resumed run draws the uninterrupted run's order)."""
+    from taskfit.data.samplers import position_generator
+
     for obj in (getattr(loader, "sampler", None), getattr(getattr(loader, "batch_sampler", None), "sampler", None),
                 getattr(loader, "dataset", None)):
         if obj is not None and hasattr(obj, "set_epoch"):
             obj.set_epoch(epoch)
+        position_generator(obj, epoch)
 
 
 def num_examples(loader: Any) -> int:

@@ -182,9 +182,14 @@ class Engine(Topology):
         Raises:
             TypeError: ``module`` is not an ``nn.Module`` or an optimizer is not a ``torch.optim.Optimizer``.
             ValueError: ``module`` was already set up, a second module under a multi-process strategy, or more
-                optimizers than the strategy supports.
+                optimizers than the strategy supports; a quantized model (bitsandbytes 4/8-bit) with optimizers but
+                no adapters (as ``transformers.Trainer`` refuses it), or under a strategy that shards or flattens
+                parameters (``"fsdp"``, DeepSpeed: naming it), before any weight moves or process starts.
             RuntimeError: a multi-process strategy before :meth:`launch`.
         """
+        from taskfit.core.quantized import check_quantized_setup
+        from taskfit.strategies.checkpointing import exportable_model
+
         if isinstance(module, EngineModule):
             raise ValueError("This module was already set up by engine.setup(); pass the original module.")
         if not isinstance(module, nn.Module):
@@ -200,6 +205,8 @@ class Engine(Topology):
             raise ValueError(f"strategy={self.strategy.name!r} wraps one module per Engine; this Engine already set up "
                              f"{type(self._models[0].module).__name__}. Put the modules into one nn.Module (e.g. "
                              "nn.ModuleDict) and set that up, with one optimizer per part if needed.")
+        # the checks Fit runs on its model (one mechanism): before launch() too, so no process starts in vain
+        check_quantized_setup(exportable_model(module), self.strategy, training=bool(optimizers))
         self._ensure_launched("setup")
         steps = max_steps if max_steps is not None else max(int(self.engine_options.max_steps or 0), 1)
         wrapped, opts, scheds = self.strategy.setup(module, list(optimizers),

@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from torch import nn
 
-from taskfit.core.quantized import check_quantized_strategy, check_quantized_training
+from taskfit.core.quantized import check_quantized_setup, check_quantized_training
 from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size
 from taskfit.debugging import batch_limit, limit_batches
 from taskfit.loops.evaluation_loop import is_loader_list
@@ -115,14 +115,13 @@ class _SpawnedResult:
 
 
 def _check_strategy(fit: Any, model: Any) -> None:
-    """:func:`~taskfit.core.quantized.check_quantized_strategy` on the model (or the HF model a TaskModule
-    wraps) and the Fit's strategy."""
+    """:func:`~taskfit.core.quantized.check_quantized_setup` (the strategy part) on the model (or the HF model a
+    TaskModule wraps) and the Fit's strategy."""
     if model is None:
         return
     from taskfit.strategies.checkpointing import exportable_model
 
-    stage = getattr(fit.strategy, "zero_stage", None)
-    check_quantized_strategy(exportable_model(model), fit.strategy.name, f" (ZeRO-{stage})" if stage else "")
+    check_quantized_setup(exportable_model(model), fit.strategy, training=False)
 
 
 def _stage_entry(fit: Any, stage: str, model: Any, kwargs: dict[str, Any], caller_pid: int) -> Any:

@@ -134,6 +134,47 @@ def load_adapter_files(model: Any, names: Any, read: Callable[[str], Any], where
         set_peft_model_state_dict(model, state, adapter_name=name)
 
 
+def adapter_state_by_model_key(model: Any, names: Any, read: Callable[[str], Any], where: str) -> dict[str, Any]:
+    """Every adapter's tensors of a folder in PEFT's layout, keyed as ``model.state_dict()`` names them (adapter name
+    inserted, ``modules_to_save`` wrapped): what a sharded strategy cuts into its shards and loads with
+    ``set_model_state_dict``, where ``peft.set_peft_model_state_dict`` cannot load full tensors into sharded
+    parameters. The key map is the inverse of the one :func:`adapter_files` writes with (``get_peft_model_state_dict``
+    of the model's own keys), so a folder written by taskfit or by ``PeftModel.save_pretrained`` maps exactly.
+
+    Args:
+        model (peft.PeftModel): the model whose adapters the folder holds (its parameters may be sharded DTensors:
+            only the names are read).
+        names, read, where: as :func:`load_adapter_files`.
+
+    Returns:
+        dict[str, Tensor]: full tensors by the model's state-dict key.
+
+    Raises:
+        CheckpointError: as :func:`load_adapter_files`.
+    """
+    from peft import get_peft_model_state_dict
+
+    keys = sorted(adapter_parameter_names(model) | {k for k in model.state_dict() if ".modules_to_save." in k})
+    markers = {k: torch.tensor(i) for i, k in enumerate(keys)}  # each value says which model key it came from
+    names = set(names)
+    out: dict[str, Any] = {}
+    for name in model.peft_config:
+        folder = _adapter_folder(name)
+        file = next((folder + n for n in (ADAPTER_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME_PT) if folder + n in names), None)
+        if file is None:
+            raise CheckpointError(f"{where!r} holds no weights for adapter {name!r} ({folder}{ADAPTER_WEIGHTS_NAME} "
+                                  f"or {folder}{ADAPTER_WEIGHTS_NAME_PT}); the folder has {sorted(names)[:8]}.")
+        key_of = {k: keys[int(v)] for k, v in get_peft_model_state_dict(
+            model, state_dict=markers, adapter_name=name, save_embedding_layers="auto").items()}
+        state = read(file)
+        if set(state) != set(key_of):
+            raise CheckpointError(f"{where}/{file} does not match adapter {name!r} of {type(model).__name__}: missing "
+                                  f"keys {sorted(set(key_of) - set(state))[:5]}, unexpected keys "
+                                  f"{sorted(set(state) - set(key_of))[:5]}.")
+        out.update({key_of[k]: v for k, v in state.items()})
+    return out
+
+
 def merged_copy(model: Any, state_dict: dict[str, torch.Tensor] | None = None) -> torch.nn.Module:
     """A copy of PEFT ``model`` with its adapters merged into the base weights: the base architecture (e.g. a
     ``LlamaForCausalLM``) that ``from_pretrained`` reads back with no PEFT installed. ``model`` keeps its adapters

@@ -75,6 +75,17 @@ def torchdata_loader(rows: Rows):
     return StatefulDataLoader(torch.utils.data.Subset(rows, order), batch_size=2)
 
 
+def random_loader(rows: Rows, kind: str):
+    """A loader over ``rows`` shuffled by a ``RandomSampler`` with its own seeded generator (a plain ``DataLoader``,
+    or torchdata's ``StatefulDataLoader`` with ``kind="torchdata_random"``); taskfit splits its order per rank."""
+    sampler = torch.utils.data.RandomSampler(rows, generator=torch.Generator().manual_seed(7))
+    if kind == "torchdata_random":
+        from torchdata.stateful_dataloader import StatefulDataLoader
+
+        return StatefulDataLoader(rows, batch_size=2, sampler=sampler)
+    return torch.utils.data.DataLoader(rows, batch_size=2, sampler=sampler)
+
+
 if __name__ == "__main__":
     with open(sys.argv[-1]) as f:
         cfg = json.load(f)
@@ -83,8 +94,9 @@ if __name__ == "__main__":
               save_strategy="steps", disable_tqdm=True, report_to="none", lr_scheduler_type="constant",
               strategy="ddp", devices=2, ddp_timeout=120)
     module = Recorder()
-    stream = Rows() if cfg.get("loader") == "torchdata" else RankStream()
-    data = torchdata_loader(stream) if cfg.get("loader") == "torchdata" else stream
+    kind = cfg.get("loader")
+    stream = Rows() if kind else RankStream()
+    data = torchdata_loader(stream) if kind == "torchdata" else random_loader(stream, kind) if kind else stream
     fit.fit(module, data, resume_from_checkpoint=cfg.get("resume"))
     with open(cfg["result"] + f".rank{fit.global_rank}.json", "w") as f:
         json.dump({"seen": module.seen, "fetched": stream.fetched, "weight": module.layer.weight.tolist()}, f)
