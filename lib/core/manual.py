@@ -9,7 +9,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-
 #: the handle class made for each optimizer class (one per class, not per handle)
 _HANDLE_CLASSES: dict[tuple[type, type], type] = {}
 
@@ -55,7 +54,7 @@ class LightningOptimizer:
             fit loop's ``on_before_optimizer_step`` hooks and clipping); default: the module's hooks only.
     """
 
-    def __new__(cls, optimizer: Any, *args: Any, **kwargs: Any) -> "LightningOptimizer":
+    def __new__(cls, optimizer: Any, *args: Any, **kwargs: Any) -> LightningOptimizer:
         return object.__new__(_handle_class(cls, type(optimizer)))
 
     def __init__(self, optimizer: Any, module: Any, after_closure: Callable[[Any], None] | None = None) -> None:

@@ -40,6 +40,13 @@ class LoopPolicy:
             mode included).
         none_optimizer_trains_nothing (bool): ``configure_optimizers`` returning None trains with no optimizer
             (Lightning, with its warning); False: ``Fit`` builds its default optimizer (HF's AdamW).
+        max_epochs (int | None): training ends after this many epochs whatever the step plan says (Lightning's
+            ``max_epochs``, checked before each epoch: 0 sets up, runs the sanity check and trains nothing); None:
+            the plan's epochs (HF: ``num_train_epochs`` > 0, or what ``max_steps`` needs).
+        plateau_steps_after_validation (bool): a ``ReduceLROnPlateau`` of interval ``"step"`` steps after the
+            validation that follows its batch (so it may monitor a validation value, and a checkpoint saved by that
+            validation holds it one step behind), as Lightning's ``update_plateau_schedulers=True`` pass; False
+            steps it with the batch's other step schedulers, before any validation.
         closure_in_optimizer_step (bool): under automatic optimization the window's last closure (training_step,
             zero_grad, backward, then the ``on_before_optimizer_step`` hooks and clipping) runs inside
             ``optimizer.step(closure=...)`` (Lightning's ``Precision.optimizer_step``); False runs it, then calls
@@ -61,6 +68,8 @@ class LoopPolicy:
     checkpoint_callbacks_last: bool = False
     keeps_submodule_modes: bool = False
     none_optimizer_trains_nothing: bool = False
+    max_epochs: int | None = None
+    plateau_steps_after_validation: bool = False
     closure_in_optimizer_step: bool = False
     none_loss_skips_batch: bool = False
 
