@@ -294,6 +294,7 @@ class AutomaticStep:
         # Lightning keeps one LightningOptimizer per optimizer for the run; `stepped` is reset per window
         self.handles = [LightningOptimizer(opt, module, self.after_closure) for opt in self.optimizers]
         self._before_step = self.before_step  # bound once: no method object per window
+        self._step_closure_fn = self._step_closure
         self.weights: list[Any] | None = None
         self.items: Any = None
         self.last, self.epoch, self.stepped = 0, 0, False
@@ -398,7 +399,7 @@ class AutomaticStep:
         self.H["on_pre_optimizer_step"] and self.hooks.call_hf("on_pre_optimizer_step", self.args, self.state,
                                                                self.control)
         self._ran = False
-        self.stepped = self.policy.optimizer_step(self.optimizer, self._step_closure)
+        self.stepped = self.policy.optimizer_step(self.optimizer, self._step_closure_fn)
         if not self._ran:  # the optimizer never called the closure: the batch still counts (its hooks ran)
             self._out, self._loss = None, None
         for opt in self.other_optimizers:
