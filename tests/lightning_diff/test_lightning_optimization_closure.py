@@ -154,7 +154,8 @@ def test_F_LIT_DOOR_training_step_none_skips_the_batch(tmp_path, accumulate):
 def test_F_LIT_DOOR_max_epochs_zero_sets_up_and_trains_nothing(tmp_path):
     """F-LIT-DOOR (G20): ``Trainer(max_epochs=0)`` sets up (``configure_optimizers`` read, so a bad scheduler
     still fails), runs ``on_fit_start``, the sanity check and ``on_fit_end``, and trains nothing: no
-    ``training_step``, ``global_step`` and ``current_epoch`` 0, weights as initialised."""
+    ``on_train_start``/``on_train_end``, no ``training_step``, ``global_step`` and ``current_epoch`` 0, weights as
+    initialised."""
     def make(base):
         class Net(_counting(base, lambda m: torch.optim.SGD(m.parameters(), lr=0.1))):
             calls = []
@@ -167,6 +168,12 @@ def test_F_LIT_DOOR_max_epochs_zero_sets_up_and_trains_nothing(tmp_path):
 
             def on_fit_end(self):
                 self.calls.append("on_fit_end")
+
+            def on_train_start(self):
+                self.calls.append("on_train_start")
+
+            def on_train_end(self):
+                self.calls.append("on_train_end")
 
             def configure_optimizers(self):
                 self.calls.append("configure_optimizers")
