@@ -329,6 +329,7 @@ class AutomaticStep:
 
     def _run_closure(self) -> None:
         """The closure without its return value (the loop reads ``_loss`` itself: no detach per micro-batch)."""
+        self._ran = True
         with self.strategy.no_backward_sync(enabled=self._i != self.last):
             self.forward_backward()
 
@@ -346,7 +347,6 @@ class AutomaticStep:
         i, module, hooks, L = self._i, self.module, self.hooks, self.L
         with self.fwd_ctx():
             out = self.train_fx(self._batch, self._batch_idx)
-        self._ran = True
         if out is None and self.none_skips:  # Lightning: no backward; zero_grad and the step still run
             loss = self._skipped()
         else:
@@ -400,7 +400,7 @@ class AutomaticStep:
                                                                self.control)
         self._ran = False
         self.stepped = self.policy.optimizer_step(self.optimizer, self._step_closure_fn)
-        if not self._ran:  # the optimizer never called the closure: the batch still counts (its hooks ran)
+        if not self._ran:  # the optimizer never called the closure (Lightning runs nothing either): no output
             self._out, self._loss = None, None
         for opt in self.other_optimizers:
             self.strategy.before_optimizer_step(opt, self._before_step)

@@ -271,3 +271,33 @@ def test_F_LIT_DOOR_step_plateau_scheduler_steps_after_the_batch_validation(tmp_
     ml, mt = out
     assert mt.lrs == ml.lrs and mt.saved == ml.saved and same_weights(ml, mt)
     assert len(set(ml.lrs)) > 2  # both schedulers changed the rate
+
+
+def test_F_LIT_DOOR_precision_optimizer_step_passes_closure_and_keywords():
+    """F-LIT-DOOR (G18): ``Precision.optimizer_step(optimizer, closure, **kwargs)`` hands both to
+    ``optimizer.step`` (bare ``step()`` without them, as ``Fit`` calls it); ``16-mixed`` runs the closure once,
+    steps through the scaler with the keywords, and refuses LBFGS before stepping (ValueError, as Lightning)."""
+    from taskfit.precision.precision import MixedPrecision, Precision, cpu_grad_scaler_supported
+
+    layer = torch.nn.Linear(2, 1)
+    opt = RecordingSGD(layer.parameters(), lr=0.1)
+    ran, backward = [], [torch.Tensor.backward]
+
+    def closure():
+        ran.append(1)
+        backward[0](layer.weight.sum())  # the plugin's backward scales the loss under 16-mixed
+        return 1.0
+
+    assert Precision().optimizer_step(opt, closure, optim="sgd") is True
+    assert Precision().optimizer_step(opt) is True
+    assert opt.calls == [["optim"], []] and ran == [1]
+    if not cpu_grad_scaler_supported():
+        pytest.skip("no GradScaler on CPU in this torch")
+    mixed = MixedPrecision("16-mixed")
+    mixed.setup_device(torch.device("cpu"))
+    backward[0] = mixed.backward
+    assert mixed.optimizer_step(opt, closure, optim="sgd") is True
+    assert opt.calls[-1] == ["optim"] and ran == [1, 1]
+    with pytest.raises(ValueError, match="LBFGS optimizer are not compatible"):
+        mixed.optimizer_step(torch.optim.LBFGS(layer.parameters()), closure)
+    assert ran == [1, 1]
