@@ -283,11 +283,14 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._grad_norm = torch.full((), float("nan"))
         return self._grad_norm
 
-    def optimizer_step(self, optimizer: Any) -> bool:
-        """``engine.step()`` (reduce, clip, step, zero the gradients); False when the step was skipped (fp16
-        overflow)."""
+    def optimizer_step(self, optimizer: Any, closure: Any = None, **kwargs: Any) -> bool:
+        """``engine.step(**kwargs)`` (reduce, clip, step, zero the gradients); False when the step was skipped
+        (fp16 overflow). A ``closure`` runs once first: the engine cannot take one (Lightning's
+        ``DeepSpeedPrecision`` does the same)."""
         engine = self._engine()
-        self._check("optimizer step", engine.step)
+        if closure is not None:
+            closure()
+        self._check("optimizer step", lambda: engine.step(**kwargs))
         norm = engine.get_global_grad_norm()
         if norm is not None:
             self._grad_norm.fill_(float(norm))

@@ -291,10 +291,13 @@ class Strategy:
         if hook is not None:
             hook(optimizer)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None,
+                       **kwargs: Any) -> bool:
         """Step ``optimizer`` through the precision plugin (which unscales first when :meth:`before_optimizer_step`
-        did not: manual optimization, ``Engine``); False when the step was skipped (non-finite gradients)."""
-        return self.precision.optimizer_step(optimizer)
+        did not: manual optimization, ``Engine``); False when the step was skipped (non-finite gradients).
+        ``closure`` and ``kwargs`` reach ``optimizer.step(closure=..., **kwargs)`` (Lightning's
+        ``Strategy.optimizer_step``)."""
+        return self.precision.optimizer_step(optimizer, closure, **kwargs)
 
     # -- collectives (identity for one process) ---------------------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:

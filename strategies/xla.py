@@ -129,11 +129,14 @@ class XLAStrategy(Strategy):
         self._reduce_gradients(optimizer)
         return super().clip_gradients(parameters, max_norm, optimizer)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Any = None, **kwargs: Any) -> bool:
         """``xm.optimizer_step`` split in its parts: reduce gradients (once per step), step through the precision
-        plugin, then cut the lazy graph so the step runs (``torch_xla.sync``)."""
+        plugin, then cut the lazy graph so the step runs (``torch_xla.sync``). A ``closure`` runs once first (its
+        gradients must be reduced before the step); ``kwargs`` reach ``optimizer.step``."""
+        if closure is not None:
+            closure()
         self._reduce_gradients(optimizer)
-        ok = self.precision.optimizer_step(optimizer)
+        ok = self.precision.optimizer_step(optimizer, **kwargs)
         self._grads_reduced = False
         _sync()
         return ok

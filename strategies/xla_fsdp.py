@@ -181,9 +181,11 @@ class XLAFSDPStrategy(XLAStrategy):
             return self.model.clip_grad_norm_(max_norm)
         return torch.nn.utils.clip_grad_norm_(parameters, max_norm)
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Step (FSDP already reduce-scattered the gradients in backward), then cut the lazy graph."""
-        ok = self.precision.optimizer_step(optimizer)
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None,
+                       **kwargs: Any) -> bool:
+        """Step (FSDP already reduce-scattered the gradients in backward), then cut the lazy graph; ``closure``
+        and ``kwargs`` as :meth:`Strategy.optimizer_step`."""
+        ok = self.precision.optimizer_step(optimizer, closure, **kwargs)
         _sync()
         return ok
 

@@ -9,9 +9,43 @@ from typing import Any, Callable, Iterator
 
 import torch
 
+#: the handle class made for each optimizer class (one per class, not per handle)
+_HANDLE_CLASSES: dict[tuple[type, type], type] = {}
+
+
+def _forwarder(name: str) -> Callable[..., Any]:
+    def forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return getattr(self.__dict__["_optimizer"], name)(*args, **kwargs)
+    forward.__name__ = name
+    return forward
+
+
+def _forwarder_get(name: str) -> Callable[[Any], Any]:
+    return lambda self: getattr(self.__dict__["_optimizer"], name)
+
+
+def _handle_class(base: type, opt_cls: type) -> type:
+    """``base`` subclassed with ``opt_cls`` (``isinstance(handle, torch.optim.SGD)`` holds, as Lightning's
+    ``LightningOptimizer.__init__`` does with ``self.__class__ = type(...)``); the optimizer class's own methods
+    forward to the wrapped optimizer (the handle holds none of its state), so ``state_dict``, ``add_param_group``
+    or ``load_state_dict`` act on the optimizer. ``base`` itself when ``opt_cls`` cannot be a second base."""
+    key = (base, opt_cls)
+    if key not in _HANDLE_CLASSES:
+        own = {n for klass in base.__mro__ for n in vars(klass)}
+        members = {n: v for klass in reversed(opt_cls.__mro__[:-1]) for n, v in vars(klass).items()
+                   if n not in own and (not n.startswith("__") or n == "__repr__")}
+        forward = {n: _forwarder(n) for n, v in members.items() if callable(v)}
+        forward.update({n: property(_forwarder_get(n)) for n, v in members.items() if isinstance(v, property)})
+        try:
+            _HANDLE_CLASSES[key] = type("Lightning" + opt_cls.__name__, (base, opt_cls), forward)
+        except TypeError:  # e.g. a class with an incompatible layout (__slots__, C extension)
+            _HANDLE_CLASSES[key] = base
+    return _HANDLE_CLASSES[key]
+
 
 class LightningOptimizer:
-    """A thin handle on ``optimizer`` for manual optimization.
+    """A thin handle on ``optimizer`` for manual optimization. Its class is a subclass of the optimizer's
+    (``isinstance(self.optimizers(), torch.optim.Adam)`` holds, as in Lightning).
 
     Args:
         optimizer (torch.optim.Optimizer): the run's optimizer (as the strategy returned it).
@@ -19,6 +53,9 @@ class LightningOptimizer:
         after_closure (Callable[[Optimizer], None] | None): what runs between the closure and the step (the
             fit loop's ``on_before_optimizer_step`` hooks and clipping); default: the module's hooks only.
     """
+
+    def __new__(cls, optimizer: Any, *args: Any, **kwargs: Any) -> LightningOptimizer:
+        return object.__new__(_handle_class(cls, type(optimizer)))
 
     def __init__(self, optimizer: Any, module: Any, after_closure: Callable[[Any], None] | None = None) -> None:
         self.__dict__["_optimizer"] = optimizer
@@ -38,23 +75,38 @@ class LightningOptimizer:
         setattr(self._optimizer, name, value)
 
     def step(self, closure: Callable[[], Any] | None = None, **kwargs: Any) -> Any:
-        """Run ``closure`` (if any: it computes the loss and calls ``manual_backward``), unscale the gradients
-        (``"16-mixed"``), the ``on_before_optimizer_step`` hooks, then the optimizer step through the precision
-        plugin. Mirrors Lightning's ``LightningOptimizer.step`` (its precision plugin unscales before the hook in
-        manual optimization too).
+        """``optimizer.step(closure=<wrapped>, **kwargs)`` through the strategy and precision plugin, where the
+        wrapped closure runs ``closure`` (if any: it computes the loss and calls ``manual_backward``), unscales
+        the gradients (``"16-mixed"``) and calls the ``on_before_optimizer_step`` hooks (and, in automatic
+        optimization, clipping). Mirrors Lightning's ``LightningOptimizer.step``: keyword arguments reach the
+        optimizer, and an optimizer that re-evaluates the closure (``LBFGS``) may call it several times.
 
         Returns:
-            the closure's result (None without one).
+            the closure's first result (what ``torch.optim`` optimizers return; None without a closure or when
+            the optimizer did not call it).
+
+        Raises:
+            TypeError: ``closure`` is not callable.
         """
-        result = closure() if closure is not None else None
+        if closure is not None and not callable(closure):
+            raise TypeError(f"optimizer.step(closure=...) needs a callable closure, got {type(closure).__name__}.")
+        results: list[Any] = []
         module = self._module
-        if self._after_closure is not None:  # automatic optimization: the hook and clipping, as the loop does
-            self._after_closure(self._optimizer)
-        else:  # manual: the strategy unscales first (the one place that does), so the hooks see true gradients
-            module._fit.strategy.before_optimizer_step(self._optimizer, self._before_step_hooks)
-        self.__dict__["stepped"] = module._fit.strategy.optimizer_step(self._optimizer)
+        strategy = module._fit.strategy
+
+        @torch.enable_grad()
+        def wrapped() -> Any:
+            result = closure() if closure is not None else None
+            results.append(result)
+            if self._after_closure is not None:  # automatic optimization: the hook and clipping, as the loop
+                self._after_closure(self._optimizer)
+            else:  # manual: the strategy unscales first (the one place that does), so the hooks see true gradients
+                strategy.before_optimizer_step(self._optimizer, self._before_step_hooks)
+            return result
+
+        self.__dict__["stepped"] = strategy.optimizer_step(self._optimizer, wrapped, **kwargs)
         module.__dict__["_manual_steps"] = module.__dict__.get("_manual_steps", 0) + 1
-        return result
+        return results[0] if results else None  # none: the optimizer never called it (as Lightning)
 
     def _before_step_hooks(self, optimizer: Any) -> None:
         self._module._call_hook("on_before_optimizer_step", optimizer)

@@ -328,7 +328,8 @@ class TrainingStage:
         try:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
                 sanity_check(fit, run)  # between on_fit_start and on_train_start (Lightning)
-            hooks.call("on_train_start", fit, run.module)
+            if fit.loop_policy.max_epochs != 0:  # Lightning's max_epochs=0: no training loop, no train hooks
+                hooks.call("on_train_start", fit, run.module)
             if not (fit.loop_policy.keeps_submodule_modes and run.module.training):
                 run.module.train()  # HF: the whole model trains (a PEFT base loaded in eval mode included)
             fit.is_in_train = True  # HF's flag: evaluate() called now evaluates inside this run
@@ -365,7 +366,8 @@ class TrainingStage:
         metrics.update(finish_checkpoints(fit, metrics, run.publisher))  # best model, final push
         fit.log(metrics)  # the same dict, as HF: a log() override that edits it edits the TrainOutput
         try:
-            hooks.call("on_train_end", fit, module)
+            if fit.loop_policy.max_epochs != 0:
+                hooks.call("on_train_end", fit, module)
             hooks.call_hf("on_train_end", args, st, run.control, **run.hf_kwargs())
             hooks.call("on_fit_end", fit, module)
         except Exception as exc:  # Lightning: on_exception covers the end hooks too (save_on_exception)

@@ -28,7 +28,7 @@ from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
-from taskfit.lightning.flags import fit_options, loop_policy
+from taskfit.lightning.flags import fit_options, loop_policy, warn_epochs_not_set
 from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
@@ -109,7 +109,7 @@ class _LightningLoop(Callback):
             fit.should_stop = True
 
     def on_train_end(self, fit: Any, module: Any) -> None:
-        self.trained = True
+        self.trained = fit.loop_policy.max_epochs != 0  # max_epochs=0 ran no epoch: current_epoch stays 0
 
 
 class _Predictions(Callback):
@@ -283,6 +283,7 @@ class Trainer(Fit):
         if datamodule is None and train_dataloaders is not None and _is_datamodule(train_dataloaders):
             datamodule, train_dataloaders = train_dataloaders, None
         self.datamodule = datamodule
+        warn_epochs_not_set(self._flags, self.callbacks)
         if val_dataloaders is not None and model is not None and not _overrides(model, "validation_step",
                                                                                 TaskModule):
             warnings.warn("You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.",

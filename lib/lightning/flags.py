@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
+import warnings
 from typing import Any
 
 from taskfit.loops.policy import LoopPolicy
@@ -74,10 +76,11 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
     _refuse_unsupported(f)
     announce_batch_limits(f)
     max_epochs, max_steps = f["max_epochs"], f["max_steps"]
-    if max_epochs is None:  # Lightning: 1000 epochs when neither limit is given, else no epoch limit
-        max_epochs = 1000 if max_steps in (None, -1) else 10 ** 9
+    if max_epochs is None or max_epochs == -1:  # Lightning: 1000 epochs when neither limit is given, else (and
+        max_epochs = 1000 if max_steps in (None, -1) and max_epochs is None else 10 ** 9  # for -1) no epoch limit
     out = dict(output_dir=str(f["default_root_dir"] or os.getcwd()), report_to="none", save_strategy="no",
-               num_train_epochs=max_epochs, max_steps=max_steps if max_steps not in (None, -1) else -1,
+               num_train_epochs=max_epochs or 1,  # 0 trains nothing: LoopPolicy.max_epochs stops the loop
+               max_steps=max_steps if max_steps not in (None, -1) else -1,
                gradient_accumulation_steps=f["accumulate_grad_batches"],
                max_grad_norm=float(f["gradient_clip_val"] or 0.0),
                gradient_clip_algorithm=f["gradient_clip_algorithm"] or "norm",
@@ -103,4 +106,29 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       reload_dataloaders_every_n_epochs=f["reload_dataloaders_every_n_epochs"],
                       clip_algorithm_as_given=True, gradient_clip_algorithm=f["gradient_clip_algorithm"],
                       eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
-                      keeps_submodule_modes=True, none_optimizer_trains_nothing=True)
+                      keeps_submodule_modes=True, none_optimizer_trains_nothing=True,
+                      closure_in_optimizer_step=True, none_loss_skips_batch=True, plateau_steps_after_validation=True,
+                      max_epochs=f["max_epochs"] if f["max_epochs"] not in (None, -1) else None)
+
+
+class PossibleUserWarning(UserWarning):
+    """A warning about settings that may be a mistake (Lightning's ``PossibleUserWarning``)."""
+
+
+def possible_user_warning() -> type[Warning]:
+    """Lightning's ``PossibleUserWarning`` class when a Lightning program already imported it (so its
+    ``warnings.filterwarnings(category=...)`` and ``pytest.warns`` keep working after the import swap), else
+    :class:`PossibleUserWarning`. Never imports Lightning."""
+    module = sys.modules.get("lightning.fabric.utilities.warnings")
+    return getattr(module, "PossibleUserWarning", PossibleUserWarning)
+
+
+def warn_epochs_not_set(f: dict[str, Any], callbacks: list[Any]) -> None:
+    """Lightning's warning at ``fit`` when neither ``max_epochs`` nor ``max_steps`` nor a time limit was given
+    (``_parse_loop_limits``: the run stops after 1000 epochs); not under ``fast_dev_run``."""
+    from taskfit.callbacks.timer import Timer
+
+    if (f["max_epochs"] is None and f["max_steps"] in (None, -1) and not f["fast_dev_run"]
+            and not any(isinstance(cb, Timer) for cb in callbacks)):
+        warnings.warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
+                      "`max_epochs=-1`.", possible_user_warning(), stacklevel=3)

@@ -115,6 +115,7 @@ class FitLoop:
                  loop_policy: LoopPolicy | None = None) -> None:
         self.run, self.owner, self.args, self.strategy, self.hooks = run, owner, args, strategy, hooks
         self.loop_policy = loop_policy if loop_policy is not None else LoopPolicy()
+        self._plateau_due: list[Any] = []  # step-interval plateau schedulers waiting for the batch's validation
         self._log, self._evaluate, self._save = log, evaluate, save
         self.sums = run.sums
         self._norm_due = False  # the last step's gradient norm is not computed yet (only for a log row or a save)
@@ -190,6 +191,8 @@ class FitLoop:
         finished = resumed and self._limit_count() >= state.max_steps  # saved at the last step: only the end is left
         # Lightning's Trainer(reload_dataloaders_every_n_epochs=n): a new train loader every n epochs (HF: never)
         last_reload = state.current_epoch
+        if self.loop_policy.max_epochs is not None:  # Lightning's max_epochs limits whatever max_steps says
+            num_epochs = min(num_epochs, self.loop_policy.max_epochs)
         for epoch in range(state.current_epoch, num_epochs):
             if run.reload_train_loader is not None and self.loop_policy.reload_due(epoch, last_reload):
                 loader, last_reload = self._reload(epoch, num_epochs), epoch
@@ -377,7 +380,10 @@ class FitLoop:
         if stepped:  # Lightning: every `frequency` batches of the epoch (HF: every step)
             for cfg in self.step_schedulers:
                 if (batch_idx + 1) % cfg.frequency == 0:
-                    self._step_scheduler(cfg)
+                    if cfg.reduce_on_plateau and self.loop_policy.plateau_steps_after_validation:
+                        self._plateau_due.append(cfg)  # stepped in _after_step, after the batch's validation
+                    else:
+                        self._step_scheduler(cfg)
         batches_per_epoch = self.batches_per_epoch
         if not self.manual and state.batch_in_epoch == batches_per_epoch:  # Lightning: the epoch's last batch
             for cfg in self.epoch_schedulers:  # steps them (not an epoch cut short by max_steps)
@@ -547,6 +553,10 @@ class FitLoop:
             self.step.free_gradients()  # free them before evaluation and the next forward
         if control.should_evaluate:
             self._evaluate()
+        if self._plateau_due and (epoch_end or state.batch_in_epoch != self.batches_per_epoch):
+            for cfg in self._plateau_due:  # an epoch's last batch waits for the validation closing the epoch
+                self._step_scheduler(cfg)
+            self._plateau_due.clear()
         if not save:
             return
         if control.should_save:

@@ -16,7 +16,9 @@ micro-batch.
 
 from __future__ import annotations
 
+import inspect
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -116,9 +118,22 @@ def training_function(strategy: Any, module: Any) -> Callable[[Any, int], Any]:
     return step_fn if n is None or n >= 2 else by_signature(step_fn, module.training_step)
 
 
-def _no_step(optimizer: Any) -> bool:
-    """The optimizer step of an optimizer that updated the parameters during backward (LOMO): nothing left."""
+def _no_step(optimizer: Any, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
+    """The optimizer step of an optimizer that updated the parameters during backward (LOMO): nothing left but
+    the closure, if any (it runs the backward that updates)."""
+    if closure is not None:
+        closure()
     return True
+
+
+def step_needs_closure(optimizer: Any) -> bool:
+    """Whether ``optimizer.step`` requires a closure (``torch.optim.LBFGS``: ``step(closure)`` re-evaluates the
+    loss), read from its signature."""
+    try:
+        param = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return param is not None and param.default is inspect.Parameter.empty
 
 
 @dataclass(frozen=True)
@@ -266,20 +281,28 @@ class AutomaticStep:
         self.clip_algorithm_arg = loop.loop_policy.clip_algorithm_argument(self.max_norm, self.clip_by_value)
         self.params = [p for p in module.parameters() if p.requires_grad]
         self.hf_step = policy.hf_step
-        self.zero_in_closure = not policy.zero_grad_after_step  # else freed after each step (free_gradients)
+        # the last micro-batch's closure runs inside optimizer.step(closure=...) (Lightning; an LBFGS needs it
+        # under Fit too), and then the closure zeroes the gradients: the optimizer may call it several times
+        self.closure_in_step = loop.loop_policy.closure_in_optimizer_step or step_needs_closure(self.optimizer)
+        self.zero_in_closure = not policy.zero_grad_after_step or self.closure_in_step  # else freed after steps
+        self.none_skips, self.world = loop.loop_policy.none_loss_skips_batch, strategy.world_size
         self.forward_backward = self._hf_forward_backward if policy.hf_step is not None else self._forward_backward
         own_step = overrides(module, "optimizer_step") and not engine
-        self._last_micro_batch = self._own_optimizer_step if own_step else self._run_closure
-        self.finish_window = self._own_step_result if own_step else self._step_optimizers
+        self._last_micro_batch = (self._own_optimizer_step if own_step else
+                                  self._closure_step if self.closure_in_step else self._run_closure)
+        self.finish_window = self._own_step_result if own_step or self.closure_in_step else self._step_optimizers
         # Lightning keeps one LightningOptimizer per optimizer for the run; `stepped` is reset per window
         self.handles = [LightningOptimizer(opt, module, self.after_closure) for opt in self.optimizers]
         self._before_step = self.before_step  # bound once: no method object per window
+        self._step_closure_fn = self._step_closure
         self.weights: list[Any] | None = None
         self.items: Any = None
         self.last, self.epoch, self.stepped = 0, 0, False
         self._i, self._batch, self._batch_idx = 0, None, 0
         self._out: Any = None
         self._loss: Any = None
+        self._ran = False  # the closure ran in this window's last micro-batch
+        self._warned_none = False
 
     def start_window(self, window: list[Any], weights: list[Any] | None, epoch: int) -> None:
         """Prepare the window's micro-batches (``window``: the batches as loaded; ``weights``: from
@@ -297,14 +320,16 @@ class AutomaticStep:
             self._run_closure()
         return self._out, self._loss
 
-    def closure(self) -> torch.Tensor:
+    def closure(self) -> torch.Tensor | None:
         """Lightning's training closure (what a module's ``optimizer_step`` receives): training_step, zero_grad
-        (first micro-batch of a window), backward; returns the detached weighted loss."""
+        (first micro-batch of a window), backward; returns the detached weighted loss (None: the batch was
+        skipped, see :attr:`LoopPolicy.none_loss_skips_batch`)."""
         self._run_closure()
-        return self._loss.detach()
+        return self._loss.detach() if self._loss is not None else None
 
     def _run_closure(self) -> None:
         """The closure without its return value (the loop reads ``_loss`` itself: no detach per micro-batch)."""
+        self._ran = True
         with self.strategy.no_backward_sync(enabled=self._i != self.last):
             self.forward_backward()
 
@@ -322,9 +347,12 @@ class AutomaticStep:
         i, module, hooks, L = self._i, self.module, self.hooks, self.L
         with self.fwd_ctx():
             out = self.train_fx(self._batch, self._batch_idx)
-        loss = extract_training_loss(out)
-        if self.weights is not None:
-            loss = loss * self.weights[i]
+        if out is None and self.none_skips:  # Lightning: no backward; zero_grad and the step still run
+            loss = self._skipped()
+        else:
+            loss = extract_training_loss(out)
+            if self.weights is not None:
+                loss = loss * self.weights[i]
         if i == 0 and self.zero_in_closure:
             for opt in self.optimizers:
                 L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", self.owner, module, opt)
@@ -332,13 +360,51 @@ class AutomaticStep:
                     module.optimizer_zero_grad(self.epoch, self._batch_idx, opt)
                 else:
                     opt.zero_grad(set_to_none=True)
+        self._out, self._loss = out, loss
+        if loss is None:
+            return
         L["on_before_backward"] and hooks.call("on_before_backward", self.owner, module, loss)
         if self.own_backward:
             module.backward(precision_scaled(self.precision, loss))
         else:
             self.policy.backward(loss)
         L["on_after_backward"] and hooks.call("on_after_backward", self.owner, module)
-        self._out, self._loss = out, loss
+
+    def _skipped(self) -> None:
+        """``training_step`` returned None (:attr:`LoopPolicy.none_loss_skips_batch`): no loss, no backward.
+
+        Raises:
+            RuntimeError: several processes (Lightning's message: the ranks would disagree on the backward)."""
+        if self.world > 1:
+            raise RuntimeError("Skipping the `training_step` by returning None in distributed training is not "
+                               "supported. It is recommended that you rewrite your training logic to avoid having "
+                               "to skip the step in the first place.")
+        if not self._warned_none:  # once per run, as Lightning's warning cache
+            self._warned_none = True
+            warnings.warn("`training_step` returned `None`. If this was on purpose, ignore this warning...",
+                          UserWarning, stacklevel=2)
+
+    def _step_closure(self) -> torch.Tensor | None:
+        """The closure ``optimizer.step`` receives (Lightning's ``Closure`` inside ``_wrap_closure``): the last
+        micro-batch's training_step, zero_grad, backward, then unscale, ``on_before_optimizer_step`` and
+        clipping; returns the detached loss (None for a skipped batch)."""
+        with torch.enable_grad():
+            self._run_closure()
+        self.strategy.before_optimizer_step(self.optimizer, self._before_step)
+        return self._loss.detach() if self._loss is not None else None
+
+    def _closure_step(self) -> None:
+        """The last micro-batch as Lightning runs it: ``optimizer.step(closure=...)`` runs the closure (an LBFGS
+        several times), then the other optimizers step as in :meth:`_step_optimizers`."""
+        self.H["on_pre_optimizer_step"] and self.hooks.call_hf("on_pre_optimizer_step", self.args, self.state,
+                                                               self.control)
+        self._ran = False
+        self.stepped = self.policy.optimizer_step(self.optimizer, self._step_closure_fn)
+        if not self._ran:  # the optimizer never called the closure (Lightning runs nothing either): no output
+            self._out, self._loss = None, None
+        for opt in self.other_optimizers:
+            self.strategy.before_optimizer_step(opt, self._before_step)
+            self.strategy.optimizer_step(opt)
 
     def free_gradients(self) -> None:
         """``zero_grad(set_to_none=True)`` of every optimizer when the policy frees gradients after the step
@@ -357,11 +423,12 @@ class AutomaticStep:
         """The module's ``optimizer_step`` runs the closure (Lightning), once per optimizer."""
         self.H["on_pre_optimizer_step"] and self.hooks.call_hf("on_pre_optimizer_step", self.args, self.state,
                                                                self.control)
+        self._ran = False
         for j, handle in enumerate(self.handles):
             handle.__dict__["stepped"] = False
             self.module.optimizer_step(self.epoch, self._batch_idx, handle,
                                        self.closure if j == 0 else self._detached_loss)
-        if self._loss is None:
+        if not self._ran:
             raise RuntimeError("optimizer_step did not call optimizer_closure: call "
                                "optimizer.step(closure=optimizer_closure) or the closure itself.")
         self.stepped = any(h.stepped for h in self.handles)

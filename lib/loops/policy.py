@@ -40,6 +40,21 @@ class LoopPolicy:
             mode included).
         none_optimizer_trains_nothing (bool): ``configure_optimizers`` returning None trains with no optimizer
             (Lightning, with its warning); False: ``Fit`` builds its default optimizer (HF's AdamW).
+        max_epochs (int | None): training ends after this many epochs whatever the step plan says (Lightning's
+            ``max_epochs``, checked before each epoch: 0 sets up, runs the sanity check and trains nothing); None:
+            the plan's epochs (HF: ``num_train_epochs`` > 0, or what ``max_steps`` needs).
+        plateau_steps_after_validation (bool): a ``ReduceLROnPlateau`` of interval ``"step"`` steps after the
+            validation that follows its batch (so it may monitor a validation value, and a checkpoint saved by that
+            validation holds it one step behind), as Lightning's ``update_plateau_schedulers=True`` pass; False
+            steps it with the batch's other step schedulers, before any validation.
+        closure_in_optimizer_step (bool): under automatic optimization the window's last closure (training_step,
+            zero_grad, backward, then the ``on_before_optimizer_step`` hooks and clipping) runs inside
+            ``optimizer.step(closure=...)`` (Lightning's ``Precision.optimizer_step``); False runs it, then calls
+            ``optimizer.step()`` (HF). An optimizer whose ``step`` requires a closure (``LBFGS``) gets it either way.
+        none_loss_skips_batch (bool): ``training_step`` returning None under automatic optimization skips the
+            batch's backward (Lightning, with its warning; the zero_grad and the optimizer step still run, so the
+            unchanged gradients leave the weights as they are); False raises TypeError (HF's ``Trainer`` cannot
+            backpropagate a missing loss either).
     """
 
     counts_optimizer_steps: bool = False
@@ -53,6 +68,10 @@ class LoopPolicy:
     checkpoint_callbacks_last: bool = False
     keeps_submodule_modes: bool = False
     none_optimizer_trains_nothing: bool = False
+    max_epochs: int | None = None
+    plateau_steps_after_validation: bool = False
+    closure_in_optimizer_step: bool = False
+    none_loss_skips_batch: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect

@@ -8,7 +8,7 @@ Mirrors Lightning's ``Precision`` plugins; names as in Lightning (``"32-true"``,
 from __future__ import annotations
 
 import contextlib
-from typing import Any, ContextManager
+from typing import Any, Callable, ContextManager
 
 import torch
 
@@ -72,9 +72,16 @@ class Precision:
         """Undo loss scaling before gradient clipping (only scaling plugins do anything; the plugin tracks which
         optimizers it unscaled this step, so a second call for the same optimizer is a no-op)."""
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Run ``optimizer.step()``; returns False when the step was skipped (non-finite scaled gradients)."""
-        optimizer.step()
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None,
+                       **kwargs: Any) -> bool:
+        """Run ``optimizer.step()``, or ``optimizer.step(closure=closure, **kwargs)`` when a closure or keyword
+        arguments are given (Lightning's ``Precision.optimizer_step``: the optimizer calls the closure, which runs
+        forward, backward and the hooks before the update; ``LBFGS`` calls it several times). Returns False when
+        the step was skipped (non-finite scaled gradients)."""
+        if closure is None and not kwargs:
+            optimizer.step()
+        else:
+            optimizer.step(closure=closure, **kwargs)
         return True
 
     def log_values(self) -> dict[str, float]:
@@ -197,12 +204,23 @@ class MixedPrecision(Precision):
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
 
-    def optimizer_step(self, optimizer: torch.optim.Optimizer) -> bool:
+    def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None,
+                       **kwargs: Any) -> bool:
         """Step (``GradScaler.step`` under ``"16-mixed"``, then ``update`` once the step's last unscaled optimizer
-        stepped); False when inf/NaN gradients skipped it."""
+        stepped); False when inf/NaN gradients skipped it. ``closure``/``kwargs`` as :meth:`Precision.optimizer_step`;
+        under ``"16-mixed"`` the closure runs once before the scaler's step (Lightning's ``MixedPrecision``).
+
+        Raises:
+            ValueError: ``torch.optim.LBFGS`` under ``"16-mixed"`` (it re-evaluates the closure, which a scaler's
+                skipped steps do not allow; Lightning refuses it too).
+        """
         if self.scaler is None:
-            optimizer.step()
-            return True
+            return super().optimizer_step(optimizer, closure, **kwargs)
+        if isinstance(optimizer, torch.optim.LBFGS):
+            raise ValueError("precision='16-mixed' (a GradScaler) and the LBFGS optimizer are not compatible; use "
+                             "'32-true' or 'bf16-mixed'.")
+        if closure is not None:
+            closure()
         self.unscale_gradients(optimizer)  # records found_inf for this optimizer
         try:  # GradScaler.step syncs on these flags too, so reading them costs no extra wait
             found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
@@ -210,7 +228,7 @@ class MixedPrecision(Precision):
         except (AttributeError, KeyError):  # pragma: no cover - private layout changed: compare the scales
             found_inf = None
             before = self.scaler.get_scale()
-        self.scaler.step(optimizer)
+        self.scaler.step(optimizer, **kwargs)
         self._unscaled.discard(id(optimizer))
         if not self._unscaled:  # every optimizer of the step stepped: one update (it resets the scaler's
             self.scaler.update()  # per-optimizer states, so an earlier one would unscale the others twice)
