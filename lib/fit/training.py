@@ -20,6 +20,7 @@ from torch import nn
 from taskfit import efficiency
 from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.arguments.strategy_options import StrategyOptions
+from taskfit.checkpoint.hook_dict import keep_added_keys, lightning_dict, loaded_lightning_dict
 from taskfit.checkpoint.writer import checkpoint_path, save_checkpoint
 from taskfit.core.hooks import module_loader, overrides
 from taskfit.core.module import infer_batch_size
@@ -296,6 +297,8 @@ class TrainingStage:
             accelerator=fit.strategy.accelerator)
         if ckpt:
             saved = restore(run, ckpt, fit.strategy, args, weights_only, plan.reader)
+            if fit.loop_policy.lightning_checkpoint_dict:
+                saved = loaded_lightning_dict(run, fit.strategy.precision, saved)
             fit._hooks.call("on_load_checkpoint", fit, module, saved)
             if fit.is_global_zero:  # every logger continues the same run from the checkpoint's step
                 resume_loggers(fit.loggers, st.global_step, st.log_history)
@@ -445,14 +448,20 @@ class TrainingStage:
         if path is None and fit.state.best_global_step == fit.state.global_step:  # recorded before writing
             fit.state.best_model_checkpoint = checkpoint_path(fit)
             training_state["state"]["best_model_checkpoint"] = fit.state.best_model_checkpoint
-        # Lightning's keys for the hooks to read (kept elsewhere in the checkpoint, so not written twice)
-        view = {"epoch": int(run.state.current_epoch), "global_step": run.state.global_step,
-                "lr_schedulers": [c.scheduler.state_dict() for c in run.schedulers or ()]}
-        added = [k for k in view if k not in training_state]
-        training_state.update({k: view[k] for k in added})
-        fit._hooks.call("on_save_checkpoint", fit, run.module, training_state)
-        for k in added:
-            training_state.pop(k, None)
+        if fit.loop_policy.lightning_checkpoint_dict:  # Lightning's dict; the keys hooks add are kept
+            hook_dict = lightning_dict(run, fit.strategy.precision, training_state, run.state.current_epoch,
+                                       run.state.global_step)
+            before = set(hook_dict)
+            fit._hooks.call("on_save_checkpoint", fit, run.module, hook_dict)
+            keep_added_keys(training_state, before, hook_dict)
+        else:  # Lightning's keys for the hooks to read (kept elsewhere in the checkpoint, so not written twice)
+            view = {"epoch": int(run.state.current_epoch), "global_step": run.state.global_step,
+                    "lr_schedulers": [c.scheduler.state_dict() for c in run.schedulers or ()]}
+            added = [k for k in view if k not in training_state]
+            training_state.update({k: view[k] for k in added})
+            fit._hooks.call("on_save_checkpoint", fit, run.module, training_state)
+            for k in added:
+                training_state.pop(k, None)
         written = save_checkpoint(fit, training_state, path)
         if path is None and run.publisher is not None:
             from taskfit.checkpoint.publish import push_checkpoint

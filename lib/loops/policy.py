@@ -40,6 +40,11 @@ class LoopPolicy:
             mode included).
         none_optimizer_trains_nothing (bool): ``configure_optimizers`` returning None trains with no optimizer
             (Lightning, with its warning); False: ``Fit`` builds its default optimizer (HF's AdamW).
+        lightning_checkpoint_dict (bool): ``on_save_checkpoint``/``on_load_checkpoint`` receive a dict of
+            Lightning's shape (``epoch``, ``global_step``, ``state_dict``, ``optimizer_states``, ``lr_schedulers``,
+            ``callbacks``, ...; keys a hook adds are saved and given back at load) instead of the training-state
+            dict (``Fit``: the dict ``training_state.pt`` holds, with Lightning's ``epoch``/``global_step``/
+            ``lr_schedulers`` added for reading).
     """
 
     counts_optimizer_steps: bool = False
@@ -53,6 +58,7 @@ class LoopPolicy:
     checkpoint_callbacks_last: bool = False
     keeps_submodule_modes: bool = False
     none_optimizer_trains_nothing: bool = False
+    lightning_checkpoint_dict: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect
