@@ -86,3 +86,45 @@ def loaded_lightning_dict(run: Any, precision: Any, training_state: dict[str, An
     out = lightning_dict(run, precision, training_state, epoch if epoch is not None else 0, step or 0)
     out.update(kept.get("added") or {})
     return out
+
+
+def restore_modules_and_callbacks(run: Any, path: str, strategy: Any, callbacks: list[Any], hooks: Any, owner: Any,
+                                  restore_hf_callbacks: bool, weights_only: bool = True) -> None:
+    """Lightning's first restore step (``_restore_modules_and_callbacks``, before ``configure_optimizers``): the
+    model weights of checkpoint ``path`` loaded into ``run.model``, then ``on_load_checkpoint(checkpoint)`` (the
+    module first, then the callbacks; datamodule state through its callback) with a Lightning-shaped dict read
+    from the folder, then each callback's ``load_state_dict``. The rest (optimizers, schedulers, loop state) is
+    restored later by :func:`taskfit.checkpoint.resume.restore` with ``callbacks_restored=True``.
+
+    Args:
+        run (RunView): the run (its ``module`` set up by ``configure_model``, no optimizers yet).
+        path (str): the checkpoint folder. strategy (Strategy): its ``checkpoint_io``, ``precision`` and
+            ``load_checkpoint``. callbacks (list): the callbacks restored. hooks (HookRunner): calls the hooks.
+        owner (Any): the trainer the callbacks' hooks receive.
+        restore_hf_callbacks (bool): also restore HF callbacks (``restore_callback_states_from_checkpoint``).
+        weights_only (bool): read the files with ``torch.load(weights_only=...)``.
+
+    Raises:
+        CheckpointError: a missing or corrupted file. UnsafeCheckpointError: a file needs full unpickling.
+    """
+    from taskfit.checkpoint.resume import read_checkpoint
+    from taskfit.loops.state import restore_callbacks, upgrade_training_state
+    from taskfit.strategies.checkpointing import open_checkpoint, optimizer_file
+
+    files = read_checkpoint(strategy, path, run.model, weights_only=weights_only, full=False)["manifest"]["files"]
+    reader = open_checkpoint(strategy.checkpoint_io, path, weights_only=weights_only)
+    ts = upgrade_training_state(reader.read("training_state.pt"))
+    checkpoint = loaded_lightning_dict(run, strategy.precision, ts)
+    # the optimizer and scheduler states as saved (full files; a sharded optimizer state is left out)
+    names = [optimizer_file(i) for i in range(len(files))]
+    checkpoint["optimizer_states"] = [reader.read(n) for n in names if n in files]
+    names = ["scheduler.pt"] + [f"scheduler_{i}.pt" for i in range(1, len(files))]
+    checkpoint["lr_schedulers"] = [reader.read(n) for n in names if n in files]
+    listeners = hooks.lightning["on_load_checkpoint"]  # Lightning: the module's hook first, then the callbacks'
+    for fn, is_callback in sorted(listeners, key=lambda item: item[1]):
+        if is_callback:
+            fn(owner, run.module, checkpoint)
+        else:
+            fn(checkpoint)
+    state = ts.get("state") or {}
+    restore_callbacks(callbacks, ts.get("callbacks", {}), restore_hf_callbacks, state.get("stateful_callbacks"))

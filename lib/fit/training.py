@@ -145,6 +145,38 @@ class TrainingStage:
         (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         model, module = fit._launcher.resolve_model(model, "fit")
         start_stage(fit, module, datamodule, "fit")  # configure_callbacks, prepare_data, setup, configure_model
+        if self._loaders_late(module):  # Lightning: the loaders are asked for in the sanity check and after it
+            run, ckpt = self._late_run(args, model, module, datamodule, (train_data, eval_data, data_collator),
+                                       resume_from_checkpoint, weights_only)
+            plan = None
+        else:
+            run = self._loaded_run(args, model, module, datamodule, train_data, eval_data, data_collator)
+            plan, ckpt = self._plan(run, args, resume_from_checkpoint, weights_only)
+        self._setup(run, args, plan, ckpt, weights_only)
+        hooks, ctl = fit._hooks, run.control
+        if plan is not None:
+            self._before_training(run, plan)
+        ctl._new_training()
+        if fit.is_global_zero and not n_dev:
+            for lg in fit.loggers:
+                lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
+        hooks.call("on_fit_start", fit, module)
+        module.zero_grad()  # Lightning clears the module's gradients as the stage starts
+        if plan is not None:
+            hooks.call_hf("on_train_begin", args, run.state, ctl, **run.hf_kwargs())
+            prepare = functools.partial(lambda p: p, plan)
+        else:
+            prepare = functools.partial(self._late_training_start, run, args, ckpt, weights_only)
+        loop, start, plan, start_samples, start_step = self._train(run, args, prepare, ckpt, hooks)
+        st = run.state
+        metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
+                                st.global_step - start_step)
+        return self._finish(run, args, datamodule, loop, metrics, hooks)
+
+    def _loaded_run(self, args: FitArguments, model: nn.Module, module: Any, datamodule: DataModule | None,
+                    train_data: Any, eval_data: Any, data_collator: Callable | None) -> Run:
+        """The run with its loaders built now (HF's order: before the optimizers)."""
+        fit = self.fit
         given, eval_given = train_data, eval_data is not None
         train_data, eval_data = self._data(args, module, datamodule, train_data, eval_data)
         run = self._new_run(args, model, module, train_data, eval_data, data_collator)
@@ -153,23 +185,12 @@ class TrainingStage:
         if run.eval_loaders and not eval_given:
             run.reload_eval_loaders = functools.partial(rebuild_eval_loaders, fit, run, datamodule, module,
                                                         data_collator)
-        plan, ckpt = self._plan(run, args, resume_from_checkpoint, weights_only)
-        self._setup(run, args, plan, ckpt, weights_only)
-        st, hooks, ctl = run.state, fit._hooks, run.control
-        run.eval_loaded_epoch = st.current_epoch  # the eval loaders were built for this epoch (resumed: its own)
-        start_samples, start_step = st.samples_seen, st.global_step
-        log_summary(fit, module, plan.max_steps, plan.steps_per_epoch, run.train_loader)
-        ctl._new_training()
-        if fit.is_global_zero and not n_dev:
-            for lg in fit.loggers:
-                lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
-        hooks.call("on_fit_start", fit, module)
-        module.zero_grad()  # Lightning clears the module's gradients as the stage starts
-        hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
-        loop, start = self._train(run, args, plan, ckpt, hooks)  # sanity check, on_train_start, the loop
-        metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
-                                st.global_step - start_step)
-        return self._finish(run, args, datamodule, loop, metrics, hooks)
+        return run
+
+    def _before_training(self, run: Run, plan: _Plan) -> None:
+        """Once the plan and the restored state are in: the eval loaders' epoch, the run summary."""
+        run.eval_loaded_epoch = run.state.current_epoch  # the eval loaders were built for this epoch (resumed: its own)
+        log_summary(self.fit, run.module, plan.max_steps, plan.steps_per_epoch, run.train_loader)
 
     def _arguments(self, args: FitArguments) -> tuple[FitArguments, int]:
         """The run's arguments (Lightning's ``fast_dev_run``: one short epoch of N batches, evaluated once at its
@@ -215,15 +236,116 @@ class TrainingStage:
                              "eval_strategy='no'.")
         if eval_data is not None and not can_validate:
             raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
-        if not module.automatic_optimization:  # Lightning refuses these too
+        self._check_manual(args, module)
+        return train_data, eval_data
+
+    def _check_manual(self, args: FitArguments, module: Any) -> None:
+        """Refuse manual optimization with accumulation or an engine that owns the step (Lightning refuses
+        these too), with a ValueError naming the setting."""
+        if not module.automatic_optimization:
             if args.gradient_accumulation_steps > 1:
                 raise ValueError(f"gradient_accumulation_steps={args.gradient_accumulation_steps} is not supported "
                                  "with manual optimization (automatic_optimization = False): accumulate in "
                                  "training_step by stepping the optimizers every N batches.")
-            if fit.strategy.engine_owns_step:
+            if self.fit.strategy.engine_owns_step:
                 raise ValueError(f"manual optimization (automatic_optimization = False) is not supported by "
-                                 f"{type(fit.strategy).__name__}, whose engine runs backward and the step.")
-        return train_data, eval_data
+                                 f"{type(self.fit.strategy).__name__}, whose engine runs backward and the step.")
+
+    # ------------------------------------------------- the loaders where Lightning asks for them (the door) ---
+    def _loaders_late(self, module: Any) -> bool:
+        """Whether this run asks for its loaders where Lightning does (``LoopPolicy.loaders_after_setup``): not
+        when the set-up needs the step plan (an engine that owns the step, such as DeepSpeed's schedule, an
+        optimizer built by the backend, given with ``optimizers=``, or the default one with its schedule)."""
+        from taskfit.optim.configure import _user_defined
+
+        fit = self.fit
+        return bool(fit.loop_policy.loaders_after_setup and not fit.strategy.engine_owns_step
+                    and not fit.strategy.builds_own_optimizer and fit._optimizers[0] is None
+                    and fit.optimizer_cls_and_kwargs is None and _user_defined(module, "configure_optimizers"))
+
+    def _late_run(self, args: FitArguments, model: nn.Module, module: Any, datamodule: DataModule | None,
+                  data: tuple[Any, Any, Callable | None], resume: str | bool | None,
+                  weights_only: bool) -> tuple[Run, str | None]:
+        """The run without loaders (Lightning's order) and the checkpoint it resumes from; its
+        ``build_eval_loaders`` / ``build_plan`` ask for the loaders when needed. What can be checked without the
+        loaders is checked now, before any work.
+
+        Raises:
+            ValueError: no source of training data; eval data for a module without ``validation_step``; manual
+                optimization with accumulation.
+        """
+        from taskfit.optim.configure import _user_defined
+
+        fit = self.fit
+        train_data, eval_data, collator = data
+        own_loader = _user_defined(module, "train_dataloader") or "train_dataloader" in vars(module)
+        if train_data is None and datamodule is None and not own_loader:
+            raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")
+        can_validate = (not step_disabled(module, "validation_step") if datamodule is not None
+                        else fit._stages.can_validate(module))
+        if eval_data is not None and not fit._stages.can_validate(module):
+            raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
+        self._check_manual(args, module)
+        run = self._new_run(args, model, module, None, None, collator)
+        if can_validate and args.limit_val_batches != 0:
+            run.build_eval_loaders = functools.partial(self._late_eval_loaders, run, args, datamodule, eval_data,
+                                                       collator)
+        ckpt = self._checkpoint(args, resume)
+        run.build_plan = functools.partial(self._late_plan, run, args, datamodule, train_data, collator, ckpt,
+                                           weights_only)
+        return run, ckpt
+
+    def _late_eval_loaders(self, run: Run, args: FitArguments, datamodule: DataModule | None, eval_data: Any,
+                           collator: Callable | None) -> None:
+        """Build the run's eval loaders once (given data, else the datamodule's or the module's
+        ``val_dataloader``). Raises ValueError when ``eval_strategy`` wants evaluation and there is no data."""
+        fit, module = self.fit, run.module
+        run.build_eval_loaders = None
+        given = eval_data is not None
+        if eval_data is None:
+            eval_data = datamodule.val_dataloader() if datamodule is not None else module_loader(
+                module, "val_dataloader")
+        if args.eval_strategy != "no" and eval_data is None:
+            raise ValueError(f"eval_strategy={args.eval_strategy!r} needs eval data; pass eval_data or set "
+                             "eval_strategy='no'.")
+        run.eval_loaders = fit._launcher.eval_loader_dict(eval_data, collator, run=run)
+        run.eval_data = eval_data
+        if run.eval_loaders and not given:
+            run.reload_eval_loaders = functools.partial(rebuild_eval_loaders, fit, run, datamodule, module, collator)
+
+    def _late_plan(self, run: Run, args: FitArguments, datamodule: DataModule | None, train_data: Any,
+                   collator: Callable | None, ckpt: str | None, weights_only: bool) -> _Plan:
+        """Build the train loader (given data, else ``train_dataloader``) and the step plan, once; later calls
+        return the same plan (``estimated_stepping_batches`` read in ``configure_optimizers`` builds it early, as
+        Lightning does). Raises ValueError when there is no training data."""
+        fit, module = self.fit, run.module
+        given = train_data
+        if train_data is None:
+            train_data = datamodule.train_dataloader() if datamodule is not None else module_loader(
+                module, "train_dataloader")
+        if train_data is None:
+            raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")
+        run.train_loader = fit._hf.train_dataloader(run, train_data, collator)
+        run.reload_train_loader = functools.partial(rebuild_train_loader, fit, run, datamodule, module, given,
+                                                    collator)
+        plan = self._steps(run, args, ckpt, weights_only)
+        run.build_plan = functools.partial(lambda p: p, plan)
+        return plan
+
+    def _late_training_start(self, run: Run, args: FitArguments, ckpt: str | None, weights_only: bool) -> _Plan:
+        """After the sanity check (Lightning's order): the train loader and the plan, the eval loaders when no
+        sanity check asked for them, the rest of a resume (optimizers, schedulers, loop state), the run summary
+        and HF's ``on_train_begin``. Returns the plan."""
+        fit = self.fit
+        plan = run.build_plan()
+        if run.build_eval_loaders is not None:
+            run.build_eval_loaders()
+        if ckpt:
+            self._restore(run, args, plan, ckpt, weights_only, callbacks_restored=True)
+            run.control._new_training()  # a checkpoint saved as training ended must not stop this one
+        self._before_training(run, plan)
+        fit._hooks.call_hf("on_train_begin", args, run.state, run.control, **run.hf_kwargs())
+        return plan
 
     def _new_run(self, args: FitArguments, model: nn.Module, module: Any, train_data: Any, eval_data: Any,
                  data_collator: Callable | None) -> Run:
@@ -232,7 +354,8 @@ class TrainingStage:
         fit = self.fit
         st = FitState(is_local_process_zero=fit.is_local_process_zero(), is_world_process_zero=fit.is_global_zero)
         run = Run("fit", model, module, st, FitControl())
-        run.train_loader = fit._hf.train_dataloader(run, train_data, data_collator)
+        if train_data is not None:  # None: asked for later (LoopPolicy.loaders_after_setup)
+            run.train_loader = fit._hf.train_dataloader(run, train_data, data_collator)
         run.eval_loaders = fit._launcher.eval_loader_dict(eval_data, data_collator, run=run)
         run.eval_data, run.data_collator = eval_data, data_collator
         if (run.eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model
@@ -244,16 +367,27 @@ class TrainingStage:
 
     def _plan(self, run: Run, args: FitArguments, resume_from_checkpoint: str | bool | None,
               weights_only: bool) -> tuple[_Plan, str | None]:
-        """The steps of this run and the checkpoint it resumes from (every rank takes rank 0's choice); the
-        state's intervals are set from them."""
-        from taskfit.checkpoint.resume import plan_resumed_run, resolve_checkpoint
+        """The checkpoint this run resumes from (every rank takes rank 0's choice) and the steps of this run."""
+        ckpt = self._checkpoint(args, resume_from_checkpoint)
+        return self._steps(run, args, ckpt, weights_only), ckpt
+
+    def _checkpoint(self, args: FitArguments, resume_from_checkpoint: str | bool | None) -> str | None:
+        """The process group's environment set up, then the checkpoint this run resumes from (rank 0's choice)."""
+        from taskfit.checkpoint.resume import resolve_checkpoint
+
+        fit = self.fit
+        fit.strategy.setup_environment()
+        ckpt = resolve_checkpoint(fit.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
+        return fit.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
+
+    def _steps(self, run: Run, args: FitArguments, ckpt: str | None, weights_only: bool) -> _Plan:
+        """The steps of this run from its train loader (re-counted for a resume from ``ckpt``); the state's
+        intervals are set from them."""
+        from taskfit.checkpoint.resume import plan_resumed_run
 
         fit, st = self.fit, run.state
         schedule = accumulation_schedule(fit.callbacks)
         steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, args, schedule)
-        fit.strategy.setup_environment()
-        ckpt = resolve_checkpoint(fit.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
-        ckpt = fit.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
         reader = None
         if ckpt:  # another number of steps per epoch than the checkpoint's run: the steps left are re-counted
             max_steps, num_epochs, reader = plan_resumed_run(
@@ -267,27 +401,33 @@ class TrainingStage:
         st.save_steps = resolve_interval(args.save_steps, max_steps)
         st.train_batch_size = args.per_device_train_batch_size
         st.batches_per_epoch = steps_per_epoch and len(run.train_loader)
-        return _Plan(steps_per_epoch, max_steps, num_epochs, reader), ckpt
+        return _Plan(steps_per_epoch, max_steps, num_epochs, reader)
 
-    def _setup(self, run: Run, args: FitArguments, plan: _Plan, ckpt: str | None, weights_only: bool) -> None:
+    def _setup(self, run: Run, args: FitArguments, plan: _Plan | None, ckpt: str | None, weights_only: bool) -> None:
         """Optimizers and schedulers, the strategy's set-up, the state saved whole (restored from ``ckpt``), the
-        ``push_to_hub`` publisher. The run becomes the Fit's current one."""
+        ``push_to_hub`` publisher. The run becomes the Fit's current one. Without ``plan`` (loaders asked for
+        later) a resume restores here only the weights and the callbacks (with ``on_load_checkpoint``), before
+        ``configure_optimizers`` as Lightning; the rest after the plan."""
+        from taskfit.checkpoint.hook_dict import restore_modules_and_callbacks
         from taskfit.checkpoint.publish import make_publisher
-        from taskfit.checkpoint.resume import restore
         from taskfit.optim.configure import configure_optimizers
 
         fit, module, st = self.fit, run.module, run.state
+        max_steps = plan.max_steps if plan is not None else None
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
         run.flos_params = hf_parameter_count(run.model)  # HF counts tokens x non-embedding parameters
         run.flos_of = fit.floating_point_ops if run.flos_params is not None or fit._hf.overrides(
             "floating_point_ops") else None
         fit._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
+        if ckpt and plan is None:
+            restore_modules_and_callbacks(run, ckpt, fit.strategy, fit.callbacks, fit._hooks, fit,
+                                          args.restore_callback_states_from_checkpoint, weights_only)
         run.optimizers, run.schedulers = configure_optimizers(
-            module, run.model, args, plan.max_steps,
-            fit._hf.run_optimizers(run, plan.max_steps) or self._hf_optimizers(run.model),
+            module, run.model, args, max_steps,
+            fit._hf.run_optimizers(run, max_steps) or self._hf_optimizers(run.model),
             strategy_builds_optimizer=fit.strategy.builds_own_optimizer,
             none_trains_nothing=fit.loop_policy.none_optimizer_trains_nothing)
-        fit._launcher.setup_run(run, plan.max_steps)
+        fit._launcher.setup_run(run, max_steps)
         fit._run = fit._last_fit = run
         module._results = ResultCollection(infer_batch_size, fit.strategy.reduce)
         module._log_defaults = (True, False)
@@ -295,14 +435,24 @@ class TrainingStage:
             st, run.control, run.sums, fit.strategy.precision, fit.callbacks, module, fit.strategy.all_gather,
             fit.global_rank, fit.world_size, args.restore_callback_states_from_checkpoint,
             accelerator=fit.strategy.accelerator)
-        if ckpt:
-            saved = restore(run, ckpt, fit.strategy, args, weights_only, plan.reader)
+        if ckpt and plan is not None:
+            self._restore(run, args, plan, ckpt, weights_only)
+        run.publisher = make_publisher(fit)  # push_to_hub: uploads on a background thread
+
+    def _restore(self, run: Run, args: FitArguments, plan: _Plan, ckpt: str, weights_only: bool,
+                 callbacks_restored: bool = False) -> None:
+        """Restore ``ckpt`` into the set-up run and call ``on_load_checkpoint`` (unless the callbacks and the
+        hooks had their turn before the optimizers: ``callbacks_restored``); the loggers continue from its step."""
+        from taskfit.checkpoint.resume import restore
+
+        fit, st = self.fit, run.state
+        saved = restore(run, ckpt, fit.strategy, args, weights_only, plan.reader, callbacks_restored)
+        if not callbacks_restored:
             if fit.loop_policy.lightning_checkpoint_dict:
                 saved = loaded_lightning_dict(run, fit.strategy.precision, saved)
-            fit._hooks.call("on_load_checkpoint", fit, module, saved)
-            if fit.is_global_zero:  # every logger continues the same run from the checkpoint's step
-                resume_loggers(fit.loggers, st.global_step, st.log_history)
-        run.publisher = make_publisher(fit)  # push_to_hub: uploads on a background thread
+            fit._hooks.call("on_load_checkpoint", fit, run.module, saved)
+        if fit.is_global_zero:  # every logger continues the same run from the checkpoint's step
+            resume_loggers(fit.loggers, st.global_step, st.log_history)
 
     def _hf_optimizers(self, model: nn.Module) -> tuple[Any, Any]:
         """``optimizers=`` as given; else an optimizer from ``optimizer_cls_and_kwargs`` (HF's param groups)."""
@@ -315,11 +465,12 @@ class TrainingStage:
             opt = cls(_split_params(model, float(fit.args.weight_decay)), **dict(kwargs))
         return opt, sched
 
-    def _train(self, run: Run, args: FitArguments, plan: _Plan, ckpt: str | None,
-               hooks: Any) -> tuple[FitLoop, float]:
-        """Run the fit loop (sanity check and ``eval_on_start`` first) under the graceful-stop handlers; on any
-        error the pending saves are waited for, ``on_exception`` runs and the loggers are finalised. Returns the
-        loop and its start time (``time.perf_counter()``, s)."""
+    def _train(self, run: Run, args: FitArguments, prepare: Callable[[], _Plan], ckpt: str | None,
+               hooks: Any) -> tuple[FitLoop, float, _Plan, int, int]:
+        """Run the fit loop (sanity check, ``prepare()`` giving the plan, ``eval_on_start`` first) under the
+        graceful-stop handlers; on any error the pending saves are waited for, ``on_exception`` runs and the
+        loggers are finalised. Returns the loop, its start time (``time.perf_counter()``, s), the plan and the
+        samples seen and ``global_step`` at the start."""
         from taskfit.checkpoint.resume import wait_for_saves_quietly
 
         fit = self.fit
@@ -329,8 +480,10 @@ class TrainingStage:
             args.save_on_interrupt, fit.world_size, fit.strategy.check_collective)
         start = time.perf_counter()
         try:
-            if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
+            if args.num_sanity_val_steps and (run.eval_loaders or run.build_eval_loaders) and not ckpt:
                 sanity_check(fit, run)  # between on_fit_start and on_train_start (Lightning)
+            plan = prepare()
+            start_samples, start_step = run.state.samples_seen, run.state.global_step
             hooks.call("on_train_start", fit, run.module)
             if not (fit.loop_policy.keeps_submodule_modes and run.module.training):
                 run.module.train()  # HF: the whole model trains (a PEFT base loaded in eval mode included)
@@ -351,7 +504,7 @@ class TrainingStage:
         finally:
             loop.stop.uninstall()
             fit.is_in_train = False
-        return loop, start
+        return loop, start, plan, start_samples, start_step
 
     def _finish(self, run: Run, args: FitArguments, datamodule: DataModule | None, loop: FitLoop,
                 metrics: dict[str, Any], hooks: Any) -> TrainOutput:

@@ -104,4 +104,5 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       clip_algorithm_as_given=True, gradient_clip_algorithm=f["gradient_clip_algorithm"],
                       eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
                       keeps_submodule_modes=True, none_optimizer_trains_nothing=True,
-                      lightning_checkpoint_dict=True)
+                      lightning_checkpoint_dict=True, loaders_after_setup=True,
+                      resumed_epoch_skips_start=True)
