@@ -47,13 +47,14 @@ def lightning_dict(run: Any, precision: Any, training_state: dict[str, Any], epo
     Returns:
         dict: ``epoch``, ``global_step``, ``pytorch-lightning_version``, ``state_dict`` (the module's, tensors
         shared, not copied), ``loops`` (empty: taskfit's loop state is in its own files), ``callbacks``
-        (``{state_key: state}``), ``optimizer_states``, ``lr_schedulers`` (state dicts, in order), the precision
+        (``{state_key: state}`` of the callbacks whose state is not empty), ``optimizer_states``, ``lr_schedulers`` (state dicts, in order), the precision
         plugin's state when it has one, ``hyper_parameters`` (and ``hparams_name``) when the module saved some.
     """
     module = run.module
     out: dict[str, Any] = {
         "epoch": int(epoch), "global_step": int(global_step), "pytorch-lightning_version": lightning_version(),
-        "state_dict": module.state_dict(), "loops": {}, "callbacks": training_state.get("callbacks", {}),
+        "state_dict": module.state_dict(), "loops": {},  # Lightning keeps only the callbacks whose state is not empty
+        "callbacks": {k: v for k, v in (training_state.get("callbacks") or {}).items() if v},
         "optimizer_states": [o.state_dict() for o in run.optimizers or ()],
         "lr_schedulers": [c.scheduler.state_dict() for c in run.schedulers or ()]}
     prec = training_state.get("precision")

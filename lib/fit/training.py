@@ -30,6 +30,9 @@ from taskfit.connector import configure_strategy
 from taskfit.core.step_call import step_disabled
 from taskfit.data.loaders import DataModule, floating_point_ops
 from taskfit.debugging import fast_dev_run_batches, sanity_check
+from taskfit.fit.lightning_order import (
+    given_value, late_run, late_training_start, loaders_late, rebuild_eval_loaders, rebuild_train_loader,
+)
 from taskfit.fit.metric_checks import check_before_training, missing_metric_error
 from taskfit.fit.run import Run
 from taskfit.fit.signals import install_graceful_stop
@@ -52,28 +55,6 @@ class _Plan:
     max_steps: int
     num_epochs: int
     reader: Any = None  # the resumed checkpoint's reader (planning opened it): restore reads each file once
-
-
-def rebuild_train_loader(fit: Any, run: Run, datamodule: DataModule | None, module: Any, given: Any,
-                         data_collator: Callable | None) -> Any:
-    """A new train loader from the run's source, built as ``_new_run`` builds it: the datamodule's or the module's
-    ``train_dataloader`` called again, given data reused (Lightning's ``reload_dataloaders_every_n_epochs``)."""
-    if given is not None:
-        data = given
-    else:
-        data = datamodule.train_dataloader() if datamodule is not None else module_loader(module, "train_dataloader")
-    return fit._hf.train_dataloader(run, data, data_collator)
-
-
-def rebuild_eval_loaders(fit: Any, run: Run, datamodule: DataModule | None, module: Any,
-                         data_collator: Callable | None) -> None:
-    """New eval loaders for ``run`` from the datamodule's or the module's ``val_dataloader`` called again, built as
-    ``_new_run`` builds them, at ``run.state.current_epoch`` (Lightning's ``reload_dataloaders_every_n_epochs``
-    for the validation loaders; given eval data is never reloaded)."""
-    data = datamodule.val_dataloader() if datamodule is not None else module_loader(module, "val_dataloader")
-    run.eval_data = data
-    run.eval_loaders = fit._launcher.eval_loader_dict(data, data_collator, run=run)
-    run.eval_loaded_epoch = run.state.current_epoch
 
 
 def hf_parameter_count(model: Any) -> int | None:
@@ -145,9 +126,9 @@ class TrainingStage:
         (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         model, module = fit._launcher.resolve_model(model, "fit")
         start_stage(fit, module, datamodule, "fit")  # configure_callbacks, prepare_data, setup, configure_model
-        if self._loaders_late(module):  # Lightning: the loaders are asked for in the sanity check and after it
-            run, ckpt = self._late_run(args, model, module, datamodule, (train_data, eval_data, data_collator),
-                                       resume_from_checkpoint, weights_only)
+        if loaders_late(fit, module):  # Lightning: the loaders are asked for in the sanity check and after it
+            run, ckpt = late_run(self, args, model, module, datamodule, (train_data, eval_data, data_collator),
+                                  resume_from_checkpoint, weights_only)
             plan = None
         else:
             run = self._loaded_run(args, model, module, datamodule, train_data, eval_data, data_collator)
@@ -164,9 +145,9 @@ class TrainingStage:
         module.zero_grad()  # Lightning clears the module's gradients as the stage starts
         if plan is not None:
             hooks.call_hf("on_train_begin", args, run.state, ctl, **run.hf_kwargs())
-            prepare = functools.partial(lambda p: p, plan)
+            prepare = functools.partial(given_value, plan)
         else:
-            prepare = functools.partial(self._late_training_start, run, args, ckpt, weights_only)
+            prepare = functools.partial(late_training_start, self, run, args, ckpt, weights_only)
         loop, start, plan, start_samples, start_step = self._train(run, args, prepare, ckpt, hooks)
         st = run.state
         metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
@@ -250,102 +231,6 @@ class TrainingStage:
             if self.fit.strategy.engine_owns_step:
                 raise ValueError(f"manual optimization (automatic_optimization = False) is not supported by "
                                  f"{type(self.fit.strategy).__name__}, whose engine runs backward and the step.")
-
-    # ------------------------------------------------- the loaders where Lightning asks for them (the door) ---
-    def _loaders_late(self, module: Any) -> bool:
-        """Whether this run asks for its loaders where Lightning does (``LoopPolicy.loaders_after_setup``): not
-        when the set-up needs the step plan (an engine that owns the step, such as DeepSpeed's schedule, an
-        optimizer built by the backend, given with ``optimizers=``, or the default one with its schedule)."""
-        from taskfit.optim.configure import _user_defined
-
-        fit = self.fit
-        return bool(fit.loop_policy.loaders_after_setup and not fit.strategy.engine_owns_step
-                    and not fit.strategy.builds_own_optimizer and fit._optimizers[0] is None
-                    and fit.optimizer_cls_and_kwargs is None and _user_defined(module, "configure_optimizers"))
-
-    def _late_run(self, args: FitArguments, model: nn.Module, module: Any, datamodule: DataModule | None,
-                  data: tuple[Any, Any, Callable | None], resume: str | bool | None,
-                  weights_only: bool) -> tuple[Run, str | None]:
-        """The run without loaders (Lightning's order) and the checkpoint it resumes from; its
-        ``build_eval_loaders`` / ``build_plan`` ask for the loaders when needed. What can be checked without the
-        loaders is checked now, before any work.
-
-        Raises:
-            ValueError: no source of training data; eval data for a module without ``validation_step``; manual
-                optimization with accumulation.
-        """
-        from taskfit.optim.configure import _user_defined
-
-        fit = self.fit
-        train_data, eval_data, collator = data
-        own_loader = _user_defined(module, "train_dataloader") or "train_dataloader" in vars(module)
-        if train_data is None and datamodule is None and not own_loader:
-            raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")
-        can_validate = (not step_disabled(module, "validation_step") if datamodule is not None
-                        else fit._stages.can_validate(module))
-        if eval_data is not None and not fit._stages.can_validate(module):
-            raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
-        self._check_manual(args, module)
-        run = self._new_run(args, model, module, None, None, collator)
-        if can_validate and args.limit_val_batches != 0:
-            run.build_eval_loaders = functools.partial(self._late_eval_loaders, run, args, datamodule, eval_data,
-                                                       collator)
-        ckpt = self._checkpoint(args, resume)
-        run.build_plan = functools.partial(self._late_plan, run, args, datamodule, train_data, collator, ckpt,
-                                           weights_only)
-        return run, ckpt
-
-    def _late_eval_loaders(self, run: Run, args: FitArguments, datamodule: DataModule | None, eval_data: Any,
-                           collator: Callable | None) -> None:
-        """Build the run's eval loaders once (given data, else the datamodule's or the module's
-        ``val_dataloader``). Raises ValueError when ``eval_strategy`` wants evaluation and there is no data."""
-        fit, module = self.fit, run.module
-        run.build_eval_loaders = None
-        given = eval_data is not None
-        if eval_data is None:
-            eval_data = datamodule.val_dataloader() if datamodule is not None else module_loader(
-                module, "val_dataloader")
-        if args.eval_strategy != "no" and eval_data is None:
-            raise ValueError(f"eval_strategy={args.eval_strategy!r} needs eval data; pass eval_data or set "
-                             "eval_strategy='no'.")
-        run.eval_loaders = fit._launcher.eval_loader_dict(eval_data, collator, run=run)
-        run.eval_data = eval_data
-        if run.eval_loaders and not given:
-            run.reload_eval_loaders = functools.partial(rebuild_eval_loaders, fit, run, datamodule, module, collator)
-
-    def _late_plan(self, run: Run, args: FitArguments, datamodule: DataModule | None, train_data: Any,
-                   collator: Callable | None, ckpt: str | None, weights_only: bool) -> _Plan:
-        """Build the train loader (given data, else ``train_dataloader``) and the step plan, once; later calls
-        return the same plan (``estimated_stepping_batches`` read in ``configure_optimizers`` builds it early, as
-        Lightning does). Raises ValueError when there is no training data."""
-        fit, module = self.fit, run.module
-        given = train_data
-        if train_data is None:
-            train_data = datamodule.train_dataloader() if datamodule is not None else module_loader(
-                module, "train_dataloader")
-        if train_data is None:
-            raise ValueError("fit() needs training data: pass train_data (DataLoader or Dataset) or a datamodule.")
-        run.train_loader = fit._hf.train_dataloader(run, train_data, collator)
-        run.reload_train_loader = functools.partial(rebuild_train_loader, fit, run, datamodule, module, given,
-                                                    collator)
-        plan = self._steps(run, args, ckpt, weights_only)
-        run.build_plan = functools.partial(lambda p: p, plan)
-        return plan
-
-    def _late_training_start(self, run: Run, args: FitArguments, ckpt: str | None, weights_only: bool) -> _Plan:
-        """After the sanity check (Lightning's order): the train loader and the plan, the eval loaders when no
-        sanity check asked for them, the rest of a resume (optimizers, schedulers, loop state), the run summary
-        and HF's ``on_train_begin``. Returns the plan."""
-        fit = self.fit
-        plan = run.build_plan()
-        if run.build_eval_loaders is not None:
-            run.build_eval_loaders()
-        if ckpt:
-            self._restore(run, args, plan, ckpt, weights_only, callbacks_restored=True)
-            run.control._new_training()  # a checkpoint saved as training ended must not stop this one
-        self._before_training(run, plan)
-        fit._hooks.call_hf("on_train_begin", args, run.state, run.control, **run.hf_kwargs())
-        return plan
 
     def _new_run(self, args: FitArguments, model: nn.Module, module: Any, train_data: Any, eval_data: Any,
                  data_collator: Callable | None) -> Run:
