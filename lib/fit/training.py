@@ -437,7 +437,7 @@ class TrainingStage:
         if run.reload_eval_loaders is not None and fit.loop_policy.reload_due(run.state.current_epoch,
                                                                               run.eval_loaded_epoch):
             run.reload_eval_loaders()
-        if overrides(run.module, "on_validation_model_zero_grad"):  # Lightning: before a validation inside fit
+        if fit.loop_policy.zero_grad_before_validation or overrides(run.module, "on_validation_model_zero_grad"):
             run.module.on_validation_model_zero_grad()
         if fit._hf.overrides("get_eval_dataloader", "evaluate"):
             with fit._hf.loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):

@@ -105,4 +105,4 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
                       keeps_submodule_modes=True, none_optimizer_trains_nothing=True,
                       lightning_checkpoint_dict=True, loaders_after_setup=True,
-                      resumed_epoch_skips_start=True)
+                      resumed_epoch_skips_start=True, zero_grad_before_validation=True)

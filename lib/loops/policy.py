@@ -55,6 +55,9 @@ class LoopPolicy:
             ``on_train_epoch_start`` again (Lightning: once per epoch); False calls it for the resumed epoch too
             (``Fit``, as HF calls ``on_epoch_begin`` for it). Also, with ``validation_closes_epoch``, a checkpoint
             taken at the end of an epoch cut short by ``max_steps`` continues that epoch (Lightning).
+        zero_grad_before_validation (bool): every validation during ``fit`` starts with the module's
+            ``on_validation_model_zero_grad`` (Lightning: its default ``zero_grad()`` frees the gradients' memory);
+            False calls it only when the module overrides it (``Fit``: HF keeps the gradients).
     """
 
     counts_optimizer_steps: bool = False
@@ -71,6 +74,7 @@ class LoopPolicy:
     lightning_checkpoint_dict: bool = False
     loaders_after_setup: bool = False
     resumed_epoch_skips_start: bool = False
+    zero_grad_before_validation: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect

@@ -10,7 +10,8 @@ import torch
 from harness import data, linear
 
 #: the module's hooks recorded (fit's, the loaders, the checkpoint hooks) and the callback's
-HOOKS = ("configure_callbacks", "prepare_data", "setup", "configure_model", "configure_optimizers", "train_dataloader", "val_dataloader", "on_fit_start", "on_train_start", "on_train_epoch_start",
+HOOKS = ("configure_callbacks", "prepare_data", "setup", "configure_model", "configure_optimizers", "zero_grad",
+         "train_dataloader", "val_dataloader", "on_fit_start", "on_train_start", "on_train_epoch_start",
          "on_train_epoch_end", "on_validation_start", "on_validation_end", "on_save_checkpoint",
          "on_load_checkpoint", "on_train_end", "on_fit_end", "teardown")
 CALLBACK_HOOKS = ("setup", "on_fit_start", "on_sanity_check_start", "on_sanity_check_end", "on_train_start",
@@ -105,7 +106,9 @@ def test_F_LIT_DOOR_fit_hook_order_and_checkpoint_dict_match_lightning(tmp_path)
     """fit with the sanity check and a ModelCheckpoint: the loaders are asked for where Lightning asks
     (``val_dataloader`` inside the sanity check, ``train_dataloader`` after it, both after
     ``configure_optimizers``), the checkpoint is saved after ``on_train_epoch_end`` with ``state_dict`` called
-    once, and ``on_save_checkpoint`` receives Lightning's dict (keys, epoch, step); the weights are equal."""
+    once, and ``on_save_checkpoint`` receives Lightning's dict (keys, epoch, step); ``zero_grad`` before each
+    validation of the fit (not overridden: Lightning's default ``on_validation_model_zero_grad``); the weights
+    are equal."""
     seqs, weights = {}, {}
     for name, L in _frameworks().items():
         calls = []
