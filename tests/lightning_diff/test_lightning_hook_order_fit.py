@@ -8,6 +8,7 @@ import warnings
 
 import torch
 from harness import data, linear
+from two_doors import callbacks_of
 
 #: the module's hooks recorded (fit's, the loaders, the checkpoint hooks) and the callback's
 HOOKS = ("configure_callbacks", "prepare_data", "setup", "configure_model", "configure_optimizers", "zero_grad",
@@ -190,3 +191,35 @@ def test_F_LIT_DOOR_estimated_stepping_batches_in_configure_optimizers(tmp_path)
         out[name] = (calls, module.layer.weight.detach().clone())
     assert out["taskfit"][0] == out["lightning"][0] == ["train_dataloader", ("total", 8)]
     torch.testing.assert_close(out["taskfit"][1], out["lightning"][1], rtol=0, atol=0)
+
+
+def test_F_LIT_CKPT_checkpoint_frequency_with_val_check_interval(tmp_path):
+    """``ModelCheckpoint`` saves after every validation (``val_check_interval=0.25``: four per epoch) and keeps the
+    top ``k`` of a monitored value: the same checkpoint names as Lightning's (Lightning's own
+    test_checkpoint_callback_frequency.py counts its ``torch.save`` calls, which a checkpoint folder cannot match)."""
+    import os
+
+    names = {}
+    for name, L in _frameworks().items():
+        class Logged(linear(L.LightningModule)):
+            def training_step(self, batch, batch_idx):
+                loss = super().training_step(batch, batch_idx)
+                self.log("my_loss", loss.detach())
+                return loss
+
+            def validation_step(self, batch, batch_idx):
+                self.log("v", self.layer(batch[0]).sum())
+
+        torch.manual_seed(0)
+        root = tmp_path / name
+        cbs = callbacks_of(L)
+        every = cbs.ModelCheckpoint(dirpath=str(root / "all"), save_top_k=-1)
+        top = cbs.ModelCheckpoint(dirpath=str(root / "top"), monitor="my_loss", save_top_k=2)
+        trainer = _trainer(L, root, [every, top], max_epochs=1, val_check_interval=0.25, limit_val_batches=1,
+                           num_sanity_val_steps=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Logged(), data(n=16, batch_size=2), data(n=8, batch_size=4, seed=1))
+        names[name] = {d: sorted(os.listdir(root / d)) for d in ("all", "top")}
+    assert names["taskfit"] == names["lightning"]
+    assert len(names["taskfit"]["all"]) == 4 and len(names["taskfit"]["top"]) == 2
