@@ -50,10 +50,13 @@ def given_value(value: Any) -> Any:
 def loaders_late(fit: Any, module: Any) -> bool:
     """Whether this run asks for its loaders where Lightning does (``LoopPolicy.loaders_after_setup``): not
     when the set-up needs the step plan (an engine that owns the step, such as DeepSpeed's schedule, an
-    optimizer built by the backend, given with ``optimizers=``, or the default one with its schedule)."""
+    optimizer built by the backend, given with ``optimizers=``, or the default one with its schedule), nor with
+    a finder callback (``BatchSizeFinder``, ``LearningRateFinder``: they search on the train loader at
+    ``on_fit_start``, and Lightning builds it for them there too)."""
     return bool(fit.loop_policy.loaders_after_setup and not fit.strategy.engine_owns_step
                 and not fit.strategy.builds_own_optimizer and fit._optimizers[0] is None
-                and fit.optimizer_cls_and_kwargs is None and _user_defined(module, "configure_optimizers"))
+                and fit.optimizer_cls_and_kwargs is None and _user_defined(module, "configure_optimizers")
+                and not any(getattr(cb, "runs_first", False) for cb in fit.callbacks))
 
 
 def late_run(stage: Any, args: FitArguments, model: nn.Module, module: Any, datamodule: DataModule | None,
