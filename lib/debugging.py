@@ -110,12 +110,14 @@ def sanity_check(fit: Any, run: Any) -> None:
     """Lightning's ``num_sanity_val_steps``: the first N batches of every eval loader of ``run`` before training,
     with the validation hooks, neither logged nor counted (``fit.sanity_checking`` is True meanwhile)."""
     n = fit.args.num_sanity_val_steps
-    loaders = {k: (v if n == -1 else limit_batches(v, n)) for k, v in run.eval_loaders.items()}
     fit.sanity_checking = True
     before = dict(fit.callback_metrics)  # Lightning resets what the sanity pass logged
     modes = [(m, m.training) for m in run.module.modules()]  # a submodule frozen in eval mode stays there
     try:
         fit._hooks.call("on_sanity_check_start", fit, run.module)
+        if getattr(run, "build_eval_loaders", None) is not None:  # Lightning asks for the validation loader here
+            run.build_eval_loaders()
+        loaders = {k: (v if n == -1 else limit_batches(v, n)) for k, v in run.eval_loaders.items()}
         fit._run_eval(loaders, "validate", "eval")
         fit._hooks.call("on_sanity_check_end", fit, run.module)
     finally:

@@ -103,11 +103,13 @@ def _newest_complete(io: Any, out: str, value: str | bool) -> str | None:
 
 
 def restore(run: RunView, path: str, strategy: Any, args: Any, weights_only: bool = True,
-            reader: CheckpointReader | None = None) -> dict[str, Any]:
+            reader: CheckpointReader | None = None, callbacks_restored: bool = False) -> dict[str, Any]:
     """Load the checkpoint at ``path`` into ``run`` (already set up: the strategy returned its optimizers and
     schedulers): model and optimizers through ``strategy.load_checkpoint``, the schedulers, then the run's
     :class:`~taskfit.loops.state.TrainingState` whole. ``reader``: the one :func:`plan_resumed_run` returned (each
-    file is then read once). Returns the training state dict (for ``on_load_checkpoint``).
+    file is then read once). ``callbacks_restored``: the callbacks' states were loaded already (the Lightning
+    door's first step, :func:`taskfit.checkpoint.hook_dict.restore_modules_and_callbacks`), so not again. Returns the
+    training state dict (for ``on_load_checkpoint``).
 
     Raises:
         CheckpointError: missing/corrupted files (naming the file) or a ``save_only_model`` checkpoint. A
@@ -120,7 +122,7 @@ def restore(run: RunView, path: str, strategy: Any, args: Any, weights_only: boo
     ts = loaded["training_state"]
     hf_rule = _check_compatible(args, strategy.world_size, run.train_loader, loaded["args"], ts,
                                 loaded["manifest"], strategy.data_parallel_size)
-    run.training_state.load_state_dict(ts)
+    run.training_state.load_state_dict({**ts, "callbacks": {}} if callbacks_restored else ts)
     if hf_rule:  # a stream's saved position belongs to the old batch layout: HF's skip rule decides instead
         run.training_state.data = None
     if hf_rule or loaded["manifest"].get("format") == HF_FORMAT:  # no usable position: derive it as HF does

@@ -19,6 +19,7 @@ from taskfit.io.checkpoint_format import (  # noqa: F401  (re-exported: the form
     rotate_checkpoints, synchronous_io,
 )
 from taskfit.io.checkpoint_io import join
+from taskfit.loggers.logger import json_hparams
 from taskfit.strategies.checkpointing import (  # noqa: F401  (exportable_model, states_on_cpu: re-exported)
     FolderPlan, exportable_model, manifest_header, states_on_cpu, weight_files,
 )
@@ -54,9 +55,9 @@ def model_config(model: torch.nn.Module) -> Any:
         return config.to_json_string()
     out = {"class": f"{type(model).__module__}.{type(model).__qualname__}",
            "num_parameters": sum(p.numel() for p in model.parameters()), "taskfit_version": __version__}
-    hparams = getattr(model, "hparams_for_checkpoint", None)
+    hparams = json_hparams(model)  # a function, not the module's method: hook recorders see no extra call
     if hparams is not None:  # what load_from_checkpoint rebuilds the module from
-        out["hyper_parameters"] = hparams()
+        out["hyper_parameters"] = hparams
     return out
 
 

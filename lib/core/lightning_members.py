@@ -100,15 +100,11 @@ class HyperparametersMixin:
         return copy.deepcopy(self.__dict__.get("_hparams_initial") or AttributeDict())
 
     def hparams_for_checkpoint(self) -> dict[str, Any]:
-        """The JSON-serialisable hyperparameters (what a checkpoint's ``config.json`` stores)."""
-        out = {}
-        for k, v in self.hparams.items():
-            try:
-                json.dumps(v)
-            except (TypeError, ValueError):
-                continue
-            out[k] = v
-        return out
+        """The JSON-serialisable hyperparameters (what a checkpoint's ``config.json`` stores); taskfit itself reads
+        them with :func:`taskfit.loggers.logger.json_hparams`, so overriding this method changes nothing saved."""
+        from taskfit.loggers.logger import json_hparams
+
+        return json_hparams(self) or {}
 
 
 class LightningMembers(HyperparametersMixin):

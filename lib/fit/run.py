@@ -61,6 +61,10 @@ class Run:
             eval data was given); ``eval_loaded_epoch`` (int) is the epoch they were built at.
         eval_data (Any), data_collator (Any): the eval data and collator given to ``fit`` (HF loader overrides).
         loss_weight (Any): the current micro-batch's share of its accumulation window (HF ``training_step``).
+        build_eval_loaders (Callable[[], None] | None), build_plan (Callable[[], Any] | None): set while the
+            loaders wait to be asked for where Lightning asks (``LoopPolicy.loaders_after_setup``): the sanity
+            check builds ``eval_loaders``, the trainer's ``estimated_stepping_batches`` or the end of the sanity
+            check the train loader and the step plan; each builds once.
     """
 
     stage: str
@@ -88,6 +92,8 @@ class Run:
     eval_data: Any = None
     data_collator: Any = None
     loss_weight: Any = None
+    build_eval_loaders: Any = None
+    build_plan: Any = None
 
     @property
     def optimizer(self) -> Any:

@@ -20,6 +20,7 @@ from torch import nn
 from taskfit import efficiency
 from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.arguments.strategy_options import StrategyOptions
+from taskfit.checkpoint.hook_dict import keep_added_keys, lightning_dict, loaded_lightning_dict
 from taskfit.checkpoint.writer import checkpoint_path, save_checkpoint
 from taskfit.core.hooks import module_loader, overrides
 from taskfit.core.module import infer_batch_size
@@ -29,6 +30,9 @@ from taskfit.connector import configure_strategy
 from taskfit.core.step_call import step_disabled
 from taskfit.data.loaders import DataModule, floating_point_ops
 from taskfit.debugging import fast_dev_run_batches, sanity_check
+from taskfit.fit.lightning_order import (
+    given_value, late_run, late_training_start, loaders_late, rebuild_eval_loaders, rebuild_train_loader,
+)
 from taskfit.fit.metric_checks import check_before_training, missing_metric_error
 from taskfit.fit.run import Run
 from taskfit.fit.signals import install_graceful_stop
@@ -51,28 +55,6 @@ class _Plan:
     max_steps: int
     num_epochs: int
     reader: Any = None  # the resumed checkpoint's reader (planning opened it): restore reads each file once
-
-
-def rebuild_train_loader(fit: Any, run: Run, datamodule: DataModule | None, module: Any, given: Any,
-                         data_collator: Callable | None) -> Any:
-    """A new train loader from the run's source, built as ``_new_run`` builds it: the datamodule's or the module's
-    ``train_dataloader`` called again, given data reused (Lightning's ``reload_dataloaders_every_n_epochs``)."""
-    if given is not None:
-        data = given
-    else:
-        data = datamodule.train_dataloader() if datamodule is not None else module_loader(module, "train_dataloader")
-    return fit._hf.train_dataloader(run, data, data_collator)
-
-
-def rebuild_eval_loaders(fit: Any, run: Run, datamodule: DataModule | None, module: Any,
-                         data_collator: Callable | None) -> None:
-    """New eval loaders for ``run`` from the datamodule's or the module's ``val_dataloader`` called again, built as
-    ``_new_run`` builds them, at ``run.state.current_epoch`` (Lightning's ``reload_dataloaders_every_n_epochs``
-    for the validation loaders; given eval data is never reloaded)."""
-    data = datamodule.val_dataloader() if datamodule is not None else module_loader(module, "val_dataloader")
-    run.eval_data = data
-    run.eval_loaders = fit._launcher.eval_loader_dict(data, data_collator, run=run)
-    run.eval_loaded_epoch = run.state.current_epoch
 
 
 def hf_parameter_count(model: Any) -> int | None:
@@ -144,6 +126,38 @@ class TrainingStage:
         (enable_full_determinism if args.full_determinism else seed_everything)(args.seed)
         model, module = fit._launcher.resolve_model(model, "fit")
         start_stage(fit, module, datamodule, "fit")  # configure_callbacks, prepare_data, setup, configure_model
+        if loaders_late(fit, module):  # Lightning: the loaders are asked for in the sanity check and after it
+            run, ckpt = late_run(self, args, model, module, datamodule, (train_data, eval_data, data_collator),
+                                  resume_from_checkpoint, weights_only)
+            plan = None
+        else:
+            run = self._loaded_run(args, model, module, datamodule, train_data, eval_data, data_collator)
+            plan, ckpt = self._plan(run, args, resume_from_checkpoint, weights_only)
+        self._setup(run, args, plan, ckpt, weights_only)
+        hooks, ctl = fit._hooks, run.control
+        if plan is not None:
+            self._before_training(run, plan)
+        ctl._new_training()
+        if fit.is_global_zero and not n_dev:
+            for lg in fit.loggers:
+                lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
+        hooks.call("on_fit_start", fit, module)
+        module.zero_grad()  # Lightning clears the module's gradients as the stage starts
+        if plan is not None:
+            hooks.call_hf("on_train_begin", args, run.state, ctl, **run.hf_kwargs())
+            prepare = functools.partial(given_value, plan)
+        else:
+            prepare = functools.partial(late_training_start, self, run, args, ckpt, weights_only)
+        loop, start, plan, start_samples, start_step = self._train(run, args, prepare, ckpt, hooks)
+        st = run.state
+        metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
+                                st.global_step - start_step)
+        return self._finish(run, args, datamodule, loop, metrics, hooks)
+
+    def _loaded_run(self, args: FitArguments, model: nn.Module, module: Any, datamodule: DataModule | None,
+                    train_data: Any, eval_data: Any, data_collator: Callable | None) -> Run:
+        """The run with its loaders built now (HF's order: before the optimizers)."""
+        fit = self.fit
         given, eval_given = train_data, eval_data is not None
         train_data, eval_data = self._data(args, module, datamodule, train_data, eval_data)
         run = self._new_run(args, model, module, train_data, eval_data, data_collator)
@@ -152,23 +166,12 @@ class TrainingStage:
         if run.eval_loaders and not eval_given:
             run.reload_eval_loaders = functools.partial(rebuild_eval_loaders, fit, run, datamodule, module,
                                                         data_collator)
-        plan, ckpt = self._plan(run, args, resume_from_checkpoint, weights_only)
-        self._setup(run, args, plan, ckpt, weights_only)
-        st, hooks, ctl = run.state, fit._hooks, run.control
-        run.eval_loaded_epoch = st.current_epoch  # the eval loaders were built for this epoch (resumed: its own)
-        start_samples, start_step = st.samples_seen, st.global_step
-        log_summary(fit, module, plan.max_steps, plan.steps_per_epoch, run.train_loader)
-        ctl._new_training()
-        if fit.is_global_zero and not n_dev:
-            for lg in fit.loggers:
-                lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
-        hooks.call("on_fit_start", fit, module)
-        module.zero_grad()  # Lightning clears the module's gradients as the stage starts
-        hooks.call_hf("on_train_begin", args, st, ctl, **run.hf_kwargs())
-        loop, start = self._train(run, args, plan, ckpt, hooks)  # sanity check, on_train_start, the loop
-        metrics = speed_metrics("train", start, time.perf_counter(), st.samples_seen - start_samples,
-                                st.global_step - start_step)
-        return self._finish(run, args, datamodule, loop, metrics, hooks)
+        return run
+
+    def _before_training(self, run: Run, plan: _Plan) -> None:
+        """Once the plan and the restored state are in: the eval loaders' epoch, the run summary."""
+        run.eval_loaded_epoch = run.state.current_epoch  # the eval loaders were built for this epoch (resumed: its own)
+        log_summary(self.fit, run.module, plan.max_steps, plan.steps_per_epoch, run.train_loader)
 
     def _arguments(self, args: FitArguments) -> tuple[FitArguments, int]:
         """The run's arguments (Lightning's ``fast_dev_run``: one short epoch of N batches, evaluated once at its
@@ -214,15 +217,20 @@ class TrainingStage:
                              "eval_strategy='no'.")
         if eval_data is not None and not can_validate:
             raise ValueError(f"{type(module).__name__} has no validation_step, but eval data was given.")
-        if not module.automatic_optimization:  # Lightning refuses these too
+        self._check_manual(args, module)
+        return train_data, eval_data
+
+    def _check_manual(self, args: FitArguments, module: Any) -> None:
+        """Refuse manual optimization with accumulation or an engine that owns the step (Lightning refuses
+        these too), with a ValueError naming the setting."""
+        if not module.automatic_optimization:
             if args.gradient_accumulation_steps > 1:
                 raise ValueError(f"gradient_accumulation_steps={args.gradient_accumulation_steps} is not supported "
                                  "with manual optimization (automatic_optimization = False): accumulate in "
                                  "training_step by stepping the optimizers every N batches.")
-            if fit.strategy.engine_owns_step:
+            if self.fit.strategy.engine_owns_step:
                 raise ValueError(f"manual optimization (automatic_optimization = False) is not supported by "
-                                 f"{type(fit.strategy).__name__}, whose engine runs backward and the step.")
-        return train_data, eval_data
+                                 f"{type(self.fit.strategy).__name__}, whose engine runs backward and the step.")
 
     def _new_run(self, args: FitArguments, model: nn.Module, module: Any, train_data: Any, eval_data: Any,
                  data_collator: Callable | None) -> Run:
@@ -231,7 +239,8 @@ class TrainingStage:
         fit = self.fit
         st = FitState(is_local_process_zero=fit.is_local_process_zero(), is_world_process_zero=fit.is_global_zero)
         run = Run("fit", model, module, st, FitControl())
-        run.train_loader = fit._hf.train_dataloader(run, train_data, data_collator)
+        if train_data is not None:  # None: asked for later (LoopPolicy.loaders_after_setup)
+            run.train_loader = fit._hf.train_dataloader(run, train_data, data_collator)
         run.eval_loaders = fit._launcher.eval_loader_dict(eval_data, data_collator, run=run)
         run.eval_data, run.data_collator = eval_data, data_collator
         if (run.eval_loaders and args.eval_strategy != "no" and args.metric_for_best_model
@@ -243,16 +252,27 @@ class TrainingStage:
 
     def _plan(self, run: Run, args: FitArguments, resume_from_checkpoint: str | bool | None,
               weights_only: bool) -> tuple[_Plan, str | None]:
-        """The steps of this run and the checkpoint it resumes from (every rank takes rank 0's choice); the
-        state's intervals are set from them."""
-        from taskfit.checkpoint.resume import plan_resumed_run, resolve_checkpoint
+        """The checkpoint this run resumes from (every rank takes rank 0's choice) and the steps of this run."""
+        ckpt = self._checkpoint(args, resume_from_checkpoint)
+        return self._steps(run, args, ckpt, weights_only), ckpt
+
+    def _checkpoint(self, args: FitArguments, resume_from_checkpoint: str | bool | None) -> str | None:
+        """The process group's environment set up, then the checkpoint this run resumes from (rank 0's choice)."""
+        from taskfit.checkpoint.resume import resolve_checkpoint
+
+        fit = self.fit
+        fit.strategy.setup_environment()
+        ckpt = resolve_checkpoint(fit.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
+        return fit.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
+
+    def _steps(self, run: Run, args: FitArguments, ckpt: str | None, weights_only: bool) -> _Plan:
+        """The steps of this run from its train loader (re-counted for a resume from ``ckpt``); the state's
+        intervals are set from them."""
+        from taskfit.checkpoint.resume import plan_resumed_run
 
         fit, st = self.fit, run.state
         schedule = accumulation_schedule(fit.callbacks)
         steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, args, schedule)
-        fit.strategy.setup_environment()
-        ckpt = resolve_checkpoint(fit.strategy.checkpoint_io, args.output_dir, resume_from_checkpoint)
-        ckpt = fit.strategy.broadcast(ckpt)  # every rank resumes from rank 0's choice (a save may be racing)
         reader = None
         if ckpt:  # another number of steps per epoch than the checkpoint's run: the steps left are re-counted
             max_steps, num_epochs, reader = plan_resumed_run(
@@ -266,27 +286,33 @@ class TrainingStage:
         st.save_steps = resolve_interval(args.save_steps, max_steps)
         st.train_batch_size = args.per_device_train_batch_size
         st.batches_per_epoch = steps_per_epoch and len(run.train_loader)
-        return _Plan(steps_per_epoch, max_steps, num_epochs, reader), ckpt
+        return _Plan(steps_per_epoch, max_steps, num_epochs, reader)
 
-    def _setup(self, run: Run, args: FitArguments, plan: _Plan, ckpt: str | None, weights_only: bool) -> None:
+    def _setup(self, run: Run, args: FitArguments, plan: _Plan | None, ckpt: str | None, weights_only: bool) -> None:
         """Optimizers and schedulers, the strategy's set-up, the state saved whole (restored from ``ckpt``), the
-        ``push_to_hub`` publisher. The run becomes the Fit's current one."""
+        ``push_to_hub`` publisher. The run becomes the Fit's current one. Without ``plan`` (loaders asked for
+        later) a resume restores here only the weights and the callbacks (with ``on_load_checkpoint``), before
+        ``configure_optimizers`` as Lightning; the rest after the plan."""
+        from taskfit.checkpoint.hook_dict import restore_modules_and_callbacks
         from taskfit.checkpoint.publish import make_publisher
-        from taskfit.checkpoint.resume import restore
         from taskfit.optim.configure import configure_optimizers
 
         fit, module, st = self.fit, run.module, run.state
+        max_steps = plan.max_steps if plan is not None else None
         run.flos_per_sample = 6 * sum(p.numel() for p in module.parameters())  # before sharding empties them
         run.flos_params = hf_parameter_count(run.model)  # HF counts tokens x non-embedding parameters
         run.flos_of = fit.floating_point_ops if run.flos_params is not None or fit._hf.overrides(
             "floating_point_ops") else None
         fit._run = run  # configure_optimizers may read self.trainer (estimated_stepping_batches...)
+        if ckpt and plan is None:
+            restore_modules_and_callbacks(run, ckpt, fit.strategy, fit.callbacks, fit._hooks, fit,
+                                          args.restore_callback_states_from_checkpoint, weights_only)
         run.optimizers, run.schedulers = configure_optimizers(
-            module, run.model, args, plan.max_steps,
-            fit._hf.run_optimizers(run, plan.max_steps) or self._hf_optimizers(run.model),
+            module, run.model, args, max_steps,
+            fit._hf.run_optimizers(run, max_steps) or self._hf_optimizers(run.model),
             strategy_builds_optimizer=fit.strategy.builds_own_optimizer,
             none_trains_nothing=fit.loop_policy.none_optimizer_trains_nothing)
-        fit._launcher.setup_run(run, plan.max_steps)
+        fit._launcher.setup_run(run, max_steps)
         fit._run = fit._last_fit = run
         module._results = ResultCollection(infer_batch_size, fit.strategy.reduce)
         module._log_defaults = (True, False)
@@ -294,12 +320,24 @@ class TrainingStage:
             st, run.control, run.sums, fit.strategy.precision, fit.callbacks, module, fit.strategy.all_gather,
             fit.global_rank, fit.world_size, args.restore_callback_states_from_checkpoint,
             accelerator=fit.strategy.accelerator)
-        if ckpt:
-            saved = restore(run, ckpt, fit.strategy, args, weights_only, plan.reader)
-            fit._hooks.call("on_load_checkpoint", fit, module, saved)
-            if fit.is_global_zero:  # every logger continues the same run from the checkpoint's step
-                resume_loggers(fit.loggers, st.global_step, st.log_history)
+        if ckpt and plan is not None:
+            self._restore(run, args, plan, ckpt, weights_only)
         run.publisher = make_publisher(fit)  # push_to_hub: uploads on a background thread
+
+    def _restore(self, run: Run, args: FitArguments, plan: _Plan, ckpt: str, weights_only: bool,
+                 callbacks_restored: bool = False) -> None:
+        """Restore ``ckpt`` into the set-up run and call ``on_load_checkpoint`` (unless the callbacks and the
+        hooks had their turn before the optimizers: ``callbacks_restored``); the loggers continue from its step."""
+        from taskfit.checkpoint.resume import restore
+
+        fit, st = self.fit, run.state
+        saved = restore(run, ckpt, fit.strategy, args, weights_only, plan.reader, callbacks_restored)
+        if not callbacks_restored:
+            if fit.loop_policy.lightning_checkpoint_dict:
+                saved = loaded_lightning_dict(run, fit.strategy.precision, saved)
+            fit._hooks.call("on_load_checkpoint", fit, run.module, saved)
+        if fit.is_global_zero:  # every logger continues the same run from the checkpoint's step
+            resume_loggers(fit.loggers, st.global_step, st.log_history)
 
     def _hf_optimizers(self, model: nn.Module) -> tuple[Any, Any]:
         """``optimizers=`` as given; else an optimizer from ``optimizer_cls_and_kwargs`` (HF's param groups)."""
@@ -312,11 +350,12 @@ class TrainingStage:
             opt = cls(_split_params(model, float(fit.args.weight_decay)), **dict(kwargs))
         return opt, sched
 
-    def _train(self, run: Run, args: FitArguments, plan: _Plan, ckpt: str | None,
-               hooks: Any) -> tuple[FitLoop, float]:
-        """Run the fit loop (sanity check and ``eval_on_start`` first) under the graceful-stop handlers; on any
-        error the pending saves are waited for, ``on_exception`` runs and the loggers are finalised. Returns the
-        loop and its start time (``time.perf_counter()``, s)."""
+    def _train(self, run: Run, args: FitArguments, prepare: Callable[[], _Plan], ckpt: str | None,
+               hooks: Any) -> tuple[FitLoop, float, _Plan, int, int]:
+        """Run the fit loop (sanity check, ``prepare()`` giving the plan, ``eval_on_start`` first) under the
+        graceful-stop handlers; on any error the pending saves are waited for, ``on_exception`` runs and the
+        loggers are finalised. Returns the loop, its start time (``time.perf_counter()``, s), the plan and the
+        samples seen and ``global_step`` at the start."""
         from taskfit.checkpoint.resume import wait_for_saves_quietly
 
         fit = self.fit
@@ -326,8 +365,10 @@ class TrainingStage:
             args.save_on_interrupt, fit.world_size, fit.strategy.check_collective)
         start = time.perf_counter()
         try:
-            if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
+            if args.num_sanity_val_steps and (run.eval_loaders or run.build_eval_loaders) and not ckpt:
                 sanity_check(fit, run)  # between on_fit_start and on_train_start (Lightning)
+            plan = prepare()
+            start_samples, start_step = run.state.samples_seen, run.state.global_step
             if fit.loop_policy.max_epochs != 0:  # Lightning's max_epochs=0: no training loop, no train hooks
                 hooks.call("on_train_start", fit, run.module)
             if not (fit.loop_policy.keeps_submodule_modes and run.module.training):
@@ -349,7 +390,7 @@ class TrainingStage:
         finally:
             loop.stop.uninstall()
             fit.is_in_train = False
-        return loop, start
+        return loop, start, plan, start_samples, start_step
 
     def _finish(self, run: Run, args: FitArguments, datamodule: DataModule | None, loop: FitLoop,
                 metrics: dict[str, Any], hooks: Any) -> TrainOutput:
@@ -398,7 +439,7 @@ class TrainingStage:
         if run.reload_eval_loaders is not None and fit.loop_policy.reload_due(run.state.current_epoch,
                                                                               run.eval_loaded_epoch):
             run.reload_eval_loaders()
-        if overrides(run.module, "on_validation_model_zero_grad"):  # Lightning: before a validation inside fit
+        if fit.loop_policy.zero_grad_before_validation or overrides(run.module, "on_validation_model_zero_grad"):
             run.module.on_validation_model_zero_grad()
         if fit._hf.overrides("get_eval_dataloader", "evaluate"):
             with fit._hf.loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):
@@ -447,14 +488,20 @@ class TrainingStage:
         if path is None and fit.state.best_global_step == fit.state.global_step:  # recorded before writing
             fit.state.best_model_checkpoint = checkpoint_path(fit)
             training_state["state"]["best_model_checkpoint"] = fit.state.best_model_checkpoint
-        # Lightning's keys for the hooks to read (kept elsewhere in the checkpoint, so not written twice)
-        view = {"epoch": int(run.state.current_epoch), "global_step": run.state.global_step,
-                "lr_schedulers": [c.scheduler.state_dict() for c in run.schedulers or ()]}
-        added = [k for k in view if k not in training_state]
-        training_state.update({k: view[k] for k in added})
-        fit._hooks.call("on_save_checkpoint", fit, run.module, training_state)
-        for k in added:
-            training_state.pop(k, None)
+        if fit.loop_policy.lightning_checkpoint_dict:  # Lightning's dict; the keys hooks add are kept
+            hook_dict = lightning_dict(run, fit.strategy.precision, training_state, run.state.current_epoch,
+                                       run.state.global_step)
+            before = set(hook_dict)
+            fit._hooks.call("on_save_checkpoint", fit, run.module, hook_dict)
+            keep_added_keys(training_state, before, hook_dict)
+        else:  # Lightning's keys for the hooks to read (kept elsewhere in the checkpoint, so not written twice)
+            view = {"epoch": int(run.state.current_epoch), "global_step": run.state.global_step,
+                    "lr_schedulers": [c.scheduler.state_dict() for c in run.schedulers or ()]}
+            added = [k for k in view if k not in training_state]
+            training_state.update({k: view[k] for k in added})
+            fit._hooks.call("on_save_checkpoint", fit, run.module, training_state)
+            for k in added:
+                training_state.pop(k, None)
         written = save_checkpoint(fit, training_state, path)
         if path is None and run.publisher is not None:
             from taskfit.checkpoint.publish import push_checkpoint

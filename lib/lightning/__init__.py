@@ -452,6 +452,7 @@ class Trainer(Fit):
     def estimated_stepping_batches(self) -> int:
         """Optimizer steps of the whole run (what ``OneCycleLR(total_steps=...)`` needs): with both ``max_epochs``
         and ``max_steps``, the smaller of ``max_steps`` and the epochs' steps (Lightning's estimate)."""
+        self._plan_now()
         steps, f, batches = self.state.max_steps, self._flags, self.state.batches_per_epoch
         if f["max_epochs"] is not None and f["max_steps"] not in (None, -1) and batches:
             per_epoch = math.ceil(batches / self.args.gradient_accumulation_steps)
@@ -472,7 +473,15 @@ class Trainer(Fit):
     @property
     def num_training_batches(self) -> int | float:
         """Batches per training epoch on this process (``inf`` without a length)."""
+        self._plan_now()
         return self.state.batches_per_epoch or float("inf")
+
+    def _plan_now(self) -> None:
+        """Ask for the train loader and make the step plan now when a running ``fit`` has not yet (read in
+        ``configure_optimizers``: Lightning builds the train loader early then too)."""
+        build = getattr(self._run, "build_plan", None)
+        if build is not None:
+            build()
 
     @property
     def num_val_batches(self) -> list[int | float]:

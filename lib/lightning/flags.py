@@ -108,7 +108,9 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
                       keeps_submodule_modes=True, none_optimizer_trains_nothing=True,
                       closure_in_optimizer_step=True, none_loss_skips_batch=True, plateau_steps_after_validation=True,
-                      max_epochs=f["max_epochs"] if f["max_epochs"] not in (None, -1) else None)
+                      max_epochs=f["max_epochs"] if f["max_epochs"] not in (None, -1) else None,
+                      lightning_checkpoint_dict=True, loaders_after_setup=True,
+                      resumed_epoch_skips_start=True, zero_grad_before_validation=True)
 
 
 class PossibleUserWarning(UserWarning):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from numbers import Number
 from typing import Any
@@ -94,6 +95,29 @@ def scalar_metrics(metrics: dict[str, Any]) -> dict[str, float]:
 HPARAMS_PREFIX = "hparams/"
 
 
+def json_hparams(module: Any) -> dict[str, Any] | None:
+    """The JSON-serialisable values of ``module.hparams`` (what a checkpoint's ``config.json`` stores and loggers
+    receive), read without calling a method of the module, so a user's hook recorder sees no call Lightning does
+    not make. None for an object without Lightning's ``save_hyperparameters`` members (a plain ``nn.Module``).
+
+    Args:
+        module (Any): a ``TaskModule``, a ``DataModule`` or any object.
+
+    Returns:
+        dict[str, Any] | None: the values that ``json.dumps`` accepts (others are left out), in ``hparams`` order.
+    """
+    if not hasattr(type(module), "hparams_for_checkpoint"):
+        return None
+    out = {}
+    for k, v in (vars(module).get("_hparams") or {}).items():
+        try:
+            json.dumps(v)
+        except (TypeError, ValueError):
+            continue
+        out[k] = v
+    return out
+
+
 def run_hyperparams(args: dict[str, Any], module: Any) -> dict[str, Any]:
     """What ``log_hyperparams`` receives: the run's arguments plus the module's ``save_hyperparameters`` values
     (its JSON-able ``hparams``, unless saved with ``logger=False``; mirrors Lightning, which logs the module's
@@ -101,13 +125,13 @@ def run_hyperparams(args: dict[str, Any], module: Any) -> dict[str, Any]:
 
     Args:
         args (dict): the arguments as a flat dict (``FitArguments.to_sanitized_dict()``).
-        module: the ``TaskModule`` (any object; without ``hparams_for_checkpoint`` only ``args`` are returned).
+        module: the ``TaskModule`` (any object; without ``save_hyperparameters`` only ``args`` are returned).
     """
     out = dict(args)
-    saved = getattr(module, "hparams_for_checkpoint", None)
-    if not callable(saved) or not getattr(module, "_log_hyperparams", True):
+    saved = json_hparams(module)
+    if saved is None or not getattr(module, "_log_hyperparams", True):
         return out
-    for k, v in saved().items():
+    for k, v in saved.items():
         out[HPARAMS_PREFIX + k if k in args and args[k] != v else k] = v
     return out
 

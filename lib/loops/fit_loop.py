@@ -242,7 +242,8 @@ class FitLoop:
         control._new_epoch()
         if not skip:  # resumed mid-epoch: keep the restored epoch aggregates
             module._results.reset_epoch()
-        hooks.call("on_train_epoch_start", self.owner, module)
+        if not (skip and self.loop_policy.resumed_epoch_skips_start):  # Lightning: once per epoch, not on resume
+            hooks.call("on_train_epoch_start", self.owner, module)
         hooks.hf["on_epoch_begin"] and hooks.call_hf("on_epoch_begin", args, state, control, **run.hf_kwargs())
         # read per epoch: a callback may change them at the epoch's start (Lightning's
         # GradientAccumulationScheduler, StochasticWeightAveraging's SWALR)
@@ -430,8 +431,10 @@ class FitLoop:
         self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
         defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's epoch-end defaults
         # a checkpoint from here on (ModelCheckpoint's in on_train_epoch_end, the epoch's save below) resumes at
-        # the next epoch's start
-        run.training_state.epoch_ended = True
+        # the next epoch's start; Lightning's policy: not one of an epoch cut short by max_steps (a resume with
+        # more steps continues that epoch at its next batch)
+        complete = self.batches_per_epoch is None or state.batch_in_epoch == self.batches_per_epoch
+        run.training_state.epoch_ended = complete or not self.loop_policy.validation_closes_epoch
         try:
             hooks.call("on_train_epoch_end", fit, module)  # on_train_epoch_end, which may log epoch values)
             if hooks.lightning[MONITORING_EPOCH_END]:  # EarlyStopping: after the module, on the epoch's values
@@ -447,7 +450,6 @@ class FitLoop:
         if control.should_save:
             self._save(run.training_state.state_dict())
         control._new_step()
-        complete = self.batches_per_epoch is None or state.batch_in_epoch == self.batches_per_epoch
         for cfg in () if self.manual or not complete else self.plateau_schedulers:  # after validation, on the
             if (epoch + 1) % cfg.frequency == 0:  # epoch's metrics; not an epoch cut short by max_steps (Lightning)
                 self._step_scheduler(cfg)

@@ -55,6 +55,24 @@ class LoopPolicy:
             batch's backward (Lightning, with its warning; the zero_grad and the optimizer step still run, so the
             unchanged gradients leave the weights as they are); False raises TypeError (HF's ``Trainer`` cannot
             backpropagate a missing loss either).
+        lightning_checkpoint_dict (bool): ``on_save_checkpoint``/``on_load_checkpoint`` receive a dict of
+            Lightning's shape (``epoch``, ``global_step``, ``state_dict``, ``optimizer_states``, ``lr_schedulers``,
+            ``callbacks``, ...; keys a hook adds are saved and given back at load) instead of the training-state
+            dict (``Fit``: the dict ``training_state.pt`` holds, with Lightning's ``epoch``/``global_step``/
+            ``lr_schedulers`` added for reading).
+        loaders_after_setup (bool): the loaders are asked for where Lightning asks: the validation loader inside
+            the sanity check, the train loader after it (or when ``estimated_stepping_batches`` is read), so the
+            step plan is made after ``configure_optimizers``; a resume restores the weights, calls
+            ``on_load_checkpoint`` and the callbacks' ``load_state_dict`` before ``configure_optimizers``. False
+            (HF): the loaders first, the plan from their lengths, then the optimizers and the restore. Runs whose
+            set-up needs the plan (DeepSpeed, the default optimizer and schedule) keep HF's order.
+        resumed_epoch_skips_start (bool): a resume that continues an epoch mid-way does not call
+            ``on_train_epoch_start`` again (Lightning: once per epoch); False calls it for the resumed epoch too
+            (``Fit``, as HF calls ``on_epoch_begin`` for it). Also, with ``validation_closes_epoch``, a checkpoint
+            taken at the end of an epoch cut short by ``max_steps`` continues that epoch (Lightning).
+        zero_grad_before_validation (bool): every validation during ``fit`` starts with the module's
+            ``on_validation_model_zero_grad`` (Lightning: its default ``zero_grad()`` frees the gradients' memory);
+            False calls it only when the module overrides it (``Fit``: HF keeps the gradients).
     """
 
     counts_optimizer_steps: bool = False
@@ -72,6 +90,10 @@ class LoopPolicy:
     plateau_steps_after_validation: bool = False
     closure_in_optimizer_step: bool = False
     none_loss_skips_batch: bool = False
+    lightning_checkpoint_dict: bool = False
+    loaders_after_setup: bool = False
+    resumed_epoch_skips_start: bool = False
+    zero_grad_before_validation: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect

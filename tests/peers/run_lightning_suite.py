@@ -105,18 +105,32 @@ def _names(aliases: list[ast.alias]) -> str:
     return ", ".join(a.name if a.asname is None else f"{a.name} as {a.asname}" for a in aliases)
 
 
-def _from_edit(node: ast.ImportFrom, indent: str, provided: Provided, demos: bool) -> tuple[str, list[str]] | None:
-    """The replacement text of one ``from lightning... import`` statement and the names moved; None: unchanged."""
+def _space_uses_ok(tree: ast.AST | None, name: str, provided: Provided) -> bool:
+    """True when every use of the namespace ``name`` (``callbacks``, ``loggers``, ``profilers``) imported as a
+    module in ``tree`` is ``name.<member taskfit.lightning's module of that name provides>``."""
+    if tree is None or name not in provided.spaces:
+        return False
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    uses = [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == name]
+    return all(isinstance(parents.get(n), ast.Attribute) and parents[n].attr in provided.spaces[name] for n in uses)
+
+
+def _from_edit(node: ast.ImportFrom, indent: str, provided: Provided, demos: bool,
+               tree: ast.AST | None = None) -> tuple[str, list[str]] | None:
+    """The replacement text of one ``from lightning... import`` statement and the names moved; None: unchanged.
+    ``from lightning.pytorch import callbacks`` moves when ``tree`` uses only members taskfit provides."""
     module = node.module or ""
     if demos and module == DEMOS:
         return f"{indent}from {DEMOS_LOCAL} import {_names(node.names)}\n", [a.name for a in node.names]
     space = _space_of(module)
+    spaces = {a.name for a in node.names if module in NAME_MODULES and a.name in NAMESPACES and a.asname is None
+              and _space_uses_ok(tree, a.name, provided)}
     ours = [a for a in node.names if (space and a.name in provided.spaces.get(space, ()))
-            or (module in NAME_MODULES and a.name in provided.top)]
+            or (module in NAME_MODULES and (a.name in provided.top or a.name in spaces))]
     if not ours:
         return None
     rest = [a for a in node.names if a not in ours]
-    top = [a for a in ours if a.name in provided.top]
+    top = [a for a in ours if a.name in provided.top or a.name in spaces]
     text = f"{indent}from taskfit.lightning import {_names(top)}\n" if top else ""
     bound = [a for a in ours if a not in top]
     if bound:
@@ -168,7 +182,7 @@ def rewrite_imports(source: str, provided: Provided, demos: bool = True) -> tupl
         first = lines[node.lineno - 1] if isinstance(node, (ast.Import, ast.ImportFrom)) else ""
         indent = first[: len(first) - len(first.lstrip())]
         if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("lightning"):
-            edit = _from_edit(node, indent, provided, demos)
+            edit = _from_edit(node, indent, provided, demos, tree)
         elif isinstance(node, ast.Import) and len(node.names) == 1 and node.names[0].name in TOP_MODULES \
                 and node.names[0].asname and _alias_uses_ok(tree, node.names[0].asname, provided):
             edit = f"{indent}import taskfit.lightning as {node.names[0].asname}\n", [node.names[0].asname]

@@ -147,3 +147,22 @@ def test_prepare_copies_rewrites_only_the_taskfit_side(tmp_path):
     demos = (roots["taskfit"] / "tests_pytorch/_taskfit_demos.py").read_text()
     assert "from taskfit.lightning import LightningDataModule, LightningModule" in demos
     assert not (roots["lightning"] / "tests_pytorch/_taskfit_demos.py").exists()
+
+
+@pytest.mark.parametrize("body, swapped", [
+    ("t = Trainer(callbacks=[callbacks.ModelCheckpoint(monitor='x')])\n", True),
+    ("t = Trainer(callbacks=[callbacks.Timer()])\n", False),  # a callback taskfit.lightning.callbacks does not hold
+    ("print(callbacks)\n", False),  # the module object itself
+])
+def test_namespace_module_import_swapped_only_when_every_use_is_provided(body, swapped):
+    """``from lightning.pytorch import Trainer, callbacks`` moves ``callbacks`` too when every ``callbacks.X`` it
+    is used for is a member of ``taskfit.lightning.callbacks``; otherwise it stays on Lightning."""
+    source = "from lightning.pytorch import Trainer, callbacks\n" + body
+    text, moved = run_lightning_suite.rewrite_imports(source, PROVIDED)
+    first = text.splitlines()[:2]
+    if swapped:
+        assert first == ["from taskfit.lightning import Trainer, callbacks", body.splitlines()[0]]
+        assert moved == ["Trainer", "callbacks"]
+    else:
+        assert first == ["from taskfit.lightning import Trainer", "from lightning.pytorch import callbacks"]
+        assert moved == ["Trainer"]
