@@ -40,6 +40,10 @@ class LoopPolicy:
             mode included).
         none_optimizer_trains_nothing (bool): ``configure_optimizers`` returning None trains with no optimizer
             (Lightning, with its warning); False: ``Fit`` builds its default optimizer (HF's AdamW).
+        eval_inference_mode (bool): ``validate``, ``test`` and ``predict`` (their start hooks included) run under
+            ``torch.inference_mode()`` (Lightning's ``Trainer(inference_mode=True)``, its default; not with sharded
+            parameters or a gloo process group), else under ``torch.no_grad()`` (HF); the validation inside
+            ``fit`` always runs under ``no_grad`` (Lightning too).
     """
 
     counts_optimizer_steps: bool = False
@@ -53,6 +57,7 @@ class LoopPolicy:
     checkpoint_callbacks_last: bool = False
     keeps_submodule_modes: bool = False
     none_optimizer_trains_nothing: bool = False
+    eval_inference_mode: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect
