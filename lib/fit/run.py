@@ -20,7 +20,7 @@ from typing import Any, Callable
 from torch import nn
 
 from taskfit.core.quantized import check_quantized_strategy, check_quantized_training
-from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size
+from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size, sequential_loader
 from taskfit.debugging import batch_limit, limit_batches
 from taskfit.loops.evaluation_loop import is_loader_list
 from taskfit.loops.state import FitControl, FitState, LossSums, TrainingState
@@ -271,10 +271,13 @@ class RunLauncher:
         a = fit.args
         bs = per_process_batch_size(a, fit.world_size, train)  # split_batches: global size / world
         stage = run.stage if run is not None else "fit"
-        loader = fit.strategy.process_dataloader(
-            build_dataloader(data, a, train=train and not (a.overfit_batches and stage == "fit"), batch_size=bs,
-                             collate_fn=self.collator(collator), keep_columns=keep, what=what,
-                             pin_memory_supported=fit.strategy.accelerator.supports_pin_memory()))
+        overfit = bool(a.overfit_batches) and stage == "fit"
+        loader = build_dataloader(data, a, train=train and not overfit, batch_size=bs,
+                                  collate_fn=self.collator(collator), keep_columns=keep, what=what,
+                                  pin_memory_supported=fit.strategy.accelerator.supports_pin_memory())
+        if overfit:  # a given DataLoader that shuffles reads in order too (Lightning's warning)
+            loader = sequential_loader(loader, "train" if train else "val")
+        loader = fit.strategy.process_dataloader(loader)
         limit = batch_limit(a, stage, train)
         if limit is not None:  # Lightning's fast_dev_run / overfit_batches / limit_*_batches
             loader = limit_batches(loader, limit, "limit_train_batches" if train else f"limit for {what}")

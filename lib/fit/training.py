@@ -40,7 +40,7 @@ from taskfit.loops.evaluation_loop import metric_key
 from taskfit.loops.fit_loop import FitLoop, accumulation_schedule, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metrics import TrainOutput, speed_metrics
-from taskfit.seed import enable_full_determinism, seed_everything
+from taskfit.seed import enable_full_determinism, rng_states, seed_everything, set_rng_states
 
 
 @dataclasses.dataclass
@@ -195,15 +195,21 @@ class TrainingStage:
         can_validate = fit._stages.can_validate(module)
         # Lightning asks for the validation loader first when the sanity check will use it
         val_first = bool(args.num_sanity_val_steps) and args.limit_val_batches != 0
+        # Lightning builds that loader inside the sanity check's isolated random state (see the policy)
+        rng = rng_states() if val_first and fit.loop_policy.sanity_check_keeps_rng else None
         if datamodule is not None:
             if eval_data is None and val_first and not step_disabled(module, "validation_step"):
                 eval_data = datamodule.val_dataloader()
+            if rng is not None:
+                set_rng_states(rng)
             train_data = train_data if train_data is not None else datamodule.train_dataloader()
             if eval_data is None and not val_first and not step_disabled(module, "validation_step"):
                 eval_data = datamodule.val_dataloader()  # None: no val loop
         else:  # a LightningModule-style module may define its own loaders
             if eval_data is None and val_first and can_validate:
                 eval_data = module_loader(module, "val_dataloader")
+            if rng is not None:
+                set_rng_states(rng)
             train_data = train_data if train_data is not None else module_loader(module, "train_dataloader")
             if eval_data is None and not val_first and can_validate:
                 eval_data = module_loader(module, "val_dataloader")
@@ -327,7 +333,10 @@ class TrainingStage:
         start = time.perf_counter()
         try:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
+                rng = rng_states(fit.strategy.accelerator) if fit.loop_policy.sanity_check_keeps_rng else None
                 sanity_check(fit, run)  # between on_fit_start and on_train_start (Lightning)
+                if rng is not None:
+                    set_rng_states(rng, fit.strategy.accelerator)
             hooks.call("on_train_start", fit, run.module)
             if not (fit.loop_policy.keeps_submodule_modes and run.module.training):
                 run.module.train()  # HF: the whole model trains (a PEFT base loaded in eval mode included)

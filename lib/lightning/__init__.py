@@ -444,6 +444,17 @@ class Trainer(Fit):
         return self.state.batches_per_epoch or float("inf")
 
     @property
+    def train_dataloader(self) -> Any:
+        """The training loader of the latest ``fit`` (its batch limit applied; None before), as Lightning's."""
+        return getattr(self._run, "train_loader", None)
+
+    @property
+    def val_dataloaders(self) -> Any:
+        """The validation loader of the latest ``fit`` (a list with several; None without), as Lightning's."""
+        loaders = list((getattr(self._run, "eval_loaders", None) or {}).values())
+        return None if not loaders else loaders[0] if len(loaders) == 1 else loaders
+
+    @property
     def num_val_batches(self) -> list[int | float]:
         """Lightning's ``trainer.num_val_batches``: the validation batches per loader of the latest run (its batch
         limits applied; ``inf`` for a loader without a length); ``[]`` without validation data."""

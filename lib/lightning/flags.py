@@ -190,4 +190,4 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       clip_algorithm_as_given=True, gradient_clip_algorithm=f["gradient_clip_algorithm"],
                       eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
                       keeps_submodule_modes=True, none_optimizer_trains_nothing=True,
-                      eval_inference_mode=bool(f["inference_mode"]))
+                      eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True)

@@ -44,6 +44,10 @@ class LoopPolicy:
             ``torch.inference_mode()`` (Lightning's ``Trainer(inference_mode=True)``, its default; not with sharded
             parameters or a gloo process group), else under ``torch.no_grad()`` (HF); the validation inside
             ``fit`` always runs under ``no_grad`` (Lightning too).
+        sanity_check_keeps_rng (bool): the sanity check, with the ``val_dataloader()`` call made for it, leaves
+            the random generators as it found them (Lightning's ``isolate_rng``: training draws the same numbers
+            with or without it; a ``train_dataloader()`` built from random data after it draws what the
+            validation loader drew); False: they run on (``Fit``).
     """
 
     counts_optimizer_steps: bool = False
@@ -58,6 +62,7 @@ class LoopPolicy:
     keeps_submodule_modes: bool = False
     none_optimizer_trains_nothing: bool = False
     eval_inference_mode: bool = False
+    sanity_check_keeps_rng: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect
