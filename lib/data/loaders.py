@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
-from torch.utils.data.dataloader import default_collate
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, default_collate
 
 from taskfit.data.datamodule import DataModule  # noqa: F401  (its home before; imported from here too)
 from taskfit.data.samplers import EpochRandomSampler, LengthGroupedSampler
@@ -260,6 +260,17 @@ def skip_first_batches(loader: Any, skip: int) -> Any:
         "Resuming mid-epoch on a %s without a batch sampler: reading and dropping %d batches to reach the saved "
         "position.", type(loader).__name__, skip)
     return itertools.islice(loader, skip, None)
+
+
+def shutdown_workers(loader: Any) -> None:
+    """Shut down the worker processes a persistent-workers ``DataLoader`` (or a loader wrapping one as
+    ``.loader``) keeps between epochs, and forget its iterator; a no-op otherwise. Mirrors Lightning's
+    ``_shutdown_workers_and_reset_iterator``."""
+    inner = getattr(loader, "loader", loader)
+    it = getattr(inner, "_iterator", None) if isinstance(inner, DataLoader) else None
+    if isinstance(it, _MultiProcessingDataLoaderIter):
+        it._shutdown_workers()
+        inner._iterator = None
 
 
 def _rebuild_kwargs(loader: DataLoader, sampler: Any) -> dict[str, Any]:

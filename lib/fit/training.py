@@ -352,6 +352,7 @@ class TrainingStage:
         except BaseException as exc:
             wait_for_saves_quietly(fit.strategy.checkpoint_io)
             hooks.call("on_exception", fit, run.module, exc)
+            loop.teardown()  # the train loader's workers, after the exception hooks (Lightning)
             self.finalize_loggers("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
             raise
         finally:
@@ -376,9 +377,11 @@ class TrainingStage:
         try:
             hooks.call("on_train_end", fit, module)
             hooks.call_hf("on_train_end", args, st, run.control, **run.hf_kwargs())
+            loop.teardown()  # the train loader's workers, between on_train_end and on_fit_end (Lightning)
             hooks.call("on_fit_end", fit, module)
         except Exception as exc:  # Lightning: on_exception covers the end hooks too (save_on_exception)
             hooks.call("on_exception", fit, module, exc)
+            loop.teardown()
             self.finalize_loggers("failed")
             raise
         end_stage(fit, module, datamodule, "fit")

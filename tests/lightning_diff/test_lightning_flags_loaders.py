@@ -1,0 +1,119 @@
+"""The train loader under ``lightning.Trainer`` and ``taskfit.lightning.Trainer``: when its worker processes shut
+down (at the epoch after ``current_epoch`` advanced, at the end of training, after an error) and what
+``overfit_batches`` reads (F-LIT-DOOR-FLAGS)."""
+
+import warnings
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, Sampler
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
+
+from harness import linear, regression
+from two_doors import frameworks
+
+
+class _Boom(Exception):
+    pass
+
+
+def _recording_loader(trainer_of, dataset, persistent):
+    """A DataLoader (one worker) recording ``trainer.current_epoch`` at each worker shutdown."""
+    class Iter(_MultiProcessingDataLoaderIter):
+        def __init__(self, loader):
+            super().__init__(loader)
+            self.owner = loader
+
+        def _shutdown_workers(self):
+            self.owner.shutdowns.append(trainer_of().current_epoch)
+            super()._shutdown_workers()
+
+    class Loader(DataLoader):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.shutdowns = []
+
+        def _get_iterator(self):
+            return super()._get_iterator() if self.num_workers == 0 else Iter(self)
+
+    return Loader(dataset, batch_size=4, num_workers=1, persistent_workers=persistent)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("persistent", [False, True])
+@pytest.mark.parametrize("fail", [False, True])
+def test_F_LIT_DOOR_FLAGS_train_workers_shut_down_like_lightning(persistent, fail, tmp_path):
+    """Worker shutdowns of the train loader happen at the same ``current_epoch`` values: a limited epoch's
+    workers when the next epoch starts (not when its batches run out), the last at the end of training or after
+    an exception in ``on_train_epoch_end``; a persistent-workers loader's at the end only."""
+    got = {}
+    for name, L in frameworks().items():
+        holder = {}
+
+        class Raise(L.Callback):
+            def on_train_epoch_end(self, trainer, *_):
+                if fail and trainer.current_epoch == 1:
+                    raise _Boom
+
+        trainer = holder["t"] = L.Trainer(default_root_dir=str(tmp_path / name), max_epochs=3,
+                                          limit_train_batches=2, logger=False, enable_checkpointing=False,
+                                          enable_progress_bar=False, enable_model_summary=False,
+                                          callbacks=[Raise()])
+        loader = _recording_loader(lambda: holder["t"], regression(32), persistent)
+        if fail:
+            with pytest.raises(_Boom):
+                trainer.fit(linear(L.LightningModule)(), loader)
+        else:
+            trainer.fit(linear(L.LightningModule)(), loader)
+        got[name] = list(loader.shutdowns)
+    assert got["taskfit"] == got["lightning"]
+    assert got["taskfit"]
+
+
+class _InOrder(Sampler):
+    def __init__(self, data):
+        self.data = data
+
+    def __iter__(self):
+        return iter(range(len(self.data)))
+
+    def __len__(self):
+        return len(self.data)
+
+
+def test_F_LIT_DOOR_FLAGS_overfit_batches_reads_in_order_and_the_same_batch(tmp_path):
+    """``overfit_batches``: a loader whose sampler is not a ``SequentialSampler`` is rebuilt with one, with
+    Lightning's warning; with the sanity check, the validation loader is built inside an isolated random state,
+    so a module building both loaders from random data trains on the batch it validates on."""
+    got = {}
+    for name, L in frameworks().items():
+        seen = {"train": [], "val": []}
+
+        class M(linear(L.LightningModule)):
+            def train_dataloader(self):
+                ds = torch.utils.data.TensorDataset(torch.randn(16, 4), torch.randn(16, 1))
+                return DataLoader(ds, batch_size=4, sampler=_InOrder(ds))
+
+            def val_dataloader(self):
+                return self.train_dataloader()
+
+            def training_step(self, batch, batch_idx):
+                seen["train"].append(batch[0].clone())
+                return super().training_step(batch, batch_idx)
+
+            def validation_step(self, batch, batch_idx):
+                seen["val"].append(batch[0].clone())
+
+        torch.manual_seed(0)
+        trainer = L.Trainer(default_root_dir=str(tmp_path / name), max_epochs=2, overfit_batches=1, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            trainer.fit(M())
+        warned = sorted(str(w.message) for w in caught if "requested to overfit" in str(w.message))
+        got[name] = (warned, type(trainer.train_dataloader.sampler).__name__,
+                     type(trainer.val_dataloaders.sampler).__name__, len(seen["train"]), len(seen["val"]),
+                     torch.equal(seen["train"][0], seen["val"][0]),
+                     all(torch.equal(t, seen["train"][0]) for t in seen["train"]))
+    assert got["taskfit"] == got["lightning"]
+    assert got["taskfit"][5] is True and len(got["taskfit"][0]) == 2
