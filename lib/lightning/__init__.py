@@ -37,12 +37,12 @@ from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
 )
 from taskfit.lightning.seed import seed_everything
-from taskfit.lightning.utilities import PossibleUserWarning, is_overridden
+from taskfit.lightning.utilities import CombinedLoader, PossibleUserWarning, is_overridden
 
 _cb, _lg, _pf = callbacks, loggers, profilers
 
 __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything", "callbacks",
-           "loggers", "profilers", "is_overridden", "PossibleUserWarning"]
+           "loggers", "profilers", "is_overridden", "PossibleUserWarning", "CombinedLoader"]
 
 LightningModule = TaskModule
 LightningDataModule = DataModule
@@ -143,13 +143,16 @@ class Trainer(Fit):
     ``precision``, ``plugins`` take the same names and objects as ``Fit``; the other flags map to ``FitArguments``
     (:func:`fit_options`; docs/lightning.md). ``logger`` None/True gives a TensorBoard (else CSV) logger under
     ``default_root_dir/lightning_logs/version_N``; ``enable_checkpointing`` adds a ``ModelCheckpoint`` into its
-    ``checkpoints`` folder (taskfit checkpoint folders, not ``.ckpt`` files).
+    ``checkpoints`` folder (taskfit checkpoint folders, not ``.ckpt`` files). ``PL_TRAINER_<FLAG>`` environment
+    variables give the flags' defaults (Lightning's ``_defaults_from_env_vars``); ``val_check_interval`` may be a
+    time (``"DD:HH:MM:SS"``, ``datetime.timedelta``, a dict of its arguments).
 
     Raises:
         NotImplementedError: ``use_distributed_sampler=False``, ``sync_batchnorm``, ``model_registry``,
-            ``benchmark=True`` or a time ``val_check_interval`` (the message names the flag), before any work.
-        ValueError: a float ``val_check_interval`` outside [0, 1], ``check_val_every_n_epoch`` < 1, or None with a
-            float ``val_check_interval``; as ``Fit`` (unknown accelerator, strategy, precision...).
+            ``benchmark=True`` (the message names the flag), before any work.
+        ValueError: a float ``val_check_interval`` outside [0, 1], a malformed time, ``check_val_every_n_epoch``
+            < 1, or None with a float ``val_check_interval``; with ``barebones=True`` a flag asking for what it turns
+            off (Lightning's message); as ``Fit`` (unknown accelerator, strategy, precision...).
     """
 
     @_env_defaults

@@ -1,5 +1,5 @@
 """Lightning's ``lightning.pytorch.utilities.model_helpers.is_overridden`` for the door's own classes, and its
-``PossibleUserWarning``."""
+``PossibleUserWarning`` and ``CombinedLoader`` (``lightning.pytorch.utilities``)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,10 @@ from typing import Any
 from lightning_utilities.core.overrides import is_overridden as _is_overridden
 from taskfit.callbacks.base import Callback
 from taskfit.core.module import TaskModule
+from taskfit.data.combined import CombinedLoader
 from taskfit.data.loaders import DataModule
 
-__all__ = ["PossibleUserWarning", "is_overridden"]
+__all__ = ["CombinedLoader", "PossibleUserWarning", "is_overridden"]
 
 
 class PossibleUserWarning(UserWarning):

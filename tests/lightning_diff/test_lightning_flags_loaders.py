@@ -117,3 +117,45 @@ def test_F_LIT_DOOR_FLAGS_overfit_batches_reads_in_order_and_the_same_batch(tmp_
                      all(torch.equal(t, seen["train"][0]) for t in seen["train"]))
     assert got["taskfit"] == got["lightning"]
     assert got["taskfit"][5] is True and len(got["taskfit"][0]) == 2
+
+
+@pytest.mark.parametrize("kind", ["list", "dict", "combined_min_size"])
+def test_F_LIT_DOOR_FLAGS_several_train_loaders(kind, tmp_path):
+    """A ``train_dataloader`` returning a list or dict of loaders trains on one batch of each per step (Lightning's
+    ``CombinedLoader`` "max_size_cycle": the longest loader sets the epoch, the shorter one starts over); a
+    ``CombinedLoader`` given as is keeps its mode. The same batches, steps and weights under both Trainers."""
+    got, weights = {}, {}
+    for name, L in frameworks().items():
+        if name == "lightning":
+            from lightning.pytorch.utilities import CombinedLoader
+        else:
+            from taskfit.lightning.utilities import CombinedLoader
+        seen = []
+
+        class M(linear(L.LightningModule)):
+            def train_dataloader(self):
+                a = DataLoader(regression(12, seed=1), batch_size=4)
+                b = DataLoader(regression(8, seed=2), batch_size=4)
+                if kind == "list":
+                    return [a, b]
+                if kind == "dict":
+                    return {"a": a, "b": b}
+                return CombinedLoader({"a": a, "b": b}, "min_size")
+
+            def training_step(self, batch, batch_idx):
+                parts = list(batch.values()) if isinstance(batch, dict) else list(batch)
+                seen.append((batch_idx, sorted(batch) if isinstance(batch, dict) else len(batch),
+                             [round(float(p[0].sum()), 4) for p in parts]))
+                x = torch.cat([p[0] for p in parts])
+                y = torch.cat([p[1] for p in parts])
+                return torch.nn.functional.mse_loss(self.layer(x), y)
+
+        torch.manual_seed(0)
+        model = M()
+        trainer = L.Trainer(default_root_dir=str(tmp_path / name), max_epochs=2, logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(model)
+        got[name] = (seen, trainer.global_step, trainer.num_training_batches)
+        weights[name] = [p.detach().clone() for p in model.parameters()]
+    assert got["taskfit"] == got["lightning"]
+    assert all(torch.equal(a, b) for a, b in zip(weights["taskfit"], weights["lightning"]))
