@@ -56,7 +56,7 @@ class CombinedLoader:
 
     def __init__(self, iterables: Any, mode: str = "min_size") -> None:
         if mode not in MODES:
-            raise ValueError(f"Unsupported mode {mode!r}, please select one of: {MODES}.")
+            raise ValueError(f"Unsupported mode {mode!r}, please select one of: {list(MODES)}.")
         self._iterables, self._mode = iterables, mode
 
     @property

@@ -159,3 +159,27 @@ def test_F_LIT_DOOR_FLAGS_several_train_loaders(kind, tmp_path):
         weights[name] = [p.detach().clone() for p in model.parameters()]
     assert got["taskfit"] == got["lightning"]
     assert all(torch.equal(a, b) for a, b in zip(weights["taskfit"], weights["lightning"]))
+
+
+@pytest.mark.parametrize("mode", ["min_size", "max_size_cycle", "max_size", "sequential"])
+@pytest.mark.parametrize("shape", ["list", "dict"])
+def test_F_LIT_DOOR_FLAGS_combined_loader_modes(mode, shape):
+    """``CombinedLoader`` yields the same ``(batch, batch_idx, dataloader_idx)`` and length as Lightning's in its
+    four modes; an unknown mode raises with Lightning's message."""
+    from lightning.pytorch.utilities import CombinedLoader as Theirs
+
+    from taskfit.lightning.utilities import CombinedLoader as Ours
+
+    def make():
+        a, b = [0, 1, 2, 3, 4], ["x", "y"]
+        return [a, b] if shape == "list" else {"a": a, "b": b}
+
+    ours, theirs = Ours(make(), mode), Theirs(make(), mode)
+    iter(theirs)  # Lightning computes its length once iterated
+    assert len(ours) == len(theirs)
+    assert list(ours) == list(theirs)
+    with pytest.raises(ValueError) as a:
+        Ours([], "nope")
+    with pytest.raises(ValueError) as b:
+        Theirs([], "nope")
+    assert str(a.value) == str(b.value)
