@@ -84,15 +84,27 @@ class LimitedLoader:
 
     def __init__(self, loader: Any, num_batches: int) -> None:
         self.loader, self.num_batches = loader, num_batches
+        # the latest pass's iterator: a DataLoader's workers live until the next pass starts or release()
+        # (Lightning's batch limit leaves the iterator unfinished; its data fetcher keeps it as long)
+        self._live: Any = None
 
     def __iter__(self) -> Any:
-        return _FirstBatches(iter(self.loader), self.num_batches)
+        it = _FirstBatches(iter(self.loader), self.num_batches)
+        self._live = it  # the previous pass's iterator goes now, after the new one started
+        return it
+
+    def release(self) -> None:
+        """Drop the latest pass's iterator (its DataLoader workers shut down)."""
+        self._live = None
 
     def __len__(self) -> int:
         return self.num_batches
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_live": None}  # an iterator does not travel to another process
+
     def __getattr__(self, name: str) -> Any:
-        if name == "loader":  # not set yet (unpickling): no recursion
+        if name in ("loader", "_live"):  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
 

@@ -263,14 +263,19 @@ def skip_first_batches(loader: Any, skip: int) -> Any:
 
 
 def shutdown_workers(loader: Any) -> None:
-    """Shut down the worker processes a persistent-workers ``DataLoader`` (or a loader wrapping one as
-    ``.loader``) keeps between epochs, and forget its iterator; a no-op otherwise. Mirrors Lightning's
-    ``_shutdown_workers_and_reset_iterator``."""
-    inner = getattr(loader, "loader", loader)
-    it = getattr(inner, "_iterator", None) if isinstance(inner, DataLoader) else None
+    """Shut down the worker processes kept for ``loader``: a wrapper's kept iterator is released (``release()``,
+    e.g. a batch-limited loader's), a persistent-workers ``DataLoader``'s iterator shut down and forgotten, through
+    wrappers that hold their loader as ``.loader``; a no-op otherwise. Mirrors Lightning's data fetcher teardown
+    and ``_shutdown_workers_and_reset_iterator``."""
+    if callable(getattr(type(loader), "release", None)):
+        loader.release()
+    inner = loader.__dict__.get("loader") if hasattr(loader, "__dict__") else None
+    if inner is not None and inner is not loader:
+        shutdown_workers(inner)
+    it = loader.__dict__.get("_iterator") if isinstance(loader, DataLoader) else None
     if isinstance(it, _MultiProcessingDataLoaderIter):
         it._shutdown_workers()
-        inner._iterator = None
+        loader._iterator = None
 
 
 def _rebuild_kwargs(loader: DataLoader, sampler: Any) -> dict[str, Any]:

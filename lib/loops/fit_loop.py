@@ -133,11 +133,12 @@ class FitLoop:
         self.epoch_iterator: Any = None
 
     def teardown(self) -> None:
-        """Shut the train loader's worker processes down at the end of training or after an error, as
-        Lightning's data fetcher teardown: the epoch's iterator is dropped and a persistent-workers DataLoader's
-        kept iterator shut down."""
+        """Shut the train and validation loaders' worker processes down at the end of training or after an error,
+        as Lightning's loop teardown: the iterators kept from the last pass are dropped and a persistent-workers
+        DataLoader's iterator shut down."""
         self.epoch_iterator = None
-        shutdown_workers(self.run.train_loader)
+        for loader in (self.run.train_loader, *(self.run.eval_loaders or {}).values()):
+            shutdown_workers(loader)
 
     def _prepare(self, loader: Any) -> None:
         """Decide once per run what every window needs: the step (automatic or manual) and its policy, the

@@ -1,6 +1,6 @@
-"""The train loader under ``lightning.Trainer`` and ``taskfit.lightning.Trainer``: when its worker processes shut
-down (at the epoch after ``current_epoch`` advanced, at the end of training, after an error) and what
-``overfit_batches`` reads (F-LIT-DOOR-FLAGS)."""
+"""Loaders under ``lightning.Trainer`` and ``taskfit.lightning.Trainer``: when the train and validation loaders'
+worker processes shut down (at the pass after ``current_epoch`` advanced, at the end of training, after an error),
+what ``overfit_batches`` reads, several train loaders and ``CombinedLoader`` (F-LIT-DOOR-FLAGS)."""
 
 import warnings
 
@@ -43,9 +43,10 @@ def _recording_loader(trainer_of, dataset, persistent):
 @pytest.mark.parametrize("persistent", [False, True])
 @pytest.mark.parametrize("fail", [False, True])
 def test_F_LIT_DOOR_FLAGS_train_workers_shut_down_like_lightning(persistent, fail, tmp_path):
-    """Worker shutdowns of the train loader happen at the same ``current_epoch`` values: a limited epoch's
-    workers when the next epoch starts (not when its batches run out), the last at the end of training or after
-    an exception in ``on_train_epoch_end``; a persistent-workers loader's at the end only."""
+    """Worker shutdowns of the train and validation loaders happen at the same ``current_epoch`` values: a limited
+    pass's workers when the next pass starts (not when its batches run out; the sanity check's at the first
+    validation), the last at the end of training or after an exception in ``on_train_epoch_end``; a
+    persistent-workers loader's at the end only."""
     got = {}
     for name, L in frameworks().items():
         holder = {}
@@ -55,19 +56,24 @@ def test_F_LIT_DOOR_FLAGS_train_workers_shut_down_like_lightning(persistent, fai
                 if fail and trainer.current_epoch == 1:
                     raise _Boom
 
+        class M(linear(L.LightningModule)):
+            def validation_step(self, batch, batch_idx):
+                pass
+
         trainer = holder["t"] = L.Trainer(default_root_dir=str(tmp_path / name), max_epochs=3,
-                                          limit_train_batches=2, logger=False, enable_checkpointing=False,
-                                          enable_progress_bar=False, enable_model_summary=False,
-                                          callbacks=[Raise()])
-        loader = _recording_loader(lambda: holder["t"], regression(32), persistent)
+                                          limit_train_batches=2, limit_val_batches=2, logger=False,
+                                          enable_checkpointing=False, enable_progress_bar=False,
+                                          enable_model_summary=False, callbacks=[Raise()])
+        train = _recording_loader(lambda: holder["t"], regression(32), persistent)
+        val = _recording_loader(lambda: holder["t"], regression(32), persistent)
         if fail:
             with pytest.raises(_Boom):
-                trainer.fit(linear(L.LightningModule)(), loader)
+                trainer.fit(M(), train, val)
         else:
-            trainer.fit(linear(L.LightningModule)(), loader)
-        got[name] = list(loader.shutdowns)
+            trainer.fit(M(), train, val)
+        got[name] = (list(train.shutdowns), list(val.shutdowns))
     assert got["taskfit"] == got["lightning"]
-    assert got["taskfit"]
+    assert got["taskfit"][0] and got["taskfit"][1]
 
 
 class _InOrder(Sampler):
