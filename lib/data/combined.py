@@ -115,7 +115,7 @@ class CombinedLoader:
 
 class CombinedBatches:
     """The batches of a :class:`CombinedLoader` (without ``batch_idx``/``dataloader_idx``), as the fit loop reads a
-    loader: ``len``, and ``set_epoch`` told to every inner loader's sampler."""
+    loader: ``len``, ``set_epoch`` told to every inner loader's sampler, ``release`` of their workers."""
 
     def __init__(self, combined: CombinedLoader) -> None:
         self.combined = combined
@@ -131,6 +131,13 @@ class CombinedBatches:
 
         for inner in self.combined.flattened:
             set_loader_epoch(inner, epoch)
+
+    def release(self) -> None:
+        """Shut the inner loaders' kept worker processes down (``taskfit.data.loaders.shutdown_workers``)."""
+        from taskfit.data.loaders import shutdown_workers
+
+        for inner in self.combined.flattened:
+            shutdown_workers(inner)
 
 
 def is_loader_collection(data: Any) -> bool:

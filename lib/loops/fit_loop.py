@@ -128,14 +128,10 @@ class FitLoop:
         self.min_epochs = self.min_steps = 0
         self._min_flags: tuple[Any, Any] = (None, None)
         self._min_told = False
-        # the epoch's batch iterator, kept until the next epoch's replaces it or teardown(): a DataLoader's worker
-        # processes live as long (Lightning's data fetcher)
-        self.epoch_iterator: Any = None
+        self.epoch_iterator: Any = None  # kept (with its workers) until the next epoch's or teardown(): Lightning
 
     def teardown(self) -> None:
-        """Shut the train and validation loaders' worker processes down at the end of training or after an error,
-        as Lightning's loop teardown: the iterators kept from the last pass are dropped and a persistent-workers
-        DataLoader's iterator shut down."""
+        """Shut the train and validation loaders' workers down (end of training, an error): Lightning's teardown."""
         self.epoch_iterator = None
         for loader in (self.run.train_loader, *(self.run.eval_loaders or {}).values()):
             shutdown_workers(loader)
@@ -205,7 +201,6 @@ class FitLoop:
             if run.reload_train_loader is not None and self.loop_policy.reload_due(epoch, last_reload):
                 loader, last_reload = self._reload(epoch, num_epochs), epoch
             skip = state.batch_in_epoch if resumed else 0
-            # the previous epoch's iterator (and its workers) goes once current_epoch has advanced (Lightning)
             self.epoch_iterator = self._start_epoch(loader, epoch, skip, finished)
             resumed = False
             if not finished:
