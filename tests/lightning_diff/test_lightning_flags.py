@@ -229,3 +229,15 @@ def test_F_LIT_DOOR_FLAGS_time_based_val_check_interval(interval, every, epochs,
     assert got["taskfit"] == got["lightning"]
     assert got["taskfit"][0]
     assert all(torch.equal(a, b) for a, b in zip(weights["taskfit"], weights["lightning"]))
+
+
+@pytest.mark.parametrize("value", ["00:01:00", "00:00:0x:00"])
+def test_F_LIT_DOOR_FLAGS_malformed_time_interval_refused(value, tmp_path):
+    """A malformed time ``val_check_interval`` is refused with Lightning's message, before any work."""
+    messages = {}
+    for name, L in frameworks().items():
+        with pytest.raises(Exception) as err:
+            L.Trainer(default_root_dir=str(tmp_path / name), val_check_interval=value)
+        messages[name] = str(err.value)
+    assert messages["taskfit"] == messages["lightning"]
+    assert value in messages["taskfit"]
