@@ -4,7 +4,6 @@ Nothing here runs per step: limits wrap the loaders once, before the loops start
 
 from __future__ import annotations
 
-import itertools
 from typing import Any
 
 LIMIT_FIELDS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches")
@@ -56,6 +55,24 @@ def batch_limit(a: Any, stage: str, train: bool) -> int | float | None:
     return getattr(a, "limit_train_batches" if train else _STAGE_LIMIT[stage])
 
 
+class _FirstBatches:
+    """``itertools.islice(iterator, n)`` that keeps ``iterator`` after its last batch (islice drops it): a
+    DataLoader iterator's worker processes live until the epoch's iterator is dropped, as under Lightning, whose
+    batch limit leaves the loader's iterator unfinished."""
+
+    def __init__(self, iterator: Any, n: int) -> None:
+        self.iterator, self.left = iterator, n
+
+    def __iter__(self) -> _FirstBatches:
+        return self
+
+    def __next__(self) -> Any:
+        if self.left <= 0:
+            raise StopIteration
+        self.left -= 1
+        return next(self.iterator)
+
+
 class LimitedLoader:
     """The first ``num_batches`` batches of ``loader`` per pass; every other attribute (``dataset``, ``sampler``,
     ``batch_size``...) is the loader's own, so ``set_epoch`` and batch-size inference still see it.
@@ -67,15 +84,27 @@ class LimitedLoader:
 
     def __init__(self, loader: Any, num_batches: int) -> None:
         self.loader, self.num_batches = loader, num_batches
+        # the latest pass's iterator: a DataLoader's workers live until the next pass starts or release()
+        # (Lightning's batch limit leaves the iterator unfinished; its data fetcher keeps it as long)
+        self._live: Any = None
 
     def __iter__(self) -> Any:
-        return itertools.islice(iter(self.loader), self.num_batches)
+        it = _FirstBatches(iter(self.loader), self.num_batches)
+        self._live = it  # the previous pass's iterator goes now, after the new one started
+        return it
+
+    def release(self) -> None:
+        """Drop the latest pass's iterator (its DataLoader workers shut down)."""
+        self._live = None
 
     def __len__(self) -> int:
         return self.num_batches
 
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_live": None}  # an iterator does not travel to another process
+
     def __getattr__(self, name: str) -> Any:
-        if name == "loader":  # not set yet (unpickling): no recursion
+        if name in ("loader", "_live"):  # not set yet (unpickling): no recursion
             raise AttributeError(name)
         return getattr(self.loader, name)
 

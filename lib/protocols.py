@@ -58,6 +58,7 @@ class FitView(Protocol):
         sanity_checking (bool): True while ``num_sanity_val_steps`` runs.
         processing_class (Any | None): the tokenizer / processor saved next to the model (HF
             ``Trainer.processing_class``).
+        loop_policy (LoopPolicy): where the loops follow Lightning's semantics or HF's (``taskfit.loops.policy``).
     """
 
     args: Any
@@ -69,6 +70,7 @@ class FitView(Protocol):
     num_eval_batches: int | None
     sanity_checking: bool
     processing_class: Any
+    loop_policy: Any
 
     @property
     def run(self) -> RunView | None:

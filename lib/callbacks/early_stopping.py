@@ -128,6 +128,8 @@ class EarlyStopping(Callback):
             self._check(fit.args, fit.state, fit.control, dict(fit.callback_metrics))
 
     def _check(self, args: Any, state: Any, control: Any, metrics: dict[str, Any]) -> Any:
+        if getattr(args, "fast_dev_run", False):  # Lightning's _should_skip_check: no checks in a debug pass
+            return control
         monitor, mode = self._resolve(args)
         if monitor not in metrics and f"eval_{monitor}" in metrics:  # a self.log name of validation_step
             monitor = f"eval_{monitor}"

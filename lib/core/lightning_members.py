@@ -207,6 +207,10 @@ class LightningMembers(HyperparametersMixin):
         """The attached trainer or Fit, None when detached (Lightning's ``_trainer``)."""
         return self.__dict__.get("_fit")
 
+    @_trainer.setter
+    def _trainer(self, trainer: Any) -> None:
+        self.__dict__["_fit"] = trainer  # this module only (Lightning's plain attribute)
+
     @property
     def logger(self) -> Any:
         """The run's first logger (None without a run or loggers; under Fabric ``fabric.logger``)."""

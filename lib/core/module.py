@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -160,7 +161,8 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         so it equals the value over the whole data set). None (the default) means True for values logged during
         evaluation and False during training; Lightning's default is False everywhere. The reduction runs once
         at the end of the epoch. ``add_dataloader_idx``: with several evaluation loaders given as a list, append
-        ``/dataloader_idx_N`` to the name (Lightning's rule); with False, every loader adds to one value.
+        ``/dataloader_idx_N`` to the name (Lightning's rule); with False, every loader adds to one value. Under
+        ``taskfit.lightning.Trainer(barebones=True)`` nothing is logged and a warning says so (Lightning).
 
         Raises:
             RuntimeError: called outside a running ``Fit`` stage.
@@ -169,6 +171,10 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         """
         if self.__dict__.get("_fabric") is not None:  # run by Lightning Fabric: its loggers, at once
             return fabric_log(self.__dict__["_fabric"], {name: value}, logger)
+        if getattr(self.__dict__.get("_fit"), "barebones", False):  # Lightning's Trainer(barebones=True)
+            warnings.warn("You are trying to `self.log()` but `Trainer(barebones=True)` is configured. Logging can "
+                          "impact raw speed so it is disabled under this setting.", stacklevel=2)
+            return
         _check_loggable(name, value)
         results = self._results
         if results is None:

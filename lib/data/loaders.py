@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import inspect
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 import torch
 from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
-from torch.utils.data.dataloader import default_collate
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, default_collate
 
 from taskfit.data.datamodule import DataModule  # noqa: F401  (its home before; imported from here too)
 from taskfit.data.samplers import EpochRandomSampler, LengthGroupedSampler
@@ -266,6 +267,49 @@ def skip_first_batches(loader: Any, skip: int) -> Any:
     return itertools.islice(loader, skip, None)
 
 
+def shutdown_workers(loader: Any) -> None:
+    """Shut down the worker processes kept for ``loader``: a wrapper's kept iterator is released (``release()``,
+    e.g. a batch-limited loader's), a persistent-workers ``DataLoader``'s iterator shut down and forgotten, through
+    wrappers that hold their loader as ``.loader``; a no-op otherwise. Mirrors Lightning's data fetcher teardown
+    and ``_shutdown_workers_and_reset_iterator``."""
+    if callable(getattr(type(loader), "release", None)):
+        loader.release()
+    inner = loader.__dict__.get("loader") if hasattr(loader, "__dict__") else None
+    if inner is not None and inner is not loader:
+        shutdown_workers(inner)
+    it = loader.__dict__.get("_iterator") if isinstance(loader, DataLoader) else None
+    if isinstance(it, _MultiProcessingDataLoaderIter):
+        it._shutdown_workers()
+        loader._iterator = None
+
+
+def _rebuild_kwargs(loader: DataLoader, sampler: Any) -> dict[str, Any]:
+    """The arguments that rebuild ``loader`` (a DataLoader with a ``batch_size``) around ``sampler``."""
+    kwargs: dict[str, Any] = {
+        "batch_size": loader.batch_size, "drop_last": loader.drop_last, "sampler": sampler,
+        "collate_fn": loader.collate_fn, "num_workers": loader.num_workers, "pin_memory": loader.pin_memory,
+        "timeout": loader.timeout, "worker_init_fn": loader.worker_init_fn,
+        "multiprocessing_context": loader.multiprocessing_context, "generator": loader.generator,
+        "persistent_workers": loader.persistent_workers,
+    }
+    if loader.num_workers > 0:
+        kwargs["prefetch_factor"] = loader.prefetch_factor
+    return kwargs
+
+
+def sequential_loader(loader: Any, prefix: str) -> Any:
+    """``loader`` reading its dataset in order, for ``overfit_batches`` (the same batches every epoch): a
+    ``DataLoader`` over a map-style dataset whose sampler is not a ``SequentialSampler`` is rebuilt with one, with
+    Lightning's warning (``prefix``: ``"train"`` or ``"val"``); anything else is returned unchanged. Mirrors
+    Lightning's ``_resolve_overfit_batches``."""
+    if not isinstance(loader, DataLoader) or isinstance(loader.sampler, SequentialSampler) or \
+            isinstance(loader.dataset, IterableDataset) or loader.batch_size is None:
+        return loader
+    warnings.warn(f"You requested to overfit but enabled {prefix} dataloader shuffling. We are turning off the "
+                  f"{prefix} dataloader shuffling for you.", UserWarning, stacklevel=2)
+    return DataLoader(loader.dataset, **_rebuild_kwargs(loader, SequentialSampler(loader.dataset)))
+
+
 def distributed_loader(loader: Any, num_replicas: int, rank: int) -> Any:
     """``loader`` rebuilt so this process reads its share of the samples (see
     :class:`~taskfit.data.samplers.DistributedSamplerWrapper`); iterable datasets are returned unchanged (they
@@ -282,15 +326,7 @@ def distributed_loader(loader: Any, num_replicas: int, rank: int) -> Any:
     if loader.batch_size is None:
         raise ValueError("A DataLoader with a custom batch_sampler cannot be split across processes automatically; "
                          "pass a Dataset (or a DataLoader with batch_size) instead.")
-    kwargs: dict[str, Any] = {
-        "batch_size": loader.batch_size, "drop_last": loader.drop_last,
-        "sampler": DistributedSamplerWrapper(loader.sampler, num_replicas, rank), "collate_fn": loader.collate_fn,
-        "num_workers": loader.num_workers, "pin_memory": loader.pin_memory, "timeout": loader.timeout,
-        "worker_init_fn": loader.worker_init_fn, "multiprocessing_context": loader.multiprocessing_context,
-        "generator": loader.generator, "persistent_workers": loader.persistent_workers,
-    }
-    if loader.num_workers > 0:
-        kwargs["prefetch_factor"] = loader.prefetch_factor
+    kwargs = _rebuild_kwargs(loader, DistributedSamplerWrapper(loader.sampler, num_replicas, rank))
     stateful = sys.modules.get("torchdata.stateful_dataloader")
     if stateful is not None and type(loader) is stateful.StatefulDataLoader:  # keep its own resumable state
         return stateful.StatefulDataLoader(loader.dataset, snapshot_every_n_steps=loader.snapshot_every_n_steps,

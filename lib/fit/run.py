@@ -20,7 +20,8 @@ from typing import Any, Callable
 from torch import nn
 
 from taskfit.core.quantized import check_quantized_setup, check_quantized_training
-from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size
+from taskfit.data.combined import combined_train_loader, is_loader_collection
+from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size, sequential_loader
 from taskfit.debugging import batch_limit, limit_batches
 from taskfit.loops.evaluation_loop import is_loader_list
 from taskfit.loops.state import FitControl, FitState, LossSums, TrainingState
@@ -276,10 +277,18 @@ class RunLauncher:
         a = fit.args
         bs = per_process_batch_size(a, fit.world_size, train)  # split_batches: global size / world
         stage = run.stage if run is not None else "fit"
-        loader = fit.strategy.process_dataloader(
-            build_dataloader(data, a, train=train and not (a.overfit_batches and stage == "fit"), batch_size=bs,
-                             collate_fn=self.collator(collator), keep_columns=keep, what=what,
-                             pin_memory_supported=fit.strategy.accelerator.supports_pin_memory()))
+        overfit = bool(a.overfit_batches) and stage == "fit"
+
+        def prepare(d: Any) -> Any:
+            loader = build_dataloader(d, a, train=train and not overfit, batch_size=bs,
+                                      collate_fn=self.collator(collator), keep_columns=keep, what=what,
+                                      pin_memory_supported=fit.strategy.accelerator.supports_pin_memory())
+            if overfit:  # a given DataLoader that shuffles reads in order too (Lightning's warning)
+                loader = sequential_loader(loader, "train" if train else "val")
+            return fit.strategy.process_dataloader(loader)
+
+        # several train loaders (a list/dict, Lightning's CombinedLoader): one batch of each per step
+        loader = combined_train_loader(data, prepare) if train and is_loader_collection(data) else prepare(data)
         limit = batch_limit(a, stage, train)
         if limit is not None:  # Lightning's fast_dev_run / overfit_batches / limit_*_batches
             loader = limit_batches(loader, limit, "limit_train_batches" if train else f"limit for {what}")

@@ -44,7 +44,7 @@ from taskfit.loops.evaluation_loop import metric_key
 from taskfit.loops.fit_loop import FitLoop, accumulation_schedule, plan_steps, resolve_interval
 from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metrics import TrainOutput, speed_metrics
-from taskfit.seed import enable_full_determinism, seed_everything
+from taskfit.seed import enable_full_determinism, rng_states, seed_everything, set_rng_states
 
 
 @dataclasses.dataclass
@@ -198,15 +198,21 @@ class TrainingStage:
         can_validate = fit._stages.can_validate(module)
         # Lightning asks for the validation loader first when the sanity check will use it
         val_first = bool(args.num_sanity_val_steps) and args.limit_val_batches != 0
+        # Lightning builds that loader inside the sanity check's isolated random state (see the policy)
+        rng = rng_states() if val_first and fit.loop_policy.sanity_check_keeps_rng else None
         if datamodule is not None:
             if eval_data is None and val_first and not step_disabled(module, "validation_step"):
                 eval_data = datamodule.val_dataloader()
+            if rng is not None:
+                set_rng_states(rng)
             train_data = train_data if train_data is not None else datamodule.train_dataloader()
             if eval_data is None and not val_first and not step_disabled(module, "validation_step"):
                 eval_data = datamodule.val_dataloader()  # None: no val loop
         else:  # a LightningModule-style module may define its own loaders
             if eval_data is None and val_first and can_validate:
                 eval_data = module_loader(module, "val_dataloader")
+            if rng is not None:
+                set_rng_states(rng)
             train_data = train_data if train_data is not None else module_loader(module, "train_dataloader")
             if eval_data is None and not val_first and can_validate:
                 eval_data = module_loader(module, "val_dataloader")
@@ -366,7 +372,10 @@ class TrainingStage:
         start = time.perf_counter()
         try:
             if args.num_sanity_val_steps and (run.eval_loaders or run.build_eval_loaders) and not ckpt:
+                rng = rng_states(fit.strategy.accelerator) if fit.loop_policy.sanity_check_keeps_rng else None
                 sanity_check(fit, run)  # between on_fit_start and on_train_start (Lightning)
+                if rng is not None:
+                    set_rng_states(rng, fit.strategy.accelerator)
             plan = prepare()
             start_samples, start_step = run.state.samples_seen, run.state.global_step
             if fit.loop_policy.max_epochs != 0:  # Lightning's max_epochs=0: no training loop, no train hooks
@@ -385,6 +394,7 @@ class TrainingStage:
         except BaseException as exc:
             wait_for_saves_quietly(fit.strategy.checkpoint_io)
             hooks.call("on_exception", fit, run.module, exc)
+            loop.teardown()  # the train loader's workers, after the exception hooks (Lightning)
             self.finalize_loggers("interrupted" if isinstance(exc, (KeyboardInterrupt, SystemExit)) else "failed")
             raise
         finally:
@@ -410,9 +420,11 @@ class TrainingStage:
             if fit.loop_policy.max_epochs != 0:
                 hooks.call("on_train_end", fit, module)
             hooks.call_hf("on_train_end", args, st, run.control, **run.hf_kwargs())
+            loop.teardown()  # the train loader's workers, between on_train_end and on_fit_end (Lightning)
             hooks.call("on_fit_end", fit, module)
         except Exception as exc:  # Lightning: on_exception covers the end hooks too (save_on_exception)
             hooks.call("on_exception", fit, module, exc)
+            loop.teardown()
             self.finalize_loggers("failed")
             raise
         end_stage(fit, module, datamodule, "fit")

@@ -14,12 +14,13 @@ names.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import warnings
 from typing import Any, Iterator
 
-from taskfit.callbacks.base import Callback, HookRunner
+from taskfit.callbacks.base import Callback
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as ModelCheckpointBase
@@ -28,88 +29,25 @@ from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
-from taskfit.lightning.flags import fit_options, loop_policy, warn_epochs_not_set
+from taskfit.lightning.flags import apply_barebones, env_defaults, fit_options, loop_policy
+from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
 from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
 )
 from taskfit.lightning.seed import seed_everything
-from taskfit.lightning.utilities import is_overridden
+from taskfit.lightning.utilities import CombinedLoader, PossibleUserWarning, is_overridden
 
 _cb, _lg, _pf = callbacks, loggers, profilers
 
 __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything", "callbacks",
-           "loggers", "profilers", "is_overridden"]
+           "loggers", "profilers", "is_overridden", "PossibleUserWarning", "CombinedLoader"]
 
 LightningModule = TaskModule
 LightningDataModule = DataModule
 
 _RUN_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second")
-
-
-class _LightningLoop(Callback):
-    """The loop semantics the Lightning door keeps (placed first among the callbacks): ``max_epochs`` also stops a
-    run that has ``max_steps`` (whichever comes first), after training ``current_epoch`` counts the finished
-    epochs (Lightning increments it when an epoch ends), and a validation schedule other than once at the end of
-    every epoch (``val_check_interval``, ``check_val_every_n_epoch``) asks for validation after the batches
-    Lightning validates after (the run's own evaluation schedule is off then: see ``Trainer._eval_plan``)."""
-
-    def __init__(self, max_epochs: int | None, val_check_interval: Any = None, every_n_epochs: int | None = 1) -> None:
-        self.max_epochs = max_epochs
-        self.trained = False
-        self.vci, self.every = val_check_interval, every_n_epochs
-        self.scheduled = False  # set by the Trainer per fit: validation data and a non-default schedule
-        self.val_check_batch = 0
-        self.total_batches = 0
-
-    @property
-    def default_schedule(self) -> bool:
-        """Once at the end of every epoch (the run's own ``eval_strategy="epoch"`` does that)."""
-        # an int 1 counts batches (validate after every batch), only the float 1.0 is once per epoch
-        return (self.vci is None or isinstance(self.vci, float) and self.vci == 1.0) and self.every == 1
-
-    def on_train_start(self, fit: Any, module: Any) -> None:
-        """Resolve the validation interval in batches (Lightning's ``val_check_batch``).
-
-        Raises:
-            ValueError: an int ``val_check_interval`` above the batches of an epoch (with
-                ``check_val_every_n_epoch`` set), as Lightning.
-        """
-        self.trained = False
-        self.total_batches = 0
-        n = fit.state.batches_per_epoch
-        if isinstance(self.vci, float) or self.vci is None:
-            if n is None and self.vci not in (None, 1.0):
-                raise ValueError(f"Trainer(val_check_interval={self.vci}) is a fraction of an epoch, but the train "
-                                 "data has no length; give an int number of batches.")
-            self.val_check_batch = max(1, int((n or 0) * (1.0 if self.vci is None else self.vci))) if n else 0
-        else:
-            if self.every is not None and n is not None and self.vci > n:
-                raise ValueError(f"`val_check_interval` ({self.vci}) must be less than or equal to the number of the "
-                                 f"training batches ({n}). If you want to disable validation set `limit_val_batches` "
-                                 "to 0.0 instead. If you want to validate based on the total training batches, set "
-                                 "`check_val_every_n_epoch=None`.")  # Lightning's message
-            self.val_check_batch = self.vci
-
-    def on_train_batch_start(self, fit: Any, module: Any, batch: Any, batch_idx: int) -> None:
-        self.total_batches += 1  # a batch skipped by -1 counts too (Lightning's total_batch_idx)
-
-    def on_train_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if not self.scheduled or not self.val_check_batch:
-            return
-        if self.every is not None and (fit.state.current_epoch + 1) % self.every:
-            return
-        done = batch_idx + 1 if self.every is not None else self.total_batches  # per epoch, or over the run
-        if done % self.val_check_batch == 0:
-            fit.control.should_evaluate = True  # validated after this batch's optimizer step
-
-    def on_train_epoch_end(self, fit: Any, module: Any) -> None:
-        if self.max_epochs is not None and fit.state.current_epoch + 1 >= self.max_epochs:
-            fit.should_stop = True
-
-    def on_train_end(self, fit: Any, module: Any) -> None:
-        self.trained = fit.loop_policy.max_epochs != 0  # max_epochs=0 ran no epoch: current_epoch stays 0
 
 
 class _Predictions(Callback):
@@ -189,23 +127,37 @@ def _per_loader(metrics: dict[str, Any], n: int) -> list[dict[str, float]]:
     return out
 
 
+def _env_defaults(init: Any) -> Any:
+    """``Trainer.__init__`` with defaults from ``PL_TRAINER_*`` environment variables (:func:`env_defaults`; the
+    arguments given win), as Lightning's ``_defaults_from_env_vars``."""
+    @functools.wraps(init)
+    def insert_env_defaults(self: Any, **kwargs: Any) -> None:
+        init(self, **env_defaults(type(self), kwargs))
+
+    return insert_env_defaults
+
+
 class Trainer(Fit):
     """:class:`taskfit.Fit` with ``lightning.pytorch.Trainer``'s constructor (every argument keyword-only, with
     Lightning 2.x's defaults), methods and return values. ``accelerator``, ``strategy``, ``devices``, ``num_nodes``,
     ``precision``, ``plugins`` take the same names and objects as ``Fit``; the other flags map to ``FitArguments``
     (:func:`fit_options`; docs/lightning.md). ``logger`` None/True gives a TensorBoard (else CSV) logger under
     ``default_root_dir/lightning_logs/version_N``; ``enable_checkpointing`` adds a ``ModelCheckpoint`` into its
-    ``checkpoints`` folder (taskfit checkpoint folders, not ``.ckpt`` files).
+    ``checkpoints`` folder (taskfit checkpoint folders, not ``.ckpt`` files). ``PL_TRAINER_<FLAG>`` environment
+    variables give the flags' defaults (Lightning's ``_defaults_from_env_vars``); ``val_check_interval`` may be a
+    time (``"DD:HH:MM:SS"``, ``datetime.timedelta``, a dict of its arguments).
 
     Raises:
         NotImplementedError: ``use_distributed_sampler=False``, ``sync_batchnorm``, ``model_registry``,
-            ``benchmark=True`` or a time ``val_check_interval`` (the message names the flag), before any work.
-        ValueError: a float ``val_check_interval`` outside [0, 1], ``check_val_every_n_epoch`` < 1, or None with a
-            float ``val_check_interval``; as ``Fit`` (unknown accelerator, strategy, precision...).
+            ``benchmark=True`` (the message names the flag), before any work.
+        ValueError: a float ``val_check_interval`` outside [0, 1], a malformed time, ``check_val_every_n_epoch``
+            < 1, or None with a float ``val_check_interval``; with ``barebones=True`` a flag asking for what it turns
+            off (Lightning's message); as ``Fit`` (unknown accelerator, strategy, precision...).
     """
 
     seed_on_init = False  # Lightning's constructor leaves the random state alone
 
+    @_env_defaults
     def __init__(self, *, accelerator: Any = "auto", strategy: Any = "auto", devices: Any = "auto",
                  num_nodes: int = 1, precision: Any = None, logger: Any = None, callbacks: Any = None,
                  fast_dev_run: int | bool = False, max_epochs: int | None = None, min_epochs: int | None = None,
@@ -226,9 +178,12 @@ class Trainer(Fit):
         flags = dict(locals())
         flags.pop("self")
         flags.pop("__class__", None)
+        apply_barebones(flags)
         options = fit_options(flags)
         root = options["output_dir"]
-        lightning_loggers = _default_logger(logger, root, barebones)
+        lightning_loggers = _default_logger(flags["logger"], root, barebones)
+        self.barebones = barebones
+        self._fit_max_epochs: int | None = None  # Lightning's parsed max_epochs, set when fit starts
         given = callbacks if isinstance(callbacks, (list, tuple)) else ([callbacks] if callbacks else [])
         self._flags = flags
         self._lightning_status = new_status()
@@ -240,13 +195,15 @@ class Trainer(Fit):
         super().__init__(accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes,
                          precision=precision, callbacks=_default_callbacks(flags, list(given), root,
                                                                             (lightning_loggers or [None])[0]),
-                         loggers=lightning_loggers, plugins=plugins, **options)
+                         # fast_dev_run: Lightning's DummyLogger in place of the loggers (user calls still run)
+                         loggers=[_lg.DummyLogger()] if fast_dev_run and lightning_loggers else lightning_loggers,
+                         plugins=plugins, **options)
         # Lightning's loop semantics where they differ from HF's (global_step under manual optimization, min_epochs
         # / min_steps, reloaded loaders, no eval_ prefix, checkpoint callbacks last), chosen once here
         self.loop_policy = loop_policy(flags)
         # Lightning prints no per-log lines when the bar is off
         self.callbacks = lightning_order([cb for cb in self.callbacks if not isinstance(cb, LogPrinter)])
-        self._hooks = HookRunner(self.callbacks)
+        self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         self._loop: _LightningLoop = next(c for c in self.callbacks if isinstance(c, _LightningLoop))
 
     def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
@@ -283,7 +240,7 @@ class Trainer(Fit):
         if datamodule is None and train_dataloaders is not None and _is_datamodule(train_dataloaders):
             datamodule, train_dataloaders = train_dataloaders, None
         self.datamodule = datamodule
-        warn_epochs_not_set(self._flags, self.callbacks)
+        self._parse_max_epochs()
         if val_dataloaders is not None and model is not None and not _overrides(model, "validation_step",
                                                                                 TaskModule):
             warnings.warn("You passed in a `val_dataloader` but have no `validation_step`. Skipping val loop.",
@@ -306,14 +263,14 @@ class Trainer(Fit):
             datamodule.trainer = self
             extra = [DataModuleState(datamodule, self.profiler)]
         self.callbacks.extend(extra)
-        self._hooks = HookRunner(self.callbacks)
+        self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         try:
             with running(self, fn), profiled_datamodule(datamodule, self.profiler):
                 yield
         finally:
             for cb in extra:
                 self.callbacks.remove(cb)
-            self._hooks = HookRunner(self.callbacks)
+            self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
 
     def _last_checkpoint(self) -> str | None:
         """``ckpt_path="last"`` for ``fit`` (:func:`taskfit.lightning.model_checkpoint.last_checkpoint`)."""
@@ -363,7 +320,7 @@ class Trainer(Fit):
             datamodule, dataloaders = dataloaders, None
         collector = _Predictions()
         self.callbacks.append(collector)
-        self._hooks = HookRunner(self.callbacks)
+        self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         try:
             with self._lightning_run("predict", datamodule), eval_stage(self, model, "predict", datamodule,
                                                                         dataloaders) as (dataloaders, runs):
@@ -372,7 +329,7 @@ class Trainer(Fit):
                 super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)
-            self._hooks = HookRunner(self.callbacks)
+            self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         if return_predictions is False:
             return None
         per = [collector.outputs[i] for i in sorted(collector.outputs)]
@@ -423,14 +380,31 @@ class Trainer(Fit):
 
     @property
     def max_epochs(self) -> int | None:
-        """The ``max_epochs`` flag (1000 when neither ``max_epochs`` nor ``max_steps`` was given, as Lightning)."""
+        """The ``max_epochs`` flag: None when not given until ``fit`` starts, then 1000 when neither ``max_epochs``
+        nor ``max_steps`` was given (no ``Timer``), else -1; 1 under ``fast_dev_run`` (Lightning's values)."""
         f = self._flags
-        return f["max_epochs"] if f["max_epochs"] is not None else (1000 if f["max_steps"] == -1 else -1)
+        if f["fast_dev_run"]:
+            return 1
+        return f["max_epochs"] if f["max_epochs"] is not None else self._fit_max_epochs
 
     @property
     def max_steps(self) -> int:
-        """The ``max_steps`` flag (-1: no step limit)."""
-        return self._flags["max_steps"]
+        """The ``max_steps`` flag (-1: no step limit); the ``fast_dev_run`` batches under it (Lightning)."""
+        f = self._flags
+        return int(f["fast_dev_run"]) if f["fast_dev_run"] else f["max_steps"]
+
+    def _parse_max_epochs(self) -> None:
+        """Lightning's ``_parse_loop_limits`` at the start of ``fit``: ``max_epochs`` not given becomes 1000 with its
+        ``PossibleUserWarning`` when there is no ``max_steps`` and no ``Timer``, else -1 (no epoch limit)."""
+        f = self._flags
+        if f["max_epochs"] is not None or f["fast_dev_run"]:
+            return
+        if f["max_steps"] in (None, -1) and not any(isinstance(c, _cb.Timer) for c in self.callbacks):
+            warnings.warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
+                          "`max_epochs=-1`.", PossibleUserWarning, stacklevel=3)
+            self._fit_max_epochs = 1000
+        else:
+            self._fit_max_epochs = -1
 
     @property
     def min_epochs(self) -> int:
@@ -482,6 +456,17 @@ class Trainer(Fit):
         build = getattr(self._run, "build_plan", None)
         if build is not None:
             build()
+
+    @property
+    def train_dataloader(self) -> Any:
+        """The training loader of the latest ``fit`` (its batch limit applied; None before), as Lightning's."""
+        return getattr(self._run, "train_loader", None)
+
+    @property
+    def val_dataloaders(self) -> Any:
+        """The validation loader of the latest ``fit`` (a list with several; None without), as Lightning's."""
+        loaders = list((getattr(self._run, "eval_loaders", None) or {}).values())
+        return None if not loaders else loaders[0] if len(loaders) == 1 else loaders
 
     @property
     def num_val_batches(self) -> list[int | float]:
@@ -547,13 +532,18 @@ class Trainer(Fit):
 
     @property
     def log_every_n_steps(self) -> int:
-        """Logging interval in optimizer steps."""
-        return int(self.args.logging_steps)
+        """Logging interval in optimizer steps (0: no logging, as ``log_every_n_steps=0`` and barebones)."""
+        return 0 if str(self.args.logging_strategy) in ("no", "IntervalStrategy.NO") else int(self.args.logging_steps)
 
     @property
     def num_sanity_val_steps(self) -> int:
         """Validation batches of the sanity check."""
         return self.args.num_sanity_val_steps
+
+    @property
+    def _detect_anomaly(self) -> bool:
+        """The ``detect_anomaly`` flag (Lightning keeps it under this name)."""
+        return bool(self._flags["detect_anomaly"])
 
     @property
     def fast_dev_run(self) -> int | bool:

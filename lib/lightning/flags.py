@@ -3,10 +3,11 @@ before any work)."""
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
-import sys
-import warnings
+from ast import literal_eval
+from datetime import timedelta
 from typing import Any
 
 from taskfit.loops.policy import LoopPolicy
@@ -28,13 +29,14 @@ def _refuse_unsupported(flags: dict[str, Any]) -> None:
             raise NotImplementedError(f"Trainer({name}={flags[name]!r}) is not supported by taskfit.lightning "
                                       f"(accepted: {ok}); see docs/lightning.md.")
     vci, every = flags["val_check_interval"], flags["check_val_every_n_epoch"]
-    if vci is not None and (isinstance(vci, bool) or not isinstance(vci, (int, float))):
-        raise NotImplementedError(f"Trainer(val_check_interval={vci!r}): a time interval is not supported by "
-                                  "taskfit.lightning; give an int number of batches or a float fraction of an epoch.")
-    if isinstance(vci, float) and not 0.0 <= vci <= 1.0:
+    timed = time_interval_seconds(vci) is not None  # a time interval (checked there): validated by wall time
+    if not timed and vci is not None and (isinstance(vci, bool) or not isinstance(vci, (int, float))):
+        raise ValueError(f"Trainer(val_check_interval={vci!r}): give an int number of batches, a float fraction "
+                         "of an epoch, or a time ('DD:HH:MM:SS', a datetime.timedelta or a dict of its arguments).")
+    if not timed and isinstance(vci, float) and not 0.0 <= vci <= 1.0:
         raise ValueError(f"Trainer(val_check_interval={vci!r}): a float must be a fraction of an epoch in [0.0, 1.0] "
                          "(an int counts batches).")
-    if every is None and not isinstance(vci, int):  # Lightning's message (time durations are refused above)
+    if every is None and not timed and not isinstance(vci, int):  # Lightning's message
         raise ValueError("`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
                          "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`.")
     if every is not None and (not isinstance(every, int) or every < 1):
@@ -42,6 +44,85 @@ def _refuse_unsupported(flags: dict[str, Any]) -> None:
     reload = flags["reload_dataloaders_every_n_epochs"]
     if isinstance(reload, bool) or not isinstance(reload, int) or reload < 0:
         raise ValueError(f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload!r}.")  # Lightning's
+
+
+def env_defaults(cls: type, given: dict[str, Any]) -> dict[str, Any]:
+    """``given`` keyword arguments of ``cls(...)`` over the defaults read from the environment: for each
+    parameter ``name`` of ``cls``, ``PL_<CLS>_<NAME>`` (``PL_TRAINER_MAX_STEPS=7``) read as a Python literal when it
+    is one (``"False"`` -> False, ``"7"`` -> 7), else as the string; empty variables count as unset. Mirrors
+    Lightning's ``_defaults_from_env_vars`` / ``_parse_env_variables`` (the class name is the subclass's)."""
+    env: dict[str, Any] = {}
+    for name in inspect.signature(cls).parameters:
+        val = os.environ.get(f"PL_{cls.__name__.upper()}_{name.upper()}")
+        if val is None or val == "":
+            continue
+        try:
+            env[name] = literal_eval(val)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            env[name] = val  # not a literal: the text itself (Lightning)
+    return {**env, **given}
+
+
+#: barebones opt-outs: flag -> (value that counts as "not asked for" test, the part of Lightning's message)
+_BAREBONES_OFF = {
+    "enable_checkpointing": (lambda v: not v, "Checkpointing can impact raw speed"),
+    "logger": (lambda v: v is None or v is False, "Logging can impact raw speed"),
+    "enable_progress_bar": (lambda v: not v, "The progress bar can impact raw speed"),
+    "log_every_n_steps": (lambda v: v is None or v == 0, "Logging can impact raw speed"),
+    "enable_model_summary": (lambda v: not v, "Model summary can impact raw speed"),
+    "num_sanity_val_steps": (lambda v: v is None or v == 0, "Sanity checking can impact raw speed"),
+    "fast_dev_run": (lambda v: v is False or v == 0, "Development run is not meant for raw speed evaluation"),
+    "detect_anomaly": (lambda v: not v, "Anomaly detection can impact raw speed"),
+    "profiler": (lambda v: v is None, "Profiling can impact raw speed"),
+}
+_BAREBONES_INFO = (
+    "You are running in `Trainer(barebones=True)` mode. All features that may impact raw speed have been disabled to "
+    "facilitate analyzing the Trainer overhead. Specifically, the following features are deactivated:{sep}"
+    " - Checkpointing: `Trainer(enable_checkpointing=True)`{sep} - Progress bar: `Trainer(enable_progress_bar=True)`"
+    "{sep} - Model summary: `Trainer(enable_model_summary=True)`{sep} - Logging: `Trainer(logger=True)`, "
+    "`Trainer(log_every_n_steps>0)`, `LightningModule.log(...)`, `LightningModule.log_dict(...)`{sep} - Sanity "
+    "checking: `Trainer(num_sanity_val_steps>0)`{sep} - Development run: `Trainer(fast_dev_run=True)`{sep} - Anomaly "
+    "detection: `Trainer(detect_anomaly=True)`{sep} - Profiling: `Trainer(profiler=...)`")
+
+
+def apply_barebones(f: dict[str, Any]) -> None:
+    """``Trainer(barebones=True)``: refuse a flag that asks for a feature barebones turns off (Lightning's
+    ValueError, naming the flag and value) and set the opt-outs in ``f`` in place (no checkpointing, logger,
+    progress bar, model summary, logging interval, sanity check); log Lightning's info line. No-op without it."""
+    if not f["barebones"]:
+        return
+    for name, (off, why) in _BAREBONES_OFF.items():
+        if not off(f[name]):
+            raise ValueError(f"`Trainer(barebones=True, {name}={f[name]!r})` was passed. {why} so it is disabled in "
+                             "barebones mode.")  # Lightning's message
+    f.update(enable_checkpointing=False, logger=False, enable_progress_bar=False, log_every_n_steps=0,
+             enable_model_summary=False, num_sanity_val_steps=0)
+    _log.info(_BAREBONES_INFO.format(sep=os.linesep))
+
+
+def time_interval_seconds(value: Any) -> float | None:
+    """Seconds of a time-based ``val_check_interval`` (``"DD:HH:MM:SS"``, a ``datetime.timedelta`` or a dict of
+    its keyword arguments), None for a batch count or fraction; Lightning's ``_parse_time_interval_seconds``.
+
+    Raises:
+        ValueError: a string not of four integer fields (Lightning's message; Lightning raises its
+            MisconfigurationException).
+    """
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    if isinstance(value, dict):
+        return timedelta(**value).total_seconds()
+    if not isinstance(value, str):
+        return None
+    parts = value.split(":")
+    if len(parts) != 4:
+        raise ValueError(f"Invalid time format for `val_check_interval`: {value!r}. Expected 'DD:HH:MM:SS'.")
+    try:
+        d, h, m, s = (int(p) for p in parts)
+    except ValueError:
+        raise ValueError(f"Non-integer component in `val_check_interval` string: {value!r}. "
+                         "Use 'DD:HH:MM:SS'.") from None
+    return timedelta(days=d, hours=h, minutes=m, seconds=s).total_seconds()
 
 
 def announce_batch_limits(flags: dict[str, Any]) -> None:
@@ -74,7 +155,8 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
     if f["fast_dev_run"]:  # Lightning: validation after the one short epoch, whatever the schedule flags say
         f["val_check_interval"], f["check_val_every_n_epoch"] = 1.0, 1
     _refuse_unsupported(f)
-    announce_batch_limits(f)
+    if not f["fast_dev_run"]:  # Lightning announces no limits in fast_dev_run
+        announce_batch_limits(f)
     max_epochs, max_steps = f["max_epochs"], f["max_steps"]
     if max_epochs is None or max_epochs == -1:  # Lightning: 1000 epochs when neither limit is given, else (and
         max_epochs = 1000 if max_steps in (None, -1) and max_epochs is None else 10 ** 9  # for -1) no epoch limit
@@ -84,12 +166,14 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
                gradient_accumulation_steps=f["accumulate_grad_batches"],
                max_grad_norm=float(f["gradient_clip_val"] or 0.0),
                gradient_clip_algorithm=f["gradient_clip_algorithm"] or "norm",
-               logging_steps=f["log_every_n_steps"] if f["log_every_n_steps"] is not None else 50,
+               logging_steps=f["log_every_n_steps"] or 50,  # 0 (barebones): no logging, below
                num_sanity_val_steps=0 if f["fast_dev_run"] else  # Lightning: no sanity check in fast_dev_run
                f["num_sanity_val_steps"] if f["num_sanity_val_steps"] is not None else 2,
                fast_dev_run=f["fast_dev_run"], overfit_batches=f["overfit_batches"],
                detect_anomaly=f["detect_anomaly"], disable_tqdm=f["enable_progress_bar"] is False or f["barebones"],
                eval_strategy="no")  # deterministic: Lightning's torch flags, set by the Trainer
+    if f["log_every_n_steps"] == 0:
+        out["logging_strategy"] = "no"
     for k in ("limit_train_batches", "limit_val_batches", "limit_test_batches", "limit_predict_batches"):
         if f[k] is not None:
             out[k] = f[k]
@@ -110,27 +194,5 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       closure_in_optimizer_step=True, none_loss_skips_batch=True, plateau_steps_after_validation=True,
                       max_epochs=f["max_epochs"] if f["max_epochs"] not in (None, -1) else None,
                       lightning_checkpoint_dict=True, loaders_after_setup=True,
-                      resumed_epoch_skips_start=True, zero_grad_before_validation=True)
-
-
-class PossibleUserWarning(UserWarning):
-    """A warning about settings that may be a mistake (Lightning's ``PossibleUserWarning``)."""
-
-
-def possible_user_warning() -> type[Warning]:
-    """Lightning's ``PossibleUserWarning`` class when a Lightning program already imported it (so its
-    ``warnings.filterwarnings(category=...)`` and ``pytest.warns`` keep working after the import swap), else
-    :class:`PossibleUserWarning`. Never imports Lightning."""
-    module = sys.modules.get("lightning.fabric.utilities.warnings")
-    return getattr(module, "PossibleUserWarning", PossibleUserWarning)
-
-
-def warn_epochs_not_set(f: dict[str, Any], callbacks: list[Any]) -> None:
-    """Lightning's warning at ``fit`` when neither ``max_epochs`` nor ``max_steps`` nor a time limit was given
-    (``_parse_loop_limits``: the run stops after 1000 epochs); not under ``fast_dev_run``."""
-    from taskfit.callbacks.timer import Timer
-
-    if (f["max_epochs"] is None and f["max_steps"] in (None, -1) and not f["fast_dev_run"]
-            and not any(isinstance(cb, Timer) for cb in callbacks)):
-        warnings.warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
-                      "`max_epochs=-1`.", possible_user_warning(), stacklevel=3)
+                      resumed_epoch_skips_start=True, zero_grad_before_validation=True,
+                      eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True)

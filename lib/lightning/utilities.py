@@ -1,4 +1,5 @@
-"""Lightning's ``lightning.pytorch.utilities.model_helpers.is_overridden`` for the door's own classes."""
+"""Lightning's ``lightning.pytorch.utilities.model_helpers.is_overridden`` for the door's own classes, and its
+``PossibleUserWarning`` and ``CombinedLoader`` (``lightning.pytorch.utilities``)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,15 @@ from typing import Any
 from lightning_utilities.core.overrides import is_overridden as _is_overridden
 from taskfit.callbacks.base import Callback
 from taskfit.core.module import TaskModule
+from taskfit.data.combined import CombinedLoader
 from taskfit.data.loaders import DataModule
 
-__all__ = ["is_overridden"]
+__all__ = ["CombinedLoader", "PossibleUserWarning", "is_overridden"]
+
+
+class PossibleUserWarning(UserWarning):
+    """A warning about a setting that may be a mistake (``max_epochs`` not set...); Lightning's
+    ``lightning.fabric.utilities.warnings.PossibleUserWarning``."""
 
 
 def is_overridden(method_name: str, instance: Any = None, parent: type | None = None) -> bool:

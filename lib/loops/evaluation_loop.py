@@ -222,10 +222,10 @@ class EvaluationLoop:
             if p.memory is not None:
                 p.memory.start()
             p.start = time.perf_counter()
-            if self.first:
-                self.hooks.call(f"on_{p.hook_stage}_start", fit, module)
-                self.hooks.call(f"on_{p.hook_stage}_epoch_start", fit, module)
-            with torch.no_grad():
+            with self._grad_context():  # the start hooks too (Lightning runs the whole loop inside it)
+                if self.first:
+                    self.hooks.call(f"on_{p.hook_stage}_start", fit, module)
+                    self.hooks.call(f"on_{p.hook_stage}_epoch_start", fit, module)
                 self._run_batches(p, loader)
             return self._finish(p, prefix)
         finally:  # an exception inside a step must not leave the module in eval mode or with eval results
@@ -236,6 +236,19 @@ class EvaluationLoop:
                 model_train()
             elif was_training and (not custom or self.last):
                 restore_modes()
+
+    def _grad_context(self) -> Any:
+        """``torch.inference_mode()`` for ``validate``/``test``/``predict`` where the run's policy asks for it
+        (Lightning's ``Trainer(inference_mode=True)``), except with parameters sharded over processes or a gloo
+        process group (Lightning's exceptions for FSDP and gloo); ``torch.no_grad()`` otherwise: HF, and the
+        validation inside ``fit`` (Lightning's fit loop builds its validation loop with ``inference_mode=False``)."""
+        fit = self.fit
+        in_fit = fit.run is not None and fit.run.stage == "fit"
+        if fit.loop_policy.eval_inference_mode and not in_fit and not fit.strategy.shards_parameters and not (
+                torch.distributed.is_available() and torch.distributed.is_initialized()
+                and torch.distributed.get_backend() == "gloo"):
+            return torch.inference_mode()
+        return torch.no_grad()
 
     def _plan(self, loader: Any) -> _Pass:
         """What the pass decides before its first batch (the step, what it collects, the sampler split)."""

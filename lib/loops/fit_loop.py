@@ -13,7 +13,7 @@ import torch
 
 from taskfit.core.hooks import MONITORING_EPOCH_END, batch_mover, overrides
 from taskfit.core.module import TaskModule, infer_batch_size
-from taskfit.data.loaders import set_loader_epoch, skip_first_batches, splits_evenly
+from taskfit.data.loaders import set_loader_epoch, shutdown_workers, skip_first_batches, splits_evenly
 from taskfit.data.stateful import decode_state, stateful_source
 from taskfit.loops.finite import check_finite
 from taskfit.loops.optimization import AutomaticStep, ManualStep, batch_outputs, choose_policy, window_weights
@@ -129,6 +129,13 @@ class FitLoop:
         self.min_epochs = self.min_steps = 0
         self._min_flags: tuple[Any, Any] = (None, None)
         self._min_told = False
+        self.epoch_iterator: Any = None  # kept (with its workers) until the next epoch's or teardown(): Lightning
+
+    def teardown(self) -> None:
+        """Shut the train and validation loaders' workers down (end of training, an error): Lightning's teardown."""
+        self.epoch_iterator = None
+        for loader in (self.run.train_loader, *(self.run.eval_loaders or {}).values()):
+            shutdown_workers(loader)
 
     def _prepare(self, loader: Any) -> None:
         """Decide once per run what every window needs: the step (automatic or manual) and its policy, the
@@ -197,10 +204,10 @@ class FitLoop:
             if run.reload_train_loader is not None and self.loop_policy.reload_due(epoch, last_reload):
                 loader, last_reload = self._reload(epoch, num_epochs), epoch
             skip = state.batch_in_epoch if resumed else 0
-            iterator = self._start_epoch(loader, epoch, skip, finished)
+            self.epoch_iterator = self._start_epoch(loader, epoch, skip, finished)
             resumed = False
             if not finished:
-                self._run_windows(iterator, epoch)
+                self._run_windows(self.epoch_iterator, epoch)
             self._end_epoch(epoch)
             if run.control.should_training_stop and self._may_stop(epoch + 1):
                 break

@@ -73,6 +73,14 @@ class LoopPolicy:
         zero_grad_before_validation (bool): every validation during ``fit`` starts with the module's
             ``on_validation_model_zero_grad`` (Lightning: its default ``zero_grad()`` frees the gradients' memory);
             False calls it only when the module overrides it (``Fit``: HF keeps the gradients).
+        eval_inference_mode (bool): ``validate``, ``test`` and ``predict`` (their start hooks included) run under
+            ``torch.inference_mode()`` (Lightning's ``Trainer(inference_mode=True)``, its default; not with sharded
+            parameters or a gloo process group), else under ``torch.no_grad()`` (HF); the validation inside
+            ``fit`` always runs under ``no_grad`` (Lightning too).
+        sanity_check_keeps_rng (bool): the sanity check, with the ``val_dataloader()`` call made for it, leaves
+            the random generators as it found them (Lightning's ``isolate_rng``: training draws the same numbers
+            with or without it; a ``train_dataloader()`` built from random data after it draws what the
+            validation loader drew); False: they run on (``Fit``).
     """
 
     counts_optimizer_steps: bool = False
@@ -94,6 +102,8 @@ class LoopPolicy:
     loaders_after_setup: bool = False
     resumed_epoch_skips_start: bool = False
     zero_grad_before_validation: bool = False
+    eval_inference_mode: bool = False
+    sanity_check_keeps_rng: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect

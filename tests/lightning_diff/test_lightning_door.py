@@ -126,8 +126,7 @@ def test_F_LIT_DOOR_5_setup_teardown_stages_match(tmp_path):
 
 
 @pytest.mark.parametrize("flag, value", [("benchmark", True), ("sync_batchnorm", True),
-                                         ("use_distributed_sampler", False),
-                                         ("val_check_interval", "00:00:01:00")])
+                                         ("use_distributed_sampler", False)])
 def test_F_LIT_DOOR_6_unsupported_flag_fails_first_naming_it(flag, value, tmp_path):
     import taskfit.lightning as L
 

@@ -51,7 +51,8 @@ NAME_MODULES = TOP_MODULES | {"lightning.pytorch.core", "lightning.pytorch.core.
                               "lightning.pytorch.trainer", "lightning.pytorch.trainer.trainer",
                               "lightning.pytorch.callbacks.callback", "lightning.pytorch.utilities.seed",
                               "lightning.fabric", "lightning.fabric.utilities.seed", "lightning.fabric.utilities",
-                              "lightning.pytorch.utilities", "lightning.pytorch.utilities.model_helpers"}
+                              "lightning.pytorch.utilities", "lightning.pytorch.utilities.model_helpers",
+                              "lightning.fabric.utilities.warnings"}
 NAMESPACES = ("callbacks", "loggers", "profilers")
 DEMOS = "lightning.pytorch.demos.boring_classes"
 DEMOS_LOCAL = "tests_pytorch._taskfit_demos"
