@@ -183,7 +183,10 @@ def set_loader_epoch(loader: Any, epoch: int) -> None:
                 getattr(loader, "dataset", None)):
         if obj is not None and hasattr(obj, "set_epoch"):
             obj.set_epoch(epoch)
-        position_generator(obj, epoch)
+        own = getattr(obj, "generator", None)
+        shared = own is not None and getattr(loader, "generator", None) is own and not getattr(
+            loader, "persistent_workers", False)  # a persistent iterator draws its base seed once
+        position_generator(obj, epoch, loader_draws=1 if shared else 0)
 
 
 def num_examples(loader: Any) -> int:

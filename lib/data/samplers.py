@@ -13,7 +13,7 @@ from torch.utils.data import RandomSampler, Sampler
 _EPOCH_STATES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def position_generator(sampler: Any, epoch: int) -> None:
+def position_generator(sampler: Any, epoch: int, loader_draws: int = 0) -> None:
     """Set the own ``generator`` of a ``torch.utils.data.RandomSampler`` to where it stands at the start of
     ``epoch``: its state when first seen here (epoch 0) advanced by ``epoch`` whole passes of the sampler. So the
     order of an epoch depends only on the generator's initial state and the epoch, as ``EpochRandomSampler``'s
@@ -27,6 +27,9 @@ def position_generator(sampler: Any, epoch: int) -> None:
     Args:
         sampler (Sampler): any sampler.
         epoch (int): the epoch about to start (0-based).
+        loader_draws (int): numbers the loader itself draws from the same generator per epoch before the sampler
+            (1 when the ``DataLoader`` was built with this ``generator``: each new iterator draws its workers' base
+            seed from it), so the replayed passes advance it as a plain loop over the loader does.
     """
     generator = getattr(sampler, "generator", None)
     if type(sampler) is not RandomSampler or not isinstance(generator, torch.Generator):
@@ -34,6 +37,8 @@ def position_generator(sampler: Any, epoch: int) -> None:
     states = _EPOCH_STATES.setdefault(sampler, [generator.get_state()])
     while len(states) <= epoch:  # one pass draws what the sampler draws per epoch (a permutation, or n indices)
         generator.set_state(states[-1])
+        for _ in range(loader_draws):  # DataLoader's iterator: its base seed, drawn before the first index
+            torch.empty((), dtype=torch.int64).random_(generator=generator)
         for _ in sampler:
             pass
         states.append(generator.get_state())

@@ -37,7 +37,7 @@ from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
 )
 from taskfit.lightning.seed import seed_everything
-from taskfit.lightning.utilities import CombinedLoader, PossibleUserWarning, is_overridden
+from taskfit.lightning.utilities import CombinedLoader, PossibleUserWarning, is_overridden, possible_user_warning
 
 _cb, _lg, _pf = callbacks, loggers, profilers
 
@@ -401,7 +401,7 @@ class Trainer(Fit):
             return
         if f["max_steps"] in (None, -1) and not any(isinstance(c, _cb.Timer) for c in self.callbacks):
             warnings.warn("`max_epochs` was not set. Setting it to 1000 epochs. To train without an epoch limit, set "
-                          "`max_epochs=-1`.", PossibleUserWarning, stacklevel=3)
+                          "`max_epochs=-1`.", possible_user_warning(), stacklevel=3)
             self._fit_max_epochs = 1000
         else:
             self._fit_max_epochs = -1

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from lightning_utilities.core.overrides import is_overridden as _is_overridden
@@ -17,6 +18,14 @@ __all__ = ["CombinedLoader", "PossibleUserWarning", "is_overridden"]
 class PossibleUserWarning(UserWarning):
     """A warning about a setting that may be a mistake (``max_epochs`` not set...); Lightning's
     ``lightning.fabric.utilities.warnings.PossibleUserWarning``."""
+
+
+def possible_user_warning() -> type[Warning]:
+    """Lightning's ``PossibleUserWarning`` class when the program already imported Lightning (so its
+    ``warnings.filterwarnings(category=...)`` and ``pytest.warns`` keep working after the import swap), else
+    :class:`PossibleUserWarning`. Never imports Lightning."""
+    module = sys.modules.get("lightning.fabric.utilities.warnings")
+    return getattr(module, "PossibleUserWarning", PossibleUserWarning)
 
 
 def is_overridden(method_name: str, instance: Any = None, parent: type | None = None) -> bool:
