@@ -29,6 +29,7 @@ from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import fit_options, loop_policy
+from taskfit.lightning.logged import LoggedMetrics, MetricDict, is_run_value, lightning_row, send_row
 from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
@@ -44,8 +45,6 @@ __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "see
 
 LightningModule = TaskModule
 LightningDataModule = DataModule
-
-_RUN_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second")
 
 
 class _LightningLoop(Callback):
@@ -127,7 +126,7 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
     """Lightning's implicit callbacks: a checkpoint every epoch into ``logger.log_dir/checkpoints`` (or
     ``root/checkpoints`` without a logger), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
     out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None, f["val_check_interval"],
-                          f["check_val_every_n_epoch"]), *given, ProgressBarNames()]
+                          f["check_val_every_n_epoch"]), *given, ProgressBarNames(), LoggedMetrics()]
     if f["barebones"]:
         return out
     found = any(isinstance(c, ModelCheckpointBase) for c in given)
@@ -178,7 +177,7 @@ def _per_loader(metrics: dict[str, Any], n: int) -> list[dict[str, float]]:
     ``/dataloader_idx_i`` go to dict ``i``), without the run's timing rows and ``epoch``."""
     # the empty metric_key_prefix still joins with "_": strip it (Lightning returns names as logged)
     logged = {k[1:] if k.startswith("_") else k: float(v) for k, v in metrics.items()
-              if k != "epoch" and not k.endswith(_RUN_KEYS)}
+              if k != "epoch" and not is_run_value(k)}
     if n <= 1:
         return [logged]
     out: list[dict[str, float]] = [{} for _ in range(n)]
@@ -246,17 +245,21 @@ class Trainer(Fit):
         self.callbacks = lightning_order([cb for cb in self.callbacks if not isinstance(cb, LogPrinter)])
         self._hooks = HookRunner(self.callbacks)
         self._loop: _LightningLoop = next(c for c in self.callbacks if isinstance(c, _LightningLoop))
+        # Lightning's metric dicts hold tensors, and only what self.log wrote
+        self.callback_metrics, self.logged_metrics = MetricDict(), MetricDict()
 
     def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
-        """:meth:`taskfit.Fit.log` without the evaluation's speed figures (``_runtime``, ``_samples_per_second``,
-        ``_steps_per_second`` under the empty prefix): Lightning's loggers receive only what was logged."""
-        if not any(k in _RUN_KEYS for k in logs):
-            super().log(logs, start_time)
+        """A log row as Lightning's ``_LoggerConnector.log_metrics``: only what ``self.log`` wrote (no evaluation
+        speed rows, no end-of-run summary) into ``callback_metrics``/``logged_metrics`` and, with ``epoch``, to the
+        loggers at Lightning's step (:mod:`taskfit.lightning.logged`); ``state.log_history`` keeps the row."""
+        row = lightning_row(self, logs)
+        if row is None:
             return
-        row = {k: v for k, v in logs.items() if k not in _RUN_KEYS}
-        super().log(row, start_time)
-        if "epoch" in row:
-            logs.setdefault("epoch", row["epoch"])
+        st = self.state
+        st.log_history.append({**row, "epoch": row.get("epoch", st.epoch), "step": st.global_step})
+        send_row(self, row)
+        if self._hooks.hf["on_log"]:
+            self._hooks.call_hf("on_log", self.args, st, self.control, logs=row)
 
     # ------------------------------------------------------------------------------------------ stages ---
     def _eval_plan(self, model: Any, val: Any, datamodule: Any) -> str:

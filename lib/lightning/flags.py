@@ -103,4 +103,5 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       reload_dataloaders_every_n_epochs=f["reload_dataloaders_every_n_epochs"],
                       clip_algorithm_as_given=True, gradient_clip_algorithm=f["gradient_clip_algorithm"],
                       eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
-                      keeps_submodule_modes=True, none_optimizer_trains_nothing=True)
+                      keeps_submodule_modes=True, none_optimizer_trains_nothing=True,
+                      logs_run_values=False)

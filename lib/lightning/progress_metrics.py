@@ -44,5 +44,5 @@ class ProgressBarNames(Callback):
 
     def metrics(self, callback_metrics: dict[str, Any]) -> dict[str, Any]:
         """Lightning's ``trainer.progress_bar_metrics``: ``{name: value}`` of the noted names present in
-        ``callback_metrics`` (the latest values)."""
-        return {k: v for k, v in callback_metrics.items() if k in self.names}
+        ``callback_metrics`` (the latest values), as floats (Lightning converts them for the bar)."""
+        return {k: float(v) for k, v in callback_metrics.items() if k in self.names}

@@ -361,7 +361,8 @@ class EvaluationLoop:
             results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
         metrics = self._metrics(p, prefix, all_preds, all_labels, all_inputs, all_losses)
         metrics = {**logged, **metrics}
-        fit.callback_metrics.update({**metrics, **aliases})
+        # Lightning's callback_metrics hold only what self.log wrote (not the speed and timing rows)
+        fit.callback_metrics.update({**(metrics if fit.loop_policy.logs_run_values else logged), **aliases})
         if self.last:
             hooks.call(f"on_{p.hook_stage}_end", fit, module)
         return metrics, all_preds, all_labels

@@ -538,8 +538,11 @@ class FitLoop:
             step_lr = self.step_lr
             logs["learning_rate"] = step_lr if step_lr is not None else run.optimizer.param_groups[0]["lr"]
             logs.update(self.strategy.precision.log_values())  # 16-mixed: loss_scale, skipped_steps
+            if not self.loop_policy.logs_run_values:  # Lightning: the row holds only what self.log wrote
+                logs = {}
             logs.update(run.module._results.step_values())
-            self._log(logs)
+            if logs:
+                self._log(logs)
             control.should_log = False  # HF's on_log clears it: a save after the row records False, as HF's
         if logging_step or control.should_save:  # the only host sync it adds: on logging and save steps
             check_finite(self.strategy, run.module, step, args.output_dir)  # after the log row, before a save

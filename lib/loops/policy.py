@@ -40,6 +40,10 @@ class LoopPolicy:
             mode included).
         none_optimizer_trains_nothing (bool): ``configure_optimizers`` returning None trains with no optimizer
             (Lightning, with its warning); False: ``Fit`` builds its default optimizer (HF's AdamW).
+        logs_run_values (bool): log rows, ``logged_metrics`` and ``callback_metrics`` also hold the run's own values
+            (the mean ``loss`` since the last row, ``learning_rate``, ``grad_norm``, the precision plugin's values,
+            an evaluation's speed and timing rows), as HF's log rows; False: only what ``self.log`` wrote
+            (Lightning's ``logged_metrics``/``callback_metrics``).
     """
 
     counts_optimizer_steps: bool = False
@@ -53,6 +57,7 @@ class LoopPolicy:
     checkpoint_callbacks_last: bool = False
     keeps_submodule_modes: bool = False
     none_optimizer_trains_nothing: bool = False
+    logs_run_values: bool = True
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect

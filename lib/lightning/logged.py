@@ -1,0 +1,113 @@
+"""What the Lightning door's ``trainer.logged_metrics``, ``trainer.callback_metrics`` and loggers receive: only what
+``self.log`` wrote (the run's own loss, learning rate, speed and summary rows stay out), as tensors, with
+``epoch`` added for the loggers only, at Lightning's logger step (``_batches_that_stepped``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from taskfit.callbacks.base import Callback
+
+#: the ends of the run's own names (speed and timing rows of an evaluation, the end-of-run summary)
+_RUN_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second", "_model_preparation_time")
+
+
+def as_tensor(value: Any) -> Any:
+    """``value`` as Lightning keeps a logged value: a tensor (numbers become float32 0-dim tensors, as Lightning's
+    ``ResultCollection`` makes them); anything else as given."""
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return torch.tensor(float(value))
+    return value
+
+
+class MetricDict(dict):
+    """A ``dict`` whose values are stored as tensors (:func:`as_tensor`): Lightning's ``callback_metrics`` and
+    ``logged_metrics`` hold tensors whoever writes them (the loops write floats after their host sync)."""
+
+    def __setitem__(self, key: str, value: Any) -> None:
+        super().__setitem__(key, as_tensor(value))
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for k, v in dict(*args, **kwargs).items():
+            self[k] = v
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+
+def is_run_value(key: str) -> bool:
+    """Whether ``key`` is one of the run's own rows (``_runtime``, ``_samples_per_second``... of an evaluation,
+    ``total_flos``; a loader's own under its ``/dataloader_idx_N`` suffix too), which Lightning does not log."""
+    key = key.split("/dataloader_idx_", 1)[0]
+    return key == "total_flos" or key.endswith(_RUN_SUFFIXES)
+
+
+def logger_step(trainer: Any) -> int:
+    """Lightning's logger step (``fit_loop.epoch_loop._batches_that_stepped``): during ``fit`` the optimizer steps
+    before the current one (the row of step 1 is written at step 0, an epoch's row at its last batch's step);
+    in ``validate``/``test`` the steps taken so far."""
+    step = trainer.global_step
+    fn = getattr(trainer.state.fn, "value", trainer.state.fn)
+    return max(step - 1, 0) if fn == "fit" else step
+
+
+def lightning_row(trainer: Any, logs: dict[str, Any]) -> dict[str, Any] | None:
+    """The part of a log row Lightning's loggers receive: ``logs`` without the run's own values; None for the
+    end-of-run summary row (``train_runtime``: Lightning writes none) or when nothing is left."""
+    if "train_runtime" in logs:
+        return None
+    row = {k: v for k, v in logs.items() if not is_run_value(k)}
+    return row or None
+
+
+def send_row(trainer: Any, row: dict[str, Any]) -> None:
+    """``row`` into ``callback_metrics`` and ``logged_metrics`` (as tensors, without an ``epoch`` the module did not
+    log) and to every logger with ``epoch`` (``current_epoch``, unless logged) at :func:`logger_step`, rank 0 only
+    (Lightning's ``_LoggerConnector.log_metrics``)."""
+    trainer.callback_metrics.update(row)
+    trainer.logged_metrics.update(row)
+    if not trainer.is_global_zero or trainer.args.fast_dev_run or not trainer.loggers:
+        return
+    scalars = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in row.items()}
+    scalars.setdefault("epoch", trainer.current_epoch)
+    step = logger_step(trainer)
+    for lg in trainer.loggers:
+        lg.log_metrics(scalars, step)
+
+
+def _step_values(results: Any) -> dict[str, Any]:
+    """The latest ``on_step`` values of ``results`` logged with ``logger=True`` (``name``, or ``name_step`` when
+    also ``on_epoch``), as stored (tensors stay on their device: no host sync)."""
+    out = {}
+    for e in getattr(results, "values", {}).values():
+        if e.on_step and e.logger and e.last is not None:
+            out[e.key("_step" if e.on_epoch else "")] = e.last
+    return out
+
+
+class LoggedMetrics(Callback):
+    """Keeps ``trainer.logged_metrics`` as Lightning does: after every training and evaluation batch the latest
+    ``on_step`` values logged with ``logger=True`` (whatever ``log_every_n_steps`` says; evaluation step values
+    too, which reach no logger here), not during the sanity check; epoch values arrive with their log rows
+    (:func:`send_row`)."""
+
+    def _note(self, trainer: Any, module: Any) -> None:
+        if not getattr(trainer, "sanity_checking", False):
+            trainer.logged_metrics.update(_step_values(getattr(module, "_results", None)))
+
+    def on_train_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self._note(fit, module)
+
+    def on_validation_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int,
+                                dataloader_idx: int = 0) -> None:
+        self._note(fit, module)
+
+    def on_test_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int,
+                          dataloader_idx: int = 0) -> None:
+        self._note(fit, module)
