@@ -178,6 +178,9 @@ def _per_loader(metrics: dict[str, Any], n: int) -> list[dict[str, float]]:
     # the empty metric_key_prefix still joins with "_": strip it (Lightning returns names as logged)
     logged = {k[1:] if k.startswith("_") else k: float(v) for k, v in metrics.items()
               if k != "epoch" and not is_run_value(k)}
+    # the module's own *_dataloader may return several loaders: their suffixes tell how many
+    n = max([n] + [int(k.rsplit("/dataloader_idx_", 1)[1]) + 1 for k in logged
+                   if k.rsplit("/dataloader_idx_", 1)[-1].isdigit() and "/dataloader_idx_" in k])
     if n <= 1:
         return [logged]
     out: list[dict[str, float]] = [{} for _ in range(n)]

@@ -42,6 +42,13 @@ class ProgressBarNames(Callback):
     def on_test_epoch_end(self, fit: Any, module: Any) -> None:
         self._note(module)
 
+    # after the module's own on_*_epoch_end (the callbacks' run first), which may log with prog_bar=True
+    def on_validation_end(self, fit: Any, module: Any) -> None:
+        self._note(module)
+
+    def on_test_end(self, fit: Any, module: Any) -> None:
+        self._note(module)
+
     def metrics(self, callback_metrics: dict[str, Any]) -> dict[str, Any]:
         """Lightning's ``trainer.progress_bar_metrics``: ``{name: value}`` of the noted names present in
         ``callback_metrics`` (the latest values), as floats (Lightning converts them for the bar)."""
