@@ -164,8 +164,8 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
 
         Raises:
             RuntimeError: called outside a running ``Fit`` stage.
-            ValueError: a non-scalar tensor, an unknown ``reduce_fx``, or ``/dataloader_idx_`` in ``name`` with
-                ``add_dataloader_idx=True``.
+            ValueError: a non-scalar tensor, an unknown ``reduce_fx``, ``/dataloader_idx_`` in ``name`` with
+                ``add_dataloader_idx=True``, or ``on_step`` and ``on_epoch`` both False (nothing would be kept).
         """
         if self.__dict__.get("_fabric") is not None:  # run by Lightning Fabric: its loggers, at once
             return fabric_log(self.__dict__["_fabric"], {name: value}, logger)
@@ -177,8 +177,10 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
             raise ValueError(f"self.log({name!r}) with add_dataloader_idx=True: the name must not contain "
                              "'/dataloader_idx_'; it is appended for you (or pass add_dataloader_idx=False).")
         d_step, d_epoch = self._log_defaults
-        results.log(name, value, on_step=d_step if on_step is None else on_step,
-                    on_epoch=d_epoch if on_epoch is None else on_epoch, prog_bar=prog_bar, logger=logger,
+        on_step, on_epoch = d_step if on_step is None else on_step, d_epoch if on_epoch is None else on_epoch
+        if not on_step and not on_epoch:  # Lightning's message (it raises MisconfigurationException)
+            raise ValueError("`self.log(on_step=False, on_epoch=False)` is not useful.")
+        results.log(name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
                     reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size,
                     add_dataloader_idx=add_dataloader_idx)
 

@@ -78,6 +78,7 @@ class ResultCollection:
         self.batch: Any = None
         self._batch_size: int | None = None
         self._pending_metric_states: dict[str, dict[str, Any]] = {}  # from a checkpoint, applied on the next log
+        self.dropped: list[LoggedValue] = []  # the epoch-only values the last reset_epoch() dropped
 
     def set_batch(self, batch: Any) -> None:
         """Record the current batch; its size is inferred only if an ``on_epoch`` mean needs it."""
@@ -128,8 +129,8 @@ class ResultCollection:
             return
         if reduce_fx == "mean":
             if batch_size is None:
-                if self._batch_size is None:
-                    self._batch_size = self.batch_size_fn(self.batch)
+                if self._batch_size is None:  # no batch yet (on_train_start, on_validation_start): weight 1,
+                    self._batch_size = 1 if self.batch is None else self.batch_size_fn(self.batch)  # as Lightning
                 batch_size = self._batch_size
             contrib = value * batch_size
             entry.agg = contrib if entry.agg is None else entry.agg + contrib
@@ -235,6 +236,8 @@ class ResultCollection:
             e.agg, e.weight = None, 0
             if e.metric is not None:
                 e.metric.reset()
+        # the epoch-only names stay readable until the next reset (the Lightning door's progress-bar names)
+        self.dropped = [e for e in self.values.values() if not e.on_step]
         self.values = {k: e for k, e in self.values.items() if e.on_step}
 
     # ---- checkpointing (exact mid-epoch resume) -------------------------------------------------------------

@@ -328,7 +328,9 @@ class TrainingStage:
         try:
             if args.num_sanity_val_steps and run.eval_loaders and not ckpt:
                 sanity_check(fit, run)  # between on_fit_start and on_train_start (Lightning)
+            run.module._log_defaults = (False, True)  # Lightning's self.log defaults in on_train_start
             hooks.call("on_train_start", fit, run.module)
+            run.module._log_defaults = (True, False)
             if not (fit.loop_policy.keeps_submodule_modes and run.module.training):
                 run.module.train()  # HF: the whole model trains (a PEFT base loaded in eval mode included)
             fit.is_in_train = True  # HF's flag: evaluate() called now evaluates inside this run

@@ -97,12 +97,25 @@ class LoggedMetrics(Callback):
     too, which reach no logger here), not during the sanity check; epoch values arrive with their log rows
     (:func:`send_row`)."""
 
+    monitors_epoch_end = True  # its on_train_epoch_end runs after the module's
+
     def _note(self, trainer: Any, module: Any) -> None:
         if not getattr(trainer, "sanity_checking", False):
             trainer.logged_metrics.update(_step_values(getattr(module, "_results", None)))
 
+    def _note_training(self, trainer: Any, module: Any) -> None:
+        """Also the step values logged in ``on_train_batch_end`` hooks (after the loop wrote the step's) into
+        ``callback_metrics``, as Lightning's ``on_batch_end`` does after the hooks."""
+        self._note(trainer, module)
+        results = getattr(module, "_results", None)
+        if results is not None and results.values:
+            results.update_callback_metrics(trainer.callback_metrics, synced_too=trainer.world_size == 1)
+
     def on_train_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
-        self._note(fit, module)
+        self._note_training(fit, module)
+
+    def on_train_epoch_end(self, fit: Any, module: Any) -> None:
+        self._note_training(fit, module)  # the epoch values are written after it (the loop)
 
     def on_validation_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:

@@ -126,6 +126,7 @@ class FitLoop:
         self.windows = self.windows_at_start = self._manual_seen = 0
         self.manual = self.explicit_max_steps = self.count_optimizer_steps = False
         self.min_epochs = self.min_steps = 0
+        self.first_epoch = 0  # the epoch this run starts at
         self._min_flags: tuple[Any, Any] = (None, None)
         self._min_told = False
 
@@ -189,7 +190,7 @@ class FitLoop:
         self.windows_at_start = self.windows
         finished = resumed and self._limit_count() >= state.max_steps  # saved at the last step: only the end is left
         # Lightning's Trainer(reload_dataloaders_every_n_epochs=n): a new train loader every n epochs (HF: never)
-        last_reload = state.current_epoch
+        last_reload = self.first_epoch = state.current_epoch
         for epoch in range(state.current_epoch, num_epochs):
             if run.reload_train_loader is not None and self.loop_policy.reload_due(epoch, last_reload):
                 loader, last_reload = self._reload(epoch, num_epochs), epoch
@@ -237,9 +238,15 @@ class FitLoop:
         state.current_epoch = epoch
         set_loader_epoch(loader, epoch)
         control._new_epoch()
-        if not skip:  # resumed mid-epoch: keep the restored epoch aggregates
+        # resumed mid-epoch: keep the restored epoch aggregates; a fresh run's first epoch keeps what
+        # on_train_start logged (Lightning resets after each epoch, so those reach epoch 0's values)
+        if not skip and not (epoch == self.first_epoch and run.resume_from is None):
             module._results.reset_epoch()
-        hooks.call("on_train_epoch_start", self.owner, module)
+        defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's defaults in this hook
+        try:
+            hooks.call("on_train_epoch_start", self.owner, module)
+        finally:
+            module._log_defaults = defaults
         hooks.hf["on_epoch_begin"] and hooks.call_hf("on_epoch_begin", args, state, control, **run.hf_kwargs())
         # read per epoch: a callback may change them at the epoch's start (Lightning's
         # GradientAccumulationScheduler, StochasticWeightAveraging's SWALR)
