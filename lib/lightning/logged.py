@@ -105,11 +105,23 @@ class LoggedMetrics(Callback):
 
     def _note_training(self, trainer: Any, module: Any) -> None:
         """Also the step values logged in ``on_train_batch_end`` hooks (after the loop wrote the step's) into
-        ``callback_metrics``, as Lightning's ``on_batch_end`` does after the hooks."""
+        ``callback_metrics``, as Lightning's ``on_batch_end`` does after the hooks; on several processes the
+        ``sync_dist`` step values reduced over them every step (Lightning's per-step collective; the loop itself
+        reduces them only on logging steps)."""
         self._note(trainer, module)
         results = getattr(module, "_results", None)
-        if results is not None and results.values:
-            results.update_callback_metrics(trainer.callback_metrics, synced_too=trainer.world_size == 1)
+        if results is None or not results.values:
+            return
+        results.update_callback_metrics(trainer.callback_metrics, synced_too=trainer.world_size == 1)
+        if trainer.world_size > 1 and not getattr(trainer, "sanity_checking", False):
+            for e in list(results.values.values()):  # the same order on every process: matched collectives
+                if e.sync_dist and e.on_step and e.last is not None:
+                    value = results._sync(e, e.last)
+                    trainer.callback_metrics[e.key()] = value
+                    if e.on_epoch:
+                        trainer.callback_metrics[e.key("_step")] = value
+                    if e.logger:
+                        trainer.logged_metrics[e.key("_step" if e.on_epoch else "")] = value
 
     def on_train_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         self._note_training(fit, module)
