@@ -29,7 +29,9 @@ from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import fit_options, loop_policy
-from taskfit.lightning.logged import LoggedMetrics, MetricDict, is_run_value, lightning_row, send_row
+from taskfit.lightning.logged import (
+    LoggedMetrics, MetricDict, attach_logging, is_run_value, lightning_row, send_row,
+)
 from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
@@ -295,15 +297,17 @@ class Trainer(Fit):
         self.args = self.args.replace(eval_strategy=self._eval_plan(model, val_dataloaders, datamodule))
         resume = self._last_checkpoint() if ckpt_path == "last" else ckpt_path
         self.ckpt_path = None if resume in (None, True) else str(resume)  # Lightning's trainer.ckpt_path
-        with self._lightning_run("fit", datamodule):
+        with self._lightning_run("fit", datamodule, model):
             super().fit(model, train_dataloaders, val_dataloaders, datamodule=datamodule,
                         resume_from_checkpoint=str(resume) if resume not in (None, True) else resume,
                         weights_only=True if weights_only is None else weights_only)
 
     @contextlib.contextmanager
-    def _lightning_run(self, fn: str, datamodule: Any) -> Iterator[None]:
+    def _lightning_run(self, fn: str, datamodule: Any, model: Any = None) -> Iterator[None]:
         """Around one trainer method: ``trainer.state`` (running, finished or interrupted), the datamodule's
-        ``trainer``, its ``state_dict`` in checkpoints and its hooks timed by ``trainer.profiler``."""
+        ``trainer``, its ``state_dict`` in checkpoints and its hooks timed by ``trainer.profiler``; the callbacks
+        get the module's ``log``/``log_dict``."""
+        attach_logging(self.callbacks, model if model is not None else self.module)
         extra: list[Any] = []
         if datamodule is not None:
             datamodule.trainer = self
@@ -338,7 +342,7 @@ class Trainer(Fit):
         if datamodule is not None:
             self.datamodule = datamodule
         run = super().validate if stage == "validate" else super().test
-        with self._lightning_run(stage, datamodule), eval_stage(self, model, stage, datamodule,
+        with self._lightning_run(stage, datamodule, model), eval_stage(self, model, stage, datamodule,
                                                               dataloaders) as (dataloaders, runs):
             if not runs:  # limit_*_batches=0: Lightning runs no loop
                 return []

@@ -81,6 +81,16 @@ def send_row(trainer: Any, row: dict[str, Any]) -> None:
         lg.log_metrics(scalars, step)
 
 
+def attach_logging(callbacks: list[Any], module: Any) -> None:
+    """Give every callback the module's ``log`` and ``log_dict`` as its own (Lightning's
+    ``_CallbackConnector._attach_model_logging_functions``, at the start of every trainer method): a callback may
+    call ``self.log(...)``."""
+    if module is None or not hasattr(module, "log"):
+        return
+    for cb in callbacks:
+        cb.log, cb.log_dict = module.log, module.log_dict
+
+
 def _step_values(results: Any) -> dict[str, Any]:
     """The latest ``on_step`` values of ``results`` logged with ``logger=True`` (``name``, or ``name_step`` when
     also ``on_epoch``), as stored (tensors stay on their device: no host sync)."""
