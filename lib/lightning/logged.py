@@ -91,6 +91,14 @@ def attach_logging(callbacks: list[Any], module: Any) -> None:
         cb.log, cb.log_dict = module.log, module.log_dict
 
 
+def finalize_loggers(trainer: Any) -> None:
+    """``finalize("success")`` of every logger on global rank 0 (Lightning's ``_call_teardown_hook``; a logger
+    reopens its files on its next write)."""
+    if trainer.is_global_zero:
+        for lg in trainer.loggers:
+            lg.finalize("success")
+
+
 def _step_values(results: Any) -> dict[str, Any]:
     """The latest ``on_step`` values of ``results`` logged with ``logger=True`` (``name``, or ``name_step`` when
     also ``on_epoch``), as stored (tensors stay on their device: no host sync)."""
