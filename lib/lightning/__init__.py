@@ -174,9 +174,10 @@ def _overrides(obj: Any, name: str, base: type) -> bool:
     return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name, None)
 
 
-def _per_loader(metrics: dict[str, Any], n: int) -> list[dict[str, float]]:
+def _per_loader(metrics: dict[str, Any], n: int, loader_of: dict[str, int]) -> list[dict[str, float]]:
     """Fit's flat evaluation result as Lightning's: one dict per dataloader of the logged values (keys ending in
-    ``/dataloader_idx_i`` go to dict ``i``), without the run's timing rows and ``epoch``."""
+    ``/dataloader_idx_i`` go to dict ``i``, names a loader logged without the suffix to that loader's: ``loader_of``,
+    the others to every dict), without the run's timing rows and ``epoch``."""
     # the empty metric_key_prefix still joins with "_": strip it (Lightning returns names as logged)
     logged = {k[1:] if k.startswith("_") else k: float(v) for k, v in metrics.items()
               if k != "epoch" and not is_run_value(k)}
@@ -188,7 +189,8 @@ def _per_loader(metrics: dict[str, Any], n: int) -> list[dict[str, float]]:
     out: list[dict[str, float]] = [{} for _ in range(n)]
     for k, v in logged.items():
         idx = k.rsplit("/dataloader_idx_", 1)
-        for i in ([int(idx[1])] if len(idx) == 2 and idx[1].isdigit() else range(n)):
+        own = [int(idx[1])] if len(idx) == 2 and idx[1].isdigit() else [loader_of[k]] if k in loader_of else None
+        for i in own if own is not None else range(n):
             out[i][k] = v
     return out
 
@@ -351,7 +353,8 @@ class Trainer(Fit):
             # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
             metrics = run(model, dataloaders, ckpt_path=ckpt_path, metric_key_prefix="")
         n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
-        return _per_loader(metrics, n)
+        logged = next((c for c in self.callbacks if isinstance(c, LoggedMetrics)), None)
+        return _per_loader(metrics, n, logged.loader_of if logged is not None else {})
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
                  datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:

@@ -117,9 +117,27 @@ class LoggedMetrics(Callback):
 
     monitors_epoch_end = True  # its on_train_epoch_end runs after the module's
 
+    def __init__(self) -> None:
+        #: the evaluation loader that logged each name without a ``/dataloader_idx_N`` suffix
+        #: (``add_dataloader_idx=False``): Lightning returns it in that loader's result only
+        self.loader_of: dict[str, int] = {}
+
     def _note(self, trainer: Any, module: Any) -> None:
         if not getattr(trainer, "sanity_checking", False):
             trainer.logged_metrics.update(_step_values(getattr(module, "_results", None)))
+
+    def _note_eval(self, trainer: Any, module: Any) -> None:
+        self._note(trainer, module)
+        for e in getattr(getattr(module, "_results", None), "values", {}).values():
+            if e.dataloader_idx is not None and not e.suffix:
+                for key in (e.key(), e.key("_epoch")):
+                    self.loader_of[key] = e.dataloader_idx
+
+    def on_validation_start(self, fit: Any, module: Any) -> None:
+        self.loader_of = {}
+
+    def on_test_start(self, fit: Any, module: Any) -> None:
+        self.loader_of = {}
 
     def _note_training(self, trainer: Any, module: Any) -> None:
         """Also the step values logged in ``on_train_batch_end`` hooks (after the loop wrote the step's) into
@@ -149,8 +167,8 @@ class LoggedMetrics(Callback):
 
     def on_validation_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
-        self._note(fit, module)
+        self._note_eval(fit, module)
 
     def on_test_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int,
                           dataloader_idx: int = 0) -> None:
-        self._note(fit, module)
+        self._note_eval(fit, module)
