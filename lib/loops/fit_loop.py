@@ -430,6 +430,7 @@ class FitLoop:
         run.training_state.epoch_ended = self.loop_policy.validation_closes_epoch
         self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
         defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's epoch-end defaults
+        module._log_fx = "on_train_epoch_end"  # its values apart from the steps' of the same name (Lightning)
         # a checkpoint from here on (ModelCheckpoint's in on_train_epoch_end, the epoch's save below) resumes at
         # the next epoch's start
         run.training_state.epoch_ended = True
@@ -439,7 +440,7 @@ class FitLoop:
                 self._epoch_callback_metrics()
                 hooks.call(MONITORING_EPOCH_END, fit, module)
         finally:
-            module._log_defaults = defaults
+            module._log_defaults, module._log_fx = defaults, ""
         epoch_values = self._epoch_callback_metrics()
         hidden = module._results.hidden_names()
         epoch_logs = {k: v for k, v in epoch_values.items() if k not in hidden}

@@ -183,3 +183,28 @@ def test_F_LIT_LOG_results_per_loader_and_refusals_like_lightning(tmp_path):
 
     with pytest.raises(ValueError, match=r"`self.log\(on_step=False, on_epoch=False\)` is not useful"):
         _trainer(taskfit.lightning, tmp_path / "bad", max_epochs=1).fit(Bad(), data(n=4))
+
+
+def test_F_LIT_LOG_epoch_end_value_apart_from_the_step_value_like_lightning(tmp_path):
+    """G11: a name logged in ``training_step`` and again in ``on_train_epoch_end`` is two values (Lightning keys
+    by hook and name): the epoch-end one is written last, the step one is left as it was (after Lightning's
+    test_on_train_epoch_end_metrics_collection)."""
+    got = {}
+    for name, L in frameworks().items():
+        class M(linear(L.LightningModule)):
+            def training_step(self, batch, batch_idx):
+                self.log_dict({"step_metric": torch.tensor(-1.0), "shared": 100.0}, logger=False, prog_bar=True)
+                return super().training_step(batch, batch_idx)
+
+            def on_train_epoch_end(self):
+                self.log_dict({f"epoch_{self.current_epoch}": float(self.current_epoch), "shared": 111.0},
+                              logger=False, prog_bar=True)
+
+        torch.manual_seed(0)
+        trainer = _trainer(L, tmp_path / name)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(M(), data(n=8))
+        got[name] = (dict(trainer.progress_bar_metrics), _floats(trainer.callback_metrics))
+    assert got["taskfit"] == got["lightning"]
+    assert got["taskfit"][0] == {"step_metric": -1.0, "shared": 111.0, "epoch_0": 0.0, "epoch_1": 1.0}
