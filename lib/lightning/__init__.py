@@ -30,7 +30,8 @@ from taskfit.lightning import callbacks, loggers, profilers  # modules: `from ta
 from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import fit_options, loop_policy
 from taskfit.lightning.logged import (
-    LoggedMetrics, MetricDict, attach_logging, finalize_loggers, is_run_value, lightning_row, send_row,
+    LoggedMetrics, MetricDict, attach_logging, finalize_loggers, is_run_value, lightning_row, reset_metrics,
+    send_row,
 )
 from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
@@ -308,8 +309,9 @@ class Trainer(Fit):
     def _lightning_run(self, fn: str, datamodule: Any, model: Any = None) -> Iterator[None]:
         """Around one trainer method: ``trainer.state`` (running, finished or interrupted), the datamodule's
         ``trainer``, its ``state_dict`` in checkpoints and its hooks timed by ``trainer.profiler``; the callbacks
-        get the module's ``log``/``log_dict``; after ``validate``/``test``/``predict`` the loggers are finalized."""
+        get the module's ``log``/``log_dict``, the metric dicts start empty; after ``validate``/``test``/``predict`` the loggers are finalized."""
         attach_logging(self.callbacks, model if model is not None else self.module)
+        reset_metrics(self)
         extra: list[Any] = []
         if datamodule is not None:
             datamodule.trainer = self

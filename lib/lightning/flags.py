@@ -104,4 +104,4 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       clip_algorithm_as_given=True, gradient_clip_algorithm=f["gradient_clip_algorithm"],
                       eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
                       keeps_submodule_modes=True, none_optimizer_trains_nothing=True,
-                      logs_run_values=False)
+                      logs_run_values=False, reads_eval_outputs=False)

@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from taskfit.callbacks.base import Callback
+from taskfit.lightning.progress_metrics import ProgressBarNames
 
 #: the ends of the run's own names (speed and timing rows of an evaluation, the end-of-run summary)
 _RUN_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second", "_model_preparation_time")
@@ -78,7 +79,7 @@ def send_row(trainer: Any, row: dict[str, Any]) -> None:
     scalars.setdefault("epoch", trainer.current_epoch)
     step = logger_step(trainer)
     for lg in trainer.loggers:
-        lg.log_metrics(scalars, step)
+        lg.log_metrics(metrics=scalars, step=step)  # by keyword, as Lightning calls it
 
 
 def attach_logging(callbacks: list[Any], module: Any) -> None:
@@ -89,6 +90,17 @@ def attach_logging(callbacks: list[Any], module: Any) -> None:
         return
     for cb in callbacks:
         cb.log, cb.log_dict = module.log, module.log_dict
+
+
+def reset_metrics(trainer: Any) -> None:
+    """Empty ``callback_metrics``, ``logged_metrics`` and the progress-bar values at the start of a trainer method
+    (Lightning's ``_LoggerConnector.reset_metrics`` in ``Trainer._run``)."""
+    trainer.callback_metrics.clear()
+    trainer.logged_metrics.clear()
+    for cb in trainer.callbacks:
+        if isinstance(cb, ProgressBarNames):
+            cb.eval_steps.clear()
+            cb.names.clear()
 
 
 def finalize_loggers(trainer: Any) -> None:

@@ -274,6 +274,7 @@ class EvaluationLoop:
         fit, hooks, strategy = self.fit, self.hooks, self.fit.strategy
         module, args = fit.module, fit.args
         move, results, hook_stage = batch_mover(module, strategy), p.results, p.hook_stage
+        reads_outputs = fit.loop_policy.reads_eval_outputs or self.stage == "predict"
         for batch_idx, batch in enumerate(loader):
             batch = move(batch, p.idx or 0)
             results.set_batch(batch)
@@ -285,7 +286,10 @@ class EvaluationLoop:
             hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx, *p.extra)
             with strategy.forward_context():
                 out = p.step_fn(batch, batch_idx, *p.extra) if p.hf_step is None else p.hf_step(batch)
-            loss, logits, lab = self._unpack(out, batch, p.label_names, p.returned_metrics)
+            if reads_outputs:
+                loss, logits, lab = self._unpack(out, batch, p.label_names, p.returned_metrics)
+            else:  # Lightning: the step's return goes only to the batch-end hooks
+                loss = logits = lab = None
             if loss is not None:
                 weighted = loss.detach().float() * weight
                 p.loss_sum = weighted if p.loss_sum is None else p.loss_sum + weighted

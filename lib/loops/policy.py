@@ -44,6 +44,9 @@ class LoopPolicy:
             (the mean ``loss`` since the last row, ``learning_rate``, ``grad_norm``, the precision plugin's values,
             an evaluation's speed and timing rows), as HF's log rows; False: only what ``self.log`` wrote
             (Lightning's ``logged_metrics``/``callback_metrics``).
+        reads_eval_outputs (bool): what ``validation_step``/``test_step`` return is read for the evaluation's
+            loss, predictions and labels (HF's ``prediction_step`` outputs; anything else is refused); False: it is
+            only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).
     """
 
     counts_optimizer_steps: bool = False
@@ -58,6 +61,7 @@ class LoopPolicy:
     keeps_submodule_modes: bool = False
     none_optimizer_trains_nothing: bool = False
     logs_run_values: bool = True
+    reads_eval_outputs: bool = True
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect
