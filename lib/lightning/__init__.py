@@ -30,8 +30,7 @@ from taskfit.lightning import callbacks, loggers, profilers  # modules: `from ta
 from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import fit_options, loop_policy
 from taskfit.lightning.logged import (
-    LoggedMetrics, MetricDict, attach_logging, finalize_loggers, is_run_value, lightning_row, reset_metrics,
-    send_row,
+    LoggedMetrics, MetricDict, attach_logging, finalize_loggers, lightning_row, per_loader, reset_metrics, send_row,
 )
 from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
@@ -173,27 +172,6 @@ def _overrides(obj: Any, name: str, base: type) -> bool:
     if obj is None or getattr(obj, name, None) is None:
         return False
     return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name, None)
-
-
-def _per_loader(metrics: dict[str, Any], n: int, loader_of: dict[str, int]) -> list[dict[str, float]]:
-    """Fit's flat evaluation result as Lightning's: one dict per dataloader of the logged values (keys ending in
-    ``/dataloader_idx_i`` go to dict ``i``, names a loader logged without the suffix to that loader's: ``loader_of``,
-    the others to every dict), without the run's timing rows and ``epoch``."""
-    # the empty metric_key_prefix still joins with "_": strip it (Lightning returns names as logged)
-    logged = {k[1:] if k.startswith("_") else k: float(v) for k, v in metrics.items()
-              if k != "epoch" and not is_run_value(k)}
-    # the module's own *_dataloader may return several loaders: their suffixes tell how many
-    n = max([n] + [int(k.rsplit("/dataloader_idx_", 1)[1]) + 1 for k in logged
-                   if k.rsplit("/dataloader_idx_", 1)[-1].isdigit() and "/dataloader_idx_" in k])
-    if n <= 1:
-        return [logged]
-    out: list[dict[str, float]] = [{} for _ in range(n)]
-    for k, v in logged.items():
-        idx = k.rsplit("/dataloader_idx_", 1)
-        own = [int(idx[1])] if len(idx) == 2 and idx[1].isdigit() else [loader_of[k]] if k in loader_of else None
-        for i in own if own is not None else range(n):
-            out[i][k] = v
-    return out
 
 
 class Trainer(Fit):
@@ -356,7 +334,7 @@ class Trainer(Fit):
             metrics = run(model, dataloaders, ckpt_path=ckpt_path, metric_key_prefix="")
         n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
         logged = next((c for c in self.callbacks if isinstance(c, LoggedMetrics)), None)
-        return _per_loader(metrics, n, logged.loader_of if logged is not None else {})
+        return per_loader(metrics, n, logged.loader_of if logged is not None else {})
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
                  datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:

@@ -58,6 +58,27 @@ def logger_step(trainer: Any) -> int:
     return max(step - 1, 0) if fn == "fit" else step
 
 
+def per_loader(metrics: dict[str, Any], n: int, loader_of: dict[str, int]) -> list[dict[str, float]]:
+    """Fit's flat evaluation result as Lightning's: one dict per dataloader of the logged values (keys ending in
+    ``/dataloader_idx_i`` go to dict ``i``, names a loader logged without the suffix to that loader's: ``loader_of``,
+    the others to every dict), without the run's timing rows and ``epoch``."""
+    # the empty metric_key_prefix still joins with "_": strip it (Lightning returns names as logged)
+    logged = {k[1:] if k.startswith("_") else k: float(v) for k, v in metrics.items()
+              if k != "epoch" and not is_run_value(k)}
+    # the module's own *_dataloader may return several loaders: their suffixes tell how many
+    n = max([n] + [int(k.rsplit("/dataloader_idx_", 1)[1]) + 1 for k in logged
+                   if k.rsplit("/dataloader_idx_", 1)[-1].isdigit() and "/dataloader_idx_" in k])
+    if n <= 1:
+        return [logged]
+    out: list[dict[str, float]] = [{} for _ in range(n)]
+    for k, v in logged.items():
+        idx = k.rsplit("/dataloader_idx_", 1)
+        own = [int(idx[1])] if len(idx) == 2 and idx[1].isdigit() else [loader_of[k]] if k in loader_of else None
+        for i in own if own is not None else range(n):
+            out[i][k] = v
+    return out
+
+
 def lightning_row(trainer: Any, logs: dict[str, Any]) -> dict[str, Any] | None:
     """The part of a log row Lightning's loggers receive: ``logs`` without the run's own values; None for the
     end-of-run summary row (``train_runtime``: Lightning writes none) or when nothing is left."""
