@@ -159,6 +159,11 @@ class ResultCollection:
             value = self.reduce_fn(torch.as_tensor(value, dtype=torch.float64, device=self._device(value)), op)
         return value
 
+    def synced_last(self, entry: LoggedValue) -> Any:
+        """``entry``'s latest value, reduced over processes when it was logged with ``sync_dist`` (then a
+        collective: every process must call it, in the same order)."""
+        return self._sync(entry, entry.last)
+
     def _epoch_mean(self, entry: LoggedValue) -> float:
         """The batch-size-weighted mean; with ``sync_dist`` over every process's batches (one all-reduce of
         ``[sum, weight]`` at epoch end, so logging adds no per-step collective or host sync)."""

@@ -185,7 +185,7 @@ class LoggedMetrics(Callback):
         if trainer.world_size > 1 and not getattr(trainer, "sanity_checking", False):
             for e in list(results.values.values()):  # the same order on every process: matched collectives
                 if e.sync_dist and e.on_step and e.last is not None:
-                    value = results._sync(e, e.last)
+                    value = results.synced_last(e)
                     trainer.callback_metrics[e.key()] = value
                     if e.on_epoch:
                         trainer.callback_metrics[e.key("_step")] = value
