@@ -40,6 +40,18 @@ class ProgressBar(Callback):
         return dict(self._postfix)
 
     @property
+    def trainer(self) -> Any:
+        """The trainer (``Fit``) running this bar since its ``on_train_start`` (Lightning's ``ProgressBar.trainer``).
+
+        Raises:
+            TypeError: the bar is not attached to a run yet (Lightning's message).
+        """
+        trainer = getattr(self, "_trainer", None)
+        if trainer is None:
+            raise TypeError(f"The `{type(self).__name__}._trainer` reference has not been set yet.")
+        return trainer
+
+    @property
     def total_val_batches(self) -> int | float:
         """Lightning's ``ProgressBar.total_val_batches``: the validation batches of the current training epoch
         (the sum over loaders of the trainer's ``num_val_batches``), 0 in an epoch that does not validate
@@ -104,7 +116,7 @@ class ProgressBar(Callback):
     # hooks ----------------------------------------------------------------------------------------------------
     def on_train_start(self, fit: Any, module: Any) -> None:
         self._trainer = fit  # for total_val_batches (Lightning's bar reads its trainer)
-        self.on_train_end(fit, module)  # a bar left from an earlier run
+        ProgressBar._end_train(self)  # a bar left from an earlier run (not a subclass's on_train_end hook)
         if fit.is_global_zero:
             self._results = module._results
             self._postfix = {"step": fit.state.global_step}
@@ -141,6 +153,9 @@ class ProgressBar(Callback):
             self._show()
 
     def on_train_end(self, fit: Any, module: Any) -> None:
+        self._end_train()
+
+    def _end_train(self) -> None:
         if self.train_bar is not None:
             self._close_train()
             self.train_bar = None
@@ -148,7 +163,7 @@ class ProgressBar(Callback):
     def on_exception(self, fit: Any, module: Any, exception: BaseException) -> None:
         """Close the bars a failed run leaves open."""
         self._eval_end()
-        self.on_train_end(fit, module)
+        ProgressBar._end_train(self)
 
     def _eval_start(self, fit: Any, module: Any, total: Any, desc: str) -> None:
         if fit.is_global_zero and total:

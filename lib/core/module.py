@@ -146,7 +146,8 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         return infer_batch_size(batch)
 
     # -- logging ----------------------------------------------------------------------------------------
-    def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool = True, on_step: bool | None = None,
+    def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool | None = None,
+            on_step: bool | None = None,
             on_epoch: bool | None = None, reduce_fx: str = "mean", sync_dist: bool | None = None,
             batch_size: int | None = None, add_dataloader_idx: bool = True) -> None:
         """Log a scalar (number, 0-dim/1-element tensor or ``torchmetrics.Metric``) under ``name``.
@@ -164,13 +165,16 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         ``/dataloader_idx_N`` to the name (Lightning's rule); with False, every loader adds to one value. Under
         ``taskfit.lightning.Trainer(barebones=True)`` nothing is logged and a warning says so (Lightning).
 
+        ``logger``: None (the default) means True; an explicit True while the run has no logger warns, as
+        Lightning.
+
         Raises:
             RuntimeError: called outside a running ``Fit`` stage.
-            ValueError: a non-scalar tensor, an unknown ``reduce_fx``, or ``/dataloader_idx_`` in ``name`` with
-                ``add_dataloader_idx=True``.
+            ValueError: a non-scalar tensor, an unknown ``reduce_fx``, ``/dataloader_idx_`` in ``name`` with
+                ``add_dataloader_idx=True``, or ``on_step`` and ``on_epoch`` both False (nothing would be kept).
         """
         if self.__dict__.get("_fabric") is not None:  # run by Lightning Fabric: its loggers, at once
-            return fabric_log(self.__dict__["_fabric"], {name: value}, logger)
+            return fabric_log(self.__dict__["_fabric"], {name: value}, logger is not False)
         if getattr(self.__dict__.get("_fit"), "barebones", False):  # Lightning's Trainer(barebones=True)
             warnings.warn("You are trying to `self.log()` but `Trainer(barebones=True)` is configured. Logging can "
                           "impact raw speed so it is disabled under this setting.", stacklevel=2)
@@ -180,13 +184,21 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         if results is None:
             raise RuntimeError(f"self.log({name!r}) was called outside a Fit stage; call it from a *_step or hook.")
         if add_dataloader_idx and "/dataloader_idx_" in name:
-            raise ValueError(f"self.log({name!r}) with add_dataloader_idx=True: the name must not contain "
-                             "'/dataloader_idx_'; it is appended for you (or pass add_dataloader_idx=False).")
+            raise ValueError(f"You called `self.log` with the key `{name}` but it should not contain information about "
+                             "`dataloader_idx` when `add_dataloader_idx=True`: the suffix is appended for you (or "
+                             "pass add_dataloader_idx=False).")  # Lightning's words
+        if logger and self._fit is not None and not getattr(self._fit, "loggers", True):
+            warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. You can "
+                          "enable one by doing `Trainer(logger=ALogger(...))`. Remove `logger=True` to remove this "
+                          "warning.", UserWarning, stacklevel=2)  # Lightning's warning, for an explicit True only
+        logger = True if logger is None else logger
         d_step, d_epoch = self._log_defaults
-        results.log(name, value, on_step=d_step if on_step is None else on_step,
-                    on_epoch=d_epoch if on_epoch is None else on_epoch, prog_bar=prog_bar, logger=logger,
+        on_step, on_epoch = d_step if on_step is None else on_step, d_epoch if on_epoch is None else on_epoch
+        if not on_step and not on_epoch:  # Lightning's message (it raises MisconfigurationException)
+            raise ValueError("`self.log(on_step=False, on_epoch=False)` is not useful.")
+        results.log(name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
                     reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size,
-                    add_dataloader_idx=add_dataloader_idx)
+                    add_dataloader_idx=add_dataloader_idx, fx=self.__dict__.get("_log_fx", ""))
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """Call :meth:`log` for every item of ``dictionary`` with the same options.
@@ -196,7 +208,12 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         """
         if self.__dict__.get("_fabric") is not None:
             return fabric_log(self.__dict__["_fabric"], dict(dictionary), kwargs.get("logger", True))
-        for k, v in dictionary.items():
+        if hasattr(dictionary, "_enable_compute_groups"):  # a torchmetrics MetricCollection, read as Lightning
+            # does: no base-name prefix, and metrics sharing a compute group keep one state (no copies)
+            items = dictionary.items(keep_base=False, copy_state=not dictionary._enable_compute_groups)
+        else:
+            items = dictionary.items()
+        for k, v in items:
             self.log(k, v, **kwargs)
 
     # -- run information --------------------------------------------------------------------------------

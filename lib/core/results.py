@@ -78,6 +78,7 @@ class ResultCollection:
         self.batch: Any = None
         self._batch_size: int | None = None
         self._pending_metric_states: dict[str, dict[str, Any]] = {}  # from a checkpoint, applied on the next log
+        self.dropped: list[LoggedValue] = []  # the epoch-only values the last reset_epoch() dropped
 
     def set_batch(self, batch: Any) -> None:
         """Record the current batch; its size is inferred only if an ``on_epoch`` mean needs it."""
@@ -85,10 +86,13 @@ class ResultCollection:
         self._batch_size = None
 
     def log(self, name: str, value: Any, *, on_step: bool, on_epoch: bool, prog_bar: bool, logger: bool,
-            reduce_fx: str, sync_dist: bool | None, batch_size: int | None, add_dataloader_idx: bool = True) -> None:
+            reduce_fx: str, sync_dist: bool | None, batch_size: int | None, add_dataloader_idx: bool = True,
+            fx: str = "") -> None:
         """Store ``value`` (a number, a scalar tensor or a ``torchmetrics.Metric``) under ``name``.
 
-        ``sync_dist=None`` takes the collection's default (``sync_by_default``).
+        ``sync_dist=None`` takes the collection's default (``sync_by_default``). ``fx``: the hook logging it when
+        that hook keeps its own values (``"on_train_epoch_end"``): the same name logged in a step and in that hook
+        is two values, the later one written last, as Lightning keys its results by hook and name.
 
         Raises:
             ValueError: ``reduce_fx`` unknown, a tensor with more than one element, or a name logged with
@@ -96,13 +100,14 @@ class ResultCollection:
         """
         suffix = f"/dataloader_idx_{self.dataloader_idx}" if add_dataloader_idx and self.dataloader_idx is not None \
             else ""
-        entry = self.values.get(name + suffix)
+        store = f"{fx}.{name}{suffix}" if fx else name + suffix
+        entry = self.values.get(store)
         reduce_fx = _reduce_name(reduce_fx)
         if entry is None:
             if reduce_fx not in _REDUCE_FX:
                 raise ValueError(f"reduce_fx={reduce_fx!r} is not valid for {name!r}; choose one of {_REDUCE_FX}.")
             sync = self.sync_by_default if sync_dist is None else bool(sync_dist)
-            entry = self.values[name + suffix] = LoggedValue(name, on_step, on_epoch, prog_bar, logger, reduce_fx,
+            entry = self.values[store] = LoggedValue(name, on_step, on_epoch, prog_bar, logger, reduce_fx,
                                                              sync, suffix)
             entry.dataloader_idx = self.dataloader_idx
         elif entry.dataloader_idx != self.dataloader_idx:  # Lightning refuses this as well
@@ -115,8 +120,8 @@ class ResultCollection:
             # None when only update() was called, and then nothing is logged on the step
             cache = getattr(value, "_forward_cache", None)
             entry.last = cache.detach() if isinstance(cache, torch.Tensor) else cache
-            if name in self._pending_metric_states:
-                for k, v in self._pending_metric_states.pop(name).items():
+            if store in self._pending_metric_states:
+                for k, v in self._pending_metric_states.pop(store).items():
                     setattr(value, k, v)
             return
         if isinstance(value, torch.Tensor):
@@ -128,8 +133,8 @@ class ResultCollection:
             return
         if reduce_fx == "mean":
             if batch_size is None:
-                if self._batch_size is None:
-                    self._batch_size = self.batch_size_fn(self.batch)
+                if self._batch_size is None:  # no batch yet (on_train_start, on_validation_start): weight 1,
+                    self._batch_size = 1 if self.batch is None else self.batch_size_fn(self.batch)  # as Lightning
                 batch_size = self._batch_size
             contrib = value * batch_size
             entry.agg = contrib if entry.agg is None else entry.agg + contrib
@@ -153,6 +158,11 @@ class ResultCollection:
             op = entry.reduce_fx
             value = self.reduce_fn(torch.as_tensor(value, dtype=torch.float64, device=self._device(value)), op)
         return value
+
+    def synced_last(self, entry: LoggedValue) -> Any:
+        """``entry``'s latest value, reduced over processes when it was logged with ``sync_dist`` (then a
+        collective: every process must call it, in the same order)."""
+        return self._sync(entry, entry.last)
 
     def _epoch_mean(self, entry: LoggedValue) -> float:
         """The batch-size-weighted mean; with ``sync_dist`` over every process's batches (one all-reduce of
@@ -235,6 +245,8 @@ class ResultCollection:
             e.agg, e.weight = None, 0
             if e.metric is not None:
                 e.metric.reset()
+        # the epoch-only names stay readable until the next reset (the Lightning door's progress-bar names)
+        self.dropped = [e for e in self.values.values() if not e.on_step]
         self.values = {k: e for k, e in self.values.items() if e.on_step}
 
     # ---- checkpointing (exact mid-epoch resume) -------------------------------------------------------------
@@ -248,6 +260,7 @@ class ResultCollection:
         out = {}
         for name, e in self.values.items():
             entry = {k: getattr(e, k) for k in self._STATE_FIELDS}
+            entry["name"], entry["suffix"] = e.name, e.suffix  # the key may hold the hook too
             if e.metric is not None and hasattr(e.metric, "metric_state"):
                 entry["metric_state"] = {**e.metric.metric_state,
                                          "_update_count": getattr(e.metric, "_update_count", 0)}
@@ -259,8 +272,8 @@ class ResultCollection:
         time it is logged again."""
         self.values = {}
         for name, entry in state.items():
-            e = LoggedValue(name, entry["on_step"], entry["on_epoch"], entry["prog_bar"], entry["logger"],
-                            entry["reduce_fx"], entry["sync_dist"])
+            e = LoggedValue(entry.get("name", name), entry["on_step"], entry["on_epoch"], entry["prog_bar"],
+                            entry["logger"], entry["reduce_fx"], entry["sync_dist"], entry.get("suffix", ""))
             e.last, e.agg, e.weight, e.fresh = entry["last"], entry["agg"], entry["weight"], entry["fresh"]
             if "metric_state" in entry:
                 self._pending_metric_states[name] = entry["metric_state"]

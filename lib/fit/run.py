@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from collections.abc import Mapping
 from typing import Any, Callable
 
+import torch
 from torch import nn
 
 from taskfit.core.quantized import check_quantized_setup, check_quantized_training
@@ -114,11 +115,13 @@ class Run:
 
 @dataclass
 class _SpawnedResult:
-    """What a spawned worker of rank 0 sends back: the stage's output, the trained weights (``fit``), the state."""
+    """What a spawned worker of rank 0 sends back: the stage's output, the trained weights (``fit``), the state,
+    ``callback_metrics`` (as Lightning's spawn launcher returns them)."""
 
     output: Any
     weights: dict[str, Any] | None
     state: dict[str, Any]
+    callback_metrics: dict[str, Any] | None = None
 
 
 def _check_strategy(fit: Any, model: Any) -> None:
@@ -164,6 +167,7 @@ class RunLauncher:
         result = fit.strategy.launch(_stage_entry, fit, stage, model, kwargs, os.getpid())
         if not isinstance(result, _SpawnedResult):
             return result
+        fit.callback_metrics.update(result.callback_metrics or {})
         target = model if isinstance(model, nn.Module) else fit.model
         if target is None and fit.model_init is not None:
             target = fit.model_init()
@@ -199,7 +203,8 @@ class RunLauncher:
             return out
         run = fit._run  # in a spawned worker: send what the caller needs back with the output
         weights = {k: v.detach().cpu() for k, v in run.model.state_dict().items()} if stage == "fit" else None
-        return _SpawnedResult(out, weights, run.state.state_dict())
+        metrics = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in fit.callback_metrics.items()}
+        return _SpawnedResult(out, weights, run.state.state_dict(), metrics)
 
     def resolve_model(self, model: nn.Module | None, stage: str) -> tuple[nn.Module, TaskModule]:
         """The model and module of a new run: the one given; else for ``fit`` a fresh ``model_init()`` (HF: every

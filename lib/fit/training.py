@@ -379,7 +379,9 @@ class TrainingStage:
             plan = prepare()
             start_samples, start_step = run.state.samples_seen, run.state.global_step
             if fit.loop_policy.max_epochs != 0:  # Lightning's max_epochs=0: no training loop, no train hooks
+                run.module._log_defaults = (False, True)  # Lightning's self.log defaults in on_train_start
                 hooks.call("on_train_start", fit, run.module)
+                run.module._log_defaults = (True, False)
             if not (fit.loop_policy.keeps_submodule_modes and run.module.training):
                 run.module.train()  # HF: the whole model trains (a PEFT base loaded in eval mode included)
             fit.is_in_train = True  # HF's flag: evaluate() called now evaluates inside this run

@@ -31,6 +31,9 @@ from taskfit.lightning import callbacks, loggers, profilers  # modules: `from ta
 from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import apply_barebones, env_defaults, fit_options, loop_policy
 from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
+from taskfit.lightning.logged import (
+    LoggedMetrics, MetricDict, attach_logging, finalize_loggers, lightning_row, per_loader, reset_metrics, send_row,
+)
 from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
@@ -46,8 +49,6 @@ __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "see
 
 LightningModule = TaskModule
 LightningDataModule = DataModule
-
-_RUN_KEYS = ("_runtime", "_samples_per_second", "_steps_per_second")
 
 
 class _Predictions(Callback):
@@ -65,7 +66,7 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
     """Lightning's implicit callbacks: a checkpoint every epoch into ``logger.log_dir/checkpoints`` (or
     ``root/checkpoints`` without a logger), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
     out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None, f["val_check_interval"],
-                          f["check_val_every_n_epoch"]), *given, ProgressBarNames()]
+                          f["check_val_every_n_epoch"]), *given, ProgressBarNames(), LoggedMetrics()]
     if f["barebones"]:
         return out
     found = any(isinstance(c, ModelCheckpointBase) for c in given)
@@ -109,22 +110,6 @@ def _overrides(obj: Any, name: str, base: type) -> bool:
     if obj is None or getattr(obj, name, None) is None:
         return False
     return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name, None)
-
-
-def _per_loader(metrics: dict[str, Any], n: int) -> list[dict[str, float]]:
-    """Fit's flat evaluation result as Lightning's: one dict per dataloader of the logged values (keys ending in
-    ``/dataloader_idx_i`` go to dict ``i``), without the run's timing rows and ``epoch``."""
-    # the empty metric_key_prefix still joins with "_": strip it (Lightning returns names as logged)
-    logged = {k[1:] if k.startswith("_") else k: float(v) for k, v in metrics.items()
-              if k != "epoch" and not k.endswith(_RUN_KEYS)}
-    if n <= 1:
-        return [logged]
-    out: list[dict[str, float]] = [{} for _ in range(n)]
-    for k, v in logged.items():
-        idx = k.rsplit("/dataloader_idx_", 1)
-        for i in ([int(idx[1])] if len(idx) == 2 and idx[1].isdigit() else range(n)):
-            out[i][k] = v
-    return out
 
 
 def _env_defaults(init: Any) -> Any:
@@ -205,17 +190,21 @@ class Trainer(Fit):
         self.callbacks = lightning_order([cb for cb in self.callbacks if not isinstance(cb, LogPrinter)])
         self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         self._loop: _LightningLoop = next(c for c in self.callbacks if isinstance(c, _LightningLoop))
+        # Lightning's metric dicts hold tensors, and only what self.log wrote
+        self.callback_metrics, self.logged_metrics = MetricDict(), MetricDict()
 
     def log(self, logs: dict[str, Any], start_time: float | None = None) -> None:
-        """:meth:`taskfit.Fit.log` without the evaluation's speed figures (``_runtime``, ``_samples_per_second``,
-        ``_steps_per_second`` under the empty prefix): Lightning's loggers receive only what was logged."""
-        if not any(k in _RUN_KEYS for k in logs):
-            super().log(logs, start_time)
+        """A log row as Lightning's ``_LoggerConnector.log_metrics``: only what ``self.log`` wrote (no evaluation
+        speed rows, no end-of-run summary) into ``callback_metrics``/``logged_metrics`` and, with ``epoch``, to the
+        loggers at Lightning's step (:mod:`taskfit.lightning.logged`); ``state.log_history`` keeps the row."""
+        row = lightning_row(self, logs)
+        if row is None:
             return
-        row = {k: v for k, v in logs.items() if k not in _RUN_KEYS}
-        super().log(row, start_time)
-        if "epoch" in row:
-            logs.setdefault("epoch", row["epoch"])
+        st = self.state
+        st.log_history.append({**row, "epoch": row.get("epoch", st.epoch), "step": st.global_step})
+        send_row(self, row)
+        if self._hooks.hf["on_log"]:
+            self._hooks.call_hf("on_log", self.args, st, self.control, logs=row)
 
     # ------------------------------------------------------------------------------------------ stages ---
     def _eval_plan(self, model: Any, val: Any, datamodule: Any) -> str:
@@ -249,15 +238,18 @@ class Trainer(Fit):
         self.args = self.args.replace(eval_strategy=self._eval_plan(model, val_dataloaders, datamodule))
         resume = self._last_checkpoint() if ckpt_path == "last" else ckpt_path
         self.ckpt_path = None if resume in (None, True) else str(resume)  # Lightning's trainer.ckpt_path
-        with self._lightning_run("fit", datamodule):
+        with self._lightning_run("fit", datamodule, model):
             super().fit(model, train_dataloaders, val_dataloaders, datamodule=datamodule,
                         resume_from_checkpoint=str(resume) if resume not in (None, True) else resume,
                         weights_only=True if weights_only is None else weights_only)
 
     @contextlib.contextmanager
-    def _lightning_run(self, fn: str, datamodule: Any) -> Iterator[None]:
+    def _lightning_run(self, fn: str, datamodule: Any, model: Any = None) -> Iterator[None]:
         """Around one trainer method: ``trainer.state`` (running, finished or interrupted), the datamodule's
-        ``trainer``, its ``state_dict`` in checkpoints and its hooks timed by ``trainer.profiler``."""
+        ``trainer``, its ``state_dict`` in checkpoints and its hooks timed by ``trainer.profiler``; the callbacks
+        get the module's ``log``/``log_dict``, the metric dicts start empty; after ``validate``/``test``/``predict`` the loggers are finalized."""
+        attach_logging(self.callbacks, model if model is not None else self.module)
+        reset_metrics(self)
         extra: list[Any] = []
         if datamodule is not None:
             datamodule.trainer = self
@@ -267,6 +259,8 @@ class Trainer(Fit):
         try:
             with running(self, fn), profiled_datamodule(datamodule, self.profiler):
                 yield
+            if fn != "fit":  # Lightning finalizes the loggers after every trainer method (Fit: after fit)
+                finalize_loggers(self)
         finally:
             for cb in extra:
                 self.callbacks.remove(cb)
@@ -292,14 +286,15 @@ class Trainer(Fit):
         if datamodule is not None:
             self.datamodule = datamodule
         run = super().validate if stage == "validate" else super().test
-        with self._lightning_run(stage, datamodule), eval_stage(self, model, stage, datamodule,
+        with self._lightning_run(stage, datamodule, model), eval_stage(self, model, stage, datamodule,
                                                               dataloaders) as (dataloaders, runs):
             if not runs:  # limit_*_batches=0: Lightning runs no loop
                 return []
             # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
             metrics = run(model, dataloaders, ckpt_path=ckpt_path, metric_key_prefix="")
         n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
-        return _per_loader(metrics, n)
+        logged = next((c for c in self.callbacks if isinstance(c, LoggedMetrics)), None)
+        return per_loader(metrics, n, logged.loader_of if logged is not None else {})
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
                  datamodule: Any = None, weights_only: bool | None = None) -> list[dict[str, float]]:

@@ -287,6 +287,7 @@ class EvaluationLoop:
         fit, hooks, strategy = self.fit, self.hooks, self.fit.strategy
         module, args = fit.module, fit.args
         move, results, hook_stage = batch_mover(module, strategy), p.results, p.hook_stage
+        reads_outputs = fit.loop_policy.reads_eval_outputs or self.stage == "predict"
         for batch_idx, batch in enumerate(loader):
             batch = move(batch, p.idx or 0)
             results.set_batch(batch)
@@ -298,7 +299,10 @@ class EvaluationLoop:
             hooks.call(f"on_{hook_stage}_batch_start", fit, module, batch, batch_idx, *p.extra)
             with strategy.forward_context():
                 out = p.step_fn(batch, batch_idx, *p.extra) if p.hf_step is None else p.hf_step(batch)
-            loss, logits, lab = self._unpack(out, batch, p.label_names, p.returned_metrics)
+            if reads_outputs:
+                loss, logits, lab = self._unpack(out, batch, p.label_names, p.returned_metrics)
+            else:  # Lightning: the step's return goes only to the batch-end hooks
+                loss = logits = lab = None
             if loss is not None:
                 weighted = loss.detach().float() * weight
                 p.loss_sum = weighted if p.loss_sum is None else p.loss_sum + weighted
@@ -374,7 +378,8 @@ class EvaluationLoop:
             results.reset_epoch()  # logged torchmetrics objects start fresh at the next evaluation
         metrics = self._metrics(p, prefix, all_preds, all_labels, all_inputs, all_losses)
         metrics = {**logged, **metrics}
-        fit.callback_metrics.update({**metrics, **aliases})
+        # Lightning's callback_metrics hold only what self.log wrote (not the speed and timing rows)
+        fit.callback_metrics.update({**(metrics if fit.loop_policy.logs_run_values else logged), **aliases})
         if self.last:
             hooks.call(f"on_{p.hook_stage}_end", fit, module)
         return metrics, all_preds, all_labels

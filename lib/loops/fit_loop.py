@@ -127,6 +127,7 @@ class FitLoop:
         self.windows = self.windows_at_start = self._manual_seen = 0
         self.manual = self.explicit_max_steps = self.count_optimizer_steps = False
         self.min_epochs = self.min_steps = 0
+        self.first_epoch = 0  # the epoch this run starts at
         self._min_flags: tuple[Any, Any] = (None, None)
         self._min_told = False
         self.epoch_iterator: Any = None  # kept (with its workers) until the next epoch's or teardown(): Lightning
@@ -197,7 +198,7 @@ class FitLoop:
         self.windows_at_start = self.windows
         finished = resumed and self._limit_count() >= state.max_steps  # saved at the last step: only the end is left
         # Lightning's Trainer(reload_dataloaders_every_n_epochs=n): a new train loader every n epochs (HF: never)
-        last_reload = state.current_epoch
+        last_reload = self.first_epoch = state.current_epoch
         if self.loop_policy.max_epochs is not None:  # Lightning's max_epochs limits whatever max_steps says
             num_epochs = min(num_epochs, self.loop_policy.max_epochs)
         for epoch in range(state.current_epoch, num_epochs):
@@ -247,10 +248,16 @@ class FitLoop:
         state.current_epoch = epoch
         set_loader_epoch(loader, epoch)
         control._new_epoch()
-        if not skip:  # resumed mid-epoch: keep the restored epoch aggregates
+        # resumed mid-epoch: keep the restored epoch aggregates; a fresh run's first epoch keeps what
+        # on_train_start logged (Lightning resets after each epoch, so those reach epoch 0's values)
+        if not skip and not (epoch == self.first_epoch and run.resume_from is None):
             module._results.reset_epoch()
         if not (skip and self.loop_policy.resumed_epoch_skips_start):  # Lightning: once per epoch, not on resume
-            hooks.call("on_train_epoch_start", self.owner, module)
+            defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's defaults in this hook
+            try:
+                hooks.call("on_train_epoch_start", self.owner, module)
+            finally:
+                module._log_defaults = defaults
         hooks.hf["on_epoch_begin"] and hooks.call_hf("on_epoch_begin", args, state, control, **run.hf_kwargs())
         # read per epoch: a callback may change them at the epoch's start (Lightning's
         # GradientAccumulationScheduler, StochasticWeightAveraging's SWALR)
@@ -437,6 +444,7 @@ class FitLoop:
         run.training_state.epoch_ended = self.loop_policy.validation_closes_epoch
         self._after_step(epoch_end=True, save=False)  # the epoch's loss row and validation (Lightning: before
         defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's epoch-end defaults
+        module._log_fx = "on_train_epoch_end"  # its values apart from the steps' of the same name (Lightning)
         # a checkpoint from here on (ModelCheckpoint's in on_train_epoch_end, the epoch's save below) resumes at
         # the next epoch's start; Lightning's policy: not one of an epoch cut short by max_steps (a resume with
         # more steps continues that epoch at its next batch)
@@ -448,7 +456,7 @@ class FitLoop:
                 self._epoch_callback_metrics()
                 hooks.call(MONITORING_EPOCH_END, fit, module)
         finally:
-            module._log_defaults = defaults
+            module._log_defaults, module._log_fx = defaults, ""
         epoch_values = self._epoch_callback_metrics()
         hidden = module._results.hidden_names()
         epoch_logs = {k: v for k, v in epoch_values.items() if k not in hidden}
@@ -553,8 +561,11 @@ class FitLoop:
             step_lr = self.step_lr
             logs["learning_rate"] = step_lr if step_lr is not None else run.optimizer.param_groups[0]["lr"]
             logs.update(self.strategy.precision.log_values())  # 16-mixed: loss_scale, skipped_steps
+            if not self.loop_policy.logs_run_values:  # Lightning: the row holds only what self.log wrote
+                logs = {}
             logs.update(run.module._results.step_values())
-            self._log(logs)
+            if logs:
+                self._log(logs)
             control.should_log = False  # HF's on_log clears it: a save after the row records False, as HF's
         if logging_step or control.should_save:  # the only host sync it adds: on logging and save steps
             check_finite(self.strategy, run.module, step, args.output_dir)  # after the log row, before a save

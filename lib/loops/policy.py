@@ -81,6 +81,13 @@ class LoopPolicy:
             the random generators as it found them (Lightning's ``isolate_rng``: training draws the same numbers
             with or without it; a ``train_dataloader()`` built from random data after it draws what the
             validation loader drew); False: they run on (``Fit``).
+        logs_run_values (bool): log rows, ``logged_metrics`` and ``callback_metrics`` also hold the run's own values
+            (the mean ``loss`` since the last row, ``learning_rate``, ``grad_norm``, the precision plugin's values,
+            an evaluation's speed and timing rows), as HF's log rows; False: only what ``self.log`` wrote
+            (Lightning's ``logged_metrics``/``callback_metrics``).
+        reads_eval_outputs (bool): what ``validation_step``/``test_step`` return is read for the evaluation's
+            loss, predictions and labels (HF's ``prediction_step`` outputs; anything else is refused); False: it is
+            only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).
     """
 
     counts_optimizer_steps: bool = False
@@ -104,6 +111,8 @@ class LoopPolicy:
     zero_grad_before_validation: bool = False
     eval_inference_mode: bool = False
     sanity_check_keeps_rng: bool = False
+    logs_run_values: bool = True
+    reads_eval_outputs: bool = True
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect
