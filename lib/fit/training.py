@@ -37,7 +37,8 @@ from taskfit.fit.summary import log_summary
 from taskfit.loggers import resume_loggers
 from taskfit.loggers.logger import run_hyperparams
 from taskfit.loops.evaluation_loop import metric_key
-from taskfit.loops.fit_loop import FitLoop, accumulation_schedule, plan_steps, resolve_interval
+from taskfit.loops.fit_loop import FitLoop
+from taskfit.loops.plan import accumulation_schedule, plan_steps, training_plan
 from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metrics import TrainOutput, speed_metrics
 from taskfit.seed import enable_full_determinism, seed_everything
@@ -244,7 +245,7 @@ class TrainingStage:
     def _plan(self, run: Run, args: FitArguments, resume_from_checkpoint: str | bool | None,
               weights_only: bool) -> tuple[_Plan, str | None]:
         """The steps of this run and the checkpoint it resumes from (every rank takes rank 0's choice); the
-        state's intervals are set from them."""
+        run's plan (:class:`~taskfit.loops.plan.RunPlan`) is made from them."""
         from taskfit.checkpoint.resume import plan_resumed_run, resolve_checkpoint
 
         fit, st = self.fit, run.state
@@ -258,14 +259,8 @@ class TrainingStage:
             max_steps, num_epochs, reader = plan_resumed_run(
                 fit.strategy.checkpoint_io, ckpt, run.train_loader, args, schedule,
                 (steps_per_epoch, max_steps, num_epochs), weights_only)
-        st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
-        st.logging_steps = resolve_interval(args.logging_steps, max_steps)
-        # HF: None means logging_steps under eval_strategy="steps" (set by the arguments), else TrainerState's 500
-        st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else
-                                         (args.logging_steps if args.eval_strategy == "steps" else 500), max_steps)
-        st.save_steps = resolve_interval(args.save_steps, max_steps)
-        st.train_batch_size = args.per_device_train_batch_size
-        st.batches_per_epoch = steps_per_epoch and len(run.train_loader)
+        run.plan = training_plan(args, run.train_loader, (steps_per_epoch, max_steps, num_epochs),
+                                 args.per_device_train_batch_size, st.is_local_process_zero, st.is_world_process_zero)
         return _Plan(steps_per_epoch, max_steps, num_epochs, reader), ckpt
 
     def _setup(self, run: Run, args: FitArguments, plan: _Plan, ckpt: str | None, weights_only: bool) -> None:
