@@ -355,8 +355,8 @@ class TrainingState:
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Restore :meth:`state_dict` output (any version): the progress of :class:`FitState` (the saved ``plan``
-        is the old run's and is not loaded), control flags, precision, callbacks, ``self.log`` aggregates, loop sums, and the RNG states
-        kept for :meth:`restore_rng`. This rank's running loss sum is its own saved one (the mean of the saved
+        is the old run's and is not loaded), control flags, precision, callbacks, ``self.log`` aggregates, loop
+        sums, and the RNG states kept for :meth:`restore_rng`. This rank's running loss sum is its own saved one (the mean of the saved
         ranks' sums when the world size changed, which keeps the logged mean). A stateful stream's saved position
         (``data``) is kept for the fit loop, which loads it when it resumes mid-epoch."""
         import torch
