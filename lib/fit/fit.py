@@ -591,8 +591,5 @@ class Fit(Topology):
                   ignore_keys: list[str] | None = None) -> tuple[dict, set[str]]:
         return self._stages.run_eval(loaders, stage, prefix, ignore_keys)
 
-    def _hf_training_step(self, run: Run) -> Any:
-        return self._hf.hf_training_step(run)
-
     def _hf_prediction_step(self, run: Run, stage: str, ignore_keys: list[str] | None) -> Any:
         return self._hf.hf_prediction_step(run, stage, ignore_keys)

@@ -316,7 +316,7 @@ class TrainingStage:
 
         fit = self.fit
         loop = FitLoop(run, fit, args, fit.strategy, hooks, lambda logs: fit.log(logs),
-                       self.evaluate_during_fit, self.write_checkpoint, fit.loop_policy)
+                       self.evaluate_during_fit, self.write_checkpoint, fit.loop_policy, fit._hf.hf_training_step(run))
         loop.stop = install_graceful_stop(  # SIGTERM / Ctrl-C / SLURM
             args.save_on_interrupt, fit.world_size, fit.strategy.check_collective)
         start = time.perf_counter()

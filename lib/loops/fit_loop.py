@@ -51,12 +51,15 @@ class FitLoop:
         save (Callable[[dict], str]): writes a checkpoint of the given training state; returns its path.
         loop_policy (LoopPolicy): where Lightning's loop semantics differ from HF's (chosen by the owner once; HF's
             defaults when not given).
+        hf_step (Callable | None): the run's HF ``training_step`` override, resolved by the owner before the loop
+            (:func:`~taskfit.loops.optimization.choose_policy` puts it into the step policy); None: none.
     """
 
     def __init__(self, run: RunView, owner: Any, args: Any, strategy: Any, hooks: Any, log: Callable[[dict], None],
                  evaluate: Callable[[], dict], save: Callable[[dict], str],
-                 loop_policy: LoopPolicy | None = None) -> None:
+                 loop_policy: LoopPolicy | None = None, hf_step: Any = None) -> None:
         self.run, self.owner, self.args, self.strategy, self.hooks = run, owner, args, strategy, hooks
+        self.hf_step = hf_step
         self.loop_policy = loop_policy if loop_policy is not None else LoopPolicy()
         self._log, self._evaluate, self._save = log, evaluate, save
         self.sums = run.sums
@@ -91,7 +94,7 @@ class FitLoop:
         self._min_flags = (policy.min_epochs, policy.min_steps)
         self.min_epochs, self.min_steps = (v or 0 for v in self._min_flags)
         self._min_told = False
-        self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None, args, self.hooks)
+        self.policy = choose_policy(run, strategy, self.manual, scheduled is not None, args, self.hooks, self.hf_step)
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
         self.step.free_gradients()  # gradients left from before the run (zeroed in the first closure otherwise)
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
