@@ -28,7 +28,7 @@ from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
-from taskfit.lightning.flags import fit_options, loop_policy
+from taskfit.lightning.flags import announce_batch_limits, fit_options, loop_policy
 from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
@@ -239,6 +239,7 @@ class Trainer(Fit):
                          precision=precision, callbacks=_default_callbacks(flags, list(given), root,
                                                                             (lightning_loggers or [None])[0]),
                          loggers=lightning_loggers, plugins=plugins, **options)
+        announce_batch_limits(flags)  # after Fit.__init__: its rank-zero gate knows this process's rank now
         # Lightning's loop semantics where they differ from HF's (global_step under manual optimization, min_epochs
         # / min_steps, reloaded loaders, no eval_ prefix, checkpoint callbacks last), chosen once here
         self.loop_policy = loop_policy(flags)

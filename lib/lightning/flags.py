@@ -7,6 +7,8 @@ import logging
 import os
 from typing import Any
 
+from lightning_utilities.core.rank_zero import rank_zero_only
+
 from taskfit.loops.policy import LoopPolicy
 
 _log = logging.getLogger("taskfit")
@@ -42,11 +44,11 @@ def _refuse_unsupported(flags: dict[str, Any]) -> None:
         raise ValueError(f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload!r}.")  # Lightning's
 
 
+@rank_zero_only
 def announce_batch_limits(flags: dict[str, Any]) -> None:
     """Lightning's info line for a batch limit of exactly ``1`` or ``1.0`` (an int counts batches, a float is a
-    fraction: the two read alike), in Lightning's words (``_determine_batch_limits``)."""
-    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) != 0:  # rank 0 only (no group formed yet)
-        return
+    fraction: the two read alike), in Lightning's words (``_determine_batch_limits``). Logged on global rank 0
+    only, through the rank-zero gate ``Fit.__init__`` sets: call it after that."""
     for name in _LIMITS:
         value = flags[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != 1:
@@ -72,7 +74,6 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
     if f["fast_dev_run"]:  # Lightning: validation after the one short epoch, whatever the schedule flags say
         f["val_check_interval"], f["check_val_every_n_epoch"] = 1.0, 1
     _refuse_unsupported(f)
-    announce_batch_limits(f)
     max_epochs, max_steps = f["max_epochs"], f["max_steps"]
     if max_epochs is None:  # Lightning: 1000 epochs when neither limit is given, else no epoch limit
         max_epochs = 1000 if max_steps in (None, -1) else 10 ** 9
