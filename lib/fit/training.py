@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -27,8 +26,9 @@ from taskfit.core.results import ResultCollection
 from taskfit.core.wrapping import ModelTaskModule
 from taskfit.connector import configure_strategy
 from taskfit.core.step_call import step_disabled
-from taskfit.data.loaders import DataModule, floating_point_ops
+from taskfit.data.loaders import DataModule
 from taskfit.debugging import fast_dev_run_batches, sanity_check
+from taskfit.fit.hf_members import hf_parameter_count
 from taskfit.fit.metric_checks import check_before_training, missing_metric_error
 from taskfit.fit.run import Run
 from taskfit.fit.signals import install_graceful_stop
@@ -74,40 +74,6 @@ def rebuild_eval_loaders(fit: Any, run: Run, datamodule: DataModule | None, modu
     run.eval_data = data
     run.eval_loaders = fit._launcher.eval_loader_dict(data, data_collator, run=run)
     run.eval_loaded_epoch = run.state.current_epoch
-
-
-def hf_parameter_count(model: Any) -> int | None:
-    """``model.num_parameters(exclude_embeddings=True)`` of a ``transformers.PreTrainedModel`` (what HF's
-    ``floating_point_ops`` multiplies by); None for a model without that method (a TaskModule's own
-    ``num_parameters`` takes no such argument)."""
-    count = getattr(model, "num_parameters", None)
-    if not callable(count):
-        return None
-    try:
-        return int(count(exclude_embeddings=True))
-    except TypeError:
-        return None
-
-
-def hf_floating_point_ops(model: Any, inputs: Any, run: Any = None) -> int:
-    """Training FLOPs (forward and backward) of one micro-batch ``inputs`` (mirrors HF
-    ``Trainer.floating_point_ops``): for a model with ``num_parameters(exclude_embeddings=True)`` (a
-    ``PreTrainedModel``) ``6 x elements of its main input (input_ids: tokens) x non-embedding parameters``; for
-    any other model, where HF counts 0, taskfit's estimate :func:`taskfit.data.loaders.floating_point_ops`
-    (6 x parameters x tokens or samples).
-
-    Args:
-        model (nn.Module): the user's model. inputs (dict[str, Tensor] | Any): the micro-batch.
-        run (Run | None): the current run, whose ``flos_params`` (counted before sharding) is used when set.
-
-    Returns:
-        int: FLOPs.
-    """
-    main = getattr(model, "main_input_name", "input_ids")
-    params = run.flos_params if run is not None and run.flos_params is not None else hf_parameter_count(model)
-    if isinstance(inputs, Mapping) and main in inputs and params is not None:
-        return 6 * inputs[main].numel() * params
-    return floating_point_ops(model, inputs)
 
 
 class TrainingStage:
