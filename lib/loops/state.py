@@ -53,8 +53,8 @@ class FitState:
         stateful_callbacks (dict): callback states keyed by callback name.
         plan (RunPlan): the run's plan; ``max_steps``, ``num_train_epochs``, ``batches_per_epoch``,
             ``logging_steps``/``eval_steps``/``save_steps``, ``train_batch_size`` and
-            ``is_local_process_zero``/``is_world_process_zero`` read it (read-only, as HF's callbacks use them).
-            It is no part of :meth:`state_dict`.
+            ``is_local_process_zero``/``is_world_process_zero`` read it (setting one, as HF code may, replaces
+            the frozen plan with one holding the new value). It is no part of :meth:`state_dict`.
     """
 
     epoch: float = 0.0
