@@ -4,7 +4,7 @@ accelerator, precision and checkpoint IO), callbacks, loggers and arguments; eve
 owns a few objects its public methods delegate to: the run launcher (:class:`~taskfit.fit.run.RunLauncher`), the
 training stage (:mod:`taskfit.fit.training`), the evaluation stages (:mod:`taskfit.fit.stages`) and the HF override
 adapter (:mod:`taskfit.fit.hf_overrides`). Mirrors Lightning's ``Trainer`` plus the HF ``Trainer`` API, whose members
-besides the stages are in :mod:`taskfit.fit.hf_members`."""
+besides the stages are functions of :mod:`taskfit.fit.hf_members` bound into the class body."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.arguments.strategy_options import StrategyOptions
 from taskfit.callbacks.console import configure_console
 from taskfit.connector import resolve_components
-from taskfit.data.loaders import DataModule, data_options
+from taskfit.data.loaders import DataModule, data_options, num_examples, num_tokens
 from taskfit.fit.hf_api import HFTrainerAPI
-from taskfit.fit.hf_members import HFTrainerMembers
+from taskfit.fit import hf_members
 from taskfit.fit.hf_overrides import HFAdapter, default_collator
 from taskfit.fit.hpo import hyperparameter_search
 from taskfit.fit.topology import Topology
@@ -37,7 +37,7 @@ from taskfit.metrics import MemoryTracker, PredictionOutput, TrainOutput
 
 log = logging.getLogger("taskfit")
 
-class Fit(Topology, HFTrainerMembers):
+class Fit(Topology):
     """Runs training, evaluation and prediction of a :class:`TaskModule` or a plain HF-style model.
 
     Args:
@@ -240,6 +240,36 @@ class Fit(Topology, HFTrainerMembers):
     def is_local_process_zero(self) -> bool:
         """True on the first process of each machine."""
         return self.strategy.local_rank == 0
+
+    # ------------- HF Trainer members besides the stages (bodies and documentation in taskfit.fit.hf_members) ---
+    callback_handler = property(hf_members.callback_handler)
+    add_callback = hf_members.add_callback
+    pop_callback = hf_members.pop_callback
+    remove_callback = hf_members.remove_callback
+    model_wrapped = property(hf_members.model_wrapped)
+    get_num_trainable_parameters = hf_members.get_num_trainable_parameters
+    get_learning_rates = hf_members.get_learning_rates
+    get_optimizer_group = hf_members.get_optimizer_group
+    get_decay_parameter_names = hf_members.get_decay_parameter_names
+    compute_loss = hf_members.compute_loss
+    floating_point_ops = hf_members.floating_point_ops
+    create_optimizer_and_scheduler = hf_members.create_optimizer_and_scheduler
+    create_optimizer = hf_members.create_optimizer
+    create_scheduler = hf_members.create_scheduler
+    get_train_dataloader = hf_members.get_train_dataloader
+    get_eval_dataloader = hf_members.get_eval_dataloader
+    get_test_dataloader = hf_members.get_test_dataloader
+    training_step = hf_members.training_step
+    prediction_step = hf_members.prediction_step
+    _prepare_inputs = hf_members._prepare_inputs
+    num_examples = staticmethod(num_examples)
+    num_tokens = staticmethod(num_tokens)
+    save_model = hf_members.save_model
+    log_metrics = hf_members.log_metrics
+    save_metrics = hf_members.save_metrics
+    save_state = hf_members.save_state
+    create_model_card = hf_members.create_model_card
+    push_to_hub = hf_members.push_to_hub
 
     # ----------------------------------------------------------------------------------------- fitting ---
     def fit(self, model: nn.Module | None = None, train_data: Any = None, eval_data: Any = None, *,
