@@ -18,6 +18,8 @@ class RunView(Protocol):
         stage (str): ``"fit"``, ``"validate"``, ``"test"`` or ``"predict"``.
         model (nn.Module): the user's model; module (TaskModule): what the loops drive.
         state (FitState), control (FitControl): the loop state and flags.
+        plan (RunPlan): the run's plan (step budget, intervals, batch layout), never restored; a re-plan assigns a
+            new one.
         optimizers (list[Optimizer]): as the strategy returned them; schedulers (list[SchedulerConfig]).
         train_loader (Any), eval_loaders (dict[str | None, Any]): the run's loaders.
         sums (LossSums): the fit loop's running loss sums.
@@ -31,6 +33,7 @@ class RunView(Protocol):
     module: Any
     state: Any
     control: Any
+    plan: Any
     optimizers: list[Any]
     schedulers: list[Any]
     train_loader: Any

@@ -138,13 +138,13 @@ class BatchSizeFinder(Callback):
 
     def scale_batch_size(self, fit: Any, module: Any) -> None:
         """Run the search now and rebuild the run's train loader (``on_fit_start`` calls it)."""
-        from taskfit.loops.fit_loop import accumulation_schedule, plan_steps, resolve_interval
+        from taskfit.loops.plan import accumulation_schedule, plan_steps, training_plan
         from taskfit.tuner.tuner import scale_batch_size
 
         if fit.args.max_steps and fit.args.max_steps > 0:
             raise ValueError(f"BatchSizeFinder with max_steps={fit.args.max_steps}: the epochs of a max_steps run "
                              "depend on the batch size; set num_train_epochs instead.")
-        run, state = fit.run, fit.state
+        run = fit.run
         dataset = _train_dataset(fit, "BatchSizeFinder")
         collate = getattr(run.train_loader, "collate_fn", None)
         with _Isolated(fit, module):
@@ -156,14 +156,8 @@ class BatchSizeFinder(Callback):
         run.train_loader = fit._loader(dataset, train=True, collator=collate, what="train dataset", run=run)
         steps_per_epoch, max_steps, num_epochs = plan_steps(run.train_loader, fit.args,
                                                             accumulation_schedule(fit.callbacks))
-        args = fit.args
-        state.max_steps, state.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
-        state.logging_steps = resolve_interval(args.logging_steps, max_steps)
-        state.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else args.logging_steps,
-                                            max_steps)
-        state.save_steps = resolve_interval(args.save_steps, max_steps)
-        state.train_batch_size = size
-        state.batches_per_epoch = steps_per_epoch and len(run.train_loader)
+        run.plan = training_plan(fit.args, run.train_loader, (steps_per_epoch, max_steps, num_epochs), size,
+                                 run.plan.is_local_process_zero, run.plan.is_world_process_zero)
 
     def on_fit_start(self, fit: Any, module: Any) -> None:
         self.scale_batch_size(fit, module)

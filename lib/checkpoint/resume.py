@@ -130,7 +130,8 @@ def restore(run: RunView, path: str, strategy: Any, args: Any, weights_only: boo
         if not hf_rule:
             log.info(adopt_message(path, ts["state"]))
     if not hf_rule:  # HF's position is already in the new layout's batches
-        run.state.batch_in_epoch = _settled_position(run.state.batch_in_epoch, ts["state"].get("batches_per_epoch"),
+        saved_batches = upgrade_training_state(ts)["plan"].get("batches_per_epoch")  # the old run's layout
+        run.state.batch_in_epoch = _settled_position(run.state.batch_in_epoch, saved_batches,
                                                      _batches_per_epoch(run.train_loader), args.ignore_data_skip)
     if run.training_state.rng is None:
         log.warning("%s has no RNG state for rank %d (saved with world_size=%s); RNG streams restart from the seed.",
@@ -151,13 +152,14 @@ def _settled_position(position: int, saved_batches: int | None, n_batches: int |
     return 0 if ignore_data_skip else position
 
 
-def resume_position(state: dict[str, Any], n_batches: int | None, ignore_data_skip: bool) -> tuple[int, int]:
+def resume_position(state: dict[str, Any], saved_batches: int | None, n_batches: int | None,
+                    ignore_data_skip: bool) -> tuple[int, int]:
     """``(epoch, micro-batch in it)`` where a run resumed from a checkpoint's saved ``state`` (``FitState``
-    fields of the current layout, :func:`~taskfit.loops.state.upgrade_training_state`: the resume point) continues
-    with ``n_batches`` micro-batches per epoch: :func:`_settled_position` (what :func:`restore` sets)."""
+    fields of the current layout, :func:`~taskfit.loops.state.upgrade_training_state`: the resume point), whose
+    run had ``saved_batches`` micro-batches per epoch, continues with ``n_batches``: :func:`_settled_position`
+    (what :func:`restore` sets)."""
     epoch = int(state.get("current_epoch", 0))
-    return epoch, _settled_position(int(state.get("batch_in_epoch", 0)), state.get("batches_per_epoch"), n_batches,
-                                    ignore_data_skip)
+    return epoch, _settled_position(int(state.get("batch_in_epoch", 0)), saved_batches, n_batches, ignore_data_skip)
 
 
 class _PlannedReader(CheckpointReader):
@@ -224,12 +226,13 @@ def plan_resumed_run(io: Any, path: str, loader: Any, args: Any, accumulation: A
         return max_steps, num_epochs, reader  # save_only_model: restore refuses it with its own message
     ts, saved_args = reader.read("training_state.pt"), reader.read("fit_args.json")
     reader.keeping = False
-    state = upgrade_training_state(ts).get("state") or {}
-    n_before, accum_before = state.get("batches_per_epoch"), saved_args.get("gradient_accumulation_steps")
+    current = upgrade_training_state(ts)
+    state = current.get("state") or {}
+    n_before, accum_before = current["plan"].get("batches_per_epoch"), saved_args.get("gradient_accumulation_steps")
     if n_before is None or (n_before == n and accum_before in (None, args.gradient_accumulation_steps)):
         return max_steps, num_epochs, reader
     accum_at = accumulation or (lambda epoch: args.gradient_accumulation_steps)
-    epoch, position = resume_position(state, n, args.ignore_data_skip)
+    epoch, position = resume_position(state, n_before, n, args.ignore_data_skip)
     saved_at = int(state.get("batch_in_epoch", 0))
     if n_before != n and 0 < saved_at < n_before and not args.ignore_data_skip:  # mid-epoch in a new layout: HF's
         return max_steps, num_epochs, reader                                    # rule (restore places it so too)
@@ -360,9 +363,10 @@ def _check_compatible(a: Any, world_size: int, train_loader: Any, saved: dict[st
                       manifest: dict[str, Any], data_parallel_size: int | None = None) -> bool:
     """Warn about settings that differ from the checkpoint's; True when the run must take HF's position rule
     (a mid-epoch checkpoint whose batch layout changed: batch size, data-parallel size or dataset length)."""
-    state = upgrade_training_state(ts)["state"]  # the resume point: an epoch's end is the next one's start
+    current = upgrade_training_state(ts)
+    state = current["state"]  # the resume point: an epoch's end is the next one's start
     n_batches = _batches_per_epoch(train_loader)
-    before_batches = state.get("batches_per_epoch")
+    before_batches = current["plan"].get("batches_per_epoch")  # the old run's layout
     # saved after the epoch's last batch (a step-based save at the epoch end): no sample position is left to
     # keep, whatever the layout now
     consumed = before_batches is not None and state.get("batch_in_epoch", 0) >= before_batches

@@ -114,12 +114,12 @@ def _files(strategy: Any, record: str, state: dict[str, Any], step: int, module:
         files["scheduler.pt" if i == 0 else f"scheduler_{i}.pt"] = state[key].state_dict()
     fit_state = FitState(global_step=step)
     files["training_state.pt"] = {
-        "version": 2, "state": fit_state.state_dict(), "control": FitControl().state_dict(),
+        "version": 2, "state": fit_state.flat_dict(), "control": FitControl().state_dict(),
         "precision": strategy.precision.state_dict(), "callbacks": {}, "results": {},
         "engine": {"modules": modules, "optimizers": optimizers, "schedulers": schedulers,
                    "values": states_on_cpu(strategy, {k: _value_state(state[k]) for k in values})},
         "taskfit_version": __version__}
-    files["trainer_state.json"] = fit_state.state_dict()
+    files["trainer_state.json"] = fit_state.flat_dict()
     files["fit_args.json"] = record
     return files
 

@@ -25,6 +25,7 @@ from taskfit.data.combined import combined_train_loader, is_loader_collection
 from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size, sequential_loader
 from taskfit.debugging import batch_limit, limit_batches
 from taskfit.loops.evaluation_loop import is_loader_list
+from taskfit.loops.plan import RunPlan
 from taskfit.loops.state import FitControl, FitState, LossSums, TrainingState
 from taskfit.redact import redact_exception
 from taskfit.core.module import TaskModule
@@ -43,6 +44,7 @@ class Run:
         module (TaskModule): what the loops drive.
         state (FitState), control (FitControl): the loop state and flags (evaluation stages share the last
             ``fit``'s, so their log rows join its history, as in HF).
+        plan (RunPlan): the run's plan (a property: kept in ``state.plan``, see :class:`~taskfit.loops.plan.RunPlan`).
         wrapped (nn.Module | None): what ``Strategy.setup`` returned for ``module`` (DDP/FSDP wrapper, engine).
         optimizers (list[Optimizer]): as returned by ``Strategy.setup`` (several step together each window).
         schedulers (list[SchedulerConfig]): their schedules with step interval and monitored metric.
@@ -98,6 +100,17 @@ class Run:
     build_plan: Any = None
 
     @property
+    def plan(self) -> RunPlan:
+        """The run's plan (step budget, intervals, batch layout; never restored from a checkpoint). It is kept in
+        the loop state (``state.plan``), which reads HF ``TrainerState``'s attributes from it; a re-plan assigns
+        a new one here."""
+        return self.state.plan
+
+    @plan.setter
+    def plan(self, value: RunPlan) -> None:
+        self.state.plan = value
+
+    @property
     def optimizer(self) -> Any:
         """The first optimizer (HF ``Trainer.optimizer``), None before ``fit`` configured one."""
         return self.optimizers[0] if self.optimizers else None
@@ -121,6 +134,7 @@ class _SpawnedResult:
     output: Any
     weights: dict[str, Any] | None
     state: dict[str, Any]
+    plan: RunPlan
     callback_metrics: dict[str, Any] | None = None
 
 
@@ -176,8 +190,9 @@ class RunLauncher:
         if target is not None:
             module = target if isinstance(target, TaskModule) else ModelTaskModule(target, fit.args.label_names)
             state = fit.state if fit._run is not None else FitState()
-            state.load_state_dict({k: v for k, v in result.state.items()
-                                   if k not in ("is_local_process_zero", "is_world_process_zero")})
+            state.load_state_dict(result.state)
+            state.plan = result.plan.replace(is_local_process_zero=state.is_local_process_zero,
+                                             is_world_process_zero=state.is_world_process_zero)
             fit._run = Run(stage, target, module, state, fit.control)
         return result.output
 
@@ -204,7 +219,7 @@ class RunLauncher:
         run = fit._run  # in a spawned worker: send what the caller needs back with the output
         weights = {k: v.detach().cpu() for k, v in run.model.state_dict().items()} if stage == "fit" else None
         metrics = {k: v.detach().cpu() if isinstance(v, torch.Tensor) else v for k, v in fit.callback_metrics.items()}
-        return _SpawnedResult(out, weights, run.state.state_dict(), metrics)
+        return _SpawnedResult(out, weights, run.state.state_dict(), run.plan, metrics)
 
     def resolve_model(self, model: nn.Module | None, stage: str) -> tuple[nn.Module, TaskModule]:
         """The model and module of a new run: the one given; else for ``fit`` a fresh ``model_init()`` (HF: every

@@ -11,7 +11,6 @@ import dataclasses
 import functools
 import math
 import time
-from collections.abc import Mapping
 from typing import Any, Callable
 
 import torch
@@ -28,11 +27,12 @@ from taskfit.core.results import ResultCollection
 from taskfit.core.wrapping import ModelTaskModule
 from taskfit.connector import configure_strategy
 from taskfit.core.step_call import step_disabled
-from taskfit.data.loaders import DataModule, floating_point_ops
+from taskfit.data.loaders import DataModule
 from taskfit.debugging import fast_dev_run_batches, sanity_check
 from taskfit.fit.lightning_order import (
     given_value, late_run, late_training_start, loaders_late, rebuild_eval_loaders, rebuild_train_loader,
 )
+from taskfit.fit.hf_members import hf_parameter_count
 from taskfit.fit.metric_checks import check_before_training, missing_metric_error
 from taskfit.fit.run import Run
 from taskfit.fit.signals import install_graceful_stop
@@ -41,7 +41,8 @@ from taskfit.fit.summary import log_summary
 from taskfit.loggers import resume_loggers
 from taskfit.loggers.logger import run_hyperparams
 from taskfit.loops.evaluation_loop import metric_key
-from taskfit.loops.fit_loop import FitLoop, accumulation_schedule, plan_steps, resolve_interval
+from taskfit.loops.fit_loop import FitLoop
+from taskfit.loops.plan import accumulation_schedule, plan_steps, training_plan
 from taskfit.loops.state import FitControl, FitState, TrainingState
 from taskfit.metrics import TrainOutput, speed_metrics
 from taskfit.seed import enable_full_determinism, rng_states, seed_everything, set_rng_states
@@ -57,38 +58,6 @@ class _Plan:
     reader: Any = None  # the resumed checkpoint's reader (planning opened it): restore reads each file once
 
 
-def hf_parameter_count(model: Any) -> int | None:
-    """``model.num_parameters(exclude_embeddings=True)`` of a ``transformers.PreTrainedModel`` (what HF's
-    ``floating_point_ops`` multiplies by); None for a model without that method (a TaskModule's own
-    ``num_parameters`` takes no such argument)."""
-    count = getattr(model, "num_parameters", None)
-    if not callable(count):
-        return None
-    try:
-        return int(count(exclude_embeddings=True))
-    except TypeError:
-        return None
-
-
-def hf_floating_point_ops(model: Any, inputs: Any, run: Any = None) -> int:
-    """Training FLOPs (forward and backward) of one micro-batch ``inputs`` (mirrors HF
-    ``Trainer.floating_point_ops``): for a model with ``num_parameters(exclude_embeddings=True)`` (a
-    ``PreTrainedModel``) ``6 x elements of its main input (input_ids: tokens) x non-embedding parameters``; for
-    any other model, where HF counts 0, taskfit's estimate :func:`taskfit.data.loaders.floating_point_ops`
-    (6 x parameters x tokens or samples).
-
-    Args:
-        model (nn.Module): the user's model. inputs (dict[str, Tensor] | Any): the micro-batch.
-        run (Run | None): the current run, whose ``flos_params`` (counted before sharding) is used when set.
-
-    Returns:
-        int: FLOPs.
-    """
-    main = getattr(model, "main_input_name", "input_ids")
-    params = run.flos_params if run is not None and run.flos_params is not None else hf_parameter_count(model)
-    if isinstance(inputs, Mapping) and main in inputs and params is not None:
-        return 6 * inputs[main].numel() * params
-    return floating_point_ops(model, inputs)
 
 
 class TrainingStage:
@@ -284,14 +253,8 @@ class TrainingStage:
             max_steps, num_epochs, reader = plan_resumed_run(
                 fit.strategy.checkpoint_io, ckpt, run.train_loader, args, schedule,
                 (steps_per_epoch, max_steps, num_epochs), weights_only)
-        st.max_steps, st.num_train_epochs = max_steps, (num_epochs if steps_per_epoch else 0)
-        st.logging_steps = resolve_interval(args.logging_steps, max_steps)
-        # HF: None means logging_steps under eval_strategy="steps" (set by the arguments), else TrainerState's 500
-        st.eval_steps = resolve_interval(args.eval_steps if args.eval_steps is not None else
-                                         (args.logging_steps if args.eval_strategy == "steps" else 500), max_steps)
-        st.save_steps = resolve_interval(args.save_steps, max_steps)
-        st.train_batch_size = args.per_device_train_batch_size
-        st.batches_per_epoch = steps_per_epoch and len(run.train_loader)
+        run.plan = training_plan(args, run.train_loader, (steps_per_epoch, max_steps, num_epochs),
+                                 args.per_device_train_batch_size, st.is_local_process_zero, st.is_world_process_zero)
         return _Plan(steps_per_epoch, max_steps, num_epochs, reader)
 
     def _setup(self, run: Run, args: FitArguments, plan: _Plan | None, ckpt: str | None, weights_only: bool) -> None:
@@ -366,7 +329,7 @@ class TrainingStage:
 
         fit = self.fit
         loop = FitLoop(run, fit, args, fit.strategy, hooks, lambda logs: fit.log(logs),
-                       self.evaluate_during_fit, self.write_checkpoint, fit.loop_policy)
+                       self.evaluate_during_fit, self.write_checkpoint, fit.loop_policy, fit._hf.hf_training_step(run))
         loop.stop = install_graceful_stop(  # SIGTERM / Ctrl-C / SLURM
             args.save_on_interrupt, fit.world_size, fit.strategy.check_collective)
         start = time.perf_counter()

@@ -29,7 +29,7 @@ from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
-from taskfit.lightning.flags import apply_barebones, env_defaults, fit_options, loop_policy
+from taskfit.lightning.flags import announce_batch_limits, apply_barebones, env_defaults, fit_options, loop_policy
 from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
 from taskfit.lightning.logged import (
     LoggedMetrics, MetricDict, attach_logging, finalize_loggers, lightning_row, per_loader, reset_metrics, send_row,
@@ -183,6 +183,8 @@ class Trainer(Fit):
                          # fast_dev_run: Lightning's DummyLogger in place of the loggers (user calls still run)
                          loggers=[_lg.DummyLogger()] if fast_dev_run and lightning_loggers else lightning_loggers,
                          plugins=plugins, **options)
+        if not flags["fast_dev_run"]:  # Lightning announces no limits in fast_dev_run
+            announce_batch_limits(flags)  # after Fit.__init__: its rank-zero gate knows this process's rank now
         # Lightning's loop semantics where they differ from HF's (global_step under manual optimization, min_epochs
         # / min_steps, reloaded loaders, no eval_ prefix, checkpoint callbacks last), chosen once here
         self.loop_policy = loop_policy(flags)

@@ -10,6 +10,8 @@ from ast import literal_eval
 from datetime import timedelta
 from typing import Any
 
+from lightning_utilities.core.rank_zero import rank_zero_only
+
 from taskfit.loops.policy import LoopPolicy
 
 _log = logging.getLogger("taskfit")
@@ -125,11 +127,11 @@ def time_interval_seconds(value: Any) -> float | None:
     return timedelta(days=d, hours=h, minutes=m, seconds=s).total_seconds()
 
 
+@rank_zero_only
 def announce_batch_limits(flags: dict[str, Any]) -> None:
     """Lightning's info line for a batch limit of exactly ``1`` or ``1.0`` (an int counts batches, a float is a
-    fraction: the two read alike), in Lightning's words (``_determine_batch_limits``)."""
-    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0"))) != 0:  # rank 0 only (no group formed yet)
-        return
+    fraction: the two read alike), in Lightning's words (``_determine_batch_limits``). Logged on global rank 0
+    only, through the rank-zero gate ``Fit.__init__`` sets: call it after that."""
     for name in _LIMITS:
         value = flags[name]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value != 1:
@@ -155,8 +157,6 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
     if f["fast_dev_run"]:  # Lightning: validation after the one short epoch, whatever the schedule flags say
         f["val_check_interval"], f["check_val_every_n_epoch"] = 1.0, 1
     _refuse_unsupported(f)
-    if not f["fast_dev_run"]:  # Lightning announces no limits in fast_dev_run
-        announce_batch_limits(f)
     max_epochs, max_steps = f["max_epochs"], f["max_steps"]
     if max_epochs is None or max_epochs == -1:  # Lightning: 1000 epochs when neither limit is given, else (and
         max_epochs = 1000 if max_steps in (None, -1) and max_epochs is None else 10 ** 9  # for -1) no epoch limit

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import math
-import sys
 from typing import TYPE_CHECKING, Any, Callable
 
 import torch
@@ -17,67 +16,11 @@ from taskfit.data.loaders import set_loader_epoch, shutdown_workers, skip_first_
 from taskfit.data.stateful import decode_state, stateful_source
 from taskfit.loops.finite import check_finite
 from taskfit.loops.optimization import AutomaticStep, ManualStep, batch_outputs, choose_policy, window_weights
+from taskfit.loops.plan import accumulation_schedule, plan_steps, resolve_interval  # noqa: F401 (their old home)
 from taskfit.loops.policy import LoopPolicy
 
 if TYPE_CHECKING:
     from taskfit.protocols import RunView
-
-
-def resolve_interval(value: float | None, max_steps: int) -> int:
-    """HF rule for ``logging_steps``/``eval_steps``/``save_steps``: a value < 1 is a ratio of ``max_steps``."""
-    if value is None:
-        return max_steps
-    return max(1, math.ceil(value * max_steps)) if value < 1 else int(value)
-
-
-def accumulation_schedule(callbacks: Any) -> Callable[[int], int] | None:
-    """The accumulation per epoch (0-based) a callback sets (Lightning's ``GradientAccumulationScheduler``:
-    its ``get_accumulate_grad_batches(epoch)``); None when no callback schedules it."""
-    for cb in callbacks or ():
-        per_epoch = getattr(cb, "get_accumulate_grad_batches", None)
-        if callable(per_epoch):
-            return per_epoch
-    return None
-
-
-def plan_steps(loader: Any, args: Any, accumulation: Callable[[int], int] | None = None
-               ) -> tuple[int | None, int, int]:
-    """``(steps_per_epoch, max_steps, num_epochs)`` for a training loader (HF ``max_steps`` rules: ``max_steps``
-    > 0 wins, else ``ceil(num_train_epochs * steps_per_epoch)``; the last window of an epoch may be short).
-    With an ``accumulation`` schedule (epoch -> micro-batches per step) that changes between epochs, the plan
-    counts each epoch's windows: ``steps_per_epoch`` is the first epoch's, ``max_steps`` the sum over the
-    ``ceil(num_train_epochs)`` epochs (a fractional last epoch is not cut: Lightning counts whole epochs).
-
-    Raises:
-        ValueError: a loader without batches, or without a length while ``max_steps`` is not set.
-    """
-    try:
-        n_batches = len(loader)
-    except TypeError:
-        n_batches = None
-    if n_batches == 0:
-        raise ValueError("The train DataLoader yields no batches (dataset smaller than one batch with "
-                         "dataloader_drop_last=True?).")
-    accum_at = accumulation or (lambda epoch: args.gradient_accumulation_steps)
-    steps_per_epoch = math.ceil(n_batches / accum_at(0)) if n_batches else None
-    epochs = math.ceil(args.num_train_epochs)
-    per_epoch = [math.ceil(n_batches / accum_at(e)) for e in range(epochs)] if n_batches and accumulation else []
-    if args.max_steps and args.max_steps > 0:
-        max_steps = args.max_steps
-    elif steps_per_epoch is None:
-        raise ValueError("The train data has no length (IterableDataset); set max_steps > 0.")
-    elif len(set(per_epoch)) > 1:
-        max_steps = sum(per_epoch)
-    else:
-        max_steps = max(1, math.ceil(args.num_train_epochs * steps_per_epoch))
-    if len(set(per_epoch)) > 1:  # the epoch in which the max_steps-th step falls
-        total, num_epochs = 0, 0
-        while total < max_steps:
-            total += math.ceil(n_batches / accum_at(num_epochs))
-            num_epochs += 1
-    else:
-        num_epochs = math.ceil(max_steps / steps_per_epoch) if steps_per_epoch else sys.maxsize
-    return steps_per_epoch, max_steps, num_epochs
 
 
 def _fill_window(window: list[Any], iterator: Any, size: int) -> list[Any]:
@@ -108,12 +51,15 @@ class FitLoop:
         save (Callable[[dict], str]): writes a checkpoint of the given training state; returns its path.
         loop_policy (LoopPolicy): where Lightning's loop semantics differ from HF's (chosen by the owner once; HF's
             defaults when not given).
+        hf_step (Callable | None): the run's HF ``training_step`` override, resolved by the owner before the loop
+            (:func:`~taskfit.loops.optimization.choose_policy` puts it into the step policy); None: none.
     """
 
     def __init__(self, run: RunView, owner: Any, args: Any, strategy: Any, hooks: Any, log: Callable[[dict], None],
                  evaluate: Callable[[], dict], save: Callable[[dict], str],
-                 loop_policy: LoopPolicy | None = None) -> None:
+                 loop_policy: LoopPolicy | None = None, hf_step: Any = None) -> None:
         self.run, self.owner, self.args, self.strategy, self.hooks = run, owner, args, strategy, hooks
+        self.hf_step = hf_step
         self.loop_policy = loop_policy if loop_policy is not None else LoopPolicy()
         self._plateau_due: list[Any] = []  # step-interval plateau schedulers waiting for the batch's validation
         self._log, self._evaluate, self._save = log, evaluate, save
@@ -157,7 +103,7 @@ class FitLoop:
         self._min_flags = (policy.min_epochs, policy.min_steps)
         self.min_epochs, self.min_steps = (v or 0 for v in self._min_flags)
         self._min_told = False
-        self.policy = choose_policy(self.owner, run, strategy, self.manual, scheduled is not None, args, self.hooks)
+        self.policy = choose_policy(run, strategy, self.manual, scheduled is not None, args, self.hooks, self.hf_step)
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
         self.step.free_gradients()  # gradients left from before the run (zeroed in the first closure otherwise)
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
@@ -228,10 +174,12 @@ class FitLoop:
             n = len(loader)
         except TypeError:
             n = None
-        self.batches_per_epoch = state.batches_per_epoch = n
+        self.batches_per_epoch = n
+        changes: dict[str, Any] = {"batches_per_epoch": n}
         if n and not self.explicit_max_steps:
             left = sum(math.ceil(n / self.accum_at(e)) for e in range(epoch, num_epochs))
-            state.max_steps = self._limit_count() + left
+            changes["max_steps"] = self._limit_count() + left
+        run.plan = run.plan.replace(**changes)  # a re-plan: the new loader's layout and steps
         return loader
 
     def _start_epoch(self, loader: Any, epoch: int, skip: int, finished: bool) -> Any:

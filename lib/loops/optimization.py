@@ -190,18 +190,19 @@ def zero_grad_after_step(module: Any, args: Any, strategy: Any, hooks: Any, defa
     return not (lazy_norm and epoch_reads)
 
 
-def choose_policy(owner: Any, run: Any, strategy: Any, manual: bool, accumulation_scheduled: bool,
-                  args: Any = None, hooks: Any = None) -> StepPolicy:
+def choose_policy(run: Any, strategy: Any, manual: bool, accumulation_scheduled: bool, args: Any = None,
+                  hooks: Any = None, hf_step: Any = None) -> StepPolicy:
     """The :class:`StepPolicy` of ``run``.
 
     Args:
-        owner (Fit): asked for an HF ``training_step`` override (``_hf_training_step(run)``).
         run (Run): its ``optimizers`` (the first decides the policy) and ``module``.
         strategy (Strategy): ``backward``/``optimizer_step``; an engine that owns the step keeps them.
         manual (bool): manual optimization (no fused backward: the module runs backward itself).
         accumulation_scheduled (bool): a callback changes the accumulation per epoch (layer-wise refuses it).
         args (FitArguments | None), hooks (HookRunner | None): for :func:`zero_grad_after_step`; without them
             the policy keeps Lightning's zero_grad order.
+        hf_step (Callable | None): an HF ``Trainer.training_step`` override of the run, as the owner resolved it
+            before the loop (``(batch, batch_idx) -> detached loss``), or None (the module's ``training_step``).
 
     Raises:
         ValueError / NotImplementedError: a LOMO or layer-wise optimizer in a run it cannot do (several
@@ -211,7 +212,6 @@ def choose_policy(owner: Any, run: Any, strategy: Any, manual: bool, accumulatio
     fused = None if manual or strategy.engine_owns_step else fused_backward_of(optimizers[0], strategy)
     check_layer_wise_run(optimizers[0], strategy, accumulation_scheduled)
     modes = tuple(optimizers_with_modes(optimizers))
-    hf_step = getattr(owner, "_hf_training_step", lambda _run: None)(run)
     if fused is not None:
         return StepPolicy("fused_backward", fused, _no_step, modes, hf_step)
     early = (not manual and args is not None and hooks is not None

@@ -1,10 +1,10 @@
 """Loop state and control flags: plain objects saved and restored whole (DESIGN.md, F-LOOP-6).
 
 ``FitState`` mirrors HF ``TrainerState`` (its field names, so HF-style callbacks work unchanged) and adds the
-position inside the epoch that exact mid-epoch resume needs. Its fields are of two kinds: the run's *plan*
-(marked ``plan`` in the field metadata: step budget, intervals, batch layout, which process this is), derived from
-the arguments and the loader and never restored, and its *progress*, which a checkpoint restores
-(:meth:`FitState.load_progress`). ``FitControl`` mirrors HF ``TrainerControl``.
+position inside the epoch that exact mid-epoch resume needs. It holds the run's *progress* only, which a
+checkpoint restores whole; the run's *plan* (step budget, intervals, batch layout, which process this is) is a
+:class:`~taskfit.loops.plan.RunPlan` apart from it, which the state reads HF's plan attributes from
+(``state.max_steps``...) and which a resume never touches. ``FitControl`` mirrors HF ``TrainerControl``.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from taskfit.io.hf_checkpoint import exportable, export_callback_states, restore_callback_states
+from taskfit.loops.plan import FIELDS as PLAN_FIELDS
+from taskfit.loops.plan import RunPlan
 
 HF_TRAINER_STATE_FIELDS = (
     "epoch", "global_step", "max_steps", "logging_steps", "eval_steps", "save_steps", "train_batch_size",
@@ -22,85 +24,106 @@ HF_TRAINER_STATE_FIELDS = (
     "trial_params", "stateful_callbacks")
 
 
-#: field metadata of the run plan: derived by the new run, saved for readers, never restored
-PLAN = {"plan": True}
+def _from_plan(name: str) -> property:
+    """An attribute of :class:`FitState` that reads the plan's field ``name``; setting it (as HF code sets
+    ``TrainerState`` attributes) replaces the plan with one that has the new value (the plan itself is frozen)."""
+    def get(self: "FitState") -> Any:
+        return getattr(self.plan, name)
+
+    def set_(self: "FitState", value: Any) -> None:
+        self.plan = self.plan.replace(**{name: value})
+
+    return property(get, set_, doc=f"The run plan's ``{name}``.")
 
 
-@dataclass
+@dataclass(init=False)
 class FitState:
-    """Everything that decides what the loop does next.
+    """Everything that decides what the loop does next, and the run's plan to read HF's attributes from.
 
     Attributes:
         epoch (float): epochs done, fractional inside an epoch (HF semantics: micro-batches seen / per epoch).
         current_epoch (int): zero-based index of the running epoch (Lightning semantics).
         global_step (int): optimizer steps taken (one per accumulation window).
-        max_steps (int): total optimizer steps of the run (plan).
-        num_train_epochs (int): epochs the run is planned for (plan).
         batch_in_epoch (int): micro-batches consumed in the running epoch (the resume position).
-        batches_per_epoch (int | None): micro-batches per epoch (None for data without a length; plan); a resume
-            compares the saved one with its own.
         samples_seen (int): training samples consumed, all epochs.
-        logging_steps / eval_steps / save_steps (int): resolved trigger intervals (steps; plan).
-        train_batch_size (int | None): per-device batch size (plan).
         total_flos (float): floating point operations of the training so far (estimate).
         log_history (list[dict]): every dict passed to the loggers, with ``step``.
         best_metric (float | None), best_model_checkpoint (str | None), best_global_step (int | None).
         num_input_tokens_seen (int): tokens consumed (when counted).
-        is_local_process_zero / is_world_process_zero (bool): which process this is (plan).
         stateful_callbacks (dict): callback states keyed by callback name.
+        plan (RunPlan): the run's plan; ``max_steps``, ``num_train_epochs``, ``batches_per_epoch``,
+            ``logging_steps``/``eval_steps``/``save_steps``, ``train_batch_size`` and
+            ``is_local_process_zero``/``is_world_process_zero`` read it (setting one, as HF code may, replaces
+            the frozen plan with one holding the new value). It is no part of :meth:`state_dict`.
     """
 
     epoch: float = 0.0
     current_epoch: int = 0
     global_step: int = 0
-    max_steps: int = field(default=0, metadata=PLAN)
-    num_train_epochs: int = field(default=0, metadata=PLAN)
     batch_in_epoch: int = 0
-    batches_per_epoch: int | None = field(default=None, metadata=PLAN)
     samples_seen: int = 0
-    logging_steps: int = field(default=500, metadata=PLAN)
-    eval_steps: int = field(default=500, metadata=PLAN)
-    save_steps: int = field(default=500, metadata=PLAN)
-    train_batch_size: int | None = field(default=None, metadata=PLAN)
     total_flos: float = 0.0
     log_history: list[dict[str, Any]] = field(default_factory=list)
     best_metric: float | None = None
     best_model_checkpoint: str | None = None
     best_global_step: int | None = None
     num_input_tokens_seen: int = 0
-    is_local_process_zero: bool = field(default=True, metadata=PLAN)
-    is_world_process_zero: bool = field(default=True, metadata=PLAN)
     is_hyper_param_search: bool = False
     trial_name: str | None = None
     stateful_callbacks: dict[str, Any] = field(default_factory=dict)
+    plan: RunPlan = field(default_factory=RunPlan)
+
+    max_steps = _from_plan("max_steps")
+    num_train_epochs = _from_plan("num_train_epochs")
+    batches_per_epoch = _from_plan("batches_per_epoch")
+    logging_steps = _from_plan("logging_steps")
+    eval_steps = _from_plan("eval_steps")
+    save_steps = _from_plan("save_steps")
+    train_batch_size = _from_plan("train_batch_size")
+    is_local_process_zero = _from_plan("is_local_process_zero")
+    is_world_process_zero = _from_plan("is_world_process_zero")
+
+    def __init__(self, plan: RunPlan | None = None, **values: Any) -> None:
+        """``values``: progress fields and, as HF's ``TrainerState(max_steps=...)`` takes them, plan fields (over
+        ``plan``, the default :class:`RunPlan` when None).
+
+        Raises:
+            TypeError: a name that is neither a progress nor a plan field (the valid names are listed).
+        """
+        unknown = sorted(set(values) - {f.name for f in _PROGRESS} - set(PLAN_FIELDS))
+        if unknown:
+            raise TypeError(f"FitState got unknown fields {unknown}; valid: "
+                            f"{sorted([f.name for f in _PROGRESS] + list(PLAN_FIELDS))}.")
+        for f in _PROGRESS:
+            default = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+            setattr(self, f.name, values.get(f.name, default))
+        changes = {k: values[k] for k in PLAN_FIELDS if k in values}
+        self.plan = (plan or RunPlan()).replace(**changes) if changes else (plan or RunPlan())
 
     def state_dict(self) -> dict[str, Any]:
-        """A deep-copyable dict of every field."""
-        return dataclasses.asdict(self)
+        """A deep copy of the progress fields (the plan is not in it: :meth:`RunPlan.state_dict`)."""
+        import copy
+
+        return {f.name: copy.deepcopy(getattr(self, f.name)) for f in _PROGRESS}
+
+    def flat_dict(self) -> dict[str, Any]:
+        """The progress and the plan in one dict (the loop state's layout before the plan was split off)."""
+        return {**self.state_dict(), **self.plan.state_dict()}
 
     def hf_dict(self) -> dict[str, Any]:
         """The fields of HF ``transformers.TrainerState`` only, so that ``TrainerState.load_from_json`` reads a
         ``trainer_state.json`` written from it (the resume position lives in ``training_state.pt``)."""
-        state = self.state_dict()
+        state = self.flat_dict()
         out = {k: state.get(k) for k in HF_TRAINER_STATE_FIELDS}
         out["trial_params"] = None
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Set every field from :meth:`state_dict` output, plan included (a copy of another process's state;
-        unknown keys are ignored for forward compatibility). A resume uses :meth:`load_progress`."""
-        names = {f.name for f in dataclasses.fields(self)}
-        for k, v in state.items():
-            if k in names:
-                setattr(self, k, v)
-
-    def load_progress(self, state: dict[str, Any]) -> None:
-        """Restore the progress fields from :meth:`state_dict` output; the plan fields stay this run's (the saved
-        ones describe the run that wrote the checkpoint)."""
-        for f in dataclasses.fields(self):
-            if not f.metadata.get("plan") and f.name in state:
+        """Set the progress from :meth:`state_dict` output; the plan stays this run's (keys that are no progress
+        field, such as a plan field of an older flat state, are ignored)."""
+        for f in _PROGRESS:
+            if f.name in state:
                 setattr(self, f.name, state[f.name])
-
 
     def save_to_json(self, json_path: str) -> None:
         """Write :meth:`hf_dict` to the local file ``json_path`` as HF ``TrainerState.save_to_json`` writes it
@@ -117,7 +140,8 @@ class FitState:
     @classmethod
     def load_from_json(cls, json_path: str) -> "FitState":
         """A state from a ``trainer_state.json`` (HF ``TrainerState.load_from_json``; written by taskfit or by
-        ``transformers.Trainer``). Keys that are no field (HF's ``trial_params``) are left out.
+        ``transformers.Trainer``), its plan fields as the state's plan. Keys that are no field (HF's
+        ``trial_params``) are left out.
 
         Raises:
             OSError: the file cannot be read. json.JSONDecodeError: it is not JSON.
@@ -126,23 +150,36 @@ class FitState:
 
         with open(json_path, encoding="utf-8") as f:
             data = json.loads(f.read())
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in data.items() if k in names})
+        return cls.from_flat(data)
 
     def compute_steps(self, args: Any, max_steps: int) -> None:
         """Set ``logging_steps``/``eval_steps``/``save_steps`` from ``args`` (HF ``TrainerState.compute_steps``): a
-        value below 1 is a ratio of ``max_steps`` (rounded up), None leaves the field as it is."""
+        value below 1 is a ratio of ``max_steps`` (rounded up), None leaves the field as it is. The plan is
+        replaced by one with those intervals."""
         import math
 
+        changes = {}
         for kind in ("logging", "eval", "save"):
             steps = getattr(args, f"{kind}_steps")
             if steps is not None:
-                setattr(self, f"{kind}_steps", math.ceil(max_steps * steps) if steps < 1 else steps)
+                changes[f"{kind}_steps"] = math.ceil(max_steps * steps) if steps < 1 else steps
+        self.plan = self.plan.replace(**changes)
+
+    @classmethod
+    def from_flat(cls, values: dict[str, Any]) -> "FitState":
+        """A state from a dict of progress and plan fields in one (:meth:`flat_dict`, ``trainer_state.json``)."""
+        state = cls(plan=RunPlan.from_dict(values))
+        state.load_state_dict(values)
+        return state
+
+
+#: the progress fields of :class:`FitState` (everything but the plan)
+_PROGRESS = tuple(f for f in dataclasses.fields(FitState) if f.name != "plan")
 
 
 def plan_fields() -> tuple[str, ...]:
-    """The names of :class:`FitState`'s plan fields (derived by the run, never restored)."""
-    return tuple(f.name for f in dataclasses.fields(FitState) if f.metadata.get("plan"))
+    """The names of the run plan's fields (derived by the run, never restored; :class:`RunPlan`)."""
+    return PLAN_FIELDS
 
 
 @dataclass
@@ -203,17 +240,22 @@ class LossSums:
 
 
 def upgrade_training_state(saved: dict[str, Any]) -> dict[str, Any]:
-    """``saved`` (a :meth:`TrainingState.state_dict`, any version) in the current layout, where ``state`` is the
-    resume point itself. Versions 1 and 2 marked a checkpoint taken after an epoch's end with ``loop.epoch_done``
-    and kept that epoch's position: it becomes the next epoch's start, as version 3 writes it. Returns a new dict
+    """``saved`` (a :meth:`TrainingState.state_dict`, any version) in the current layout: ``state`` is the resume
+    point's progress and ``plan`` the plan of the run that wrote it. Versions up to 3 kept the plan fields inside
+    ``state``; versions 1 and 2 marked a checkpoint taken after an epoch's end with ``loop.epoch_done`` and kept
+    that epoch's position, which becomes the next epoch's start, as version 3 on write it. Returns a new dict
     (``saved`` is not changed)."""
-    loop = saved.get("loop") or {}
-    if saved.get("version", 1) >= 3 or not loop.get("epoch_done"):
+    version = saved.get("version", 1)
+    if version >= 4:
         return saved
-    state = dict(saved["state"])
-    state["current_epoch"] = state.get("current_epoch", 0) + 1
-    state["batch_in_epoch"] = 0
-    return {**saved, "state": state, "loop": {**loop, "epoch_done": False}}
+    flat = saved.get("state") or {}
+    state = {k: v for k, v in flat.items() if k not in PLAN_FIELDS}
+    loop = dict(saved.get("loop") or {})
+    if loop.pop("epoch_done", False) and version < 3:
+        state["current_epoch"] = state.get("current_epoch", 0) + 1
+        state["batch_in_epoch"] = 0
+    return {**saved, "version": TrainingState.VERSION, "state": state, "loop": loop,
+            "plan": {k: v for k, v in flat.items() if k in PLAN_FIELDS}}
 
 
 class TrainingState:
@@ -239,15 +281,16 @@ class TrainingState:
             with it, as HF does; taskfit/Lightning callbacks always are).
 
     Version history: 1 = the loop sums of rank 0 only (read: every rank gets rank 0's sums); 2 = per rank;
-    3 = ``state`` is the resume point (a checkpoint taken after an epoch's end records the next epoch's start;
-    ``loop.epoch_done`` is kept, always False; older files are read through :func:`upgrade_training_state`).
+    3 = ``state`` is the resume point (a checkpoint taken after an epoch's end records the next epoch's start);
+    4 = the run's plan apart, under ``plan`` (for the runs that resume from it: they compare the batch layout),
+    ``state`` the progress only. Older files are read through :func:`upgrade_training_state`.
 
-    Restoring is "load, then continue": :meth:`load_state_dict` sets the progress (never the run's plan, see
-    :class:`FitState`) and keeps the RNG states, which the fit loop applies once, through :meth:`restore_rng`, at
-    the point of the loop where they were saved.
+    Restoring is "load, then continue": :meth:`load_state_dict` sets the progress (the plan is not in the state:
+    it stays the new run's :class:`~taskfit.loops.plan.RunPlan`) and keeps the RNG states, which the fit loop
+    applies once, through :meth:`restore_rng`, at the point of the loop where they were saved.
     """
 
-    VERSION = 3
+    VERSION = 4
 
     def __init__(self, state: FitState, control: FitControl, sums: LossSums, precision: Any = None,
                  callbacks: list[Any] | None = None, module: Any = None, all_gather: Any = None, rank: int = 0,
@@ -298,9 +341,10 @@ class TrainingState:
         return {
             "version": self.VERSION,
             "state": self.resume_point(),
+            "plan": self.state.plan.state_dict(),
             "control": self.control.state_dict(),
             "loop": {"tr_loss_per_rank": per_rank.cpu().clone(), "steps_since_log": s.steps_since_log,
-                     "total_loss": s.total_loss, "epoch_done": False,  # (read by version 2)
+                     "total_loss": s.total_loss,
                      "grad_norm": None if s.grad_norm is None else s.grad_norm.detach().cpu().clone()},
             "precision": self.precision.state_dict() if self.precision is not None else {},
             "callbacks": callback_states(self.callbacks),
@@ -310,15 +354,15 @@ class TrainingState:
         }
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict` output (any version): the progress of :class:`FitState` (the plan stays
-        this run's), control flags, precision, callbacks, ``self.log`` aggregates, loop sums, and the RNG states
-        kept for :meth:`restore_rng`. This rank's running loss sum is its own saved one (the mean of the saved
+        """Restore :meth:`state_dict` output (any version): the progress of :class:`FitState` (the saved ``plan``
+        is the old run's and is not loaded), control flags, precision, callbacks, ``self.log`` aggregates, loop
+        sums, and the RNG states kept for :meth:`restore_rng`. This rank's running loss sum is its own saved one (the mean of the saved
         ranks' sums when the world size changed, which keeps the logged mean). A stateful stream's saved position
         (``data``) is kept for the fit loop, which loads it when it resumes mid-epoch."""
         import torch
 
         saved = upgrade_training_state(saved)
-        self.state.load_progress(saved["state"])
+        self.state.load_state_dict(saved["state"])
         loop = saved.get("loop") or {}
         self.control.load_state_dict(saved.get("control", {}))
         self.control._new_step()

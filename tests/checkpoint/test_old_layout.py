@@ -25,6 +25,8 @@ OLD_MANIFEST_KEYS = {"format", "version", "global_step", "world_size", "save_onl
                      "torch_version", "files"}
 OLD_TRAINING_STATE_KEYS = {"callbacks", "control", "loop", "precision", "results", "state", "taskfit_version",
                            "version"}
+#: since version 4 the run's plan is saved apart from ``state`` (the upgrade reads the old flat ``state`` too)
+NEW_TRAINING_STATE_KEYS = OLD_TRAINING_STATE_KEYS | {"plan"}
 OLD_CONFIG_KEYS = {"class", "hyper_parameters", "num_parameters", "taskfit_version"}
 #: ``Engine.save`` of ``{"model", "optimizer", "step", "extra"}``
 OLD_ENGINE_FILES = {"config.json", "fit_args.json", "model.safetensors", "optimizer.pt", "rng_state_0.pt",
@@ -49,7 +51,7 @@ def test_F_CKPT_1_fit_checkpoint_layout_is_the_old_one(tmp_path):
     assert (manifest["format"], manifest["version"], manifest["global_step"], manifest["world_size"],
             manifest["save_only_model"]) == ("taskfit-checkpoint", 1, 2, 1, False)
     assert set(manifest["files"]) == OLD_FIT_FILES == {p.name for p in ck.iterdir()} - {"manifest.json"}
-    assert set(torch.load(ck / "training_state.pt", weights_only=True)) == OLD_TRAINING_STATE_KEYS
+    assert set(torch.load(ck / "training_state.pt", weights_only=True)) == NEW_TRAINING_STATE_KEYS
     assert set(json.loads((ck / "config.json").read_text())) == OLD_CONFIG_KEYS
     assert set(torch.load(ck / "rng_state_0.pt", weights_only=True)) == {"numpy", "python", "torch"}
     # HF's decay / no-decay groups (one empty) so transformers.Trainer resumes the folder, as before
