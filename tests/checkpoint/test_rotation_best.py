@@ -40,8 +40,9 @@ def _complete(out: Path) -> list[str]:
 def test_F_CKPT_3_a_stopped_run_keeps_its_newest_and_its_best(tmp_path):
     out = tmp_path / "out"
     torch.manual_seed(0)
+    net = job.Net()  # before Fit(...), which seeds with its own seed (HF's Trainer.__init__)
     with pytest.raises(RuntimeError, match="stopped"):
-        _fit(out, callbacks=[FailAt(7)]).fit(job.Net(), job.data(), eval_data=job.data(16, seed=1))
+        _fit(out, callbacks=[FailAt(7)]).fit(net, job.data(), eval_data=job.data(16, seed=1))
     newest = out / "checkpoint-6"
     best = json.loads((newest / "trainer_state.json").read_text())["best_model_checkpoint"]
     assert best.endswith("checkpoint-2")  # the early best
@@ -51,6 +52,7 @@ def test_F_CKPT_3_a_stopped_run_keeps_its_newest_and_its_best(tmp_path):
 def test_F_CKPT_3_a_finished_run_keeps_the_best_alone(tmp_path):
     out = tmp_path / "out"
     torch.manual_seed(0)
-    result = _fit(out).fit(job.Net(), job.data(), eval_data=job.data(16, seed=1))
+    net = job.Net()  # before Fit(...), which seeds with its own seed (HF's Trainer.__init__)
+    result = _fit(out).fit(net, job.data(), eval_data=job.data(16, seed=1))
     assert result.metrics["best_model_checkpoint"].endswith("checkpoint-2")
     assert _complete(out) == ["checkpoint-2"]
