@@ -14,6 +14,7 @@ from taskfit.accelerators.accelerator import Accelerator
 from taskfit.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from taskfit.precision.precision import Precision
 from taskfit.strategies.settings import StrategySettings
+from taskfit.strategies.step_path import plain_step_parts
 
 _CPU = torch.device("cpu")  # compared by value: cheaper than reading .type (~0.5 µs) per micro-batch
 
@@ -295,6 +296,13 @@ class Strategy:
         """Step ``optimizer`` through the precision plugin (which unscales first when :meth:`before_optimizer_step`
         did not: manual optimization, ``Engine``); False when the step was skipped (non-finite gradients)."""
         return self.precision.optimizer_step(optimizer)
+
+    def plain_step_parts(self) -> frozenset[str]:
+        """The step-path methods that are plain here (``taskfit.strategies.step_path.PLAIN_STEP_PARTS``: e.g.
+        ``"backward"`` when :meth:`backward` is ``loss.backward()``), so the fit loop may skip their layer per
+        micro-batch; call it once the strategy is set up (device and precision final). A subclass that overrides
+        one of those methods drops that part automatically."""
+        return plain_step_parts(self, Strategy)
 
     # -- collectives (identity for one process) ---------------------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
