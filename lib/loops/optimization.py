@@ -282,6 +282,11 @@ class AutomaticStep:
         plain = strategy.plain_step_parts()
         self.plain_forward, self.plain_unscale = "forward" in plain, "unscale" in plain
         self._closure_body = self.forward_backward if "sync" in plain else self._run_closure
+        self.plain_optimizer_step = policy.optimizer_step is _plain_optimizer_step
+        # no on_before_optimizer_step hook, no clipping, no engine norm: before_step would only mark the gradient
+        # norm as due (computed in the loop only for a log row or a save)
+        self.norm_only = not (self.L["on_before_optimizer_step"] or self.own_clipping or engine
+                              or (self.max_norm and self.max_norm > 0))
         own_step = overrides(module, "optimizer_step") and not engine
         self._last_micro_batch = self._own_optimizer_step if own_step else self._closure_body
         self.finish_window = self._own_step_result if own_step else self._step_optimizers
@@ -339,7 +344,9 @@ class AutomaticStep:
         else:
             with self.fwd_ctx():
                 out = self.train_fx(self._batch, self._batch_idx)
-        loss = extract_training_loss(out)
+        # the usual result, checked inline (a call less per micro-batch); anything else is checked in full
+        loss = out if type(out) is torch.Tensor and out.requires_grad and out.numel() == 1 else \
+            extract_training_loss(out)
         if self.weights is not None:
             loss = loss * self.weights[i]
         if i == 0 and self.zero_in_closure:
@@ -390,7 +397,9 @@ class AutomaticStep:
         """Unscale, hooks and clipping per optimizer, then every optimizer's step; False when the first one's
         step was skipped (overflow)."""
         strategy, before_step = self.strategy, self._before_step
-        if self.plain_unscale:  # nothing to unscale: the strategy would only call the hook
+        if self.plain_unscale and self.norm_only:  # nothing to unscale, clip or call: what before_step would do
+            self.loop._norm_due = True
+        elif self.plain_unscale:  # nothing to unscale: the strategy would only call the hook
             for opt in self.optimizers:
                 before_step(opt)
         else:
@@ -398,7 +407,11 @@ class AutomaticStep:
                 strategy.before_optimizer_step(opt, before_step)
         self.H["on_pre_optimizer_step"] and self.hooks.call_hf("on_pre_optimizer_step", self.args, self.state,
                                                                self.control)
-        stepped = self.policy.optimizer_step(self.optimizer)
+        if self.plain_optimizer_step:
+            self.optimizer.step()
+            stepped = True
+        else:
+            stepped = self.policy.optimizer_step(self.optimizer)
         for opt in self.other_optimizers:
             self.strategy.optimizer_step(opt)
         return stepped
