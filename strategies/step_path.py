@@ -27,44 +27,52 @@ PLAIN_STEP_PARTS = {
     "optimizer_step": "optimizer_step(opt) is opt.step() and returns True",
 }
 
+#: the methods of the base ``Strategy`` / of :class:`Precision` each part involves
+STRATEGY_METHODS = {"batch": ("batch_to_device",), "forward": ("forward_context",), "sync": ("no_backward_sync",),
+                    "backward": ("backward",), "unscale": ("before_optimizer_step", "unscale_gradients"),
+                    "optimizer_step": ("optimizer_step",)}
+PRECISION_METHODS = {"batch": ("convert_input",), "forward": ("forward_context",), "sync": (),
+                     "backward": ("backward",), "unscale": ("unscale_gradients",), "optimizer_step": ("optimizer_step",)}
+
 _CPU = torch.device("cpu")
 
 
-def _inherited(obj: Any, name: str, base: type) -> bool:
-    """``obj.<name>`` is ``base.<name>`` itself: neither ``obj``'s class overrides it nor its instance replaces it."""
-    return getattr(type(obj), name, None) is getattr(base, name) and name not in getattr(obj, "__dict__", {})
+def step_originals(cls: type) -> dict[str, Any]:
+    """The functions ``cls`` defines for the methods of :data:`STRATEGY_METHODS` (or :data:`PRECISION_METHODS` for
+    :class:`Precision`), taken once when the class is defined: a wrapper set on the class later (a profiler, a test
+    that records calls) is then not plain, and is called."""
+    names = STRATEGY_METHODS if cls is not Precision else PRECISION_METHODS
+    return {n: vars(cls)[n] for methods in names.values() for n in methods}
 
 
-def plain_step_parts(strategy: Any, base: type) -> frozenset[str]:
-    """The keys of :data:`PLAIN_STEP_PARTS` that hold for ``strategy``, whose methods are compared with those of
-    ``base`` (the base ``Strategy`` class) and whose precision plugin's with :class:`Precision`'s.
+_PRECISION_ORIGINALS = step_originals(Precision)
+
+
+def _original(obj: Any, name: str, originals: dict[str, Any]) -> bool:
+    """``obj.<name>`` is the original function: neither ``obj``'s class overrides or wraps it nor its instance
+    replaces it."""
+    return getattr(type(obj), name, None) is originals[name] and name not in getattr(obj, "__dict__", {})
+
+
+def plain_step_parts(strategy: Any, originals: dict[str, Any]) -> frozenset[str]:
+    """The keys of :data:`PLAIN_STEP_PARTS` that hold for ``strategy``.
 
     Args:
         strategy (Strategy): a set-up strategy (its ``root_device`` and ``precision`` are final).
-        base (type): the class whose step methods are the plain ones (``taskfit.strategies.Strategy``).
+        originals (dict[str, Callable]): the base ``Strategy``'s own step functions (:func:`step_originals`).
 
     Returns:
-        frozenset[str]: a part is named only when every method it involves is the base class's own and the device
-        and precision make it a no-op (a CPU device for ``"batch"``, a device other than MPS for ``"forward"``,
-        a plugin without an input cast for ``"batch"``); a subclass or an instance that overrides one drops it.
+        frozenset[str]: a part is named only when every method it involves, on the strategy and on its precision
+        plugin, is the base class's original function, and the device and precision make it a no-op: a CPU device
+        and a plugin without an input cast for ``"batch"``, a device other than MPS for ``"forward"`` (its missing
+        operator hint). A subclass or an instance that overrides or wraps one of the methods drops the part.
     """
-    precision = strategy.precision
-    device = strategy.root_device
-    cpu = device == _CPU or device.type == "cpu"
-    plain = set()
-    if (cpu and _inherited(strategy, "batch_to_device", base) and _inherited(precision, "convert_input", Precision)
-            and precision.param_dtype is None):
-        plain.add("batch")
-    if (device.type != "mps" and _inherited(strategy, "forward_context", base)
-            and _inherited(precision, "forward_context", Precision)):
-        plain.add("forward")
-    if _inherited(strategy, "no_backward_sync", base):
-        plain.add("sync")
-    if _inherited(strategy, "backward", base) and _inherited(precision, "backward", Precision):
-        plain.add("backward")
-    if (_inherited(strategy, "before_optimizer_step", base) and _inherited(strategy, "unscale_gradients", base)
-            and _inherited(precision, "unscale_gradients", Precision)):
-        plain.add("unscale")
-    if _inherited(strategy, "optimizer_step", base) and _inherited(precision, "optimizer_step", Precision):
-        plain.add("optimizer_step")
+    precision, device = strategy.precision, strategy.root_device
+    plain = {part for part in PLAIN_STEP_PARTS
+             if all(_original(strategy, n, originals) for n in STRATEGY_METHODS[part])
+             and all(_original(precision, n, _PRECISION_ORIGINALS) for n in PRECISION_METHODS[part])}
+    if not (device == _CPU or device.type == "cpu") or precision.param_dtype is not None:
+        plain.discard("batch")
+    if device.type == "mps":
+        plain.discard("forward")
     return frozenset(plain)

@@ -128,3 +128,15 @@ def test_an_override_drops_its_plain_part():
     assert strategy.plain_step_parts() == frozenset(PLAIN_STEP_PARTS) - {"backward"}
     strategy.no_backward_sync = lambda enabled=True: None
     assert strategy.plain_step_parts() == frozenset(PLAIN_STEP_PARTS) - {"backward", "sync"}
+
+
+def test_a_wrapper_set_on_the_class_is_called(monkeypatch):
+    """A profiler or a call recorder that wraps a step method on the class after import is not skipped."""
+    original = SingleDeviceStrategy.no_backward_sync
+
+    def recorded(self, enabled=True):
+        return original(self, enabled)
+
+    monkeypatch.setattr(SingleDeviceStrategy, "no_backward_sync", recorded)
+    strategy = SingleDeviceStrategy(CPUAccelerator(), torch.device("cpu"), Precision())
+    assert strategy.plain_step_parts() == frozenset(PLAIN_STEP_PARTS) - {"sync"}
