@@ -14,6 +14,7 @@ from taskfit.accelerators.accelerator import Accelerator
 from taskfit.io.checkpoint_io import CheckpointIO, TorchCheckpointIO
 from taskfit.precision.precision import Precision
 from taskfit.strategies.settings import StrategySettings
+from taskfit.strategies.step_path import plain_step_parts, step_originals
 
 _CPU = torch.device("cpu")  # compared by value: cheaper than reading .type (~0.5 µs) per micro-batch
 
@@ -299,6 +300,17 @@ class Strategy:
         ``Strategy.optimizer_step``)."""
         return self.precision.optimizer_step(optimizer, closure, **kwargs)
 
+    def plain_step_parts(self) -> frozenset[str]:
+        """The step-path methods that are plain here (``taskfit.strategies.step_path.PLAIN_STEP_PARTS``: e.g.
+        ``"backward"`` when :meth:`backward` is ``loss.backward()``), so the fit loop may skip their layer per
+        micro-batch; call it once the strategy is set up (device and precision final). A subclass or an instance
+        that overrides one of those methods, or a wrapper set on this class later, drops that part.
+
+        Returns:
+            frozenset[str]: part names, a subset of ``PLAIN_STEP_PARTS``.
+        """
+        return plain_step_parts(self, _STEP_ORIGINALS)
+
     # -- collectives (identity for one process) ---------------------------------------------------------
     def reduce(self, tensor: torch.Tensor, op: str = "mean") -> torch.Tensor:
         """Reduce ``tensor`` over all processes with ``op`` in ``"mean"``/``"sum"``/``"max"``/``"min"``."""
@@ -412,3 +424,7 @@ class Strategy:
             self.checkpoint_io.teardown()
         finally:
             self.accelerator.teardown()
+
+
+# the base class's own step functions, taken now: a wrapper set on the class later is called, never skipped
+_STEP_ORIGINALS = step_originals(Strategy)

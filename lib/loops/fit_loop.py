@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from taskfit.core.hooks import MONITORING_EPOCH_END, batch_mover, overrides
+from taskfit.core.hooks import MONITORING_EPOCH_END, TRANSFER_HOOKS, batch_mover, overrides
 from taskfit.core.module import TaskModule, infer_batch_size
 from taskfit.data.loaders import set_loader_epoch, shutdown_workers, skip_first_batches, splits_evenly
 from taskfit.data.stateful import decode_state, stateful_source
@@ -117,7 +117,10 @@ class FitLoop:
         self.loss_seen = not self.manual or bool(sums.total_loss)
         readers = strategy.data_parallel_size  # tensor-parallel ranks share their samples
         self.readers = readers
-        self.move = batch_mover(module, strategy)
+        # None: the batch is used as loaded (a CPU device, no input cast, no transfer hook): no call per micro-batch
+        plain_batch = ("batch" in strategy.plain_step_parts()
+                       and not any(overrides(module, n) for n in TRANSFER_HOOKS))
+        self.move = None if plain_batch else batch_mover(module, strategy)
         # batch-size item counts are equal on every process when the loader splits evenly or is not split (tensor
         # parallel ranks read the same batches): no per-step all-reduce (a custom num_items, e.g. a token count,
         # may differ per process and is all-reduced)
@@ -284,7 +287,7 @@ class FitLoop:
         last = len(window) - 1
         window_samples, window_flos, flos_of = 0, 0.0, run.flos_of
         for i in range(last + 1):
-            batch = move(window[i])
+            batch = window[i] if move is None else move(window[i])
             results.set_batch(batch)
             batch_idx = state.batch_in_epoch
             if L["on_train_batch_start"] and hooks.call("on_train_batch_start", fit, module, batch, batch_idx) == -1:

@@ -136,6 +136,17 @@ def step_needs_closure(optimizer: Any) -> bool:
     return param is not None and param.default is inspect.Parameter.empty
 
 
+def _plain_optimizer_step(optimizer: Any, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
+    """``optimizer.step()`` (``optimizer.step(closure=closure, **kwargs)`` when given either, as
+    ``Precision.optimizer_step``): a strategy's ``optimizer_step`` when it is the plain one (its
+    ``plain_step_parts`` names ``"optimizer_step"``), without the strategy and precision layers per step."""
+    if closure is None and not kwargs:
+        optimizer.step()
+    else:
+        optimizer.step(closure=closure, **kwargs)
+    return True
+
+
 @dataclass(frozen=True)
 class StepPolicy:
     """How the optimizer of a run steps, chosen once before the loop (:func:`choose_policy`).
@@ -216,7 +227,10 @@ def choose_policy(run: Any, strategy: Any, manual: bool, accumulation_scheduled:
         return StepPolicy("fused_backward", fused, _no_step, modes, hf_step)
     early = (not manual and args is not None and hooks is not None
              and zero_grad_after_step(run.module, args, strategy, hooks, default_step=True))
-    return StepPolicy("default", strategy.backward, strategy.optimizer_step, modes, hf_step, early)
+    plain = strategy.plain_step_parts()  # the strategy's plain layers are skipped per step
+    backward = torch.Tensor.backward if "backward" in plain else strategy.backward
+    optimizer_step = _plain_optimizer_step if "optimizer_step" in plain else strategy.optimizer_step
+    return StepPolicy("default", backward, optimizer_step, modes, hf_step, early)
 
 
 class ManualStep:
@@ -287,9 +301,18 @@ class AutomaticStep:
         self.zero_in_closure = not policy.zero_grad_after_step or self.closure_in_step  # else freed after steps
         self.none_skips, self.world = loop.loop_policy.none_loss_skips_batch, strategy.world_size
         self.forward_backward = self._hf_forward_backward if policy.hf_step is not None else self._forward_backward
+        # the strategy's layers that do nothing here (one CPU process, fp32) are skipped per micro-batch
+        plain = strategy.plain_step_parts()
+        self.plain_forward, self.plain_unscale = "forward" in plain, "unscale" in plain
+        self._closure_body = self.forward_backward if "sync" in plain else self._run_closure
+        self.plain_optimizer_step = policy.optimizer_step is _plain_optimizer_step
+        # no on_before_optimizer_step hook, no clipping, no engine norm: before_step would only mark the gradient
+        # norm as due (computed in the loop only for a log row or a save)
+        self.norm_only = not (self.L["on_before_optimizer_step"] or self.own_clipping or engine
+                              or (self.max_norm and self.max_norm > 0))
         own_step = overrides(module, "optimizer_step") and not engine
         self._last_micro_batch = (self._own_optimizer_step if own_step else
-                                  self._closure_step if self.closure_in_step else self._run_closure)
+                                  self._closure_step if self.closure_in_step else self._closure_body)
         self.finish_window = self._own_step_result if own_step or self.closure_in_step else self._step_optimizers
         # Lightning keeps one LightningOptimizer per optimizer for the run; `stepped` is reset per window
         self.handles = [LightningOptimizer(opt, module, self.after_closure) for opt in self.optimizers]
@@ -317,7 +340,7 @@ class AutomaticStep:
         if i == self.last:
             self._last_micro_batch()
         else:
-            self._run_closure()
+            self._closure_body()
         return self._out, self._loss
 
     def closure(self) -> torch.Tensor | None:
@@ -345,12 +368,17 @@ class AutomaticStep:
 
     def _forward_backward(self) -> None:
         i, module, hooks, L = self._i, self.module, self.hooks, self.L
-        with self.fwd_ctx():
+        if self.plain_forward:  # the context would be a no-op
             out = self.train_fx(self._batch, self._batch_idx)
+        else:
+            with self.fwd_ctx():
+                out = self.train_fx(self._batch, self._batch_idx)
         if out is None and self.none_skips:  # Lightning: no backward; zero_grad and the step still run
             loss = self._skipped()
         else:
-            loss = extract_training_loss(out)
+            # the usual result, checked inline (a call less per micro-batch); anything else is checked in full
+            loss = out if type(out) is torch.Tensor and out.requires_grad and out.numel() == 1 else \
+                extract_training_loss(out)
             if self.weights is not None:
                 loss = loss * self.weights[i]
         if i == 0 and self.zero_in_closure:
@@ -440,11 +468,21 @@ class AutomaticStep:
         """Unscale, hooks and clipping per optimizer, then every optimizer's step; False when the first one's
         step was skipped (overflow)."""
         strategy, before_step = self.strategy, self._before_step
-        for opt in self.optimizers:  # after_closure, inlined: one call less per step
-            strategy.before_optimizer_step(opt, before_step)
+        if self.plain_unscale and self.norm_only:  # nothing to unscale, clip or call: what before_step would do
+            self.loop._norm_due = True
+        elif self.plain_unscale:  # nothing to unscale: the strategy would only call the hook
+            for opt in self.optimizers:
+                before_step(opt)
+        else:
+            for opt in self.optimizers:  # after_closure, inlined: one call less per step
+                strategy.before_optimizer_step(opt, before_step)
         self.H["on_pre_optimizer_step"] and self.hooks.call_hf("on_pre_optimizer_step", self.args, self.state,
                                                                self.control)
-        stepped = self.policy.optimizer_step(self.optimizer)
+        if self.plain_optimizer_step:
+            self.optimizer.step()
+            stepped = True
+        else:
+            stepped = self.policy.optimizer_step(self.optimizer)
         for opt in self.other_optimizers:
             self.strategy.optimizer_step(opt)
         return stepped
