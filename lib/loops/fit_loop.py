@@ -477,17 +477,18 @@ class FitLoop:
             control.should_training_stop = True
             control.should_save = control.should_save or self.stop.should_save(signum)
         if not epoch_end:
-            if args.logging_strategy == "steps" and (step % state.logging_steps == 0
+            plan = state.plan  # its fields as plain attributes (the state's properties read it per call)
+            if args.logging_strategy == "steps" and (step % plan.logging_steps == 0
                                                      or (step == 1 and args.logging_first_step)):
                 control.should_log = True
-            if args.eval_strategy == "steps" and step % state.eval_steps == 0 and (args.eval_delay or 0) <= step:
+            if args.eval_strategy == "steps" and step % plan.eval_steps == 0 and (args.eval_delay or 0) <= step:
                 control.should_evaluate = True
-            if args.save_strategy == "steps" and step % state.save_steps == 0:
+            if args.save_strategy == "steps" and step % plan.save_steps == 0:
                 control.should_save = True
-            if self._limit_count() >= state.max_steps:
+            if self._limit_count() >= plan.max_steps:
                 control.should_training_stop = True
                 control.should_save = control.should_save or args.save_strategy == "steps"  # HF: save at the end
-                if args.eval_strategy == "steps" and step % state.eval_steps and (args.eval_delay or 0) <= step:
+                if args.eval_strategy == "steps" and step % plan.eval_steps and (args.eval_delay or 0) <= step:
                     control.should_evaluate = True  # HF 5: a last evaluation when max_steps is off the grid
             if hooks.hf["on_step_end"]:
                 hooks.call_hf("on_step_end", args, state, control, **run.hf_kwargs())
