@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from typing import Any
 
@@ -21,11 +22,17 @@ class PossibleUserWarning(UserWarning):
 
 
 def possible_user_warning() -> type[Warning]:
-    """Lightning's ``PossibleUserWarning`` class when the program already imported Lightning (so its
-    ``warnings.filterwarnings(category=...)`` and ``pytest.warns`` keep working after the import swap), else
-    :class:`PossibleUserWarning`. Never imports Lightning."""
-    module = sys.modules.get("lightning.fabric.utilities.warnings")
-    return getattr(module, "PossibleUserWarning", PossibleUserWarning)
+    """The class of the door's ``PossibleUserWarning``: :class:`PossibleUserWarning`, and when the program already
+    imported Lightning a subclass of both it and Lightning's ``lightning.fabric.utilities.warnings.
+    PossibleUserWarning`` (so ``warnings.filterwarnings(category=...)`` and ``pytest.warns`` with either class keep
+    working after the import swap). Never imports Lightning."""
+    theirs = getattr(sys.modules.get("lightning.fabric.utilities.warnings"), "PossibleUserWarning", None)
+    return PossibleUserWarning if theirs is None else _both_warnings(theirs)
+
+
+@functools.lru_cache(maxsize=None)
+def _both_warnings(theirs: type[Warning]) -> type[Warning]:
+    return type("PossibleUserWarning", (PossibleUserWarning, theirs), {"__module__": __name__})
 
 
 def is_overridden(method_name: str, instance: Any = None, parent: type | None = None) -> bool:

@@ -241,3 +241,18 @@ def test_F_LIT_DOOR_FLAGS_malformed_time_interval_refused(value, tmp_path):
         messages[name] = str(err.value)
     assert messages["taskfit"] == messages["lightning"]
     assert value in messages["taskfit"]
+
+
+def test_F_LIT_DOOR_possible_user_warning_matches_both_classes():
+    """F-LIT-DOOR: with Lightning imported, the door's PossibleUserWarning is caught by ``pytest.warns`` with
+    Lightning's class (a Lightning program) and with taskfit's (the import-swapped program) alike."""
+    import warnings as _w
+
+    from lightning.fabric.utilities.warnings import PossibleUserWarning as Theirs
+    from taskfit.lightning.utilities import PossibleUserWarning as Ours, possible_user_warning
+
+    cls = possible_user_warning()
+    assert issubclass(cls, Theirs) and issubclass(cls, Ours) and possible_user_warning() is cls
+    for expected in (Theirs, Ours):
+        with pytest.warns(expected, match="x"):
+            _w.warn("x", cls)
