@@ -50,6 +50,21 @@ def _adapter_folder(name: str) -> str:
     return "" if name == "default" else f"{name}/"
 
 
+
+def _adapter_file(name: str, names: set[str], where: str) -> str:
+    """The weights file of adapter ``name`` among the checkpoint's file ``names`` (safetensors first, as PEFT).
+
+    Raises:
+        CheckpointError: the folder holds neither file for that adapter.
+    """
+    folder = _adapter_folder(name)
+    file = next((folder + n for n in (ADAPTER_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME_PT) if folder + n in names), None)
+    if file is None:
+        raise CheckpointError(f"{where!r} holds no weights for adapter {name!r} ({folder}{ADAPTER_WEIGHTS_NAME} "
+                              f"or {folder}{ADAPTER_WEIGHTS_NAME_PT}); the folder has {sorted(names)[:8]}.")
+    return file
+
+
 def adapter_files(model: Any, state_dict: dict[str, torch.Tensor] | None = None,
                   safetensors: bool = True) -> dict[str, Any]:
     """``{file name: object}`` of every adapter of PEFT ``model`` in PEFT's layout (module docstring).
@@ -120,11 +135,7 @@ def load_adapter_files(model: Any, names: Any, read: Callable[[str], Any], where
 
     names = set(names)
     for name in model.peft_config:
-        folder = _adapter_folder(name)
-        file = next((folder + n for n in (ADAPTER_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME_PT) if folder + n in names), None)
-        if file is None:
-            raise CheckpointError(f"{where!r} holds no weights for adapter {name!r} ({folder}{ADAPTER_WEIGHTS_NAME} "
-                                  f"or {folder}{ADAPTER_WEIGHTS_NAME_PT}); the folder has {sorted(names)[:8]}.")
+        file = _adapter_file(name, names, where)
         state = read(file)
         expected = set(get_peft_model_state_dict(model, adapter_name=name, save_embedding_layers="auto"))
         if set(state) != expected:
@@ -159,11 +170,7 @@ def adapter_state_by_model_key(model: Any, names: Any, read: Callable[[str], Any
     names = set(names)
     out: dict[str, Any] = {}
     for name in model.peft_config:
-        folder = _adapter_folder(name)
-        file = next((folder + n for n in (ADAPTER_WEIGHTS_NAME, ADAPTER_WEIGHTS_NAME_PT) if folder + n in names), None)
-        if file is None:
-            raise CheckpointError(f"{where!r} holds no weights for adapter {name!r} ({folder}{ADAPTER_WEIGHTS_NAME} "
-                                  f"or {folder}{ADAPTER_WEIGHTS_NAME_PT}); the folder has {sorted(names)[:8]}.")
+        file = _adapter_file(name, names, where)
         key_of = {k: keys[int(v)] for k, v in get_peft_model_state_dict(
             model, state_dict=markers, adapter_name=name, save_embedding_layers="auto").items()}
         state = read(file)
