@@ -20,7 +20,8 @@ def _fit(tmp_path, **kwargs) -> Fit:
     return Fit(**opts)
 
 
-class Regression(TaskModule):
+class NoValidation(TaskModule):
+    # kept local: the eval-misconfiguration tests need a module without validation_step (the canonical ones have one)
     def __init__(self) -> None:
         super().__init__()
         self.layer = nn.Linear(4, 1)
@@ -30,9 +31,9 @@ class Regression(TaskModule):
         return nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
 
 
-class WithValidation(Regression):
-    def validation_step(self, batch, batch_idx):
-        return self.training_step(batch, batch_idx)
+def _regression() -> models.Regression:
+    """The canonical regression on :func:`_data`'s 4 features, unseeded (the errors come before any value)."""
+    return models.Regression(features=4, seed=None)
 
 
 def _data(n: int = 8) -> TensorDataset:
@@ -155,7 +156,7 @@ def test_empty_dataset_F_CORE_5(tmp_path):
     """F-CORE-5: an empty training set -> ValueError saying it is empty, before any step."""
     fit = _fit(tmp_path)
     with pytest.raises(ValueError, match="train dataset is empty"):
-        fit.fit(Regression(), TensorDataset(torch.empty(0, 4), torch.empty(0)))
+        fit.fit(_regression(), TensorDataset(torch.empty(0, 4), torch.empty(0)))
     assert fit.state.global_step == 0
 
 
@@ -164,7 +165,7 @@ def test_empty_eval_dataset_F_CORE_5(tmp_path):
     train = Touched()
     fit = _fit(tmp_path, eval_strategy="steps", eval_steps=1)
     with pytest.raises(ValueError, match="eval dataset is empty"):
-        fit.fit(WithValidation(), train, [])
+        fit.fit(_regression(), train, [])
     assert fit.state.global_step == 0 and not train.read
 
 
@@ -172,15 +173,15 @@ def test_drop_last_leaves_no_batches_F_CORE_5(tmp_path):
     """F-CORE-5: a dataset smaller than one batch with ``dataloader_drop_last`` -> ValueError naming the cause."""
     fit = _fit(tmp_path, dataloader_drop_last=True, per_device_train_batch_size=16)
     with pytest.raises(ValueError, match="no batches.*dataloader_drop_last"):
-        fit.fit(Regression(), _data(8))
+        fit.fit(_regression(), _data(8))
 
 
 def test_data_of_wrong_container_type_F_CORE_5(tmp_path):
     """F-CORE-5: a string / dict as data -> TypeError naming what is accepted and the type received."""
     with pytest.raises(TypeError, match="train dataset must be a torch DataLoader.*got str"):
-        _fit(tmp_path).fit(Regression(), "data.csv")
+        _fit(tmp_path).fit(_regression(), "data.csv")
     with pytest.raises(TypeError, match="got dict"):
-        _fit(tmp_path).fit(Regression(), {"x": torch.randn(8, 4)})
+        _fit(tmp_path).fit(_regression(), {"x": torch.randn(8, 4)})
 
 
 def test_generator_as_data_F_CORE_5(tmp_path):
@@ -188,7 +189,7 @@ def test_generator_as_data_F_CORE_5(tmp_path):
     surface as ``object of type 'generator' has no len()`` from inside torch."""
     samples = ((torch.randn(4), torch.randn(())) for _ in range(8))
     with pytest.raises(TypeError) as err:
-        _fit(tmp_path).fit(Regression(), samples)
+        _fit(tmp_path).fit(_regression(), samples)
     msg = str(err.value)
     assert "train dataset" in msg and "generator" in msg and "IterableDataset" in msg
 
@@ -202,7 +203,7 @@ def test_iterable_dataset_without_max_steps_F_CORE_5(tmp_path):
 
     fit = _fit(tmp_path, max_steps=-1)
     with pytest.raises(ValueError, match="no length.*max_steps"):
-        fit.fit(Regression(), Stream())
+        fit.fit(_regression(), Stream())
     assert fit.state.global_step == 0
 
 
@@ -265,7 +266,7 @@ def test_eval_strategy_without_eval_data_F_LOOP_1(tmp_path, strategy):
     train = Touched()
     fit = _fit(tmp_path, eval_strategy=strategy)
     with pytest.raises(ValueError, match=f"eval_strategy='{strategy}' needs eval data"):
-        fit.fit(WithValidation(), train)
+        fit.fit(_regression(), train)
     assert not train.read and fit.state.global_step == 0
 
 
@@ -273,21 +274,21 @@ def test_eval_data_without_validation_step_F_CORE_1(tmp_path):
     """F-CORE-1: eval data for a module that has no validation_step -> ValueError naming the module."""
     train = Touched()
     fit = _fit(tmp_path, eval_strategy="epoch")
-    with pytest.raises(ValueError, match="Regression has no validation_step"):
-        fit.fit(Regression(), train, _data())
+    with pytest.raises(ValueError, match="NoValidation has no validation_step"):
+        fit.fit(NoValidation(), train, _data())
     assert not train.read
 
 
 def test_validate_without_validation_step_F_CORE_1(tmp_path):
     """F-CORE-1: ``fit.validate`` on a module without validation_step -> ValueError naming the module."""
-    with pytest.raises(ValueError, match="Regression has no validation_step"):
-        _fit(tmp_path).validate(Regression(), _data())
+    with pytest.raises(ValueError, match="NoValidation has no validation_step"):
+        _fit(tmp_path).validate(NoValidation(), _data())
 
 
 def test_validate_without_data_F_EVAL_1(tmp_path):
     """F-EVAL-1: validate() with no data anywhere -> ValueError saying where data can come from."""
     with pytest.raises(ValueError, match="validate\\(\\) needs eval data"):
-        _fit(tmp_path).validate(WithValidation())
+        _fit(tmp_path).validate(_regression())
 
 
 def test_fit_without_model_F_CORE_3(tmp_path):

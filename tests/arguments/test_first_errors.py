@@ -4,23 +4,8 @@ produce fails before training when that is knowable, else at the first evaluatio
 from __future__ import annotations
 
 import pytest
-from helpers.models import HFClassifier, hf_rows
-from taskfit import Fit, TaskModule
-from torch import nn
-
-
-class Logged(TaskModule):
-    def __init__(self):
-        super().__init__()
-        self.linear = nn.Linear(3, 2)
-
-    def training_step(self, batch, batch_idx):
-        return nn.functional.cross_entropy(self.linear(batch["x"]), batch["labels"])
-
-    def validation_step(self, batch, batch_idx):
-        logits = self.linear(batch["x"])
-        self.log("val_acc", (logits.argmax(-1) == batch["labels"]).float().mean())
-        return nn.functional.cross_entropy(logits, batch["labels"])
+from helpers.models import Classifier, HFClassifier, classification_data, hf_rows
+from taskfit import Fit
 
 
 def _fit(tmp_path, **kw):
@@ -34,14 +19,17 @@ def test_unknowable_metric_fails_before_training_F_EVAL_2(tmp_path):
                                          r"computed.*only 'eval_loss'.*compute_metrics"):
         fit.fit(HFClassifier(features=3, classes=2, seed=None), hf_rows(), hf_rows(8))
     assert fit.state.global_step == 0 and not list(tmp_path.glob("checkpoint-*"))
-    _fit(tmp_path, metric_for_best_model="loss").fit(HFClassifier(features=3, classes=2, seed=None), hf_rows(), hf_rows(8))  # the one it reports works
+    model = HFClassifier(features=3, classes=2, seed=None)
+    _fit(tmp_path, metric_for_best_model="loss").fit(model, hf_rows(), hf_rows(8))  # the one it reports works
 
 
 def test_missing_metric_fails_at_the_first_evaluation_naming_the_keys_F_EVAL_2(tmp_path):
-    fit = _fit(tmp_path, metric_for_best_model="acc")
+    fit = _fit(tmp_path, metric_for_best_model="accuracy")
     with pytest.raises(KeyError) as err:
-        fit.fit(Logged(), hf_rows(), hf_rows(8))
+        fit.fit(Classifier(features=3, classes=2, seed=None), classification_data(32, features=3, classes=2),
+                classification_data(8, features=3, classes=2, seed=1))
     msg = str(err.value)
-    assert "metric_for_best_model='acc' ('eval_acc') is not among the evaluation metrics ['eval_loss', 'val_acc']" in msg
-    assert "Did you mean 'val_acc'" in msg and "runtime" not in msg
+    assert ("metric_for_best_model='accuracy' ('eval_accuracy') is not among the evaluation metrics "
+            "['eval_acc', 'eval_loss']") in msg
+    assert "Did you mean 'eval_acc'" in msg and "runtime" not in msg
     assert fit.state.global_step == 3  # the first evaluation, not the end of the run
