@@ -21,7 +21,7 @@ def _fit(tmp_path, **kwargs) -> Fit:
 
 
 class NoValidation(TaskModule):
-    # kept local: the eval-misconfiguration tests need a module without validation_step (the canonical ones have one)
+    # kept local: the eval-misconfiguration tests need a module without validation_step
     def __init__(self) -> None:
         super().__init__()
         self.layer = nn.Linear(4, 1)

@@ -121,6 +121,7 @@ def test_strategy_instance_with_precision_is_a_conflict_F_CORE_3(tmp_path):
 
 
 def test_test_without_steps_and_hf_keyword_aliases_F_EVAL_1(tmp_path):
+    # kept local: the module must have neither validation_step nor test_step (the canonical ones validate)
     class NoEval(TaskModule):
         def __init__(self):
             super().__init__()
