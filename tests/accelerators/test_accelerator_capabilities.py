@@ -9,14 +9,20 @@ import random
 import numpy as np
 import pytest
 import torch
+from helpers.models import Regression, regression_data
 from lightning_utilities.core.imports import RequirementCache
-
-from taskfit import Fit, TaskModule
+from taskfit import Fit
 from taskfit.accelerators import CPUAccelerator, CUDAAccelerator, MPSAccelerator, XLAAccelerator
 from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.connector import resolve_components
 from taskfit.precision import (
-    PRECISIONS, DeepSpeedPrecision, FSDPPrecision, MixedPrecision, Precision, XLAPrecision, build_precision,
+    PRECISIONS,
+    DeepSpeedPrecision,
+    FSDPPrecision,
+    MixedPrecision,
+    Precision,
+    XLAPrecision,
+    build_precision,
 )
 from taskfit.seed import rng_states, set_rng_states
 from taskfit.strategies.fsdp import FSDPStrategy
@@ -88,27 +94,13 @@ def test_rng_states_capture_the_accelerator_generator_and_restore_it():
     assert set(rng_states()) == {"python", "numpy", "torch"}
 
 
-class _Regression(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Linear(4, 1)
-
-    def training_step(self, batch, batch_idx):
-        return torch.nn.functional.mse_loss(self.net(batch["x"]), batch["y"])
-
-
-def _data(n: int = 16) -> list[dict[str, torch.Tensor]]:
-    g = torch.Generator().manual_seed(0)
-    return [{"x": torch.randn(4, generator=g), "y": torch.randn(1, generator=g)} for _ in range(n)]
-
-
 def test_checkpoint_rng_file_holds_the_accelerator_state(tmp_path):
     """A real run saves the accelerator's generator (under its name) next to the host ones in rng_state_0.pt."""
     acc = GeneratorAccelerator()
     fit = Fit(FitArguments(output_dir=str(tmp_path), max_steps=2, save_strategy="steps", save_steps=2,
                            per_device_train_batch_size=4, report_to="none", disable_tqdm=True,
                            logging_strategy="no", dataloader_pin_memory=False), accelerator=acc)
-    fit.fit(_Regression(), _data())
+    fit.fit(Regression(features=4, seed=None), regression_data(16, features=4))
     saved = torch.load(tmp_path / "checkpoint-2" / "rng_state_0.pt", weights_only=True)
     assert set(saved) == {"python", "numpy", "torch", "gen"}
     assert torch.equal(saved["gen"], acc.generator.get_state())  # nothing drew from it during the run
