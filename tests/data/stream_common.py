@@ -18,6 +18,7 @@ def stream_samples() -> tuple[torch.Tensor, torch.Tensor]:
     return x, x @ torch.tensor([1.0, -2.0, 0.5, 3.0])
 
 
+# kept local: records which dict samples (``idx``) each step received
 class Recorder(TaskModule):
     """Linear regression recording which samples (``batch["idx"]``) each step received."""
 

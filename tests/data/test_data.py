@@ -35,6 +35,7 @@ class Indexed(Dataset):
         return torch.tensor(i), self.x[i], self.y[i]
 
 
+# kept local: records the indices, sizes and epochs each step received (dropout for the RNG tests)
 class Recorder(TaskModule):
     """Linear regression (with dropout, so RNG seeding matters) that records what each step received."""
 
@@ -184,6 +185,7 @@ def _pad(samples):
     return {"input_ids": ids, "idx": torch.tensor([s["idx"] for s in samples])}
 
 
+# kept local: padded token batches whose lengths and padding the grouping tests count
 class TokenModule(TaskModule):
     def __init__(self) -> None:
         super().__init__()
@@ -404,6 +406,7 @@ def test_taskmodule_that_handles_raw_strings_trains_F_CORE_5(tmp_path):
     """F-CORE-5 / F-CORE-1: a TaskModule may receive non-tensor batches (here lists of strings it tokenises
     itself, as Lightning allows); the loop must not fail on counting the samples of such a batch."""
 
+    # kept local: its batches are lists of strings, not tensors
     class CharModel(TaskModule):
         def __init__(self) -> None:
             super().__init__()
