@@ -447,6 +447,7 @@ def test_no_host_sync_with_token_level_accumulation_DESIGN_hot_path(tmp_path, mo
     of the window's micro-batches, but not on the host: the weights can stay tensors. 20 steps of 2 micro-batches
     with ``logging_steps=10`` must not convert anything to host numbers outside the logging steps."""
 
+    # kept local: a loss over masked (-100) token labels, the per-step tensors a sync would read
     class Tokens(TaskModule):
         def __init__(self) -> None:
             super().__init__()
