@@ -76,6 +76,7 @@ def test_F_CORE_7_save_model_of_taskmodule_wrapping_hf_model_loads_with_from_pre
     cfg = transformers.BertConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
                                   intermediate_size=32, num_labels=2)
 
+    # kept local: wraps a transformers model whose saved folder is read back by from_pretrained
     class Wrapper(TaskModule):
         def __init__(self):
             super().__init__()
