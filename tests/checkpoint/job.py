@@ -27,6 +27,7 @@ SPEED_KEYS = ("train_runtime", "train_samples_per_second", "train_steps_per_seco
               "eval_samples_per_second", "eval_steps_per_second")
 
 
+# kept local: dropout makes the restored RNG matter; the logged names are what resume compares
 class Net(TaskModule):
     """Linear -> dropout -> ReLU -> linear regression; logs a step+epoch metric and an eval loss."""
 
