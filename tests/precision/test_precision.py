@@ -31,6 +31,7 @@ def _data(n=64):
     return TensorDataset(x, (x[:, :4].argmax(-1)) % 4)
 
 
+# kept local: records the output and weight dtypes each step saw under the precision
 class MLP(TaskModule):
     def __init__(self):
         super().__init__()
