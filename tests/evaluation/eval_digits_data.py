@@ -18,6 +18,7 @@ def digits(n_train: int = 1400) -> tuple[list[dict], list[dict]]:
     return samples[:n_train], samples[n_train:]
 
 
+# kept local: dict batches with labels under ``digit`` and an optional torchmetrics object
 class DigitClassifier(TaskModule):
     """A linear classifier on dict batches whose labels live under ``digit`` (``label_names=["digit"]``)."""
 

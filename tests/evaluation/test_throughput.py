@@ -19,6 +19,7 @@ B, IN, HID, OUT = 4, 4, 8, 3
 FLOPS_PER_BATCH = 2 * B * (IN * HID + HID * OUT) * 2 + 2 * B * HID * OUT
 
 
+# kept local: FLOPS_PER_BATCH is computed from these layer sizes
 class MLP(TaskModule):
     def __init__(self) -> None:
         super().__init__()
@@ -30,6 +31,7 @@ class MLP(TaskModule):
         return nn.functional.cross_entropy(self.net(x), y)
 
 
+# kept local: token batches (input_ids), the shape tokens per second counts
 class TokenModel(TaskModule):
     """A dict-batch model with ``input_ids`` (B, T): tokens are counted from the shape."""
 
