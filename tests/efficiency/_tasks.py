@@ -30,6 +30,7 @@ class Block(nn.Module):
         return h + torch.tanh(self.ff(h))
 
 
+# kept local: a ModuleList of blocks, the shape activation checkpointing and compile act on
 class TokenModel(TaskModule):
     """(B, SEQ) ids -> next-token logits; blocks in a ModuleList."""
 

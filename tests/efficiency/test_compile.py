@@ -52,6 +52,7 @@ def test_f_mem_2_compile_targets_children_when_no_forward(tmp_path):
     from taskfit import TaskModule
     from taskfit.efficiency.compile import compile_targets
 
+    # kept local: the test is about a module with no forward and two children
     class NoForward(TaskModule):
         def __init__(self):
             super().__init__()
