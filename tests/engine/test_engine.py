@@ -249,6 +249,7 @@ def test_F_ENGINE_1_save_and_load_round_trip_values_rng_and_strictness(tmp_path)
         engine2.load(path, state)
 
 
+# kept local: the same MLP (mlp(seed)) and AdamW as the Engine loop it is compared with
 class Regressor(TaskModule):
     """The same module in a Fit run and in an Engine loop: ``forward`` for the Engine, ``training_step`` for Fit."""
 
