@@ -72,6 +72,7 @@ def row_async_checkpoint(device: str, sizes: dict[str, Any]) -> dict[str, Any]:
 
     h = sizes["ckpt_hidden"]
 
+    # kept local: sized by the kit's config, large enough to time an async checkpoint
     class Wide(TaskModule):
         def __init__(self) -> None:
             super().__init__()
