@@ -35,6 +35,7 @@ class MLP(nn.Module):
         return pred if labels is None else {"loss": nn.functional.mse_loss(pred, labels), "logits": pred}
 
 
+# kept local: an MLP with up/down projections that tensor parallelism splits
 class Regression(TaskModule):
     """The model as a TaskModule; under ``model_parallel`` ``up`` is split column-wise and ``down`` row-wise."""
 
