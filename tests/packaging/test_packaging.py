@@ -17,6 +17,7 @@ SCRIPT = """
 import torch, taskfit, taskfit.strategies, taskfit.accelerators
 from taskfit import Fit, FitArguments, TaskModule
 assert "site-packages" in taskfit.__file__, taskfit.__file__
+# kept local: a user's script run against the installed wheel alone, with nothing from the checkout
 class M(TaskModule):
     def __init__(self):
         super().__init__(); self.lin = torch.nn.Linear(4, 2)
