@@ -13,6 +13,7 @@ import textwrap
 
 import pytest
 
+# kept local: the user's module file next to run.yaml, which the CLI imports without tests/ on the path
 TASK = '''
 import torch
 from torch import nn
