@@ -39,6 +39,7 @@ def _dataset(n: int = 32, seed: int = 0):
 def _module():
     from taskfit import TaskModule
 
+    # kept local: a hidden layer, an epoch-scripted val_score and a StepLR schedule the callbacks act on
     class Net(TaskModule):
         def __init__(self) -> None:
             super().__init__()

@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from helpers.models import Regression
 from taskfit import Fit, TaskModule
 from taskfit.callbacks import EarlyStopping, LearningRateMonitor, ModelCheckpoint
 from torch import nn
@@ -23,24 +24,20 @@ def _data(n: int = 32) -> TensorDataset:
     return TensorDataset(x, x.sum(-1, keepdim=True))
 
 
-class Scripted(TaskModule):
-    """Linear regression whose validation logs ``score`` = VAL_SEQUENCE[epoch]; optional StepLR schedule."""
+class Scripted(Regression):
+    """The canonical regression (3 features, seed 0) whose validation logs ``score`` = VAL_SEQUENCE[epoch] (and
+    returns the MSE), with two parameter groups and an optional StepLR schedule."""
 
     def __init__(self, schedule: bool = False) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
+        super().__init__(features=3, seed=0)
         self.schedule = schedule
-
-    def training_step(self, batch, batch_idx):
-        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
 
     def validation_step(self, batch, batch_idx):
         self.log("score", torch.tensor(VAL_SEQUENCE[self.fit.state.current_epoch]))
-        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+        return nn.functional.mse_loss(self(batch[0]), batch[1])
 
     def predict_step(self, batch, batch_idx):
-        return self.layer(batch[0])
+        return self(batch[0])
 
     def configure_optimizers(self):
         opt = torch.optim.SGD([{"params": [self.layer.weight]}, {"params": [self.layer.bias], "lr": 0.05}],
