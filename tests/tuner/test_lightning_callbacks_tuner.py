@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from taskfit import Fit, TaskModule
+from helpers.models import LightningStyle
+from taskfit import Fit
 from taskfit.callbacks import BatchSizeFinder, LearningRateFinder
 from taskfit.tuner.tuner import lr_find, scale_batch_size
 from torch import nn
@@ -21,20 +22,18 @@ def _data(n: int = 32) -> TensorDataset:
     return TensorDataset(x, 3 * x.sum(-1, keepdim=True) + 1)
 
 
-class Reg(TaskModule):
+class Reg(LightningStyle):
+    """The canonical Lightning-style module (3 features, seed 0, SGD at ``lr`` with momentum 0.9) with the
+    ``batch_size`` attribute the batch-size finder scales, running out of memory above ``capacity`` samples."""
+
     def __init__(self, lr: float = 0.1, capacity: int = 10**9):
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
-        self.lr, self.capacity, self.batch_size = lr, capacity, 2
+        super().__init__(features=3, lr=lr, momentum=0.9, seed=0)
+        self.capacity, self.batch_size = capacity, 2
 
     def training_step(self, batch, batch_idx):
         if len(batch[0]) > self.capacity:  # as an allocator would
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
+        return super().training_step(batch, batch_idx)
 
 
 def _fit(tmp_path, callbacks=(), **kwargs) -> Fit:
@@ -78,12 +77,14 @@ def test_learning_rate_finder_callback_suggests_lightnings_rate_F_LIT_7(tmp_path
             self.layer = nn.Linear(3, 1)
             self.lr = 0.1
 
-        training_step = Reg.training_step
-        configure_optimizers = Reg.configure_optimizers
+        def training_step(self, batch, batch_idx):
+            return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=self.lr, momentum=0.9)
 
     lit_cb = LitFinder(**FINDER)
     lit = LitReg()
-    lit.capacity = 10**9
     pl.Trainer(max_epochs=1000, max_steps=3, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                enable_model_summary=False, accelerator="cpu", devices=1, default_root_dir=str(tmp_path / "l"),
                callbacks=[lit_cb]).fit(lit, DataLoader(_data(), batch_size=32))

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from taskfit import Fit, TaskModule
+from helpers.models import LightningStyle
+from taskfit import Fit
 from taskfit.tuner.tuner import lr_find
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -17,36 +18,28 @@ def _data(n: int = 32) -> TensorDataset:
     return TensorDataset(x, 3 * x.sum(-1, keepdim=True) + 1)
 
 
-def _configure(self):
-    return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-class Reg(TaskModule):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
-
-    def training_step(self, batch, batch_idx):
-        return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
-
-    configure_optimizers = _configure
+def _reg() -> LightningStyle:
+    """The canonical Lightning-style module: ``nn.Linear(3, 1)`` seeded with 0, plain SGD at lr 0.1."""
+    return LightningStyle(features=3, lr=0.1, momentum=0.0, seed=0)
 
 
 def test_lr_find_equals_lightnings_and_restores_the_weights_F_LIT_7(tmp_path):
     import lightning.pytorch as pl
     from lightning.pytorch.tuner import Tuner
 
-    class LitReg(pl.LightningModule):
+    class LitReg(pl.LightningModule):  # the same module as _reg() written for Lightning
         def __init__(self):
             super().__init__()
             torch.manual_seed(0)
             self.layer = nn.Linear(3, 1)
 
-        training_step = Reg.training_step
-        configure_optimizers = _configure
+        def training_step(self, batch, batch_idx):
+            return nn.functional.mse_loss(self.layer(batch[0]), batch[1])
 
-    module = Reg()
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    module = _reg()
     before = {k: v.clone() for k, v in module.state_dict().items()}
     fit = Fit(output_dir=str(tmp_path / "t"), per_device_train_batch_size=32, max_grad_norm=0, report_to="none",
               disable_tqdm=True)
@@ -72,12 +65,12 @@ def test_lr_find_equals_lightnings_and_restores_the_weights_F_LIT_7(tmp_path):
 def test_lr_find_bad_arguments_F_LIT_7(tmp_path):
     fit = Fit(output_dir=str(tmp_path), report_to="none", disable_tqdm=True)
     with pytest.raises(ValueError, match="min_lr < max_lr"):
-        lr_find(fit, Reg(), _data(), min_lr=1.0, max_lr=0.1)
+        lr_find(fit, _reg(), _data(), min_lr=1.0, max_lr=0.1)
     with pytest.raises(ValueError, match="mode='cosine'"):
-        lr_find(fit, Reg(), _data(), mode="cosine")
+        lr_find(fit, _reg(), _data(), mode="cosine")
 
 
-class MemoryBound(Reg):
+class MemoryBound(LightningStyle):
     """Runs out of memory above ``capacity`` samples per batch (as an allocator would) and records the sizes."""
 
     def __init__(self, capacity: int):
