@@ -33,6 +33,7 @@ class Block(nn.Module):
 
 
 class Tagger(TaskModule):
+    # kept local: FSDP needs blocks to wrap and shard, and the token loss ignores -100 labels
     _no_split_modules = ["Block"]  # what HF models declare; FSDP auto_wrap uses it by default
 
     def __init__(self, dropout: float = 0.0) -> None:

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from taskfit import Callback, Fit, TaskModule
+from helpers.models import Regression
+from taskfit import Callback, Fit
 from taskfit.io import TorchCheckpointIO
 from taskfit.checkpoint.resume import resolve_checkpoint
 from taskfit.strategies.environments import elastic_restart, find_free_port
@@ -72,16 +73,6 @@ def test_F_CKPT_2_auto_resolution(tmp_path, no_launcher, caplog):
     assert f"continues from {out / 'checkpoint-4'}" in caplog.text
 
 
-class _Line(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Linear(3, 1)
-
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.net(x), y)
-
-
 def test_F_CKPT_2_slurm_requeue_continues_a_fit_by_default(tmp_path, no_launcher):
     g = torch.Generator().manual_seed(0)
     data = torch.utils.data.TensorDataset(torch.randn(16, 3, generator=g), torch.randn(16, 1, generator=g))
@@ -95,7 +86,7 @@ def test_F_CKPT_2_slurm_requeue_continues_a_fit_by_default(tmp_path, no_launcher
         torch.manual_seed(0)
         f = Fit(output_dir=str(tmp_path / out), max_steps=steps, save_steps=2, lr_scheduler_type="constant",
                 per_device_train_batch_size=4, report_to="none", disable_tqdm=True, callbacks=[Start()])
-        f.fit(_Line(), data)
+        f.fit(Regression(features=3, seed=None), data)  # initialised from the seed set above
         return f
 
     whole = fit(6, "whole")
@@ -117,7 +108,7 @@ JOB = textwrap.dedent('''
     out, result = sys.argv[1], sys.argv[2]
     kill_at = int(os.environ.get("KILL_AT", "0"))
 
-    class Net(TaskModule):
+    class Net(TaskModule):  # a standalone torchrun worker script: it imports nothing from tests/
         def __init__(self):
             super().__init__()
             self.net = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 2))

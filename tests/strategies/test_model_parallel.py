@@ -132,21 +132,11 @@ def test_F_SCALE_1_object_form_takes_fit_s_devices_and_precision():
 
 
 def test_F_SCALE_1_module_without_configure_model_or_tp_plan_fails_before_training(tmp_path):
-    from torch import nn
-
-    from taskfit import TaskModule
-
-    class Plain(TaskModule):
-        def __init__(self):
-            super().__init__()
-            self.net = nn.Linear(2, 1)
-
-        def training_step(self, batch, batch_idx):
-            return self.net(batch).sum()
+    from helpers.models import Regression, regression_data
 
     fit = _fit(strategy="model_parallel", max_steps=1)
-    with pytest.raises(ValueError, match="needs Plain to override configure_model\\(\\).*tp_plan"):
-        fit.fit(Plain(), [torch.zeros(2)] * 4)
+    with pytest.raises(ValueError, match="needs Regression to override configure_model\\(\\).*tp_plan"):
+        fit.fit(Regression(features=2, seed=None), regression_data(4, features=2))
     assert fit.strategy.device_mesh is None  # refused before the process group and the mesh
 
 
@@ -190,22 +180,16 @@ def test_F_SCALE_1_hf_model_tp_plan_applied_on_two_processes_equals_one_process(
 
 
 def test_F_SCALE_1_unknown_tp_plan_style_fails_before_the_mesh():
-    from torch import nn
-
-    from taskfit import TaskModule
+    from helpers.models import Regression
     from taskfit.strategies import STRATEGIES  # noqa: F401 (registry import)
     from taskfit.strategies.model_parallel import ModelParallelStrategy
 
-    class Planned(TaskModule):
-        def __init__(self):
-            super().__init__()
-            self.net = nn.Linear(2, 2)
-            self.net.tp_plan = {"": "packed_colwise"}
-
+    planned = Regression(features=2, seed=None)
+    planned.layer.tp_plan = {"": "packed_colwise"}  # a plan on a child, as HF models carry one
     s = _fit(strategy="model_parallel").strategy
     assert isinstance(s, ModelParallelStrategy)
     with pytest.raises(ValueError, match="'packed_colwise' is not a style taskfit applies; use one of"):
-        s.check_module(Planned())
+        s.check_module(planned)
 
 
 # -- clipping by value ---------------------------------------------------------------------------------------

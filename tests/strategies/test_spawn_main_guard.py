@@ -19,6 +19,7 @@ from torch.utils.data import TensorDataset
 from taskfit import Fit, TaskModule
 
 
+# the script a user would write (a one-layer regression), carrying a large buffer as the payload
 class Net(TaskModule):
     def __init__(self):
         super().__init__()

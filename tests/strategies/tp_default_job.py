@@ -27,6 +27,7 @@ class Block(nn.Module):
 
 
 class LM(TaskModule):
+    # kept local: the docs' tensor-parallel module (blocks with up/down projections split in configure_model)
     def __init__(self):
         super().__init__()
         self.embed, self.blocks, self.head = nn.Embedding(11, 8), nn.ModuleList([Block(), Block()]), nn.Linear(8, 11)
