@@ -46,26 +46,32 @@ def check_quantized_training(model: Any) -> None:
 QUANTIZED_STRATEGIES = ("single_device", "ddp")
 
 
-def check_quantized_strategy(model: Any, strategy: str, detail: str = "") -> None:
-    """Refuse a bitsandbytes-quantised base (QLoRA, 8-bit) under a strategy that shards or flattens the parameters,
-    before any process starts or any weight moves.
+def check_quantized_strategy(model: Any, strategy: str, detail: str = "", zero_stage: int | None = None) -> None:
+    """Refuse a bitsandbytes-quantised base (QLoRA, 8-bit) under a strategy that shards or flattens its frozen
+    weights, before any process starts or any weight moves.
 
     bitsandbytes keeps 4-bit weights as ``uint8`` ``Params4bit`` with their quantisation state beside the tensor,
-    and 8-bit weights as ``int8`` ``Int8Params``: FSDP's ``fully_shard`` turns parameters into DTensors and
-    DeepSpeed ZeRO flattens and partitions them, and neither keeps that state. accelerate (under
-    ``transformers.Trainer``) leaves such weights out of FSDP2's sharding, unsharded on every rank, unless
-    ``bnb_4bit_quant_storage`` stores them in a float dtype; taskfit does not shard them either, and says so.
+    and 8-bit weights as ``int8`` ``Int8Params``. One process, ``"ddp"`` and DeepSpeed ZeRO-0/1/2 keep every
+    parameter whole on every rank: ZeRO-1/2 flatten and partition only what trains (the adapters' gradients and
+    optimizer state), and ``deepspeed.initialize`` leaves frozen integer weights as they are (it casts only float
+    parameters, and its start-up broadcast from rank 0 copies their bytes in place). FSDP's ``fully_shard`` turns
+    every parameter into a DTensor and ZeRO-3 partitions every parameter, and neither keeps that state.
+    accelerate (under ``transformers.Trainer``) leaves such weights out of FSDP2's sharding, unsharded on every
+    rank, unless ``bnb_4bit_quant_storage`` stores them in a float dtype; taskfit does not shard them either.
 
     Args:
         model (nn.Module): the model about to train (any module passes unless it is quantised by bitsandbytes).
         strategy (str): the strategy's name (``"fsdp"``, ``"deepspeed"``...).
         detail (str): shown after the name (e.g. ``" (ZeRO-3)"``).
+        zero_stage (int | None): the DeepSpeed ZeRO stage (0-3) when ``strategy`` is ``"deepspeed"``.
 
     Raises:
-        ValueError: a bitsandbytes-quantised model under any strategy but one process or ``"ddp"``, naming the
-            strategy and what works.
+        ValueError: a bitsandbytes-quantised model under any strategy but one process, ``"ddp"`` or DeepSpeed
+            ZeRO-0/1/2, naming the strategy and what works.
     """
     if strategy in QUANTIZED_STRATEGIES or not getattr(model, "is_quantized", False):
+        return
+    if strategy == "deepspeed" and zero_stage is not None and zero_stage <= 2:
         return
     quantizer = getattr(model, "hf_quantizer", None)
     method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", "unknown")
@@ -73,10 +79,11 @@ def check_quantized_strategy(model: Any, strategy: str, detail: str = "") -> Non
     if method != "bitsandbytes":
         return
     raise ValueError(f"strategy={strategy!r}{detail} cannot train a base quantized with bitsandbytes "
-                     f"({type(model).__name__}): it shards or flattens the parameters, and bitsandbytes' 4-bit/8-bit "
+                     f"({type(model).__name__}): it shards every parameter, and bitsandbytes' 4-bit/8-bit "
                      "weights keep their quantization state outside the tensor. Train the quantized base (QLoRA) "
-                     "with strategy='ddp' (each process holds the whole quantized base, small by design) or on one "
-                     "process; or load the base unquantized to shard it with FSDP or DeepSpeed.")
+                     "with strategy='ddp' or 'deepspeed_stage_2' (each process holds the whole quantized base, "
+                     "small by design; ZeRO-2 shards the adapters' optimizer state and gradients) or on one "
+                     "process; or load the base unquantized to shard it with FSDP or DeepSpeed ZeRO-3.")
 
 
 def check_quantized_setup(model: Any, strategy: Any, training: bool = True) -> None:
@@ -94,6 +101,6 @@ def check_quantized_setup(model: Any, strategy: Any, training: bool = True) -> N
         ValueError: as :func:`check_quantized_strategy` and :func:`check_quantized_training` raise.
     """
     stage = getattr(strategy, "zero_stage", None)
-    check_quantized_strategy(model, strategy.name, f" (ZeRO-{stage})" if stage else "")
+    check_quantized_strategy(model, strategy.name, f" (ZeRO-{stage})" if stage is not None else "", stage)
     if training:
         check_quantized_training(model)

@@ -1,0 +1,57 @@
+"""Run by tests/finetune/test_qlora_sharded.py: QLoRA fine-tuning of the tiny Llama saved in folder ``base`` under
+``taskfit.hf.Trainer`` with the strategy named by the second argument on 2 gloo processes (taskfit re-launches this
+script per rank), 2 rows per process, 4 steps, a checkpoint every 2; with a third argument, resumed from that
+checkpoint. The fifth argument names the quantized base (:data:`BASES`). ``save_model`` then writes the adapter to
+``{out}/final``."""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from finetune_common import equal_rows  # noqa: E402
+
+import taskfit.hf as m  # noqa: E402
+
+#: the quantized bases: nf4 stored as bitsandbytes' default uint8, nf4 stored in float32 (accelerate's FSDP-QLoRA
+#: recipe) and LLM.int8()
+BASES = ("nf4", "nf4-fp32", "int8")
+
+
+def main(out: str, strategy: str, resume: str, base: str, kind: str) -> None:
+    args = m.TrainingArguments(output_dir=out, per_device_train_batch_size=2, max_steps=4, save_steps=2,
+                               learning_rate=1e-2, logging_steps=1, report_to="none", use_cpu=True,
+                               disable_tqdm=True, ddp_backend="gloo", ddp_timeout=300)
+    trainer = m.Trainer(model=quantized_lora_model(base, kind), args=args, train_dataset=equal_rows(16),
+                        strategy=strategy, devices=2)
+    trainer.train(resume_from_checkpoint=resume or None)
+    trainer.save_model(os.path.join(out, "final"))
+
+
+def quantized_lora_model(base: str, kind: str) -> Any:
+    """The base saved in folder ``base`` quantized as ``kind`` (one of :data:`BASES`; fp32 compute), prepared for
+    k-bit training, with LoRA adapters (rank 4) on ``q_proj``/``v_proj`` seeded as ``finetune_common.lora_model``'s."""
+    import torch
+    from peft import LoraConfig, get_peft_model, prepare_model_for_kbit_training
+    from transformers import BitsAndBytesConfig, LlamaForCausalLM
+
+    if kind not in BASES:
+        raise ValueError(f"kind={kind!r}: expected one of {BASES}")
+    if kind == "int8":
+        config = BitsAndBytesConfig(load_in_8bit=True)
+    else:
+        storage = torch.float32 if kind == "nf4-fp32" else torch.uint8
+        config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_quant_storage=storage,
+                                    bnb_4bit_compute_dtype=torch.float32)
+    model = LlamaForCausalLM.from_pretrained(base, quantization_config=config, device_map="cpu",
+                                             dtype=torch.float32)
+    model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
+    torch.manual_seed(1)
+    return get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0))
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
