@@ -1,11 +1,13 @@
 """Run by tests/finetune/test_qlora_sharded.py: QLoRA fine-tuning of the tiny Llama saved in folder ``base`` under
 ``taskfit.hf.Trainer`` with the strategy named by the second argument on 2 gloo processes (taskfit re-launches this
 script per rank), 2 rows per process, 4 steps, a checkpoint every 2; with a third argument, resumed from that
-checkpoint. The fifth argument names the quantized base (:data:`BASES`). ``save_model`` then writes the adapter to
+checkpoint. The fifth argument names the quantized base (:data:`BASES`). Each rank then writes how many elements of
+the frozen parameters it holds to ``{out}/frozen_rank{r}.json`` and ``save_model`` writes the adapter to
 ``{out}/final``."""
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from typing import Any
@@ -28,7 +30,21 @@ def main(out: str, strategy: str, resume: str, base: str, kind: str) -> None:
     trainer = m.Trainer(model=quantized_lora_model(base, kind), args=args, train_dataset=equal_rows(16),
                         strategy=strategy, devices=2)
     trainer.train(resume_from_checkpoint=resume or None)
+    frozen = [p for p in trainer.model.parameters() if not p.requires_grad]
+    with open(os.path.join(out, f"frozen_rank{trainer.args.process_index}.json"), "w") as fh:
+        json.dump({"local": sum(local_numel(p) for p in frozen), "full": sum(full_numel(p) for p in frozen)}, fh)
     trainer.save_model(os.path.join(out, "final"))
+
+
+def local_numel(p: Any) -> int:
+    """The elements of ``p`` this rank holds: its FSDP2 shard (DTensor), its ZeRO-3 partition, or all."""
+    if hasattr(p, "to_local"):
+        return p.to_local().numel()
+    return p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel()
+
+
+def full_numel(p: Any) -> int:
+    return p.ds_numel if hasattr(p, "ds_numel") else p.numel()
 
 
 def quantized_lora_model(base: str, kind: str) -> Any:

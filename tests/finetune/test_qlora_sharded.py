@@ -6,6 +6,7 @@ quantization constant) and resuming one is bitwise equal to the uninterrupted ru
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -39,32 +40,78 @@ def run_job(out: Path, strategy: str, base: str, kind: str, resume: str = "") ->
     return load_file(str(out / "final" / "adapter_model.safetensors"))
 
 
-def engine_module_keys(ckpt: Path) -> list[str]:
-    """The module keys of the DeepSpeed engine checkpoint in ``ckpt`` (read as taskfit's resume reads it)."""
+def saved_model_keys(ckpt: Path, strategy: str) -> list[str]:
+    """The model keys of the strategy's shards in ``ckpt`` (DeepSpeed's engine files, read as taskfit's resume reads
+    them; FSDP's distributed-checkpoint metadata)."""
+    if strategy == "fsdp":
+        from torch.distributed.checkpoint import FileSystemReader
+
+        keys = FileSystemReader(str(ckpt / "shards")).read_metadata().state_dict_metadata
+        return [k for k in keys if k.startswith("model.")]
     from taskfit.strategies.deepspeed_files import load_engine_file
 
-    path = ckpt / "shards" / "deepspeed" / "mp_rank_00_model_states.pt"
-    return list(load_engine_file(path.read_bytes(), str(path))["module"])
+    files = sorted((ckpt / "shards" / "deepspeed").glob("*model_states.pt"))
+    assert files
+    return sorted({k for f in files for k in load_engine_file(f.read_bytes(), str(f))["module"]})
+
+
+CASES = [("deepspeed_stage_2", "nf4"), ("deepspeed_stage_2", "int8"), ("fsdp", "nf4-fp32"),
+         ("deepspeed_stage_3", "nf4-fp32")]
 
 
 @pytest.mark.distributed
 @pytest.mark.slow  # three two-process jobs per case, ~1 min each on 2 cores
-@pytest.mark.parametrize("kind", ["nf4", "int8"])
-def test_qlora_zero2_equals_one_process_and_resumes_from_adapter_checkpoint_F_FT_3(kind, tmp_path, base_dir):
-    """Equivalence, adapter-only checkpoint, exact resume (module docstring)."""
-    pytest.importorskip("deepspeed")
+@pytest.mark.parametrize(("strategy", "kind"), CASES)
+def test_qlora_sharded_equals_one_process_and_resumes_from_adapter_checkpoint_F_FT_3(strategy, kind, tmp_path,
+                                                                                      base_dir):
+    """Equivalence, what each rank holds of the frozen base, adapter-only checkpoint, exact resume (module
+    docstring)."""
+    pytest.importorskip("deepspeed") if strategy.startswith("deepspeed") else None
     from test_lora_sharded import assert_close, one_process
 
     reference = one_process(quantized_lora_model(base_dir, kind), tmp_path / "one")
-    full = run_job(tmp_path / "run", "deepspeed_stage_2", base_dir, kind)
+    full = run_job(tmp_path / "run", strategy, base_dir, kind)
     assert_close(full, reference, TOL.get(kind, 1e-6))  # the same sums reduced in another order
 
+    for rank in range(2):  # FSDP2 and ZeRO-3 shard the frozen quantized base, ZeRO-2 keeps it whole
+        held = json.loads((tmp_path / "run" / f"frozen_rank{rank}.json").read_text())
+        assert held["local"] == held["full"] if strategy == "deepspeed_stage_2" else \
+            held["local"] < 0.6 * held["full"], held
     ckpt = tmp_path / "run" / "checkpoint-2"
     names = {p.relative_to(ckpt).as_posix() for p in ckpt.rglob("*") if p.is_file()}
-    assert {"adapter_model.safetensors", "adapter_config.json", "shards/taskfit_deepspeed.json"} <= names
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= names
     assert not names & {"model.safetensors", "pytorch_model.bin"}
-    keys = engine_module_keys(ckpt)  # DeepSpeed's exclude_frozen_parameters alone keeps weight.absmax, SCB...
+    keys = saved_model_keys(ckpt, strategy)  # exclude_frozen_parameters alone would keep weight.absmax, SCB...
     assert len(keys) == len(full) and all(".lora_A." in k or ".lora_B." in k for k in keys), keys
 
-    resumed = run_job(tmp_path / "resumed", "deepspeed_stage_2", base_dir, kind, str(ckpt))
+    resumed = run_job(tmp_path / "resumed", strategy, base_dir, kind, str(ckpt))
     assert_close(resumed, full, 0.0)  # bitwise
+
+
+@pytest.mark.parametrize(("strategy", "kind", "bf16", "match"), [
+    ("fsdp", "int8", False, r"strategy='fsdp' cannot train a base quantized with bitsandbytes \(PeftModel\): "
+                            r"its weights are stored as \['torch.int8'\].*bnb_4bit_quant_storage=torch.float32"),
+    ("deepspeed_stage_3", "nf4", False, r"strategy='deepspeed' \(ZeRO-3\) cannot train .* stored as "
+                                        r"\['torch.uint8'\].*bnb_4bit_quant_storage.*strategy='ddp'"),
+    ("fsdp", "nf4-fp32", True, r"strategy='fsdp' with precision='bf16-mixed' needs the packed 4-bit weights .* "
+                               r"stored in torch.bfloat16.*stored as \['torch.float32'\].*"
+                               r"bnb_4bit_quant_storage=torch.bfloat16"),
+    ("deepspeed_stage_2", "nf4-fp32", True, r"strategy='deepspeed' \(ZeRO-2\) with precision='bf16-mixed' needs"),
+], ids=["fsdp-int8", "zero3-uint8", "fsdp-float32-storage-bf16", "zero2-float32-storage-bf16"])
+def test_quantized_base_that_sharding_would_corrupt_is_refused_before_any_work_F_FT_3(strategy, kind, bf16, match,
+                                                                                      tmp_path, base_dir):
+    """8-bit and uint8-stored 4-bit weights under FSDP or ZeRO-3, and float-stored 4-bit weights in another dtype
+    than the precision's (which FSDP/DeepSpeed would cast value by value): the error comes before the launcher
+    starts the second process, naming the storage and the configuration that works."""
+    from finetune_common import equal_rows
+
+    import taskfit.hf as m
+
+    pytest.importorskip("deepspeed") if strategy.startswith("deepspeed") else None
+    args = m.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=2,
+                               report_to="none", use_cpu=True, ddp_backend="gloo", bf16=bf16)
+    trainer = m.Trainer(model=quantized_lora_model(base_dir, kind), args=args, train_dataset=equal_rows(8),
+                        strategy=strategy, devices=2)
+    with pytest.raises(ValueError, match=match):
+        trainer.train()
+    assert not (tmp_path / "out").exists() and not torch.distributed.is_initialized()
