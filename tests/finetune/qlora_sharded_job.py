@@ -18,15 +18,15 @@ from finetune_common import equal_rows  # noqa: E402
 
 import taskfit.hf as m  # noqa: E402
 
-#: the quantized bases: nf4 stored as bitsandbytes' default uint8, nf4 stored in float32 (accelerate's FSDP-QLoRA
-#: recipe) and LLM.int8()
-BASES = ("nf4", "nf4-fp32", "int8")
+#: the quantized bases: nf4 stored as bitsandbytes' default uint8, nf4 stored in float32 or bfloat16 (accelerate's
+#: FSDP-QLoRA recipe; the bf16 one trains with ``bf16=True``) and LLM.int8()
+BASES = ("nf4", "nf4-fp32", "nf4-bf16", "int8")
 
 
 def main(out: str, strategy: str, resume: str, base: str, kind: str) -> None:
     args = m.TrainingArguments(output_dir=out, per_device_train_batch_size=2, max_steps=4, save_steps=2,
                                learning_rate=1e-2, logging_steps=1, report_to="none", use_cpu=True,
-                               disable_tqdm=True, ddp_backend="gloo", ddp_timeout=300)
+                               disable_tqdm=True, ddp_backend="gloo", ddp_timeout=300, bf16=kind == "nf4-bf16")
     trainer = m.Trainer(model=quantized_lora_model(base, kind), args=args, train_dataset=equal_rows(16),
                         strategy=strategy, devices=2)
     trainer.train(resume_from_checkpoint=resume or None)
@@ -59,9 +59,9 @@ def quantized_lora_model(base: str, kind: str) -> Any:
     if kind == "int8":
         config = BitsAndBytesConfig(load_in_8bit=True)
     else:
-        storage = torch.float32 if kind == "nf4-fp32" else torch.uint8
+        storage = {"nf4-fp32": torch.float32, "nf4-bf16": torch.bfloat16}.get(kind, torch.uint8)
         config = BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_quant_storage=storage,
-                                    bnb_4bit_compute_dtype=torch.float32)
+                                    bnb_4bit_compute_dtype=torch.bfloat16 if kind == "nf4-bf16" else torch.float32)
     model = LlamaForCausalLM.from_pretrained(base, quantization_config=config, device_map="cpu",
                                              dtype=torch.float32)
     model = prepare_model_for_kbit_training(model, use_gradient_checkpointing=False)
