@@ -73,9 +73,9 @@ def check_quantized_strategy(model: Any, strategy: str, detail: str = "", zero_s
     parameter: a 4-bit weight stored in a float dtype shards as any tensor (accelerate's FSDP-QLoRA recipe,
     ``bnb_4bit_quant_storage=torch.bfloat16``; bitsandbytes' ``Linear4bit`` restores the quantisation state on the
     plain weight FSDP gathers, ZeRO-3 keeps the ``Params4bit`` object), an integer one does not (accelerate leaves
-    uint8 weights out of FSDP2's sharding; taskfit refuses them). FSDP and DeepSpeed cast
-    floating parameters to the run's precision (a mixed precision too), which would cast the packed bytes: the
-    storage dtype must be that precision's.
+    uint8 weights out of FSDP2's sharding; taskfit refuses them). FSDP and DeepSpeed cast floating parameters to
+    the run's precision (a mixed precision too), which would cast the packed bytes: the storage dtype must be that
+    precision's. Other strategies (``"dp"``, ``"model_parallel"``, XLA) refuse a bitsandbytes base.
 
     Args:
         model (nn.Module): the model about to train (any module passes unless it is quantised by bitsandbytes).
@@ -87,7 +87,8 @@ def check_quantized_strategy(model: Any, strategy: str, detail: str = "", zero_s
     Raises:
         ValueError: under ``"fsdp"`` or ZeRO-3, 8-bit weights or 4-bit weights stored in ``uint8`` (naming
             ``bnb_4bit_quant_storage`` and the strategies that work); under FSDP or DeepSpeed, 4-bit weights stored
-            in a float dtype other than the precision's (naming both).
+            in a float dtype other than the precision's (naming both); any bitsandbytes base under another
+            strategy.
     """
     if strategy in QUANTIZED_STRATEGIES or not getattr(model, "is_quantized", False):
         return
@@ -106,12 +107,13 @@ def check_quantized_strategy(model: Any, strategy: str, detail: str = "", zero_s
                          f"bnb_4bit_quant_storage={wanted}).")
     if (strategy == "deepspeed" and zero_stage is not None and zero_stage <= 2) or (stored and stored == floating):
         return
-    why = (f"its weights are stored as {sorted(map(str, stored - floating))}, and it shards every parameter into "
-           "plain tensors: bitsandbytes recovers the quantization state only of 4-bit weights stored in a float dtype. "
-           "Load the 4-bit base with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_storage=torch.float32) "
-           "(torch.bfloat16 for a bf16 precision) to shard it"
-           if strategy in SHARDING_QUANTIZED_STRATEGIES else "it shards or flattens the parameters, and bitsandbytes' 4-bit/8-bit "
-           "weights keep their quantization state outside the tensor")
+    why = ("it shards or flattens the parameters, and bitsandbytes' 4-bit/8-bit weights keep their quantization "
+           "state outside the tensor")
+    if strategy in SHARDING_QUANTIZED_STRATEGIES:
+        why = (f"its weights are stored as {sorted(map(str, stored - floating))}, and it shards every parameter into "
+               "plain tensors: bitsandbytes recovers the quantization state only of 4-bit weights stored in a float "
+               "dtype. Load the 4-bit base with BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_storage="
+               "torch.float32) (torch.bfloat16 for a bf16 precision) to shard it")
     raise ValueError(f"strategy={strategy!r}{detail} cannot train a base quantized with bitsandbytes "
                      f"({type(model).__name__}): {why}. Or keep the quantized base whole on every process with "
                      "strategy='ddp' or 'deepspeed_stage_2' (ZeRO-2 shards the adapters' optimizer state and "

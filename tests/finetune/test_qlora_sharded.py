@@ -35,7 +35,7 @@ def run_job(out: Path, strategy: str, base: str, kind: str, resume: str = "") ->
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_VARS}
     env.update(OMP_NUM_THREADS="1", TASKFIT_DEEPSPEED_SHM_COMM="0")  # no JIT build of DeepSpeed's shm op
     proc = subprocess.run([sys.executable, str(JOB), str(out), strategy, resume, base, kind], capture_output=True,
-                          text=True, timeout=560, cwd=out.parent, env=env)
+                          text=True, timeout=560, cwd=out.parent, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return load_file(str(out / "final" / "adapter_model.safetensors"))
 
@@ -88,24 +88,28 @@ def test_qlora_sharded_equals_one_process_and_resumes_from_adapter_checkpoint_F_
     assert_close(resumed, full, 0.0)  # bitwise
 
 
-@pytest.mark.parametrize(("strategy", "kind", "bf16", "match"), [
-    ("fsdp", "int8", False, r"strategy='fsdp' cannot train a base quantized with bitsandbytes \(PeftModel\): "
-                            r"its weights are stored as \['torch.int8'\].*bnb_4bit_quant_storage=torch.float32"),
-    ("deepspeed_stage_3", "nf4", False, r"strategy='deepspeed' \(ZeRO-3\) cannot train .* stored as "
-                                        r"\['torch.uint8'\].*bnb_4bit_quant_storage.*strategy='ddp'"),
-    ("fsdp", "nf4-fp32", True, r"strategy='fsdp' with precision='bf16-mixed' needs the packed 4-bit weights .* "
-                               r"stored in torch.bfloat16.*stored as \['torch.float32'\].*"
-                               r"bnb_4bit_quant_storage=torch.bfloat16"),
+#: (strategy, base, bf16, the error): 8-bit and uint8 storage under FSDP/ZeRO-3, float32 storage under bf16
+REFUSED = [
+    ("fsdp", "int8", False, (r"strategy='fsdp' cannot train a base quantized with bitsandbytes \(PeftModel\): "
+                             r"its weights are stored as \['torch.int8'\].*bnb_4bit_quant_storage=torch.float32")),
+    ("deepspeed_stage_3", "nf4", False, (r"strategy='deepspeed' \(ZeRO-3\) cannot train .* stored as "
+                                         r"\['torch.uint8'\].*bnb_4bit_quant_storage.*strategy='ddp'")),
+    ("fsdp", "nf4-fp32", True, (r"strategy='fsdp' with precision='bf16-mixed' needs the packed 4-bit weights .* "
+                                r"stored in torch.bfloat16.*stored as \['torch.float32'\].*"
+                                r"bnb_4bit_quant_storage=torch.bfloat16")),
     ("deepspeed_stage_2", "nf4-fp32", True, r"strategy='deepspeed' \(ZeRO-2\) with precision='bf16-mixed' needs"),
-], ids=["fsdp-int8", "zero3-uint8", "fsdp-float32-storage-bf16", "zero2-float32-storage-bf16"])
+]
+
+
+@pytest.mark.parametrize(("strategy", "kind", "bf16", "match"), REFUSED,
+                         ids=["fsdp-int8", "zero3-uint8", "fsdp-float32-storage-bf16", "zero2-float32-storage-bf16"])
 def test_quantized_base_that_sharding_would_corrupt_is_refused_before_any_work_F_FT_3(strategy, kind, bf16, match,
                                                                                       tmp_path, base_dir):
     """8-bit and uint8-stored 4-bit weights under FSDP or ZeRO-3, and float-stored 4-bit weights in another dtype
     than the precision's (which FSDP/DeepSpeed would cast value by value): the error comes before the launcher
     starts the second process, naming the storage and the configuration that works."""
-    from finetune_common import equal_rows
-
     import taskfit.hf as m
+    from finetune_common import equal_rows
 
     pytest.importorskip("deepspeed") if strategy.startswith("deepspeed") else None
     args = m.TrainingArguments(output_dir=str(tmp_path / "out"), per_device_train_batch_size=2, max_steps=2,
@@ -115,3 +119,18 @@ def test_quantized_base_that_sharding_would_corrupt_is_refused_before_any_work_F
     with pytest.raises(ValueError, match=match):
         trainer.train()
     assert not (tmp_path / "out").exists() and not torch.distributed.is_initialized()
+
+
+def test_packed_4bit_weights_in_a_float_storage_are_not_checked_for_nan_F_FT_3(base_dir):
+    """Packed 4-bit codes stored in bfloat16 include NaN bit patterns (valid codes, frozen): the non-finite check
+    that stops a run skips them, and still sees a NaN in a value parameter."""
+    from taskfit.loops.finite import all_finite
+
+    model = quantized_lora_model(base_dir, "nf4-bf16")
+    packed = [n for n, p in model.named_parameters() if type(p).__name__ == "Params4bit"]
+    assert any(not torch.isfinite(p).all() for n, p in model.named_parameters() if n in packed)  # as measured
+    assert bool(all_finite(model))
+    lora = next(p for n, p in model.named_parameters() if "lora_A" in n)
+    with torch.no_grad():
+        lora[0, 0] = float("nan")
+    assert not bool(all_finite(model))
