@@ -355,10 +355,14 @@ class DeepSpeedStrategy(ParallelStrategy):
                              "locally and copy, or publish with push_to_hub.")
         local = self.checkpoint_io.fs(folder)[1]
         shard_dir = os.path.join(local, "shards")
-        # a PEFT model: the trainable adapter only, not the frozen base (as transformers.Trainer saves it)
+        from taskfit.strategies.deepspeed_files import trainable_module_state
+
+        # a PEFT model: the trainable adapter only, not the frozen base (as transformers.Trainer saves it), nor
+        # what the base's modules write beside their weights (bitsandbytes' quantization constants)
         frozen_out = self._is_peft(module)
-        self._check("save_checkpoint", lambda: self.engine.save_checkpoint(
-            shard_dir, tag=TAG, exclude_frozen_parameters=frozen_out))
+        with trainable_module_state(self.engine) if frozen_out else contextlib.nullcontext():
+            self._check("save_checkpoint", lambda: self.engine.save_checkpoint(
+                shard_dir, tag=TAG, exclude_frozen_parameters=frozen_out))
         if self.is_global_zero:
             meta = {"format": "taskfit-deepspeed", "tag": TAG, "zero_stage": self.zero_stage,
                     "world_size": self.world_size, "prefix": self._prefix(module),

@@ -75,3 +75,26 @@ def verified_engine_loads(engine: Any, reader: Any, local_folder: str) -> Iterat
         yield
     finally:
         ckpt_engine.load = original
+
+
+@contextlib.contextmanager
+def trainable_module_state(engine: Any) -> Iterator[None]:
+    """While active, ``engine.module_state_dict`` (what ``engine.save_checkpoint`` writes as the module) keeps only
+    the trainable parameters: the adapter of a PEFT model. DeepSpeed's ``exclude_frozen_parameters`` drops the
+    frozen parameters but keeps what a module writes beside them, such as bitsandbytes' quantization constants of a
+    frozen 4-bit base (``weight.absmax``, ``weight.quant_map``...), which resume would not read back (the base
+    comes from the model built again)."""
+    original = engine.module_state_dict
+    trainable = {name for name, p in engine.module.named_parameters(remove_duplicate=False) if p.requires_grad}
+
+    def module_state_dict(*args: Any, **kwargs: Any) -> Any:
+        state = original(*args, **kwargs)
+        prefix = kwargs.get("prefix", "")
+        return state if state is None else type(state)(
+            (k, v) for k, v in state.items() if k[len(prefix):] in trainable)
+
+    engine.module_state_dict = module_state_dict
+    try:
+        yield
+    finally:
+        del engine.module_state_dict  # the class's method again

@@ -17,9 +17,18 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if hasattr(t, "to_local") else t  # this rank's shard of a DTensor (FSDP)
 
 
+def _values(module: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """``module``'s named parameters that hold values: not the weights bitsandbytes packs 4-bit codes into (a
+    ``Linear4bit``'s, whose module keeps a ``quant_state``), whose bits are no numbers when
+    ``bnb_4bit_quant_storage`` is a float dtype (a NaN pattern among them is a valid code) and which stay frozen."""
+    packed = {id(m.weight) for m in module.modules() if hasattr(m, "quant_state") and hasattr(m, "weight")}
+    return [(n, p) for n, p in module.named_parameters() if id(p) not in packed]
+
+
 def all_finite(module: torch.nn.Module) -> torch.Tensor:
-    """A 0-dim bool tensor: every (local) parameter of ``module`` is finite. No host sync."""
-    flags = [torch.isfinite(_local(p).detach()).all() for p in module.parameters() if _local(p).numel()]
+    """A 0-dim bool tensor: every (local) parameter of ``module`` is finite (packed 4-bit weights aside). No host
+    sync."""
+    flags = [torch.isfinite(_local(p).detach()).all() for _, p in _values(module) if _local(p).numel()]
     return torch.stack(flags).all() if flags else torch.tensor(True)
 
 
@@ -43,7 +52,7 @@ def check_finite(strategy: Any, module: torch.nn.Module, step: int, output_dir: 
         ok = strategy.reduce(ok.to(strategy.root_device, torch.float32), "min") > 0
     if bool(ok):
         return
-    bad = next((n for n, p in module.named_parameters() if not bool(torch.isfinite(_local(p).detach()).all())),
+    bad = next((n for n, p in _values(module) if not bool(torch.isfinite(_local(p).detach()).all())),
                "on another rank")
     where = f"parameter {bad!r}" if bad != "on another rank" else "a parameter on another rank"
     newest = ""

@@ -1,7 +1,7 @@
 """``Engine`` with a bitsandbytes-quantized base: ``Engine.setup`` runs the checks ``Fit`` runs (one function,
 ``taskfit.core.quantized.check_quantized_setup``): full fine-tuning of a quantized model is refused as
-``transformers.Trainer`` refuses it, a quantized base under a strategy that shards or flattens parameters is refused
-naming the strategy before any process starts, and a QLoRA model trains on one process (F-FT-2, F-FT-3)."""
+``transformers.Trainer`` refuses it, a uint8-stored quantized base under a strategy that shards every parameter
+(FSDP, ZeRO-3) is refused naming the strategy before any process starts, and a QLoRA model trains on one process (F-FT-2, F-FT-3)."""
 
 from __future__ import annotations
 
@@ -31,9 +31,9 @@ def test_engine_refuses_full_fine_tuning_of_a_quantized_model_F_FT_2(base_dir):
     assert engine.setup(model).module is model  # evaluation only: allowed, as HF evaluates a quantized model
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_2", "deepspeed_stage_3"])
+@pytest.mark.parametrize("strategy", ["fsdp", "deepspeed_stage_3"])
 def test_engine_refuses_a_quantized_base_under_sharding_before_any_process_F_FT_3(base_dir, strategy):
-    """The same error as ``Fit``'s (names the strategy, the quantization and ``'ddp'``), raised by ``setup`` before
+    """The same error as ``Fit``'s (names the strategy, ``bnb_4bit_quant_storage`` and ``'ddp'``), raised by ``setup`` before
     ``launch()`` is even needed: no process group, no second process."""
     if strategy.startswith("deepspeed"):
         pytest.importorskip("deepspeed")
@@ -42,7 +42,7 @@ def test_engine_refuses_a_quantized_base_under_sharding_before_any_process_F_FT_
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
     detail = f" \\(ZeRO-{strategy[-1]}\\)" if strategy.startswith("deepspeed") else ""
     with pytest.raises(ValueError, match=f"strategy='{strategy.split('_')[0]}'{detail} cannot train a base quantized "
-                                         "with bitsandbytes .*strategy='ddp'"):
+                                         "with bitsandbytes .*bnb_4bit_quant_storage.*strategy='ddp'"):
         engine.setup(model, optimizer)
     assert not torch.distributed.is_initialized()
 
