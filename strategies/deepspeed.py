@@ -143,6 +143,8 @@ class DeepSpeedStrategy(ParallelStrategy):
               max_steps: int | None = None) -> tuple[torch.nn.Module, list[Any], list[Any]]:
         """Build the engine: ``deepspeed.initialize`` over ``module`` with the run's optimizer (or, when the config
         has an ``optimizer`` section, DeepSpeed's own optimizer and schedule, returned in place of the run's).
+        A model the other ranks built on the meta device (:func:`taskfit.core.rank_zero_init.rank_zero_init`,
+        ``cpu_ram_efficient_loading``) is filled from rank 0's weights first (:meth:`_fill_from_rank_zero`).
         Without an optimizer (``validate``/``test``/``predict``) the module is only placed, or, when it is the
         module of the engine of an earlier ``fit``, that engine is kept (ZeRO-3 gathers its parameters).
         A new optimizer for the same module (``fit`` called again) replaces the engine (the old one is
@@ -153,18 +155,13 @@ class DeepSpeedStrategy(ParallelStrategy):
 
         Raises:
             ValueError: more than one optimizer (DeepSpeed drives exactly one), before any work; under ZeRO-3 a
-                second training setup of a module an earlier engine partitioned; a model built on the meta device
-                (``rank_zero_init``) on any rank, on every rank (a collective check), naming the strategy.
+                second training setup of a module an earlier engine partitioned; rank 0's model has meta tensors.
         """
         from taskfit.strategies.rank_zero_weights import loads_from_rank_zero
 
         optimizers, schedulers = list(optimizers), list(schedulers)
         if loads_from_rank_zero(module, self.root_device, self.global_rank, self.world_size, self._check):
-            raise ValueError(f"strategy={self.name!r} (ZeRO-{self.zero_stage}) cannot fill a model built on the meta "
-                             "device (rank_zero_init, cpu_ram_efficient_loading) from rank 0's weights: DeepSpeed "
-                             "partitions the parameters each rank holds. Build the model with real weights on every "
-                             "rank under DeepSpeed, or use strategy='fsdp' (rank 0's weights loaded into each rank's "
-                             "shards) or 'ddp'.")
+            optimizers = self._fill_from_rank_zero(module, optimizers)
         if len(optimizers) > 1:
             raise ValueError(f"strategy={self.name!r} drives exactly one optimizer per engine; configure_optimizers "
                              f"returned {len(optimizers)}. Combine the parameter groups into one optimizer, or use "
@@ -183,6 +180,30 @@ class DeepSpeedStrategy(ParallelStrategy):
         self._module = module.to(self.root_device)
         return self._build_engine(self._module, optimizers[0] if optimizers else None,
                                   schedulers[0] if schedulers else None, max_steps)
+
+    def _fill_from_rank_zero(self, module: torch.nn.Module, optimizers: list[Any]) -> list[Any]:
+        """Give the meta tensors of ``module`` uninitialised storage on this rank's device (tied weights stay tied)
+        and broadcast rank 0's state dict into them one tensor at a time, the mechanism the FSDP strategy uses
+        (:func:`~taskfit.strategies.rank_zero_weights.load_rank_zero_state`), before ``deepspeed.initialize`` sees the
+        module; ``optimizers`` built over the meta parameters are re-pointed at the new ones (by name). A collective.
+
+        Every rank then holds one full copy until the engine partitions it (ZeRO-3) or keeps it (ZeRO-0/1/2, whose
+        ranks hold the full parameters by design): ``deepspeed.initialize`` takes an unpartitioned module, as
+        accelerate hands it one. What rank 0's absence of a file read saves is the read and the random
+        initialisation, not the peak memory of the other ranks.
+
+        Raises:
+            ValueError: an optimizer holds a parameter that is not one of ``module``'s.
+        """
+        from taskfit.strategies.rank_zero_weights import load_rank_zero_state, materialize, repoint_optimizers
+
+        names = {id(p): n for n, p in module.named_parameters()}
+        materialize(module, self.root_device)  # a no-op on rank 0, whose weights every rank receives
+        module.to(self.root_device)
+        full = module.state_dict() if self.is_global_zero else {}  # references, no copy
+        load_rank_zero_state(module, full, self.global_rank, self._check)
+        log.info("DeepSpeed: rank 0's weights broadcast into every rank's model before deepspeed.initialize.")
+        return repoint_optimizers(module, optimizers, names)
 
     @property
     def builds_own_optimizer(self) -> bool:

@@ -1,0 +1,91 @@
+"""Run by tests/finetune/test_deepspeed_rank_zero_init.py: ``python deepspeed_init_job.py OUT STRATEGY MODE``
+(taskfit re-launches it per rank, 2 gloo processes). A Llama with tied input/output embeddings and a large
+vocabulary (the embedding is most of its ~34 MB, so a full copy shows in the peak memory) is built in
+``configure_model``: with ``MODE=meta`` real (seed 0) on rank 0 and on the meta device inside ``rank_zero_init``
+elsewhere; with ``MODE=real`` real on every rank (the run to equal). At ``on_train_start`` (after the strategy set the
+model up, before any step) each rank records how much its peak resident set (``ru_maxrss``) grew since the model was
+built, whether the tie holds and whether its full weights equal the seed-0 model's; after 2 steps whether the tie still
+holds. Writes ``{OUT}.rank{r}.json`` and the full trained weights to ``{OUT}.rank{r}.pt``."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import resource
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from finetune_common import equal_rows, tiny_llama  # noqa: E402
+
+from taskfit import Fit, TaskModule  # noqa: E402
+from taskfit.core.rank_zero_init import rank_zero_init  # noqa: E402
+
+#: a 2-layer Llama whose tied embedding (65536 x 128 fp32: 32 MiB) dominates its size
+SIZES = dict(tie_word_embeddings=True, vocab_size=65536, hidden_size=128, intermediate_size=256)
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set size so far (``ru_maxrss``, KiB on Linux), in bytes."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """The model's whole parameters on every rank (gathered under ZeRO-3: a collective)."""
+    params = list(model.named_parameters())
+    partitioned = [p for _, p in params if hasattr(p, "ds_id")]
+    gather = contextlib.nullcontext()
+    if partitioned:
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(partitioned, modifier_rank=None)
+    with gather:
+        return {n: p.detach().clone() for n, p in params}
+
+
+class TiedBigVocab(TaskModule):
+    def __init__(self, meta: bool) -> None:
+        super().__init__()
+        self.meta = meta
+        self.report: dict = {}
+
+    def configure_model(self) -> None:
+        self.report["peak_before_bytes"] = peak_rss_bytes()
+        init = rank_zero_init() if self.meta else contextlib.nullcontext(True)
+        with init as real:
+            self.llm = tiny_llama(**SIZES)
+        self.report["built_real"] = real
+        self.report["model_bytes"] = sum(p.numel() * p.element_size() for p in self.llm.parameters())
+
+    def training_step(self, batch, batch_idx):
+        return self.llm(**batch).loss
+
+    def _tied(self) -> bool:
+        return self.llm.lm_head.weight is self.llm.model.embed_tokens.weight
+
+    def on_train_start(self) -> None:
+        self.report["peak_added_bytes"] = peak_rss_bytes() - self.report["peak_before_bytes"]
+        self.report["tied_at_start"] = self._tied()
+        reference = dict(tiny_llama(**SIZES).named_parameters())
+        held = full_state(self.llm)
+        self.report["equal_to_rank0"] = sorted(held) == sorted(reference) and all(
+            torch.equal(v, reference[n]) for n, v in held.items())
+
+    def configure_optimizers(self):
+        return torch.optim.AdamW(self.parameters(), lr=1e-2)
+
+
+if __name__ == "__main__":
+    out, strategy, mode = sys.argv[1:4]
+    torch.set_num_threads(1)
+    fit = Fit(output_dir=out, max_steps=2, per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True,
+              report_to="none", lr_scheduler_type="constant", strategy=strategy, devices=2, ddp_timeout=300)
+    module = TiedBigVocab(meta=mode == "meta")
+    fit.fit(module, equal_rows(8))
+    module.report["tied_at_end"] = module._tied()
+    torch.save(full_state(module.llm), f"{out}.rank{fit.global_rank}.pt")
+    with open(f"{out}.rank{fit.global_rank}.json", "w") as f:
+        json.dump(module.report, f)
