@@ -160,8 +160,7 @@ class DeepSpeedStrategy(ParallelStrategy):
         from taskfit.strategies.rank_zero_weights import loads_from_rank_zero
 
         optimizers, schedulers = list(optimizers), list(schedulers)
-        if loads_from_rank_zero(module, self.root_device, self.global_rank, self.world_size, self._check):
-            optimizers = self._fill_from_rank_zero(module, optimizers)
+        meta = loads_from_rank_zero(module, self.root_device, self.global_rank, self.world_size, self._check)
         if len(optimizers) > 1:
             raise ValueError(f"strategy={self.name!r} drives exactly one optimizer per engine; configure_optimizers "
                              f"returned {len(optimizers)}. Combine the parameter groups into one optimizer, or use "
@@ -169,6 +168,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         if (not optimizers and not self.builds_own_optimizer) or max_steps is None:
             if self.engine is not None and module is self._module:
                 return self.engine, optimizers, schedulers
+            if meta:
+                self._fill_from_rank_zero(module, optimizers, None)
             self._module = module.to(self.root_device)
             self.model = self._module
             return self._module, optimizers, schedulers
@@ -177,20 +178,23 @@ class DeepSpeedStrategy(ParallelStrategy):
                              "fit() needs a fresh model: pass one, or give Fit(model_init=...) and call fit() "
                              "without a model.")
         self._destroy_engine()
+        if meta:
+            optimizers = self._fill_from_rank_zero(module, optimizers, max_steps if self.zero_stage == 3 else None)
         self._module = module.to(self.root_device)
         return self._build_engine(self._module, optimizers[0] if optimizers else None,
                                   schedulers[0] if schedulers else None, max_steps)
 
-    def _fill_from_rank_zero(self, module: torch.nn.Module, optimizers: list[Any]) -> list[Any]:
-        """Give the meta tensors of ``module`` uninitialised storage on this rank's device (tied weights stay tied)
-        and broadcast rank 0's state dict into them one tensor at a time, the mechanism the FSDP strategy uses
-        (:func:`~taskfit.strategies.rank_zero_weights.load_rank_zero_state`), before ``deepspeed.initialize`` sees the
-        module; ``optimizers`` built over the meta parameters are re-pointed at the new ones (by name). A collective.
+    def _fill_from_rank_zero(self, module: torch.nn.Module, optimizers: list[Any],
+                             partition_for: int | None) -> list[Any]:
+        """Give the meta tensors of ``module`` uninitialised storage on this rank's device (tied weights stay tied),
+        re-point ``optimizers`` built over the meta parameters at the new ones (by name), then fill every rank from
+        rank 0's weights before ``deepspeed.initialize`` sees the module. A collective.
 
-        Every rank then holds one full copy until the engine partitions it (ZeRO-3) or keeps it (ZeRO-0/1/2, whose
-        ranks hold the full parameters by design): ``deepspeed.initialize`` takes an unpartitioned module, as
-        accelerate hands it one. What rank 0's absence of a file read saves is the read and the random
-        initialisation, not the peak memory of the other ranks.
+        ZeRO-0/1/2 (``partition_for`` None; also any stage without an engine to build): rank 0's state dict is
+        broadcast one tensor at a time, the FSDP strategy's mechanism
+        (:func:`~taskfit.strategies.rank_zero_weights.load_rank_zero_state`); every rank then holds the full
+        parameters, as these stages keep them. ZeRO-3 (``partition_for``: the run's ``max_steps``, for the engine's
+        config): :meth:`_partition_then_load`, so no rank but the first holds a whole copy.
 
         Raises:
             ValueError: an optimizer holds a parameter that is not one of ``module``'s.
@@ -200,10 +204,38 @@ class DeepSpeedStrategy(ParallelStrategy):
         names = {id(p): n for n, p in module.named_parameters()}
         materialize(module, self.root_device)  # a no-op on rank 0, whose weights every rank receives
         module.to(self.root_device)
-        full = module.state_dict() if self.is_global_zero else {}  # references, no copy
-        load_rank_zero_state(module, full, self.global_rank, self._check)
-        log.info("DeepSpeed: rank 0's weights broadcast into every rank's model before deepspeed.initialize.")
-        return repoint_optimizers(module, optimizers, names)
+        optimizers = repoint_optimizers(module, optimizers, names)
+        if partition_for is not None:
+            self._partition_then_load(module, partition_for)
+        else:
+            full = module.state_dict() if self.is_global_zero else {}  # references, no copy
+            load_rank_zero_state(module, full, self.global_rank, self._check)
+        log.info("DeepSpeed: rank 0's weights loaded into every rank's model before deepspeed.initialize.")
+        return optimizers
+
+    def _partition_then_load(self, module: torch.nn.Module, max_steps: int) -> None:
+        """ZeRO-3: partition ``module`` as DeepSpeed's ``zero.Init`` does for a model built inside it (with the
+        engine's config, so dtype and parameter offload are the engine's), then copy rank 0's weights in one
+        parameter at a time with ``GatheredParameters(..., modifier_rank=0)`` (gathered, written on rank 0,
+        broadcast and partitioned again on leaving), and broadcast the buffers. What transformers'
+        ``from_pretrained`` does under ZeRO-3; the meta ranks never touch more than their partitions and one
+        gathered parameter (their uninitialised full storage is dropped unread). ``deepspeed.initialize`` then
+        takes the partitioned model as it is."""
+        import torch.distributed as dist
+
+        deepspeed = require_deepspeed()
+        settings = self.settings
+        cfg = finalize_config(self.config, None, max_steps, settings.warmup_steps(max_steps))
+        full = {n: p.detach() for n, p in module.named_parameters()} if self.is_global_zero else {}
+        self._check("partition (zero.Init)", lambda: deepspeed.zero.Init(module=module, config_dict_or_path=cfg))
+        for name, param in module.named_parameters():
+            with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+                if self.is_global_zero:
+                    with torch.no_grad():
+                        param.data.copy_(full.pop(name))
+        with torch.no_grad():
+            for buffer in module.buffers():
+                self._check("broadcast (buffers)", lambda b=buffer: dist.broadcast(b, src=0))
 
     @property
     def builds_own_optimizer(self) -> bool:

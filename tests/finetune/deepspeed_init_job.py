@@ -1,10 +1,11 @@
 """Run by tests/finetune/test_deepspeed_rank_zero_init.py: ``python deepspeed_init_job.py OUT STRATEGY MODE``
-(taskfit re-launches it per rank, 2 gloo processes). A Llama with tied input/output embeddings and a large
-vocabulary (the embedding is most of its ~34 MB, so a full copy shows in the peak memory) is built in
+(taskfit re-launches it per rank, 2 gloo processes). A 16-layer Llama with tied input/output embeddings (64 MB fp32
+in 1 MB tensors at most, so a full copy shows in the peak memory) is built in
 ``configure_model``: with ``MODE=meta`` real (seed 0) on rank 0 and on the meta device inside ``rank_zero_init``
 elsewhere; with ``MODE=real`` real on every rank (the run to equal). At ``on_train_start`` (after the strategy set the
 model up, before any step) each rank records how much its peak resident set (``ru_maxrss``) grew since the model was
-built, whether the tie holds and whether its full weights equal the seed-0 model's; after 2 steps whether the tie still
+built, both up to the call of ``deepspeed.initialize`` (the model built and filled from rank 0, nothing of the engine
+yet) and up to the first step (the engine's own buffers included), whether the tie holds and whether its full weights equal the seed-0 model's; after 2 steps whether the tie still
 holds. Writes ``{OUT}.rank{r}.json`` and the full trained weights to ``{OUT}.rank{r}.pt``."""
 
 from __future__ import annotations
@@ -24,8 +25,8 @@ from finetune_common import equal_rows, tiny_llama  # noqa: E402
 from taskfit import Fit, TaskModule  # noqa: E402
 from taskfit.core.rank_zero_init import rank_zero_init  # noqa: E402
 
-#: a 2-layer Llama whose tied embedding (65536 x 128 fp32: 32 MiB) dominates its size
-SIZES = dict(tie_word_embeddings=True, vocab_size=65536, hidden_size=128, intermediate_size=256)
+#: 16 layers of ~1M parameters (the largest tensor 256 x 1024: 1 MiB), the small vocabulary's embedding tied
+SIZES = dict(tie_word_embeddings=True, hidden_size=256, intermediate_size=1024, num_hidden_layers=16)
 
 
 def peak_rss_bytes() -> int:
@@ -46,7 +47,7 @@ def full_state(model: torch.nn.Module) -> dict[str, torch.Tensor]:
         return {n: p.detach().clone() for n, p in params}
 
 
-class TiedBigVocab(TaskModule):
+class TiedLlama(TaskModule):
     def __init__(self, meta: bool) -> None:
         super().__init__()
         self.meta = meta
@@ -78,12 +79,27 @@ class TiedBigVocab(TaskModule):
         return torch.optim.AdamW(self.parameters(), lr=1e-2)
 
 
+def record_peak_at_initialize(report: dict) -> None:
+    """Wrap ``deepspeed.initialize`` to record the peak growth when it is called (after the strategy's fill)."""
+    import deepspeed
+
+    initialize = deepspeed.initialize
+
+    def recording(*args, **kwargs):
+        report["peak_at_initialize_bytes"] = peak_rss_bytes() - report["peak_before_bytes"]
+        return initialize(*args, **kwargs)
+
+    deepspeed.initialize = recording
+
+
 if __name__ == "__main__":
     out, strategy, mode = sys.argv[1:4]
     torch.set_num_threads(1)
+    tiny_llama()  # imports the Llama code and warms torch up before the first measurement
     fit = Fit(output_dir=out, max_steps=2, per_device_train_batch_size=2, save_strategy="no", disable_tqdm=True,
               report_to="none", lr_scheduler_type="constant", strategy=strategy, devices=2, ddp_timeout=300)
-    module = TiedBigVocab(meta=mode == "meta")
+    module = TiedLlama(meta=mode == "meta")
+    record_peak_at_initialize(module.report)
     fit.fit(module, equal_rows(8))
     module.report["tied_at_end"] = module._tied()
     torch.save(full_state(module.llm), f"{out}.rank{fit.global_rank}.pt")

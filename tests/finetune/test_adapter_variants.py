@@ -91,6 +91,9 @@ def _one_process_multi(out: Path) -> dict[str, torch.Tensor]:
 
 
 DEEPSPEED = [pytest.param(s, marks=pytest.mark.deepspeed) for s in ("deepspeed_stage_2", "deepspeed_stage_3")]
+#: ZeRO-3 reduces the gradients in another order and scale than one process: measured max difference 2.3e-6 after 4
+#: Adam steps (test_lora_sharded.py allows the same for ZeRO-3); the other strategies stay within 1e-6
+TOL = {"deepspeed_stage_3": 1e-5}
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", *DEEPSPEED])
@@ -105,7 +108,7 @@ def test_several_adapters_and_modules_to_save_checkpoint_as_peft_does_F_FT_3(str
     reference = _one_process_multi(tmp_path / "one")
     run_job(tmp_path / "run", strategy, "multi")
     final = adapters(tmp_path / "run" / "final", MULTI_FILES[::2])
-    assert_close(final, reference, 1e-6)  # PEFT's own files of the one-process run are the oracle
+    assert_close(final, reference, TOL.get(strategy, 1e-6))  # PEFT's own files of the one-process run: the oracle
     assert "adapter_model.safetensors:base_model.model.lm_head.weight" in final
 
     ckpt = tmp_path / "run" / "checkpoint-2"
