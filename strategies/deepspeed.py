@@ -186,15 +186,16 @@ class DeepSpeedStrategy(ParallelStrategy):
 
     def _fill_from_rank_zero(self, module: torch.nn.Module, optimizers: list[Any],
                              partition_for: int | None) -> list[Any]:
-        """Give the meta tensors of ``module`` uninitialised storage on this rank's device (tied weights stay tied),
-        re-point ``optimizers`` built over the meta parameters at the new ones (by name), then fill every rank from
-        rank 0's weights before ``deepspeed.initialize`` sees the module. A collective.
+        """Give the meta tensors of ``module`` storage on this rank's device (tied weights stay tied) and fill them
+        from rank 0's weights before ``deepspeed.initialize`` sees the module, then re-point ``optimizers`` built
+        over the meta parameters at the new ones (by name). A collective.
 
-        ZeRO-0/1/2 (``partition_for`` None; also any stage without an engine to build): rank 0's state dict is
-        broadcast one tensor at a time, the FSDP strategy's mechanism
-        (:func:`~taskfit.strategies.rank_zero_weights.load_rank_zero_state`); every rank then holds the full
-        parameters, as these stages keep them. ZeRO-3 (``partition_for``: the run's ``max_steps``, for the engine's
-        config): :meth:`_partition_then_load`, so no rank but the first holds a whole copy.
+        ZeRO-0/1/2 (``partition_for`` None; also any stage without an engine to build): uninitialised storage for
+        the whole model, into which rank 0's state dict is broadcast one tensor at a time, the FSDP strategy's
+        mechanism (:func:`~taskfit.strategies.rank_zero_weights.load_rank_zero_state`); every rank then holds the
+        full parameters, as these stages keep them. ZeRO-3 (``partition_for``: the run's ``max_steps``, for the
+        engine's config): :meth:`_partition_from_rank_zero`, DeepSpeed's own broadcast-and-partition, so no rank but
+        the first holds a whole copy.
 
         Raises:
             ValueError: an optimizer holds a parameter that is not one of ``module``'s.
@@ -202,40 +203,52 @@ class DeepSpeedStrategy(ParallelStrategy):
         from taskfit.strategies.rank_zero_weights import load_rank_zero_state, materialize, repoint_optimizers
 
         names = {id(p): n for n, p in module.named_parameters()}
-        materialize(module, self.root_device)  # a no-op on rank 0, whose weights every rank receives
-        module.to(self.root_device)
-        optimizers = repoint_optimizers(module, optimizers, names)
         if partition_for is not None:
-            self._partition_then_load(module, partition_for)
+            self._partition_from_rank_zero(module, partition_for)
         else:
+            materialize(module, self.root_device)  # a no-op on rank 0, whose weights every rank receives
+            module.to(self.root_device)
             full = module.state_dict() if self.is_global_zero else {}  # references, no copy
             load_rank_zero_state(module, full, self.global_rank, self._check)
         log.info("DeepSpeed: rank 0's weights loaded into every rank's model before deepspeed.initialize.")
-        return optimizers
+        return repoint_optimizers(module, optimizers, names)
 
-    def _partition_then_load(self, module: torch.nn.Module, max_steps: int) -> None:
-        """ZeRO-3: partition ``module`` as DeepSpeed's ``zero.Init`` does for a model built inside it (with the
-        engine's config, so dtype and parameter offload are the engine's), then copy rank 0's weights in one
-        parameter at a time with ``GatheredParameters(..., modifier_rank=0)`` (gathered, written on rank 0,
-        broadcast and partitioned again on leaving), and broadcast the buffers. What transformers'
-        ``from_pretrained`` does under ZeRO-3; the meta ranks never touch more than their partitions and one
-        gathered parameter (their uninitialised full storage is dropped unread). ``deepspeed.initialize`` then
-        takes the partitioned model as it is."""
+    def _partition_from_rank_zero(self, module: torch.nn.Module, max_steps: int) -> None:
+        """ZeRO-3: submodule by submodule (children first, in the order of ``module.parameters()``), give this
+        rank's meta parameters storage and convert them with DeepSpeed's ``zero.Init(module=...)`` and the engine's
+        config (its dtype and parameter offload), which broadcasts each parameter from rank 0 and keeps this rank's
+        partition: what the engine does to an unpartitioned module, and ``zero.Init`` to a model built inside it (as
+        transformers' ``from_pretrained`` does under ZeRO-3). A meta rank so holds its partitions and one
+        submodule's full parameters at most; tied parameters stay one parameter. Buffers are broadcast after."""
         import torch.distributed as dist
 
+        from taskfit.strategies.rank_zero_weights import has_meta_tensors
+
         deepspeed = require_deepspeed()
-        settings = self.settings
-        cfg = finalize_config(self.config, None, max_steps, settings.warmup_steps(max_steps))
-        full = {n: p.detach() for n, p in module.named_parameters()} if self.is_global_zero else {}
-        self._check("partition (zero.Init)", lambda: deepspeed.zero.Init(module=module, config_dict_or_path=cfg))
-        for name, param in module.named_parameters():
-            with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
-                if self.is_global_zero:
-                    with torch.no_grad():
-                        param.data.copy_(full.pop(name))
+        cfg = finalize_config(self.config, None, max_steps, self.settings.warmup_steps(max_steps))
+        if not has_meta_tensors(module):
+            module.to(self.root_device)
+        owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+        for sub in module.modules():
+            for name, p in sub._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), []).append((sub, name))
+        for sub in _children_first(module):
+            for name, p in list(sub._parameters.items()):
+                if p is not None and p.is_meta:  # every owner of a tied parameter gets the same new one
+                    new = torch.nn.Parameter(torch.empty_like(p, device=self.root_device), p.requires_grad)
+                    for owner, attr in owners[id(p)]:
+                        owner._parameters[attr] = new
+            if next(sub.parameters(recurse=False), None) is not None:  # children are converted: only sub's own
+                self._check("partition (zero.Init)",
+                            lambda m=sub: deepspeed.zero.Init(module=m, config_dict_or_path=cfg))
         with torch.no_grad():
-            for buffer in module.buffers():
-                self._check("broadcast (buffers)", lambda b=buffer: dist.broadcast(b, src=0))
+            for sub in module.modules():
+                for name, b in list(sub._buffers.items()):
+                    if b is not None:
+                        if b.is_meta:
+                            b = sub._buffers[name] = torch.empty_like(b, device=self.root_device)
+                        self._check("broadcast (buffers)", lambda t=b: dist.broadcast(t, src=0))
 
     @property
     def builds_own_optimizer(self) -> bool:
@@ -480,3 +493,20 @@ class DeepSpeedStrategy(ParallelStrategy):
         """End of a stage: as :class:`Strategy`; the engine stays for a later ``validate``/``test``/``predict`` of
         its module and is destroyed when the next ``fit`` builds a new one."""
         super().teardown()
+
+
+def _children_first(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """``module`` and its submodules, each once, every module after its children (children in definition order)."""
+    seen: set[int] = set()
+    order: list[torch.nn.Module] = []
+
+    def visit(m: torch.nn.Module) -> None:
+        if id(m) in seen:
+            return
+        seen.add(id(m))
+        for child in m.children():
+            visit(child)
+        order.append(m)
+
+    visit(module)
+    return order

@@ -4,10 +4,13 @@ weights into it before ``deepspeed.initialize`` (the broadcast the FSDP strategy
 job is ``deepspeed_init_job.py``): after set-up every rank holds rank 0's weights with the tie intact, and 2 steps
 train to the same weights, bit for bit, as the same run with real weights built on every rank.
 
-Peak memory: the job records how much each rank's peak resident set grew from building the model to the first step.
-DeepSpeed takes an unpartitioned module, so the meta rank holds one full copy before the engine partitions it (ZeRO-3)
-or keeps it (ZeRO-2); the test asserts the meta rank's growth is no more than the real-weights run's (plus slack),
-i.e. the fill costs no second copy."""
+Peak memory of the meta rank, from building the model to the call of ``deepspeed.initialize`` (``ru_maxrss``; a
+16-layer model of 63 MB fp32 whose largest tensor is 1 MB): under ZeRO-3 the strategy converts it submodule by
+submodule with DeepSpeed's ``zero.Init`` (a broadcast from rank 0 and this rank's partition per parameter), so it stays
+below one full copy and below the run with real weights on every rank (measured 48.6 MB against 72.1 MB); ZeRO-2
+keeps the full parameters on every rank by design, so the meta rank holds one copy there and no more than the real
+run (no second copy from the broadcast).
+"""
 
 from __future__ import annotations
 
@@ -51,8 +54,10 @@ def test_meta_device_init_under_deepspeed_gets_rank0_weights_and_trains_as_real_
         for name in want:
             assert torch.equal(got[name], want[name]), (name, (got[name] - want[name]).abs().max())
         assert all(torch.equal(got[n], v) for n, v in trained[0].items())  # every rank holds the same weights
-    # the meta rank's peak grows no more than with real weights on every rank: the broadcast adds no second copy
-    # (measured: ZeRO-2 283 MB both ways, ZeRO-3 336 MB, for a 35 MB model: DeepSpeed's buffers dominate)
     model_bytes = reports[1]["model_bytes"]
-    assert reports[1]["peak_added_bytes"] <= real_reports[1]["peak_added_bytes"] + model_bytes / 2, \
-        (reports[1]["peak_added_bytes"], real_reports[1]["peak_added_bytes"], model_bytes)
+    meta_peak, real_peak = reports[1]["peak_at_initialize_bytes"], real_reports[1]["peak_at_initialize_bytes"]
+    assert real_peak > 0.9 * model_bytes, (real_peak, model_bytes)  # building real weights costs a copy
+    if strategy == "deepspeed_stage_3":
+        assert meta_peak < 0.9 * model_bytes and meta_peak < real_peak - model_bytes / 4, (meta_peak, real_peak)
+    else:
+        assert meta_peak <= real_peak + model_bytes / 10, (meta_peak, real_peak)
