@@ -191,25 +191,23 @@ class DeepSpeedStrategy(ParallelStrategy):
         over the meta parameters at the new ones (by name). A collective.
 
         ZeRO-0/1/2 (``partition_for`` None; also any stage without an engine to build): uninitialised storage for
-        the whole model, into which rank 0's state dict is broadcast one tensor at a time, the FSDP strategy's
-        mechanism (:func:`~taskfit.strategies.rank_zero_weights.load_rank_zero_state`); every rank then holds the
-        full parameters, as these stages keep them. ZeRO-3 (``partition_for``: the run's ``max_steps``, for the
+        the whole model, into which rank 0's tensors are broadcast one at a time and in place
+        (:func:`~taskfit.strategies.rank_zero_weights.broadcast_in_place`, DDP's and FSDP's ``sync_module_states``
+        broadcast); every rank then holds the full parameters once, as these stages keep them. ZeRO-3 (``partition_for``: the run's ``max_steps``, for the
         engine's config): :meth:`_partition_from_rank_zero`, DeepSpeed's own broadcast-and-partition, so no rank but
         the first holds a whole copy.
 
         Raises:
             ValueError: an optimizer holds a parameter that is not one of ``module``'s.
         """
-        from taskfit.strategies.rank_zero_weights import load_rank_zero_state, materialize, repoint_optimizers
+        from taskfit.strategies.rank_zero_weights import broadcast_in_place, materialize, repoint_optimizers
 
         names = {id(p): n for n, p in module.named_parameters()}
         if partition_for is not None:
             self._partition_from_rank_zero(module, partition_for)
         else:
             materialize(module, self.root_device)  # a no-op on rank 0, whose weights every rank receives
-            module.to(self.root_device)
-            full = module.state_dict() if self.is_global_zero else {}  # references, no copy
-            load_rank_zero_state(module, full, self.global_rank, self._check)
+            broadcast_in_place(module.to(self.root_device), self._check)
         log.info("DeepSpeed: rank 0's weights loaded into every rank's model before deepspeed.initialize.")
         return repoint_optimizers(module, optimizers, names)
 

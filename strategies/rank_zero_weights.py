@@ -101,6 +101,15 @@ def load_rank_zero_state(root: nn.Module, full_state: dict[str, torch.Tensor], r
                 check("broadcast (non-persistent buffers)", lambda b=buffer: dist.broadcast(b, src=0))
 
 
+def broadcast_in_place(module: nn.Module, check: Callable[[str, Callable[[], Any]], Any]) -> None:
+    """Broadcast rank 0's parameters and buffers into every rank's own tensors of the unsharded ``module``, one
+    tensor at a time and in place (no second copy on any rank; a shared parameter once): what
+    ``DistributedDataParallel``'s start-up and FSDP's ``sync_module_states`` do. A collective."""
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            check("broadcast (rank 0's weights)", lambda t=t: dist.broadcast(t.data, src=0))
+
+
 def repoint_optimizers(module: nn.Module, optimizers: list[Any], names_before: dict[int, str]) -> list[Any]:
     """Replace the parameters ``optimizers`` were built over by the ones now in ``module`` under the same names
     (sharding and ``to_empty`` put new parameter objects in place); optimizer state, if any, moves with them.
