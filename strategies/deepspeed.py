@@ -193,9 +193,9 @@ class DeepSpeedStrategy(ParallelStrategy):
         ZeRO-0/1/2 (``partition_for`` None; also any stage without an engine to build): uninitialised storage for
         the whole model, into which rank 0's tensors are broadcast one at a time and in place
         (:func:`~taskfit.strategies.rank_zero_weights.broadcast_in_place`, DDP's and FSDP's ``sync_module_states``
-        broadcast); every rank then holds the full parameters once, as these stages keep them. ZeRO-3 (``partition_for``: the run's ``max_steps``, for the
-        engine's config): :meth:`_partition_from_rank_zero`, DeepSpeed's own broadcast-and-partition, so no rank but
-        the first holds a whole copy.
+        broadcast); every rank then holds the full parameters once, as these stages keep them. ZeRO-3
+        (``partition_for``: the run's ``max_steps``, for the engine's config): :meth:`_partition_from_rank_zero`,
+        DeepSpeed's own broadcast-and-partition, so no rank but the first holds a whole copy.
 
         Raises:
             ValueError: an optimizer holds a parameter that is not one of ``module``'s.

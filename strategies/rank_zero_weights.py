@@ -1,6 +1,7 @@
 """Loading rank 0's weights into a model that the other ranks built on the meta device (HF ``fsdp_config``
 ``cpu_ram_efficient_loading``; :func:`taskfit.core.rank_zero_init.rank_zero_init`), shared by the DDP, FSDP and
-DeepSpeed strategies, and re-pointing optimizers at the parameters a strategy put in place of the ones they were built over.
+DeepSpeed strategies, and re-pointing optimizers at the parameters a strategy put in place of the ones they were built
+over.
 
 Mirrors accelerate's FSDP2 path (``fsdp2_load_full_state_dict``) and torchtitan: shard on the meta device, allocate
 the shards (``to_empty``), then ``set_model_state_dict(..., StateDictOptions(full_state_dict=True,

@@ -1,12 +1,12 @@
 """Run by tests/finetune/test_deepspeed_rank_zero_init.py: ``python deepspeed_init_job.py OUT STRATEGY MODE``
-(taskfit re-launches it per rank, 2 gloo processes). A 16-layer Llama with tied input/output embeddings (64 MB fp32
-in 1 MB tensors at most, so a full copy shows in the peak memory) is built in
-``configure_model``: with ``MODE=meta`` real (seed 0) on rank 0 and on the meta device inside ``rank_zero_init``
-elsewhere; with ``MODE=real`` real on every rank (the run to equal). At ``on_train_start`` (after the strategy set the
-model up, before any step) each rank records how much its peak resident set (``ru_maxrss``) grew since the model was
-built, both up to the call of ``deepspeed.initialize`` (the model built and filled from rank 0, nothing of the engine
-yet) and up to the first step (the engine's own buffers included), whether the tie holds and whether its full weights equal the seed-0 model's; after 2 steps whether the tie still
-holds. Writes ``{OUT}.rank{r}.json`` and the full trained weights to ``{OUT}.rank{r}.pt``."""
+(taskfit re-launches it per rank, 2 gloo processes). A 16-layer Llama with tied input/output embeddings (63 MB fp32 in
+tensors of 1 MB at most, so a full copy shows in the peak memory) is built in ``configure_model``: with ``MODE=meta``
+real (seed 0) on rank 0 and on the meta device inside ``rank_zero_init`` elsewhere; with ``MODE=real`` real on every
+rank (the run to equal). Each rank records how much its peak resident set (``ru_maxrss``) grew from building the model
+to the call of ``deepspeed.initialize`` (the model built and filled from rank 0, nothing of the engine yet) and to
+``on_train_start`` (the engine's own buffers included); at ``on_train_start`` whether the tie holds and whether its
+full weights equal the seed-0 model's; after 2 steps whether the tie still holds. Writes ``{OUT}.rank{r}.json`` and
+the full trained weights to ``{OUT}.rank{r}.pt``."""
 
 from __future__ import annotations
 
