@@ -143,6 +143,8 @@ class DeepSpeedStrategy(ParallelStrategy):
               max_steps: int | None = None) -> tuple[torch.nn.Module, list[Any], list[Any]]:
         """Build the engine: ``deepspeed.initialize`` over ``module`` with the run's optimizer (or, when the config
         has an ``optimizer`` section, DeepSpeed's own optimizer and schedule, returned in place of the run's).
+        A model the other ranks built on the meta device (:func:`taskfit.core.rank_zero_init.rank_zero_init`,
+        ``cpu_ram_efficient_loading``) is filled from rank 0's weights first (:meth:`_fill_from_rank_zero`).
         Without an optimizer (``validate``/``test``/``predict``) the module is only placed, or, when it is the
         module of the engine of an earlier ``fit``, that engine is kept (ZeRO-3 gathers its parameters).
         A new optimizer for the same module (``fit`` called again) replaces the engine (the old one is
@@ -153,18 +155,12 @@ class DeepSpeedStrategy(ParallelStrategy):
 
         Raises:
             ValueError: more than one optimizer (DeepSpeed drives exactly one), before any work; under ZeRO-3 a
-                second training setup of a module an earlier engine partitioned; a model built on the meta device
-                (``rank_zero_init``) on any rank, on every rank (a collective check), naming the strategy.
+                second training setup of a module an earlier engine partitioned; rank 0's model has meta tensors.
         """
         from taskfit.strategies.rank_zero_weights import loads_from_rank_zero
 
         optimizers, schedulers = list(optimizers), list(schedulers)
-        if loads_from_rank_zero(module, self.root_device, self.global_rank, self.world_size, self._check):
-            raise ValueError(f"strategy={self.name!r} (ZeRO-{self.zero_stage}) cannot fill a model built on the meta "
-                             "device (rank_zero_init, cpu_ram_efficient_loading) from rank 0's weights: DeepSpeed "
-                             "partitions the parameters each rank holds. Build the model with real weights on every "
-                             "rank under DeepSpeed, or use strategy='fsdp' (rank 0's weights loaded into each rank's "
-                             "shards) or 'ddp'.")
+        meta = loads_from_rank_zero(module, self.root_device, self.global_rank, self.world_size, self._check)
         if len(optimizers) > 1:
             raise ValueError(f"strategy={self.name!r} drives exactly one optimizer per engine; configure_optimizers "
                              f"returned {len(optimizers)}. Combine the parameter groups into one optimizer, or use "
@@ -172,6 +168,8 @@ class DeepSpeedStrategy(ParallelStrategy):
         if (not optimizers and not self.builds_own_optimizer) or max_steps is None:
             if self.engine is not None and module is self._module:
                 return self.engine, optimizers, schedulers
+            if meta:
+                self._fill_from_rank_zero(module, optimizers, None)
             self._module = module.to(self.root_device)
             self.model = self._module
             return self._module, optimizers, schedulers
@@ -180,9 +178,75 @@ class DeepSpeedStrategy(ParallelStrategy):
                              "fit() needs a fresh model: pass one, or give Fit(model_init=...) and call fit() "
                              "without a model.")
         self._destroy_engine()
+        if meta:
+            optimizers = self._fill_from_rank_zero(module, optimizers, max_steps if self.zero_stage == 3 else None)
         self._module = module.to(self.root_device)
         return self._build_engine(self._module, optimizers[0] if optimizers else None,
                                   schedulers[0] if schedulers else None, max_steps)
+
+    def _fill_from_rank_zero(self, module: torch.nn.Module, optimizers: list[Any],
+                             partition_for: int | None) -> list[Any]:
+        """Give the meta tensors of ``module`` storage on this rank's device (tied weights stay tied) and fill them
+        from rank 0's weights before ``deepspeed.initialize`` sees the module, then re-point ``optimizers`` built
+        over the meta parameters at the new ones (by name). A collective.
+
+        ZeRO-0/1/2 (``partition_for`` None; also any stage without an engine to build): uninitialised storage for
+        the whole model, into which rank 0's tensors are broadcast one at a time and in place
+        (:func:`~taskfit.strategies.rank_zero_weights.broadcast_in_place`, DDP's and FSDP's ``sync_module_states``
+        broadcast); every rank then holds the full parameters once, as these stages keep them. ZeRO-3
+        (``partition_for``: the run's ``max_steps``, for the engine's config): :meth:`_partition_from_rank_zero`,
+        DeepSpeed's own broadcast-and-partition, so no rank but the first holds a whole copy.
+
+        Raises:
+            ValueError: an optimizer holds a parameter that is not one of ``module``'s.
+        """
+        from taskfit.strategies.rank_zero_weights import broadcast_in_place, materialize, repoint_optimizers
+
+        names = {id(p): n for n, p in module.named_parameters()}
+        if partition_for is not None:
+            self._partition_from_rank_zero(module, partition_for)
+        else:
+            materialize(module, self.root_device)  # a no-op on rank 0, whose weights every rank receives
+            broadcast_in_place(module.to(self.root_device), self._check)
+        log.info("DeepSpeed: rank 0's weights loaded into every rank's model before deepspeed.initialize.")
+        return repoint_optimizers(module, optimizers, names)
+
+    def _partition_from_rank_zero(self, module: torch.nn.Module, max_steps: int) -> None:
+        """ZeRO-3: submodule by submodule (children first, in the order of ``module.parameters()``), give this
+        rank's meta parameters storage and convert them with DeepSpeed's ``zero.Init(module=...)`` and the engine's
+        config (its dtype and parameter offload), which broadcasts each parameter from rank 0 and keeps this rank's
+        partition: what the engine does to an unpartitioned module, and ``zero.Init`` to a model built inside it (as
+        transformers' ``from_pretrained`` does under ZeRO-3). A meta rank so holds its partitions and one
+        submodule's full parameters at most; tied parameters stay one parameter. Buffers are broadcast after."""
+        import torch.distributed as dist
+
+        from taskfit.strategies.rank_zero_weights import has_meta_tensors
+
+        deepspeed = require_deepspeed()
+        cfg = finalize_config(self.config, None, max_steps, self.settings.warmup_steps(max_steps))
+        if not has_meta_tensors(module):
+            module.to(self.root_device)
+        owners: dict[int, list[tuple[torch.nn.Module, str]]] = {}
+        for sub in module.modules():
+            for name, p in sub._parameters.items():
+                if p is not None:
+                    owners.setdefault(id(p), []).append((sub, name))
+        for sub in _children_first(module):
+            for name, p in list(sub._parameters.items()):
+                if p is not None and p.is_meta:  # every owner of a tied parameter gets the same new one
+                    new = torch.nn.Parameter(torch.empty_like(p, device=self.root_device), p.requires_grad)
+                    for owner, attr in owners[id(p)]:
+                        owner._parameters[attr] = new
+            if next(sub.parameters(recurse=False), None) is not None:  # children are converted: only sub's own
+                self._check("partition (zero.Init)",
+                            lambda m=sub: deepspeed.zero.Init(module=m, config_dict_or_path=cfg))
+        with torch.no_grad():
+            for sub in module.modules():
+                for name, b in list(sub._buffers.items()):
+                    if b is not None:
+                        if b.is_meta:
+                            b = sub._buffers[name] = torch.empty_like(b, device=self.root_device)
+                        self._check("broadcast (buffers)", lambda t=b: dist.broadcast(t, src=0))
 
     @property
     def builds_own_optimizer(self) -> bool:
@@ -431,3 +495,20 @@ class DeepSpeedStrategy(ParallelStrategy):
         """End of a stage: as :class:`Strategy`; the engine stays for a later ``validate``/``test``/``predict`` of
         its module and is destroyed when the next ``fit`` builds a new one."""
         super().teardown()
+
+
+def _children_first(module: torch.nn.Module) -> list[torch.nn.Module]:
+    """``module`` and its submodules, each once, every module after its children (children in definition order)."""
+    seen: set[int] = set()
+    order: list[torch.nn.Module] = []
+
+    def visit(m: torch.nn.Module) -> None:
+        if id(m) in seen:
+            return
+        seen.add(id(m))
+        for child in m.children():
+            visit(child)
+        order.append(m)
+
+    visit(module)
+    return order

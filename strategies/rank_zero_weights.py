@@ -1,6 +1,7 @@
 """Loading rank 0's weights into a model that the other ranks built on the meta device (HF ``fsdp_config``
-``cpu_ram_efficient_loading``; :func:`taskfit.core.rank_zero_init.rank_zero_init`), shared by the DDP and FSDP
-strategies, and re-pointing optimizers at the parameters a strategy put in place of the ones they were built over.
+``cpu_ram_efficient_loading``; :func:`taskfit.core.rank_zero_init.rank_zero_init`), shared by the DDP, FSDP and
+DeepSpeed strategies, and re-pointing optimizers at the parameters a strategy put in place of the ones they were built
+over.
 
 Mirrors accelerate's FSDP2 path (``fsdp2_load_full_state_dict``) and torchtitan: shard on the meta device, allocate
 the shards (``to_empty``), then ``set_model_state_dict(..., StateDictOptions(full_state_dict=True,
@@ -99,6 +100,15 @@ def load_rank_zero_state(root: nn.Module, full_state: dict[str, torch.Tensor], r
         for name, buffer in root.named_buffers():
             if name not in saved:
                 check("broadcast (non-persistent buffers)", lambda b=buffer: dist.broadcast(b, src=0))
+
+
+def broadcast_in_place(module: nn.Module, check: Callable[[str, Callable[[], Any]], Any]) -> None:
+    """Broadcast rank 0's parameters and buffers into every rank's own tensors of the unsharded ``module``, one
+    tensor at a time and in place (no second copy on any rank; a shared parameter once): what
+    ``DistributedDataParallel``'s start-up and FSDP's ``sync_module_states`` do. A collective."""
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            check("broadcast (rank 0's weights)", lambda t=t: dist.broadcast(t.data, src=0))
 
 
 def repoint_optimizers(module: nn.Module, optimizers: list[Any], names_before: dict[int, str]) -> list[Any]:

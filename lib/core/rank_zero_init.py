@@ -1,5 +1,5 @@
 """Building a big model once: real weights on rank 0 only, the same model on the meta device (no memory) on every
-other rank; the DDP and FSDP strategies then fill the other ranks from rank 0 (HF ``fsdp_config``
+other rank; the DDP, FSDP and DeepSpeed strategies then fill the other ranks from rank 0 (HF ``fsdp_config``
 ``cpu_ram_efficient_loading``; accelerate's and transformers' "only rank 0 loads the weights")."""
 
 from __future__ import annotations
@@ -37,7 +37,9 @@ def rank_zero_init(rank: int | None = None) -> Generator[bool, None, None]:
     ``strategy="fsdp"`` then shards the meta model, allocates only this rank's shards and broadcasts rank 0's
     weights into them one tensor at a time, so no other rank ever holds a whole copy (peak host memory about
     ``1 / world_size`` of the model plus its largest tensor); ``strategy="ddp"`` allocates each replica
-    uninitialised and ``DistributedDataParallel``'s start-up broadcast fills it. The same as HF's
+    uninitialised and ``DistributedDataParallel``'s start-up broadcast fills it; DeepSpeed ZeRO-1/2 do the same with
+    a broadcast before ``deepspeed.initialize``, and ZeRO-3 converts the model submodule by submodule with DeepSpeed's
+    ``zero.Init`` (rank 0's weights broadcast, each rank keeping its partition). The same as HF's
     ``fsdp_config={"cpu_ram_efficient_loading": True}`` (where transformers' ``from_pretrained`` builds the meta
     model), and as Lightning Fabric's ``init_module(empty_init=True)`` except that rank 0 keeps real weights.
     Build optimizers over the module as usual: the strategy re-points them at the materialised parameters.
