@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from taskfit.errors import configuration_error
 from taskfit.core.hooks import LightningHooks
 from taskfit.core.lightning_members import LightningMembers
 from taskfit.core.lightning_tools import JIT_UNUSED_PROPERTIES, LightningTools, fabric_log
@@ -184,9 +185,10 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         if results is None:
             raise RuntimeError(f"self.log({name!r}) was called outside a Fit stage; call it from a *_step or hook.")
         if add_dataloader_idx and "/dataloader_idx_" in name:
-            raise ValueError(f"You called `self.log` with the key `{name}` but it should not contain information about "
-                             "`dataloader_idx` when `add_dataloader_idx=True`: the suffix is appended for you (or "
-                             "pass add_dataloader_idx=False).")  # Lightning's words
+            raise configuration_error(
+                f"You called `self.log` with the key `{name}` but it should not contain information about "
+                "`dataloader_idx` when `add_dataloader_idx=True`: the suffix is appended for you (or "
+                "pass add_dataloader_idx=False).")  # Lightning's words
         if logger and self._fit is not None and not getattr(self._fit, "loggers", True):
             warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. You can "
                           "enable one by doing `Trainer(logger=ALogger(...))`. Remove `logger=True` to remove this "
@@ -195,7 +197,7 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         d_step, d_epoch = self._log_defaults
         on_step, on_epoch = d_step if on_step is None else on_step, d_epoch if on_epoch is None else on_epoch
         if not on_step and not on_epoch:  # Lightning's message (it raises MisconfigurationException)
-            raise ValueError("`self.log(on_step=False, on_epoch=False)` is not useful.")
+            raise configuration_error("`self.log(on_step=False, on_epoch=False)` is not useful.")
         results.log(name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
                     reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size,
                     add_dataloader_idx=add_dataloader_idx, fx=self.__dict__.get("_log_fx", ""))

@@ -20,6 +20,7 @@ import os
 import warnings
 from typing import Any, Iterator
 
+from taskfit.errors import configuration_error
 from taskfit.callbacks.base import Callback
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
@@ -40,12 +41,15 @@ from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
 )
 from taskfit.lightning.seed import seed_everything
-from taskfit.lightning.utilities import CombinedLoader, PossibleUserWarning, is_overridden, possible_user_warning
+from taskfit.lightning.utilities import (
+    CombinedLoader, MisconfigurationException, PossibleUserWarning, is_overridden, possible_user_warning,
+)
 
 _cb, _lg, _pf = callbacks, loggers, profilers
 
 __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything", "callbacks",
-           "loggers", "profilers", "is_overridden", "PossibleUserWarning", "CombinedLoader"]
+           "loggers", "profilers", "is_overridden", "PossibleUserWarning", "CombinedLoader",
+           "MisconfigurationException"]
 
 LightningModule = TaskModule
 LightningDataModule = DataModule
@@ -71,8 +75,9 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
         return out
     found = any(isinstance(c, ModelCheckpointBase) for c in given)
     if f["enable_checkpointing"] is False and found:
-        raise ValueError("Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
-                         "callbacks list.")  # Lightning's message
+        raise configuration_error(
+            "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
+            "callbacks list.")  # Lightning's message
     if f["enable_checkpointing"] is not False and not found:
         folder = getattr(logger, "log_dir", None) or root
         out.append(_cb.ModelCheckpoint(dirpath=os.path.join(folder, "checkpoints")))

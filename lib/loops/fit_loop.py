@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from taskfit.errors import configuration_error
 from taskfit.core.hooks import MONITORING_EPOCH_END, TRANSFER_HOOKS, batch_mover, overrides
 from taskfit.core.module import TaskModule, infer_batch_size
 from taskfit.data.loaders import set_loader_epoch, shutdown_workers, skip_first_batches, splits_evenly
@@ -455,9 +456,10 @@ class FitLoop:
         values = self._monitor_values()
         if cfg.monitor not in values:
             if cfg.strict:
-                raise ValueError(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available. "
-                               f"Available metrics are: {sorted(values)}. Set it with the 'monitor' key of the "
-                               "lr_scheduler config.")
+                raise configuration_error(
+                    f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available. "
+                    f"Available metrics are: {sorted(values)}. Set it with the 'monitor' key of the "
+                    "lr_scheduler config.")
             import warnings
 
             warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available but "

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from taskfit.errors import ConfigurationTypeError, configuration_error
 from taskfit.metrics import metric_key
 from taskfit.optim.layerwise import LayerWiseOptimizer
 from taskfit.optim.optimizers import create_optimizer
@@ -182,8 +183,8 @@ def _from_module(module: TaskModule, cfg: Any) -> tuple[list[Any], list[Schedule
 
     opts, scheds, monitors = split_config(cfg)
     if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
-        raise TypeError("Unknown configuration for model optimizers: configure_optimizers returned "
-                        f"{type(cfg).__name__} without an optimizer.")
+        raise configuration_error("Unknown configuration for model optimizers: configure_optimizers returned "
+                                  f"{type(cfg).__name__} without an optimizer.", ConfigurationTypeError)
     automatic = getattr(module, "automatic_optimization", True)
     configs = []
     for s, m in zip(scheds, monitors):
