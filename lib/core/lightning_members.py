@@ -16,8 +16,8 @@ from typing import Any, Iterator
 
 import torch
 
-from taskfit.errors import configuration_error
 from taskfit.core.trainer_view import FabricTrainerView, TrainerView, is_plain_fit
+from taskfit.errors import configuration_error
 
 __all__ = ["AttributeDict", "HyperparametersMixin", "LightningMembers", "TrainerView"]
 

@@ -20,13 +20,13 @@ import os
 import warnings
 from typing import Any, Iterator
 
-from taskfit.errors import configuration_error
 from taskfit.callbacks.base import Callback
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as ModelCheckpointBase
 from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
+from taskfit.errors import configuration_error
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage

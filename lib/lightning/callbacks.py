@@ -4,7 +4,6 @@
 import math
 from typing import Any
 
-from taskfit.errors import configuration_error
 from taskfit.callbacks import (
     BatchSizeFinder, DeviceStatsMonitor, EMAWeightAveraging, GradientAccumulationScheduler,
     LearningRateFinder, LearningRateMonitor, ModelSummary, ProgressBar, RichProgressBar,
@@ -16,6 +15,7 @@ from taskfit.callbacks.early_stopping import EarlyStoppingReason
 from taskfit.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from taskfit.callbacks.lambda_callback import LambdaCallback
 from taskfit.callbacks.progress import TQDMProgressBar
+from taskfit.errors import configuration_error
 from taskfit.lightning.model_checkpoint import ModelCheckpoint
 
 

@@ -11,8 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 from lightning_utilities.core.rank_zero import rank_zero_only
-
 from taskfit.errors import configuration_error
+from taskfit.lightning.log_hooks import LOG_HOOKS
 from taskfit.loops.policy import LoopPolicy
 
 _log = logging.getLogger("taskfit")
@@ -198,4 +198,4 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       lightning_checkpoint_dict=True, loaders_after_setup=True,
                       resumed_epoch_skips_start=True, zero_grad_before_validation=True,
                       eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True,
-                      logs_run_values=False, reads_eval_outputs=False)
+                      logs_run_values=False, reads_eval_outputs=False, log_hooks=LOG_HOOKS)

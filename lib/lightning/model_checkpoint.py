@@ -11,8 +11,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-from taskfit.errors import configuration_error
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as _Base
+from taskfit.errors import configuration_error
 
 _GROUPS = re.compile(r"(\{.*?)[:}]")
 

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from taskfit.errors import configuration_error
 from taskfit.core.hooks import MONITORING_EPOCH_END, TRANSFER_HOOKS, batch_mover, overrides
 from taskfit.core.module import TaskModule, infer_batch_size
 from taskfit.data.loaders import set_loader_epoch, shutdown_workers, skip_first_batches, splits_evenly
 from taskfit.data.stateful import decode_state, stateful_source
+from taskfit.errors import configuration_error
 from taskfit.loops.finite import check_finite
 from taskfit.loops.optimization import AutomaticStep, ManualStep, batch_outputs, choose_policy, window_weights
 from taskfit.loops.plan import accumulation_schedule, plan_steps, resolve_interval  # noqa: F401 (their old home)
