@@ -3,12 +3,13 @@ table of the hooks that may log, the check ``self.log`` makes against it (Lightn
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import contextlib
+from collections.abc import Iterator, Mapping
+from typing import Any, Callable
 
 from taskfit.errors import configuration_error
 
-__all__ = ["FX", "call_hook", "check_hook_log"]
+__all__ = ["FX", "check_hook_log", "named", "running"]
 
 #: the module ``__dict__`` key naming the hook being run (Lightning's ``LightningModule._current_fx_name``)
 FX = "_current_fx_name"
@@ -17,19 +18,30 @@ _NO_RESULTS = ("You are trying to `self.log()` but the loop's result collection 
                "likely because you are trying to log in a `predict` hook, but it doesn't support logging")
 
 
-def call_hook(module: Any, name: str, *args: Any, **kwargs: Any) -> Any:
-    """``module.<name>(*args, **kwargs)`` with ``name`` as the running hook while it runs (the previous one after),
-    as Lightning's ``_call_lightning_module_hook``; for hooks called once per stage, not per step.
-
-    Returns:
-        Any: what the hook returns.
+@contextlib.contextmanager
+def running(module: Any, name: str) -> Iterator[None]:
+    """``name`` is the running hook of ``module`` inside the block (the previous one after), as Lightning's
+    ``_call_lightning_module_hook``/``_call_callback_hooks`` set ``_current_fx_name``; for the hooks called once
+    per stage (the per-step ones are named by :class:`taskfit.callbacks.base.HookRunner`). ``module`` None: no-op.
     """
-    state = module.__dict__
+    state = getattr(module, "__dict__", {})
     prev, state[FX] = state.get(FX), name
     try:
-        return getattr(module, name)(*args, **kwargs)
+        yield
     finally:
         state[FX] = prev
+
+
+def named(module: Any, name: str, hook: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """``hook`` (``module``'s hook ``name``, or None) made to run with ``name`` as the running hook (:func:`running`);
+    None stays None."""
+    if hook is None:
+        return None
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        with running(module, name):
+            return hook(*args, **kwargs)
+    return call
 
 
 def check_hook_log(rules: Mapping[str, Any], fx: str | None, on_step: bool | None, on_epoch: bool | None,

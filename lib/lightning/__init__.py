@@ -51,7 +51,15 @@ __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "see
            "loggers", "profilers", "is_overridden", "PossibleUserWarning", "CombinedLoader",
            "MisconfigurationException"]
 
-LightningModule = TaskModule
+
+class LightningModule(TaskModule):
+    """:class:`taskfit.TaskModule` as Lightning's ``LightningModule``; the one difference: ``self.log`` on a module
+    no trainer holds warns and does nothing (Lightning's, so step methods can be tested alone) where a plain
+    ``TaskModule`` raises RuntimeError."""
+
+    _log_without_fit_warns = True
+
+
 LightningDataModule = DataModule
 
 
@@ -572,8 +580,8 @@ class Trainer(Fit):
 
     @property
     def predicting(self) -> bool:
-        """True during ``predict``."""
-        return self.run is not None and self.run.stage == "predict"
+        """True during ``predict``, its set-up and tear-down hooks included (Lightning's ``state.stage``)."""
+        return self._lightning_status["stage"] == "predict" or self.run is not None and self.run.stage == "predict"
 
     @property
     def progress_bar_metrics(self) -> dict[str, Any]:

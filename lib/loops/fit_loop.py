@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from taskfit.core.hooks import MONITORING_EPOCH_END, TRANSFER_HOOKS, batch_mover, overrides
+from taskfit.core.hooks import MONITORING_EPOCH_END, TRANSFER_HOOKS, batch_mover, overrides, step_scheduler
 from taskfit.core.module import TaskModule, infer_batch_size
 from taskfit.data.loaders import set_loader_epoch, shutdown_workers, skip_first_batches, splits_evenly
 from taskfit.data.stateful import decode_state, stateful_source
@@ -451,7 +451,7 @@ class FitLoop:
         module = self.run.module
         own = overrides(module, "lr_scheduler_step")
         if not cfg.reduce_on_plateau:
-            module.lr_scheduler_step(cfg.scheduler, None) if own else cfg.scheduler.step()
+            step_scheduler(module, cfg.scheduler, None) if own else cfg.scheduler.step()
             return
         values = self._monitor_values()
         if cfg.monitor not in values:
@@ -466,7 +466,7 @@ class FitLoop:
                           "strict is set to False. Skipping learning rate update.", RuntimeWarning, stacklevel=2)
             return
         value = float(values[cfg.monitor])
-        module.lr_scheduler_step(cfg.scheduler, value) if own else cfg.scheduler.step(value)
+        step_scheduler(module, cfg.scheduler, value) if own else cfg.scheduler.step(value)
 
     def _after_step(self, epoch_end: bool, save: bool = True) -> None:
         """Set and act on the log / evaluate / save / stop flags (mirrors HF ``DefaultFlowCallback`` +

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from taskfit.core.hook_logging import running
 from taskfit.errors import ConfigurationTypeError, configuration_error
 from taskfit.metrics import metric_key
 from taskfit.optim.layerwise import LayerWiseOptimizer
@@ -144,7 +145,8 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
             optimizer defined both by the module or ``optimizers=`` and by the strategy's backend config.
         RuntimeError: several optimizers under automatic optimization (Lightning's refusal).
     """
-    cfg = module.configure_optimizers()
+    with running(module, "configure_optimizers"):
+        cfg = module.configure_optimizers()
     if cfg is None and none_trains_nothing and hf_optimizers[0] is None and not strategy_builds_optimizer and \
             _user_defined(module, "configure_optimizers"):
         warnings.warn("`LightningModule.configure_optimizers` returned `None`, this fit will run with no optimizer",
