@@ -4,8 +4,6 @@ door's :class:`~taskfit.loops.policy.LoopPolicy` carries it to ``self.log``."""
 
 from __future__ import annotations
 
-from types import MappingProxyType
-
 __all__ = ["LOG_HOOKS"]
 
 _ANY = (False, True)
@@ -30,6 +28,6 @@ _EPOCHS = ("on_train_start", "on_validation_start", "on_test_start", "on_train_e
            "on_validation_epoch_start", "on_validation_epoch_end", "on_test_epoch_start", "on_test_epoch_end")
 
 #: hook name -> None (``self.log`` refused there) or (allowed on_step, allowed on_epoch, default on_step, default
-#: on_epoch), as Lightning 2.x
-LOG_HOOKS = MappingProxyType({**dict.fromkeys(_CANNOT), **dict.fromkeys(_STEPS, _STEP),
-                              **dict.fromkeys(_EVAL_STEPS, _EVAL_STEP), **dict.fromkeys(_EPOCHS, _EPOCH)})
+#: on_epoch), as Lightning 2.x; a plain dict (the policy holding it is pickled to spawned processes), never changed
+LOG_HOOKS = {**dict.fromkeys(_CANNOT), **dict.fromkeys(_STEPS, _STEP), **dict.fromkeys(_EVAL_STEPS, _EVAL_STEP),
+             **dict.fromkeys(_EPOCHS, _EPOCH)}
