@@ -49,7 +49,7 @@ def with_peer(ours: type, module: str, name: str) -> type:
     return ours if theirs is None or issubclass(ours, theirs) else _both(ours, theirs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _both(ours: type, theirs: type) -> type:
     return type(ours.__name__, (ours, theirs), {"__module__": ours.__module__, "__qualname__": ours.__qualname__})
 

@@ -4,8 +4,8 @@ table of the hooks that may log, the check ``self.log`` makes against it (Lightn
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
-from typing import Any, Callable
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 from taskfit.errors import configuration_error
 

@@ -2,8 +2,8 @@
 lightning.pytorch import ...``) into ``import taskfit.lightning as L`` (``from taskfit.lightning import ...``).
 
 ``LightningModule`` is :class:`taskfit.TaskModule` (``self.log`` without a trainer warns), ``LightningDataModule``
-is :class:`taskfit.DataModule`, ``Callback`` is :class:`taskfit.Callback`. ``Trainer`` is :class:`taskfit.Fit` with Lightning's constructor,
-defaults and return values: it maps its arguments to ``FitArguments`` (docs/lightning.md has the table), keeps
+is :class:`taskfit.DataModule`, ``Callback`` is :class:`taskfit.Callback`. ``Trainer`` is :class:`taskfit.Fit` with
+Lightning's constructor, defaults and return values: it maps its arguments to ``FitArguments`` (docs/lightning.md has the table), keeps
 Lightning's loop semantics where they differ from HF's (no clipping by default, validation every epoch when there
 is validation data, ``max_epochs`` and ``max_steps`` whichever first, ``current_epoch`` counting finished epochs
 after training) and runs the same loops, strategies, precision plugins and checkpoint format. A flag it does not

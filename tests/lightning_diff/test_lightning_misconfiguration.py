@@ -7,9 +7,8 @@ import warnings
 import pytest
 import torch
 from harness import data, linear
-from two_doors import callbacks_of, frameworks
-
 from lightning.pytorch.utilities.exceptions import MisconfigurationException as TheirMisconfiguration
+from two_doors import callbacks_of, frameworks
 
 
 def _quiet_trainer(L, tmp_path, **kwargs):
@@ -17,12 +16,12 @@ def _quiet_trainer(L, tmp_path, **kwargs):
                      enable_model_summary=False, enable_checkpointing=False, **kwargs)
 
 
-def _raised(make):
-    """``(class is Lightning's MisconfigurationException, message)`` of what ``make()`` raises."""
+def _raised(make, L):
+    """``(class is Lightning's MisconfigurationException, message)`` of what ``make(L)`` raises."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         with pytest.raises(Exception) as err:
-            make()
+            make(L)
     return isinstance(err.value, TheirMisconfiguration), str(err.value)
 
 
@@ -56,7 +55,7 @@ def test_F_LIT_DOOR_ERRORS_misconfiguration_class_and_message_like_lightning(tmp
                                                                                            data(n=4)),
         "log": lambda L: _quiet_trainer(L, tmp_path / L.__name__, max_steps=1).fit(_log_nothing(L)(), data(n=4)),
     }
-    got = {name: {key: _raised(lambda: make(L)) for key, L in frameworks().items()} for name, make in cases.items()}
+    got = {name: {key: _raised(make, L) for key, L in frameworks().items()} for name, make in cases.items()}
     for name, both in got.items():
         assert both["taskfit"] == both["lightning"], name
         assert both["taskfit"][0], name
