@@ -1,6 +1,6 @@
 """Configuration errors and the hooks that may log, under ``lightning.Trainer`` and ``taskfit.lightning.Trainer``:
 the same ``MisconfigurationException`` (caught by Lightning's class and by ``taskfit.lightning``'s), the same
-message; ``self.log`` refused in the same hooks with the same words (F-LIT-DOOR-ERRORS, F-LIT-LOG)."""
+message; ``self.log`` refused in the same hooks with the same words (F-LIT-9, F-LIT-5)."""
 
 import warnings
 
@@ -40,7 +40,7 @@ def _log_nothing(L):
     return LogsNothing
 
 
-def test_F_LIT_DOOR_ERRORS_misconfiguration_class_and_message_like_lightning(tmp_path):
+def test_F_LIT_DOOR_misconfiguration_class_and_message_like_lightning(tmp_path):
     """Four misconfigurations (a callback's constructor, a Trainer flag, ``configure_optimizers``' result during
     ``fit``, a ``self.log`` call in ``training_step``): both doors raise an exception of Lightning's
     ``MisconfigurationException`` class with the same message; taskfit's is also ``taskfit.lightning.
