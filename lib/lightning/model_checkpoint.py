@@ -419,10 +419,10 @@ class ModelCheckpoint(_Base):
 
 def _validate(save_top_k: Any, every_n_train_steps: Any, every_n_epochs: Any, interval: Any, monitor: Any,
               mode: str) -> None:
-    """Lightning's checks and messages (``MisconfigurationException`` there, ``ValueError`` here).
+    """Lightning's checks and messages.
 
     Raises:
-        ValueError: as :class:`ModelCheckpoint`.
+        MisconfigurationException: (``taskfit.errors.ConfigurationError``, a ValueError) as :class:`ModelCheckpoint`.
     """
     if mode not in ("min", "max"):
         raise configuration_error(f"`mode` can be min, max but got {mode}")
