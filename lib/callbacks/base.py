@@ -36,6 +36,7 @@ from __future__ import annotations
 import inspect
 from typing import TYPE_CHECKING, Any, Callable
 
+from taskfit.core.hook_logging import FX
 from taskfit.core.hooks import MONITORING_EPOCH_END
 
 if TYPE_CHECKING:
@@ -204,11 +205,17 @@ class HookRunner:
         Returns the module hook's return value (None without one): Lightning reads only the module's, e.g. -1
         from ``on_train_batch_start``."""
         response = None
-        for fn, is_callback in self.lightning[name]:
-            if is_callback:
-                fn(fit, module, *args, **kwargs)
-            else:
-                response = fn(*args, **kwargs)
+        # the running hook, read by self.log (Lightning's _current_fx_name); only reached when someone listens
+        state = getattr(module, "__dict__", {})
+        prev, state[FX] = state.get(FX), name
+        try:
+            for fn, is_callback in self.lightning[name]:
+                if is_callback:
+                    fn(fit, module, *args, **kwargs)
+                else:
+                    response = fn(*args, **kwargs)
+        finally:
+            state[FX] = prev
         return response
 
     def call_hf(self, name: str, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:

@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import torch
 
+from taskfit.core.hook_logging import FX, running
+
 #: The ``on_train_epoch_end`` of callbacks with ``monitors_epoch_end = True`` (EarlyStopping), a hook list of its
 #: own: they run after the module's own, so they see what it logs there (Lightning calls its monitoring
 #: callbacks last).
@@ -149,18 +151,35 @@ def batch_mover(module: Any, strategy: Any) -> Callable[..., Any]:
     if not any(overrides(module, n) for n in TRANSFER_HOOKS):
         return lambda batch, dataloader_idx=0: strategy.batch_to_device(batch)
 
+    state = module.__dict__
+
     def move(batch: Any, dataloader_idx: int = 0) -> Any:
+        # each hook named while it runs (self.log reads it), with plain stores: this runs per batch
+        prev, state[FX] = state.get(FX), "on_before_batch_transfer"
         batch = module.on_before_batch_transfer(batch, dataloader_idx)
+        state[FX] = "transfer_batch_to_device"
         batch = module.transfer_batch_to_device(batch, strategy.root_device, dataloader_idx)
-        return module.on_after_batch_transfer(batch, dataloader_idx)
+        state[FX] = "on_after_batch_transfer"
+        batch = module.on_after_batch_transfer(batch, dataloader_idx)
+        state[FX] = prev
+        return batch
     return move
+
+
+def step_scheduler(module: Any, scheduler: Any, metric: float | None) -> None:
+    """The module's own ``lr_scheduler_step(scheduler, metric)``, run as its running hook (``self.log`` reads it)."""
+    with running(module, "lr_scheduler_step"):
+        module.lr_scheduler_step(scheduler, metric)
 
 
 def module_loader(module: Any, name: str) -> Any:
     """What the module's own ``name`` hook (``train_dataloader``, ``val_dataloader``, ``test_dataloader``,
     ``predict_dataloader``, as on a ``LightningModule``) returns; None when the module defines no such method."""
     fn = getattr(module, name, None)
-    return fn() if callable(fn) else None
+    if not callable(fn):
+        return None
+    with running(module, name):
+        return fn()
 
 
 

@@ -17,6 +17,7 @@ from typing import Any, Iterator
 import torch
 
 from taskfit.core.trainer_view import FabricTrainerView, TrainerView, is_plain_fit
+from taskfit.errors import configuration_error
 
 __all__ = ["AttributeDict", "HyperparametersMixin", "LightningMembers", "TrainerView"]
 
@@ -424,13 +425,14 @@ def _clip_settings(trainer: Any, value: float | None, algorithm: Any) -> tuple[f
     if value is None:
         value = own_value or 0.0
     elif own_value is not None and own_value != value:
-        raise ValueError(f"You have set `Trainer(gradient_clip_val={own_value!r})` and have passed "
-                         f"`clip_gradients(gradient_clip_val={value!r})`. Please use only one of them.")
+        raise configuration_error(f"You have set `Trainer(gradient_clip_val={own_value!r})` and have passed "
+                                  f"`clip_gradients(gradient_clip_val={value!r})`. Please use only one of them.")
     if algorithm is None:
         algorithm = own_algorithm or "norm"
     else:
         algorithm = str(getattr(algorithm, "value", algorithm)).lower()
         if own_algorithm is not None and own_algorithm != algorithm:
-            raise ValueError(f"You have set `Trainer(gradient_clip_algorithm={own_algorithm!r})` and have passed "
-                             f"`clip_gradients(gradient_clip_algorithm={algorithm!r}) Please use only one of them.")
+            raise configuration_error(
+                f"You have set `Trainer(gradient_clip_algorithm={own_algorithm!r})` and have passed "
+                f"`clip_gradients(gradient_clip_algorithm={algorithm!r}) Please use only one of them.")
     return value, algorithm

@@ -10,10 +10,12 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from taskfit.core.hook_logging import FX, check_hook_log
 from taskfit.core.hooks import LightningHooks
 from taskfit.core.lightning_members import LightningMembers
 from taskfit.core.lightning_tools import JIT_UNUSED_PROPERTIES, LightningTools, fabric_log
 from taskfit.core.model_hooks import ModelHooks
+from taskfit.errors import configuration_error
 
 if TYPE_CHECKING:
     from taskfit.protocols import FitView
@@ -89,6 +91,10 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
 
     Step methods receive the batch already on the module's device and the index of the batch in the epoch.
     """
+
+    #: ``self.log`` on a module no run holds: False raises RuntimeError; True warns and does nothing (Lightning's
+    #: ``LightningModule``, so step methods can be tested without a trainer)
+    _log_without_fit_warns = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -180,13 +186,23 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
                           "impact raw speed so it is disabled under this setting.", stacklevel=2)
             return
         _check_loggable(name, value)
+        fit = self._fit
+        if fit is None and self._log_without_fit_warns:  # Lightning: step methods may be tested without a trainer
+            warnings.warn("You are trying to `self.log()` but the `self.trainer` reference is not registered on the "
+                          "model yet. This is most likely because the model hasn't been passed to the `Trainer`",
+                          UserWarning, stacklevel=2)
+            return
         results = self._results
+        rules = getattr(getattr(fit, "loop_policy", None), "log_hooks", None)
+        if rules is not None:  # the door's table of the hooks that may log (Lightning's _FxValidator)
+            check_hook_log(rules, self.__dict__.get(FX), on_step, on_epoch, not getattr(fit, "predicting", False))
         if results is None:
             raise RuntimeError(f"self.log({name!r}) was called outside a Fit stage; call it from a *_step or hook.")
         if add_dataloader_idx and "/dataloader_idx_" in name:
-            raise ValueError(f"You called `self.log` with the key `{name}` but it should not contain information about "
-                             "`dataloader_idx` when `add_dataloader_idx=True`: the suffix is appended for you (or "
-                             "pass add_dataloader_idx=False).")  # Lightning's words
+            raise configuration_error(
+                f"You called `self.log` with the key `{name}` but it should not contain information about "
+                "`dataloader_idx` when `add_dataloader_idx=True`: the suffix is appended for you (or "
+                "pass add_dataloader_idx=False).")  # Lightning's words
         if logger and self._fit is not None and not getattr(self._fit, "loggers", True):
             warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. You can "
                           "enable one by doing `Trainer(logger=ALogger(...))`. Remove `logger=True` to remove this "
@@ -195,7 +211,7 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         d_step, d_epoch = self._log_defaults
         on_step, on_epoch = d_step if on_step is None else on_step, d_epoch if on_epoch is None else on_epoch
         if not on_step and not on_epoch:  # Lightning's message (it raises MisconfigurationException)
-            raise ValueError("`self.log(on_step=False, on_epoch=False)` is not useful.")
+            raise configuration_error("`self.log(on_step=False, on_epoch=False)` is not useful.")
         results.log(name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
                     reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size,
                     add_dataloader_idx=add_dataloader_idx, fx=self.__dict__.get("_log_fx", ""))

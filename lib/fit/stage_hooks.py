@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from taskfit.callbacks.order import lightning_order
+from taskfit.core.hook_logging import running
 from taskfit.core.hooks import overrides
 
 
@@ -13,7 +14,8 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
     """Lightning's order at the start of a stage: ``configure_callbacks`` (fit), ``prepare_data`` (datamodule,
     then module, on local rank 0), ``setup`` (datamodule, callbacks, module), ``configure_model``."""
     if stage == "fit" and overrides(module, "configure_callbacks"):
-        extra = module.configure_callbacks()
+        with running(module, "configure_callbacks"):
+            extra = module.configure_callbacks()
         extra = list(extra) if isinstance(extra, (list, tuple)) else [extra] if extra else []
         if extra:
             types = {type(cb) for cb in extra}
@@ -24,14 +26,16 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
     if fit.strategy.local_rank == 0:
         if datamodule is not None:
             datamodule.prepare_data()
-        module.prepare_data()
+        with running(module, "prepare_data"):
+            module.prepare_data()
     if fit.strategy.world_size > 1:
         fit.strategy.barrier("prepare_data")  # the other processes wait for the data local rank 0 prepared
     if datamodule is not None:
         datamodule.setup(stage=stage)  # by keyword, as Lightning calls it
     fit._hooks.call("setup", fit, module, stage=stage)
     fit.strategy.prepare_for_configure_model(module)  # model parallel: checks the module, builds the mesh
-    module.configure_model()
+    with running(module, "configure_model"):
+        module.configure_model()
 
 
 def end_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:

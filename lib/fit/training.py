@@ -21,6 +21,7 @@ from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.arguments.strategy_options import StrategyOptions
 from taskfit.checkpoint.hook_dict import keep_added_keys, lightning_dict, loaded_lightning_dict
 from taskfit.checkpoint.writer import checkpoint_path, save_checkpoint
+from taskfit.core.hook_logging import running
 from taskfit.core.hooks import module_loader, overrides
 from taskfit.core.module import infer_batch_size
 from taskfit.core.results import ResultCollection
@@ -417,7 +418,8 @@ class TrainingStage:
                                                                               run.eval_loaded_epoch):
             run.reload_eval_loaders()
         if fit.loop_policy.zero_grad_before_validation or overrides(run.module, "on_validation_model_zero_grad"):
-            run.module.on_validation_model_zero_grad()
+            with running(run.module, "on_validation_model_zero_grad"):
+                run.module.on_validation_model_zero_grad()
         if fit._hf.overrides("get_eval_dataloader", "evaluate"):
             with fit._hf.loader_context(run, eval_dataset=run.eval_data, data_collator=run.data_collator):
                 metrics = fit.evaluate(ignore_keys=fit._ignore_keys_for_eval)

@@ -1,9 +1,9 @@
 """The Lightning names, for scripts written against ``lightning`` 2.x: change ``import lightning as L`` (or ``from
 lightning.pytorch import ...``) into ``import taskfit.lightning as L`` (``from taskfit.lightning import ...``).
 
-``LightningModule`` is :class:`taskfit.TaskModule`, ``LightningDataModule`` is :class:`taskfit.DataModule`,
-``Callback`` is :class:`taskfit.Callback`. ``Trainer`` is :class:`taskfit.Fit` with Lightning's constructor,
-defaults and return values: it maps its arguments to ``FitArguments`` (docs/lightning.md has the table), keeps
+``LightningModule`` is :class:`taskfit.TaskModule` (``self.log`` without a trainer warns), ``LightningDataModule``
+is :class:`taskfit.DataModule`, ``Callback`` is :class:`taskfit.Callback`. ``Trainer`` is :class:`taskfit.Fit` with
+Lightning's constructor, defaults and return values: it maps its arguments to ``FitArguments`` (docs/lightning.md has the table), keeps
 Lightning's loop semantics where they differ from HF's (no clipping by default, validation every epoch when there
 is validation data, ``max_epochs`` and ``max_steps`` whichever first, ``current_epoch`` counting finished epochs
 after training) and runs the same loops, strategies, precision plugins and checkpoint format. A flag it does not
@@ -26,6 +26,7 @@ from taskfit.callbacks.order import lightning_order
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as ModelCheckpointBase
 from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
+from taskfit.errors import configuration_error
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
@@ -40,14 +41,25 @@ from taskfit.lightning.trainer_state import (
     DataModuleState, LightningState, new_status, profiled_datamodule, running,
 )
 from taskfit.lightning.seed import seed_everything
-from taskfit.lightning.utilities import CombinedLoader, PossibleUserWarning, is_overridden, possible_user_warning
+from taskfit.lightning.utilities import (
+    CombinedLoader, MisconfigurationException, PossibleUserWarning, is_overridden, possible_user_warning,
+)
 
 _cb, _lg, _pf = callbacks, loggers, profilers
 
 __all__ = ["LightningModule", "LightningDataModule", "Trainer", "Callback", "seed_everything", "callbacks",
-           "loggers", "profilers", "is_overridden", "PossibleUserWarning", "CombinedLoader"]
+           "loggers", "profilers", "is_overridden", "PossibleUserWarning", "CombinedLoader",
+           "MisconfigurationException"]
 
-LightningModule = TaskModule
+
+class LightningModule(TaskModule):
+    """:class:`taskfit.TaskModule` as Lightning's ``LightningModule``; the one difference: ``self.log`` on a module
+    no trainer holds warns and does nothing (Lightning's, so step methods can be tested alone) where a plain
+    ``TaskModule`` raises RuntimeError."""
+
+    _log_without_fit_warns = True
+
+
 LightningDataModule = DataModule
 
 
@@ -71,8 +83,9 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
         return out
     found = any(isinstance(c, ModelCheckpointBase) for c in given)
     if f["enable_checkpointing"] is False and found:
-        raise ValueError("Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
-                         "callbacks list.")  # Lightning's message
+        raise configuration_error(
+            "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
+            "callbacks list.")  # Lightning's message
     if f["enable_checkpointing"] is not False and not found:
         folder = getattr(logger, "log_dir", None) or root
         out.append(_cb.ModelCheckpoint(dirpath=os.path.join(folder, "checkpoints")))
@@ -567,8 +580,8 @@ class Trainer(Fit):
 
     @property
     def predicting(self) -> bool:
-        """True during ``predict``."""
-        return self.run is not None and self.run.stage == "predict"
+        """True during ``predict``, its set-up and tear-down hooks included (Lightning's ``state.stage``)."""
+        return self._lightning_status["stage"] == "predict" or self.run is not None and self.run.stage == "predict"
 
     @property
     def progress_bar_metrics(self) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from taskfit.callbacks.early_stopping import EarlyStoppingReason
 from taskfit.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from taskfit.callbacks.lambda_callback import LambdaCallback
 from taskfit.callbacks.progress import TQDMProgressBar
+from taskfit.errors import configuration_error
 from taskfit.lightning.model_checkpoint import ModelCheckpoint
 
 
@@ -44,7 +45,7 @@ class EarlyStopping(_EarlyStopping):
         if not isinstance(patience, int) or patience < 0:
             raise ValueError(f"EarlyStopping patience={patience!r} must be an int >= 0.")
         if mode not in ("min", "max"):
-            raise ValueError(f"`mode` can be min, max, got {mode}")  # Lightning's message
+            raise configuration_error(f"`mode` can be min, max, got {mode}")  # Lightning's message
         super().__init__(monitor=monitor, patience=max(patience, 1), mode=mode, check_finite=check_finite,
                          min_delta=min_delta, verbose=verbose, strict=strict, stopping_threshold=stopping_threshold,
                          divergence_threshold=divergence_threshold, check_on_train_epoch_end=check_on_train_epoch_end,

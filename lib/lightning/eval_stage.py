@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from taskfit.callbacks.base import Callback
+from taskfit.core.hook_logging import running
 from taskfit.core.hooks import overrides
 from taskfit.lightning.utilities import is_overridden
 
@@ -26,7 +27,8 @@ def _configure_callbacks(trainer: Any, module: Any) -> None:
     Lightning does at the start of every stage."""
     if module is None or not overrides(module, "configure_callbacks"):
         return
-    extra = module.configure_callbacks()
+    with running(module, "configure_callbacks"):
+        extra = module.configure_callbacks()
     extra = list(extra) if isinstance(extra, (list, tuple)) else [extra] if extra else []
     if extra:
         types = {type(cb) for cb in extra}
@@ -58,15 +60,19 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
     if datamodule is not None:
         datamodule.prepare_data()
     if module is not None:
-        module.prepare_data()
+        with running(module, "prepare_data"):
+            module.prepare_data()
     if datamodule is not None:
         datamodule.setup(stage=stage)
-    for cb in hooked:
-        cb.setup(trainer, module, stage=stage)
+    with running(module, "setup"):
+        for cb in hooked:
+            cb.setup(trainer, module, stage=stage)
+        if module is not None:
+            module.setup(stage=stage)
     if module is not None:
-        module.setup(stage=stage)
         if is_overridden("configure_model", module):  # Lightning calls it only when overridden
-            module.configure_model()
+            with running(module, "configure_model"):
+                module.configure_model()
         module.zero_grad()
     runs = getattr(trainer.args, LIMIT_OF[stage], None) != 0
     try:
@@ -76,7 +82,8 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
     finally:
         if datamodule is not None:
             datamodule.teardown(stage=stage)
-        for cb in hooked:
-            cb.teardown(trainer, module, stage=stage)
-        if module is not None:
-            module.teardown(stage=stage)
+        with running(module, "teardown"):
+            for cb in hooked:
+                cb.teardown(trainer, module, stage=stage)
+            if module is not None:
+                module.teardown(stage=stage)

@@ -11,7 +11,8 @@ from datetime import timedelta
 from typing import Any
 
 from lightning_utilities.core.rank_zero import rank_zero_only
-
+from taskfit.errors import configuration_error
+from taskfit.lightning.log_hooks import LOG_HOOKS
 from taskfit.loops.policy import LoopPolicy
 
 _log = logging.getLogger("taskfit")
@@ -39,8 +40,9 @@ def _refuse_unsupported(flags: dict[str, Any]) -> None:
         raise ValueError(f"Trainer(val_check_interval={vci!r}): a float must be a fraction of an epoch in [0.0, 1.0] "
                          "(an int counts batches).")
     if every is None and not timed and not isinstance(vci, int):  # Lightning's message
-        raise ValueError("`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
-                         "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`.")
+        raise configuration_error(
+            "`val_check_interval` should be an integer or a time-based duration (str 'DD:HH:MM:SS', "
+            "datetime.timedelta, or dict kwargs for timedelta) when `check_val_every_n_epoch=None`.")
     if every is not None and (not isinstance(every, int) or every < 1):
         raise ValueError(f"Trainer(check_val_every_n_epoch={every!r}) must be an int >= 1 or None.")
     reload = flags["reload_dataloaders_every_n_epochs"]
@@ -196,4 +198,4 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       lightning_checkpoint_dict=True, loaders_after_setup=True,
                       resumed_epoch_skips_start=True, zero_grad_before_validation=True,
                       eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True,
-                      logs_run_values=False, reads_eval_outputs=False)
+                      logs_run_values=False, reads_eval_outputs=False, log_hooks=LOG_HOOKS)

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as _Base
+from taskfit.errors import configuration_error
 
 _GROUPS = re.compile(r"(\{.*?)[:}]")
 
@@ -418,28 +419,29 @@ class ModelCheckpoint(_Base):
 
 def _validate(save_top_k: Any, every_n_train_steps: Any, every_n_epochs: Any, interval: Any, monitor: Any,
               mode: str) -> None:
-    """Lightning's checks and messages (``MisconfigurationException`` there, ``ValueError`` here).
+    """Lightning's checks and messages.
 
     Raises:
-        ValueError: as :class:`ModelCheckpoint`.
+        MisconfigurationException: (``taskfit.errors.ConfigurationError``, a ValueError) as :class:`ModelCheckpoint`.
     """
     if mode not in ("min", "max"):
-        raise ValueError(f"`mode` can be min, max but got {mode}")
+        raise configuration_error(f"`mode` can be min, max but got {mode}")
     steps, epochs = every_n_train_steps or 0, every_n_epochs or 0
     if every_n_train_steps is None and every_n_epochs is None and interval is None:
         epochs = 1
     if save_top_k < -1:
-        raise ValueError(f"Invalid value for save_top_k={save_top_k}. Must be >= -1")
+        raise configuration_error(f"Invalid value for save_top_k={save_top_k}. Must be >= -1")
     if steps < 0:
-        raise ValueError(f"Invalid value for every_n_train_steps={steps}. Must be >= 0")
+        raise configuration_error(f"Invalid value for every_n_train_steps={steps}. Must be >= 0")
     if epochs < 0:
-        raise ValueError(f"Invalid value for every_n_epochs={epochs}. Must be >= 0")
+        raise configuration_error(f"Invalid value for every_n_epochs={epochs}. Must be >= 0")
     if (steps >= 1) + (epochs >= 1) + (interval is not None) > 1:
-        raise ValueError(f"Combination of parameters every_n_train_steps={steps}, every_n_epochs={epochs} and "
-                         f"train_time_interval={interval} should be mutually exclusive.")
+        raise configuration_error(f"Combination of parameters every_n_train_steps={steps}, every_n_epochs={epochs} and "
+                                  f"train_time_interval={interval} should be mutually exclusive.")
     if monitor is None and save_top_k not in (-1, 0, 1):
-        raise ValueError(f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. No "
-                         "quantity for top_k to track.")
+        raise configuration_error(
+            f"ModelCheckpoint(save_top_k={save_top_k}, monitor=None) is not a valid configuration. No "
+            "quantity for top_k to track.")
 
 
 def last_checkpoint(trainer: Any) -> Optional[str]:

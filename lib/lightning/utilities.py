@@ -1,10 +1,8 @@
 """Lightning's ``lightning.pytorch.utilities.model_helpers.is_overridden`` for the door's own classes, and its
-``PossibleUserWarning`` and ``CombinedLoader`` (``lightning.pytorch.utilities``)."""
+``PossibleUserWarning``, ``MisconfigurationException`` and ``CombinedLoader`` (``lightning.pytorch.utilities``)."""
 
 from __future__ import annotations
 
-import functools
-import sys
 from typing import Any
 
 from lightning_utilities.core.overrides import is_overridden as _is_overridden
@@ -12,8 +10,14 @@ from taskfit.callbacks.base import Callback
 from taskfit.core.module import TaskModule
 from taskfit.data.combined import CombinedLoader
 from taskfit.data.loaders import DataModule
+from taskfit.errors import ConfigurationError, also_catchable_as, with_peer
 
-__all__ = ["CombinedLoader", "PossibleUserWarning", "is_overridden"]
+__all__ = ["CombinedLoader", "MisconfigurationException", "PossibleUserWarning", "is_overridden"]
+
+#: Lightning's ``lightning.pytorch.utilities.exceptions.MisconfigurationException``: taskfit's configuration error (a
+#: ``ValueError``); once Lightning is imported, what taskfit raises also derives from Lightning's class
+MisconfigurationException = ConfigurationError
+also_catchable_as(ConfigurationError, "lightning.fabric.utilities.exceptions", "MisconfigurationException")
 
 
 class PossibleUserWarning(UserWarning):
@@ -26,13 +30,7 @@ def possible_user_warning() -> type[Warning]:
     imported Lightning a subclass of both it and Lightning's ``lightning.fabric.utilities.warnings.
     PossibleUserWarning`` (so ``warnings.filterwarnings(category=...)`` and ``pytest.warns`` with either class keep
     working after the import swap). Never imports Lightning."""
-    theirs = getattr(sys.modules.get("lightning.fabric.utilities.warnings"), "PossibleUserWarning", None)
-    return PossibleUserWarning if theirs is None else _both_warnings(theirs)
-
-
-@functools.lru_cache(maxsize=None)
-def _both_warnings(theirs: type[Warning]) -> type[Warning]:
-    return type("PossibleUserWarning", (PossibleUserWarning, theirs), {"__module__": __name__})
+    return with_peer(PossibleUserWarning, "lightning.fabric.utilities.warnings", "PossibleUserWarning")
 
 
 def is_overridden(method_name: str, instance: Any = None, parent: type | None = None) -> bool:

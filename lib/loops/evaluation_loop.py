@@ -31,13 +31,17 @@ if TYPE_CHECKING:
 
 
 def _own_hook(module: Any, name: str) -> Any:
-    """The module's bound hook ``name`` when its class (or the instance) overrides the default (None otherwise)."""
+    """The module's bound hook ``name`` when its class (or the instance) overrides the default (None otherwise),
+    run as the module's running hook ``name`` (``self.log`` reads it)."""
     from taskfit.core.hooks import LightningHooks
 
+    from taskfit.core.hook_logging import named
+
     if name in getattr(module, "__dict__", ()):  # set on the instance; None: none
-        return module.__dict__[name]
+        return named(module, name, module.__dict__[name])
     own = getattr(type(module), name, None)
-    return getattr(module, name) if own is not None and own is not getattr(LightningHooks, name, None) else None
+    return named(module, name, getattr(module, name)) if own is not None and own is not getattr(
+        LightningHooks, name, None) else None
 
 
 def is_loader_list(data: Any) -> bool:

@@ -10,10 +10,11 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from taskfit.core.hooks import MONITORING_EPOCH_END, TRANSFER_HOOKS, batch_mover, overrides
+from taskfit.core.hooks import MONITORING_EPOCH_END, TRANSFER_HOOKS, batch_mover, overrides, step_scheduler
 from taskfit.core.module import TaskModule, infer_batch_size
 from taskfit.data.loaders import set_loader_epoch, shutdown_workers, skip_first_batches, splits_evenly
 from taskfit.data.stateful import decode_state, stateful_source
+from taskfit.errors import configuration_error
 from taskfit.loops.finite import check_finite
 from taskfit.loops.optimization import AutomaticStep, ManualStep, batch_outputs, choose_policy, window_weights
 from taskfit.loops.plan import accumulation_schedule, plan_steps, resolve_interval  # noqa: F401 (their old home)
@@ -450,21 +451,22 @@ class FitLoop:
         module = self.run.module
         own = overrides(module, "lr_scheduler_step")
         if not cfg.reduce_on_plateau:
-            module.lr_scheduler_step(cfg.scheduler, None) if own else cfg.scheduler.step()
+            step_scheduler(module, cfg.scheduler, None) if own else cfg.scheduler.step()
             return
         values = self._monitor_values()
         if cfg.monitor not in values:
             if cfg.strict:
-                raise ValueError(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available. "
-                               f"Available metrics are: {sorted(values)}. Set it with the 'monitor' key of the "
-                               "lr_scheduler config.")
+                raise configuration_error(
+                    f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available. "
+                    f"Available metrics are: {sorted(values)}. Set it with the 'monitor' key of the "
+                    "lr_scheduler config.")
             import warnings
 
             warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available but "
                           "strict is set to False. Skipping learning rate update.", RuntimeWarning, stacklevel=2)
             return
         value = float(values[cfg.monitor])
-        module.lr_scheduler_step(cfg.scheduler, value) if own else cfg.scheduler.step(value)
+        step_scheduler(module, cfg.scheduler, value) if own else cfg.scheduler.step(value)
 
     def _after_step(self, epoch_end: bool, save: bool = True) -> None:
         """Set and act on the log / evaluate / save / stop flags (mirrors HF ``DefaultFlowCallback`` +

@@ -4,7 +4,9 @@ read its fields; they never ask which door started the run."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -88,6 +90,10 @@ class LoopPolicy:
         reads_eval_outputs (bool): what ``validation_step``/``test_step`` return is read for the evaluation's
             loss, predictions and labels (HF's ``prediction_step`` outputs; anything else is refused); False: it is
             only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).
+        log_hooks (Mapping | None): the hooks in which ``self.log`` may be called, with the ``on_step``/``on_epoch``
+            values each allows (Lightning's table: ``self.log`` in ``setup``, ``configure_optimizers``, checkpoint
+            hooks... raises, as in a ``predict`` stage; :func:`taskfit.core.hook_logging.check_hook_log`); None:
+            ``self.log`` works wherever a stage keeps values (``Fit``).
     """
 
     counts_optimizer_steps: bool = False
@@ -113,6 +119,7 @@ class LoopPolicy:
     sanity_check_keeps_rng: bool = False
     logs_run_values: bool = True
     reads_eval_outputs: bool = True
+    log_hooks: Mapping[str, Any] | None = None
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from taskfit.core.hook_logging import running
+from taskfit.errors import ConfigurationTypeError, configuration_error
 from taskfit.metrics import metric_key
 from taskfit.optim.layerwise import LayerWiseOptimizer
 from taskfit.optim.optimizers import create_optimizer
@@ -143,7 +145,8 @@ def configure_optimizers(module: TaskModule, model: torch.nn.Module, args: Any, 
             optimizer defined both by the module or ``optimizers=`` and by the strategy's backend config.
         RuntimeError: several optimizers under automatic optimization (Lightning's refusal).
     """
-    cfg = module.configure_optimizers()
+    with running(module, "configure_optimizers"):
+        cfg = module.configure_optimizers()
     if cfg is None and none_trains_nothing and hf_optimizers[0] is None and not strategy_builds_optimizer and \
             _user_defined(module, "configure_optimizers"):
         warnings.warn("`LightningModule.configure_optimizers` returned `None`, this fit will run with no optimizer",
@@ -182,8 +185,8 @@ def _from_module(module: TaskModule, cfg: Any) -> tuple[list[Any], list[Schedule
 
     opts, scheds, monitors = split_config(cfg)
     if not opts or not all(isinstance(o, torch.optim.Optimizer) for o in opts):
-        raise TypeError("Unknown configuration for model optimizers: configure_optimizers returned "
-                        f"{type(cfg).__name__} without an optimizer.")
+        raise configuration_error("Unknown configuration for model optimizers: configure_optimizers returned "
+                                  f"{type(cfg).__name__} without an optimizer.", ConfigurationTypeError)
     automatic = getattr(module, "automatic_optimization", True)
     configs = []
     for s, m in zip(scheds, monitors):

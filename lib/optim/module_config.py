@@ -10,6 +10,8 @@ from typing import Any
 
 import torch
 
+from taskfit.errors import ConfigurationTypeError, configuration_error
+
 _SCHEDULER_KEYS = ("scheduler", "interval", "frequency", "monitor", "name", "strict", "reduce_on_plateau")
 _UNKNOWN = ("Unknown configuration for model optimizers. Output from `model.configure_optimizers()` should be one "
             "of:\n * `Optimizer`\n * [`Optimizer`]\n * ([`Optimizer`], [`LRScheduler`])\n"
@@ -64,7 +66,7 @@ def split_config(cfg: Any) -> tuple[list[Any], list[Any], list[str | None]]:
         return [cfg[0]], _as_list(cfg[1]), [None]  # (optimizer, scheduler): taskfit also takes this pair
     if isinstance(cfg, (list, tuple)) and cfg and all(_is_optimizer(o) for o in cfg):
         return list(cfg), [], []
-    raise TypeError(_UNKNOWN)
+    raise configuration_error(_UNKNOWN, ConfigurationTypeError)
 
 
 def scheduler_fields(sched: Any, monitor: str | None, automatic: bool) -> dict[str, Any]:
@@ -82,9 +84,10 @@ def scheduler_fields(sched: Any, monitor: str | None, automatic: bool) -> dict[s
     if not isinstance(sched, Mapping):
         plateau = is_metric_scheduler(sched)
         if plateau and automatic and monitor is None:
-            raise ValueError("`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is "
-                             'used. For example: {"optimizer": optimizer, "lr_scheduler": scheduler, "monitor": '
-                             '"metric_to_track"}')
+            raise configuration_error(
+                "`configure_optimizers` must include a monitor when a `ReduceLROnPlateau` scheduler is "
+                'used. For example: {"optimizer": optimizer, "lr_scheduler": scheduler, "monitor": '
+                '"metric_to_track"}')
         return {"scheduler": sched, "monitor": monitor if automatic else None, "plateau": plateau and automatic}
     fields = dict(sched)
     if automatic:
@@ -100,19 +103,21 @@ def scheduler_fields(sched: Any, monitor: str | None, automatic: bool) -> dict[s
                           stacklevel=4)
     fields = {k: v for k, v in fields.items() if k in _SCHEDULER_KEYS and (automatic or k not in ignored)}
     if "scheduler" not in fields:
-        raise ValueError('The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler')
+        raise configuration_error(
+            'The lr scheduler dict must have the key "scheduler" with its item being an lr scheduler')
     if fields.get("interval", "epoch") not in ("step", "epoch"):
-        raise ValueError(f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is '
-                         f'"{fields["interval"]}"')
+        raise configuration_error(f'The "interval" key in lr scheduler dict must be "step" or "epoch" but is '
+                                  f'"{fields["interval"]}"')
     frequency = fields.get("frequency", 1)
     if not isinstance(frequency, int) or frequency < 1:
         raise ValueError(f"lr_scheduler frequency={frequency!r} is not valid; it must be an integer >= 1.")
     plateau = fields.pop("reduce_on_plateau", is_metric_scheduler(fields["scheduler"])) and automatic
     fields.setdefault("monitor", monitor if automatic else None)
     if plateau and fields["monitor"] is None:
-        raise ValueError("The lr scheduler dict must include a monitor when a `ReduceLROnPlateau` scheduler is used. "
-                         'For example: {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": '
-                         '"your_loss"}}')
+        raise configuration_error(
+            "The lr scheduler dict must include a monitor when a `ReduceLROnPlateau` scheduler is used. "
+            'For example: {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "monitor": '
+            '"your_loss"}}')
     if isinstance(fields["scheduler"], torch.optim.lr_scheduler.OneCycleLR) and \
             fields.get("interval", "epoch") == "epoch":
         warnings.warn("A `OneCycleLR` scheduler is using 'interval': 'epoch'. Are you sure you didn't mean "
@@ -145,13 +150,14 @@ def validate(module: Any, optimizers: list[Any], configs: list[Any]) -> None:
     for cfg in configs:
         sched = cfg.scheduler
         if getattr(sched, "optimizer", None) is not None and not any(sched.optimizer is o for o in optimizers):
-            raise ValueError("Some schedulers are attached with an optimizer that wasn't returned from "
-                             "`configure_optimizers`.")
+            raise configuration_error("Some schedulers are attached with an optimizer that wasn't returned from "
+                                      "`configure_optimizers`.")
         if not (callable(getattr(sched, "state_dict", None)) and callable(getattr(sched, "load_state_dict", None))):
             raise TypeError(f"The provided lr scheduler `{type(sched).__name__}` is invalid. It should have "
                             "`state_dict` and `load_state_dict` methods defined.")
         torch_kinds = (torch.optim.lr_scheduler.LRScheduler, torch.optim.lr_scheduler.ReduceLROnPlateau)
         if not isinstance(sched, torch_kinds) and automatic and not overrides(module, "lr_scheduler_step"):
-            raise ValueError(f"The provided lr scheduler `{type(sched).__name__}` doesn't follow PyTorch's LRScheduler "
-                             "API. You should override the `LightningModule.lr_scheduler_step` hook with your own "
-                             "logic if you are using a custom LR scheduler.")
+            raise configuration_error(
+                f"The provided lr scheduler `{type(sched).__name__}` doesn't follow PyTorch's LRScheduler "
+                "API. You should override the `LightningModule.lr_scheduler_step` hook with your own "
+                "logic if you are using a custom LR scheduler.")

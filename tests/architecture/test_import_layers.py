@@ -16,7 +16,7 @@ PACKAGES = {"lib": "taskfit", "strategies": "taskfit.strategies", "accelerators"
 
 #: bottom up; a unit imports only units of a lower layer (or itself)
 LAYERS: list[tuple[str, ...]] = [
-    ("__about__", "registry", "json_options", "protocols", "loggers", "debugging", "redact"),
+    ("__about__", "registry", "json_options", "protocols", "loggers", "debugging", "redact", "errors"),
     ("io", "precision", "accelerators"),
     ("core", "seed", "metrics"),
     ("optim",),

@@ -52,7 +52,8 @@ NAME_MODULES = TOP_MODULES | {"lightning.pytorch.core", "lightning.pytorch.core.
                               "lightning.pytorch.callbacks.callback", "lightning.pytorch.utilities.seed",
                               "lightning.fabric", "lightning.fabric.utilities.seed", "lightning.fabric.utilities",
                               "lightning.pytorch.utilities", "lightning.pytorch.utilities.model_helpers",
-                              "lightning.fabric.utilities.warnings"}
+                              "lightning.fabric.utilities.warnings", "lightning.pytorch.utilities.exceptions",
+                              "lightning.fabric.utilities.exceptions"}
 NAMESPACES = ("callbacks", "loggers", "profilers")
 DEMOS = "lightning.pytorch.demos.boring_classes"
 DEMOS_LOCAL = "tests_pytorch._taskfit_demos"

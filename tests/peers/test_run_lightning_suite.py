@@ -122,6 +122,20 @@ def test_is_overridden_import_moves_with_the_module_class():
     assert moved == ["is_overridden", "is_overridden"]
 
 
+
+def test_misconfiguration_exception_import_moves_from_both_exception_modules():
+    """``MisconfigurationException`` is swapped whether a test imports it from ``lightning.pytorch.utilities.
+    exceptions`` or ``lightning.fabric.utilities.exceptions``; the modules' other names stay on Lightning."""
+    provided = run_lightning_suite.taskfit_lightning_names()
+    assert "MisconfigurationException" in provided.top
+    source = ("from lightning.pytorch.utilities.exceptions import MisconfigurationException, SIGTERMException\n"
+              "from lightning.fabric.utilities.exceptions import MisconfigurationException as ME\n")
+    text, moved = run_lightning_suite.rewrite_imports(source, provided)
+    assert text == ("from taskfit.lightning import MisconfigurationException\n"
+                    "from lightning.pytorch.utilities.exceptions import SIGTERMException\n"
+                    "from taskfit.lightning import MisconfigurationException as ME\n")
+    assert moved == ["MisconfigurationException", "MisconfigurationException"]
+
 def test_provided_names_read_from_the_source():
     provided = run_lightning_suite.taskfit_lightning_names()
     assert {"LightningModule", "Trainer", "seed_everything", "is_overridden"} <= provided.top
