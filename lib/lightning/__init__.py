@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 import warnings
@@ -78,7 +79,9 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
         out.append(_cb.ModelCheckpoint(dirpath=os.path.join(folder, "checkpoints")))
     if f["enable_model_summary"] is not False and not any(isinstance(c, _cb.ModelSummary) for c in given):
         out.append(_cb.ModelSummary())
-    if f["max_time"] is not None:
+    if f["max_time"] is not None and any(isinstance(c, _cb.Timer) for c in given):
+        logging.getLogger("taskfit").info("Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
+    elif f["max_time"] is not None:
         out.append(_cb.Timer(duration=f["max_time"]))
     if f["profiler"] is not None and not isinstance(f["profiler"], str):
         out.append(f["profiler"])

@@ -88,6 +88,9 @@ class LoopPolicy:
         reads_eval_outputs (bool): what ``validation_step``/``test_step`` return is read for the evaluation's
             loss, predictions and labels (HF's ``prediction_step`` outputs; anything else is refused); False: it is
             only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).
+        stop_checked_before_epoch (bool): a stop request already made when an epoch would start (``should_stop``
+            set in ``on_fit_start``, e.g. by a ``Timer`` whose budget is spent) ends training before it, so no step
+            runs (Lightning's ``fit_loop.done``); False: the request is read after the next step (HF).
     """
 
     counts_optimizer_steps: bool = False
@@ -113,6 +116,7 @@ class LoopPolicy:
     sanity_check_keeps_rng: bool = False
     logs_run_values: bool = True
     reads_eval_outputs: bool = True
+    stop_checked_before_epoch: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect
