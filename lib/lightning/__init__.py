@@ -30,7 +30,9 @@ from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
-from taskfit.lightning.flags import announce_batch_limits, apply_barebones, env_defaults, fit_options, loop_policy
+from taskfit.lightning.flags import (
+    announce_batch_limits, apply_barebones, env_defaults, fit_options, limit_property, loop_policy,
+)
 from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
 from taskfit.lightning.logged import (
     LoggedMetrics, MetricDict, attach_logging, finalize_loggers, lightning_row, per_loader, reset_metrics, send_row,
@@ -519,6 +521,9 @@ class Trainer(Fit):
     def num_devices(self) -> int:
         """Processes taking part."""
         return self.world_size
+
+    limit_train_batches, limit_val_batches = limit_property("limit_train_batches"), limit_property("limit_val_batches")
+    limit_test_batches, limit_predict_batches = limit_property("limit_test_batches"), limit_property("limit_predict_batches")
 
     @property
     def accumulate_grad_batches(self) -> int:
