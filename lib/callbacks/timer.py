@@ -83,7 +83,7 @@ class Timer(Callback):
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._start["train"], self._end["train"] = time.monotonic(), None
         if trainer is not None and getattr(trainer, "control", None) is not None:
-            self._check(trainer)  # the time restored from a checkpoint (loaded after on_fit_start) may be spent
+            self._check(trainer, at_start=True)  # the time restored from a checkpoint (after on_fit_start)
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._end["train"] = time.monotonic()
@@ -101,7 +101,7 @@ class Timer(Callback):
         self._end["test"] = time.monotonic()
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        self._check(trainer)  # a budget spent already (zero, or restored from a checkpoint): no step at all
+        self._check(trainer, at_start=True)  # a budget spent already (zero, or restored): no step (Lightning)
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.interval == "step":
@@ -111,21 +111,24 @@ class Timer(Callback):
         if self.interval == "epoch":
             self._check(trainer)
 
-    def _check(self, fit: Any) -> None:
+    def _check(self, fit: Any, at_start: bool = False) -> None:
+        """Request the stop once the budget is spent. At the start of fit/training no step was taken yet: the
+        request alone (the Lightning door stops before any step; ``Fit`` after the next step, as HF, which then
+        saves it here)."""
         if self.duration is None or self.time_elapsed("train") < self.duration:
             return
         control = fit.control
         if not control.should_training_stop:
             control.should_training_stop = True
-            started = fit.state is not None and fit.state.global_step > 0
-            control.should_save = started  # the loop saves right after this hook, then stops
-            self.stopped_step = fit.state.global_step if fit.state is not None else 0
             if self.verbose:
                 import logging
 
                 elapsed = timedelta(seconds=int(self.time_elapsed("train")))
                 logging.getLogger("taskfit").info(  # Lightning's message
                     "Time limit reached. Elapsed time is %s. Signaling Trainer to stop.", elapsed)
+        if not at_start and self.stopped_step is None:
+            control.should_save = True  # the loop saves right after this hook, then stops
+            self.stopped_step = fit.state.global_step
 
     def state_dict(self) -> dict[str, Any]:
         return {"time_elapsed": {stage: self.time_elapsed(stage) for stage in self._STAGES}}

@@ -71,9 +71,46 @@ class CSVLogger(_Versioned, _CSV):
 
     @property
     def experiment(self) -> Any:
-        """The object that writes (this logger: ``log_metrics``/``log_hyperparams``), as Lightning's
-        ``logger.experiment``."""
+        """The object that writes (this logger: ``log_metrics``/``log_hyperparams``/``save``, ``metrics``,
+        ``metrics_file_path``), as Lightning's ``logger.experiment``."""
         return self
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows logged and not written yet (Lightning's ``experiment.metrics``; emptied by :meth:`save`)."""
+        return self._pending
+
+    @property
+    def metrics_file_path(self) -> str:
+        """``log_dir/metrics.csv``."""
+        return self.path
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """One row of ``metrics`` (tensors as numbers) at ``step``; without a step, the count of rows not written
+        yet (Lightning's default)."""
+        values = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
+        super().log_metrics(values, len(self._pending) if step is None else step)
+
+    def log_hyperparams(self, params: Any = None, *args: Any, **kwargs: Any) -> None:
+        """Write ``hparams.yaml`` (an ``argparse.Namespace`` or a dict; None: an empty file), leaving out with a
+        warning a value YAML cannot write, as Lightning's ``save_hparams_to_yaml``."""
+        import argparse
+        import warnings
+
+        import yaml
+
+        params = vars(params) if isinstance(params, argparse.Namespace) else dict(params or {})
+        kept = {}
+        for k, v in params.items():
+            try:
+                yaml.dump(v)
+                kept[k] = v
+            except (TypeError, ValueError):
+                warnings.warn(f"Skipping '{k}' parameter because it is not possible to safely dump to YAML.",
+                              stacklevel=2)  # Lightning's words
+        self._fs.makedirs(self.save_dir, exist_ok=True)
+        with self._fs.open(f"{self.save_dir}/hparams.yaml", "w") as f:
+            yaml.dump(kept, f)
 
 
 class TensorBoardLogger(_Versioned, _TB):
