@@ -6,7 +6,7 @@ from typing import Any
 
 from taskfit.callbacks import (
     BatchSizeFinder, DeviceStatsMonitor, EMAWeightAveraging, GradientAccumulationScheduler,
-    LearningRateFinder, LearningRateMonitor, ModelSummary, ProgressBar, RichProgressBar,
+    LearningRateFinder, ModelSummary, ProgressBar, RichProgressBar,
     StochasticWeightAveraging, ThroughputMonitor, Timer, WeightAveraging,
 )
 from taskfit.callbacks.base import Callback
@@ -14,6 +14,7 @@ from taskfit.callbacks.early_stopping import EarlyStopping as _EarlyStopping
 from taskfit.callbacks.early_stopping import EarlyStoppingReason
 from taskfit.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from taskfit.callbacks.lambda_callback import LambdaCallback
+from taskfit.callbacks.lr_monitor import LearningRateMonitor as _LearningRateMonitor
 from taskfit.callbacks.progress import TQDMProgressBar
 from taskfit.lightning.model_checkpoint import ModelCheckpoint
 
@@ -116,6 +117,21 @@ class EarlyStopping(_EarlyStopping):
         if self.stopped_step is not None and self.stopped_step != before:
             self.stopped_epoch = int(state.current_epoch)  # Lightning: the epoch it stopped in, not a fraction
         return out
+
+
+class LearningRateMonitor(_LearningRateMonitor):
+    """``lightning.pytorch.callbacks.LearningRateMonitor``: :class:`taskfit.callbacks.LearningRateMonitor` (the same
+    names, values and steps), which under Lightning's ``Trainer`` also needs a logger.
+
+    Raises:
+        ValueError: at the start of training, a trainer without a logger (``logger=False``; Lightning's message,
+            Lightning raises its ``MisconfigurationException``); as :class:`taskfit.callbacks.LearningRateMonitor`.
+    """
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.loggers:
+            raise ValueError("Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger.")
+        super().on_train_start(trainer, pl_module)
 
 
 __all__ = ["BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "Callback", "DeviceStatsMonitor",
