@@ -83,8 +83,9 @@ class LoopPolicy:
             validation loader drew); False: they run on (``Fit``).
         logs_run_values (bool): log rows, ``logged_metrics`` and ``callback_metrics`` also hold the run's own values
             (the mean ``loss`` since the last row, ``learning_rate``, ``grad_norm``, the precision plugin's values,
-            an evaluation's speed and timing rows), as HF's log rows; False: only what ``self.log`` wrote
-            (Lightning's ``logged_metrics``/``callback_metrics``).
+            an evaluation's speed and timing rows), as HF's log rows, and the loggers' hyperparameters hold the
+            run's arguments too; False: only what ``self.log`` wrote (Lightning's ``logged_metrics``/
+            ``callback_metrics``) and only the module's ``save_hyperparameters`` values (Lightning).
         reads_eval_outputs (bool): what ``validation_step``/``test_step`` return is read for the evaluation's
             loss, predictions and labels (HF's ``prediction_step`` outputs; anything else is refused); False: it is
             only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).
