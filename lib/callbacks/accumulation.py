@@ -36,7 +36,7 @@ class GradientAccumulationScheduler(Callback):
 
     def __init__(self, scheduling: dict[int, int]) -> None:
         if not scheduling:
-            raise TypeError("Empty dict cannot be interpreted correct")  # Lightning's words
+            raise TypeError("GradientAccumulationScheduler needs a non-empty scheduling dict {epoch: factor}.")
         # Lightning's messages (Lightning raises its MisconfigurationException)
         if any(not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in scheduling):
             raise ValueError(f"Epoch should be an int greater than or equal to 0. Got {list(scheduling)}.")

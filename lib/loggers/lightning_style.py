@@ -9,7 +9,6 @@ import os
 from typing import Any
 
 import torch
-
 from taskfit.loggers.csv_logger import CSVLogger as _CSV
 from taskfit.loggers.mlflow import MLFlowLogger as _MLFlow
 from taskfit.loggers.tensorboard import TensorBoardLogger as _TB

@@ -28,8 +28,8 @@ def loggers_of(L):
 
 
 def _trainer(L, tmp_path, name, **kw):
-    opts = dict(logger=False, enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-                num_sanity_val_steps=0, default_root_dir=str(tmp_path / name))
+    opts = {"logger": False, "enable_progress_bar": False, "enable_model_summary": False,
+            "enable_checkpointing": False, "num_sanity_val_steps": 0, "default_root_dir": str(tmp_path / name)}
     return L.Trainer(**{**opts, **kw})
 
 
@@ -155,7 +155,7 @@ def test_F_LIT_6_configure_callbacks_stand_in_called_like_lightning(tmp_path):
         given, own = Mock(spec=L.Callback), Mock(spec=L.Callback)
 
         class WithCallbacks(linear(L.LightningModule)):
-            def configure_callbacks(self):
+            def configure_callbacks(self, own=own):
                 return [own]
         t = _trainer(L, tmp_path, name, max_epochs=1, callbacks=[given])
         _fit(t, WithCallbacks(), data(n=8))
