@@ -24,6 +24,7 @@ from typing import Any, Iterator
 from taskfit.callbacks.base import Callback
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
+from taskfit.callbacks.prediction_writer import record_batch_indices
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as ModelCheckpointBase
 from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
@@ -328,6 +329,7 @@ class Trainer(Fit):
                                                                         dataloaders) as (dataloaders, runs):
                 if not runs:  # limit_predict_batches=0: no loop, nothing returned (Lightning)
                     return None
+                dataloaders = record_batch_indices(dataloaders, self.callbacks)  # for BasePredictionWriter
                 super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)

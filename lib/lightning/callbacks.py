@@ -5,9 +5,18 @@ import math
 from typing import Any
 
 from taskfit.callbacks import (
-    BatchSizeFinder, DeviceStatsMonitor, EMAWeightAveraging, GradientAccumulationScheduler,
-    LearningRateFinder, ModelSummary, ProgressBar, RichProgressBar,
-    StochasticWeightAveraging, ThroughputMonitor, Timer, WeightAveraging,
+    BatchSizeFinder,
+    DeviceStatsMonitor,
+    EMAWeightAveraging,
+    GradientAccumulationScheduler,
+    LearningRateFinder,
+    ModelSummary,
+    ProgressBar,
+    RichProgressBar,
+    StochasticWeightAveraging,
+    ThroughputMonitor,
+    Timer,
+    WeightAveraging,
 )
 from taskfit.callbacks.base import Callback
 from taskfit.callbacks.early_stopping import EarlyStopping as _EarlyStopping
@@ -15,6 +24,7 @@ from taskfit.callbacks.early_stopping import EarlyStoppingReason
 from taskfit.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from taskfit.callbacks.lambda_callback import LambdaCallback
 from taskfit.callbacks.lr_monitor import LearningRateMonitor as _LearningRateMonitor
+from taskfit.callbacks.prediction_writer import BasePredictionWriter
 from taskfit.callbacks.progress import TQDMProgressBar
 from taskfit.lightning.model_checkpoint import ModelCheckpoint
 
@@ -134,8 +144,27 @@ class LearningRateMonitor(_LearningRateMonitor):
         super().on_train_start(trainer, pl_module)
 
 
-__all__ = ["BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "Callback", "DeviceStatsMonitor",
-           "EarlyStopping", "EarlyStoppingReason", "EMAWeightAveraging", "GradientAccumulationScheduler",
-           "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
-           "ProgressBar", "RichProgressBar", "StochasticWeightAveraging", "TQDMProgressBar", "ThroughputMonitor",
-           "Timer", "WeightAveraging"]
+__all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
+    "BasePredictionWriter",
+    "BatchSizeFinder",
+    "Callback",
+    "DeviceStatsMonitor",
+    "EMAWeightAveraging",
+    "EarlyStopping",
+    "EarlyStoppingReason",
+    "GradientAccumulationScheduler",
+    "LambdaCallback",
+    "LearningRateFinder",
+    "LearningRateMonitor",
+    "ModelCheckpoint",
+    "ModelSummary",
+    "ProgressBar",
+    "RichProgressBar",
+    "StochasticWeightAveraging",
+    "TQDMProgressBar",
+    "ThroughputMonitor",
+    "Timer",
+    "WeightAveraging",
+]

@@ -211,3 +211,34 @@ def test_F_LIT_LOG_tensorboard_logger_like_lightning(tmp_path):
         seen[name] = out
     assert seen["taskfit"] == seen["lightning"]
     assert seen["taskfit"][2] == {"b1": 0.5, "b2": 0.9}
+
+
+def test_F_LIT_6_prediction_writer_batch_indices_like_lightning(tmp_path):
+    """BasePredictionWriter("batch_and_epoch") on a shuffled loader with two workers: each batch's prediction with
+    its samples' dataset indices, then all predictions with the per-loader index lists, as Lightning's calls."""
+    seen = {}
+    for name, L in frameworks().items():
+        calls = []
+
+        class Writer(callbacks_of(L).BasePredictionWriter):
+            def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dl_idx):
+                calls.append(("batch", prediction.tolist(), batch_indices, batch_idx, dl_idx))
+
+            def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
+                calls.append(("epoch", [p.tolist() for p in predictions], batch_indices))
+
+        class Predicting(linear(L.LightningModule)):
+            def predict_step(self, batch, batch_idx):
+                return self.layer(batch[0])
+
+        torch.manual_seed(0)
+        m = Predicting()
+        loader = torch.utils.data.DataLoader(data().dataset, batch_size=4, shuffle=True, num_workers=2,
+                                             generator=torch.Generator().manual_seed(1))
+        t = _trainer(L, tmp_path, name, callbacks=[Writer("batch_and_epoch")])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            t.predict(m, loader, return_predictions=False)
+        seen[name] = calls
+    assert seen["taskfit"] == seen["lightning"]
+    assert len(seen["taskfit"]) == 5 and sorted(sum(seen["taskfit"][-1][2][0], [])) == list(range(16))
