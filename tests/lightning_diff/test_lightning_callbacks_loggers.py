@@ -218,14 +218,13 @@ def test_F_LIT_6_prediction_writer_batch_indices_like_lightning(tmp_path):
     its samples' dataset indices, then all predictions with the per-loader index lists, as Lightning's calls."""
     seen = {}
     for name, L in frameworks().items():
-        calls = []
-
         class Writer(callbacks_of(L).BasePredictionWriter):
+            calls: list
             def write_on_batch_end(self, trainer, pl_module, prediction, batch_indices, batch, batch_idx, dl_idx):
-                calls.append(("batch", prediction.tolist(), batch_indices, batch_idx, dl_idx))
+                self.calls.append(("batch", prediction.tolist(), batch_indices, batch_idx, dl_idx))
 
             def write_on_epoch_end(self, trainer, pl_module, predictions, batch_indices):
-                calls.append(("epoch", [p.tolist() for p in predictions], batch_indices))
+                self.calls.append(("epoch", [p.tolist() for p in predictions], batch_indices))
 
         class Predicting(linear(L.LightningModule)):
             def predict_step(self, batch, batch_idx):
@@ -235,10 +234,12 @@ def test_F_LIT_6_prediction_writer_batch_indices_like_lightning(tmp_path):
         m = Predicting()
         loader = torch.utils.data.DataLoader(data().dataset, batch_size=4, shuffle=True, num_workers=2,
                                              generator=torch.Generator().manual_seed(1))
-        t = _trainer(L, tmp_path, name, callbacks=[Writer("batch_and_epoch")])
+        writer = Writer("batch_and_epoch")
+        writer.calls = []
+        t = _trainer(L, tmp_path, name, callbacks=[writer])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             t.predict(m, loader, return_predictions=False)
-        seen[name] = calls
+        seen[name] = writer.calls
     assert seen["taskfit"] == seen["lightning"]
-    assert len(seen["taskfit"]) == 5 and sorted(sum(seen["taskfit"][-1][2][0], [])) == list(range(16))
+    assert len(seen["taskfit"]) == 5 and sorted(i for b in seen["taskfit"][-1][2][0] for i in b) == list(range(16))
