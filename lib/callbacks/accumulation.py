@@ -23,10 +23,11 @@ class GradientAccumulationScheduler(Callback):
 
     Raises:
         TypeError: an empty ``scheduling``.
-        ValueError: a negative or non-int epoch, or a factor that is not an int >= 1.
-        RuntimeError (at fit start): manual optimization, or a strategy whose engine runs the step (DeepSpeed:
-            its accumulation is fixed when the engine is built); ValueError when ``gradient_accumulation_steps``
-            is set too (as Lightning).
+        ValueError: a negative or non-int epoch, or a factor that is not an int >= 1 (Lightning's messages;
+            Lightning raises its ``MisconfigurationException``).
+        RuntimeError (at ``on_train_start``, as Lightning): manual optimization, or a strategy whose engine runs the
+            step (DeepSpeed: its accumulation is fixed when the engine is built); ValueError there when
+            ``gradient_accumulation_steps`` (Lightning: ``accumulate_grad_batches``) is set too.
 
     Example::
 
@@ -36,11 +37,11 @@ class GradientAccumulationScheduler(Callback):
     def __init__(self, scheduling: dict[int, int]) -> None:
         if not scheduling:
             raise TypeError("GradientAccumulationScheduler needs a non-empty scheduling dict {epoch: factor}.")
+        # Lightning's messages (Lightning raises its MisconfigurationException)
         if any(not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in scheduling):
-            raise ValueError(f"GradientAccumulationScheduler epochs must be ints >= 0; got {list(scheduling)}.")
+            raise ValueError(f"Epoch should be an int greater than or equal to 0. Got {list(scheduling)}.")
         if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in scheduling.values()):
-            raise ValueError(f"GradientAccumulationScheduler factors must be ints >= 1; got "
-                             f"{list(scheduling.values())}.")
+            raise ValueError(f"Accumulation factor should be an int greater than 0. Got {list(scheduling.values())}.")
         self.scheduling = dict(scheduling)
         if 0 not in self.scheduling:  # Lightning: the epochs before the first key accumulate 1
             self.scheduling[0] = 1
@@ -57,23 +58,24 @@ class GradientAccumulationScheduler(Callback):
                 return self.scheduling[start]
         return 1
 
-    def setup(self, fit: Any, module: Any, stage: str) -> None:
-        if stage != "fit":
-            return
-        if not module.automatic_optimization:
-            raise RuntimeError("GradientAccumulationScheduler is not supported with manual optimization "
-                               "(automatic_optimization = False): remove the callback or accumulate in "
-                               "training_step.")
-        if fit.strategy.engine_owns_step:
-            raise RuntimeError(f"{type(fit.strategy).__name__} does not support gradient accumulation changing "
-                               "between epochs (its engine fixes it when built); use gradient_accumulation_steps.")
-        if fit.args.gradient_accumulation_steps != 1:
-            raise ValueError(f"gradient_accumulation_steps={fit.args.gradient_accumulation_steps} is set and a "
-                             "GradientAccumulationScheduler is given: remove one of them.")
-        if self.going_to_accumulate_grad_batches() and (type(module).optimizer_step is not _base_hook(
-                "optimizer_step") or type(module).optimizer_zero_grad is not _base_hook("optimizer_zero_grad")):
-            warnings.warn("With gradient accumulation, the module's optimizer_step / optimizer_zero_grad run "
-                          "once per optimizer step, not on every batch.", UserWarning, stacklevel=2)
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        """Refuse what cannot follow the schedule, before the first step (Lightning's checks and messages)."""
+        if not pl_module.automatic_optimization:
+            raise RuntimeError("Automatic gradient accumulation and the `GradientAccumulationScheduler` is not "
+                               "supported for manual optimization. Please remove the callback or switch to "
+                               "automatic optimization.")
+        if self.going_to_accumulate_grad_batches() and (type(pl_module).optimizer_step is not _base_hook(
+                "optimizer_step") or type(pl_module).optimizer_zero_grad is not _base_hook("optimizer_zero_grad")):
+            warnings.warn("When using `Trainer(accumulate_grad_batches != 1)` and overriding "
+                          "`LightningModule.optimizer_{step,zero_grad}`, the hooks will not be called on every batch "
+                          "(rather, they are called on every optimization step).", UserWarning, stacklevel=2)
+        if trainer.strategy.engine_owns_step:  # DeepSpeed: its engine fixes the accumulation when built
+            raise RuntimeError(f"The `{type(trainer.strategy).__name__}` does not support `accumulate_grad_batches` "
+                               "changing between epochs.")
+        if trainer.args.gradient_accumulation_steps != 1:
+            raise ValueError("You have set `accumulate_grad_batches` and are using the `GradientAccumulationScheduler` "
+                             "callback. Either remove `accumulate_grad_batches` from the Trainer (`Fit`: "
+                             "gradient_accumulation_steps) or remove the callback.")
 
 
 def _base_hook(name: str) -> Any:

@@ -150,9 +150,14 @@ def _is_overridden(obj: Any, name: str) -> bool:
 
 
 def _on_instance(obj: Any, name: str, hooks: tuple[str, ...]) -> bool:
-    """True when Lightning hook ``name`` is set on the instance itself (a wrapper made in ``__init__``): Lightning
-    calls it then, whatever the class defines; None there means no hook."""
-    return name in hooks and getattr(obj, "__dict__", {}).get(name) is not None
+    """True when Lightning hook ``name`` is set on the instance itself (a wrapper made in ``__init__``), or the
+    object answers it though its class has no such member (a ``Mock(spec=Callback)``): Lightning calls it then,
+    whatever the class defines; None there means no hook."""
+    if name not in hooks:
+        return False
+    if getattr(obj, "__dict__", {}).get(name) is not None:
+        return True
+    return getattr(type(obj), name, None) is None and callable(getattr(obj, name, None))
 
 
 def _hf_style(fn: Callable) -> bool:

@@ -5,6 +5,7 @@ The optimizer's param groups are part of the callback's state, so a resumed run 
 from __future__ import annotations
 
 import logging
+import warnings
 from collections.abc import Iterable
 from typing import Any, Callable
 
@@ -47,7 +48,14 @@ class BaseFinetuning(Callback):
         self._restarting = False
 
     def setup(self, fit: Any, module: Any, stage: str) -> None:
+        """Freeze before training; refuse a strategy whose engine owns the optimizer (DeepSpeed), as Lightning.
+
+        Raises:
+            NotImplementedError: under DeepSpeed (Lightning's message)."""
         self.freeze_before_training(module)
+        if getattr(getattr(fit, "strategy", None), "engine_owns_step", False):
+            raise NotImplementedError("The Finetuning callback does not support running with the DeepSpeed strategy. "
+                                      "Choose a different strategy or disable the callback.")
 
     def on_train_epoch_start(self, fit: Any, module: Any) -> None:
         for i, optimizer in enumerate(fit.optimizers):
@@ -124,9 +132,11 @@ class BaseFinetuning(Callback):
         for p in params:
             present = any(torch.equal(q, p) for g in optimizer.param_groups for q in g["params"])
             (skipped if present else out).append(p)
-        if skipped:
-            log.warning("The provided params to be frozen already exist within another group of this optimizer. "
-                        "Those parameters will be skipped.")
+        if skipped:  # Lightning's rank_zero_warn, its words
+            warnings.warn("The provided params to be frozen already exist within another group of this optimizer. "
+                          "Those parameters will be skipped.\nHINT: Did you init your optimizer in "
+                          f"`configure_optimizer` as such:\n {type(optimizer)}(filter(lambda p: p.requires_grad, "
+                          "self.parameters()), ...) ", UserWarning, stacklevel=3)
         return out
 
     @staticmethod

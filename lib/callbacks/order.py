@@ -20,7 +20,8 @@ def lightning_order(callbacks: list[Any]) -> list[Any]:
     Returns:
         list[Callback]: a new list, the same objects.
     """
-    tuner = [cb for cb in callbacks if getattr(cb, "runs_first", False)]  # HF callbacks lack it
+    # HF callbacks lack the flag; `is True`: a stand-in object (a Mock) answering every name is not a finder
+    tuner = [cb for cb in callbacks if getattr(cb, "runs_first", False) is True]
     checkpoints = [cb for cb in callbacks if isinstance(cb, ModelCheckpoint)]
     moved = {id(cb) for cb in tuner + checkpoints}
     return tuner + [cb for cb in callbacks if id(cb) not in moved] + checkpoints

@@ -28,8 +28,8 @@ def parse_duration(duration: Any) -> float | None:
     if isinstance(duration, str) and re.fullmatch(r"\d+:\d{1,2}:\d{1,2}:\d{1,2}", duration.strip()):
         d, h, m, s = (int(v) for v in duration.strip().split(":"))
         return timedelta(days=d, hours=h, minutes=m, seconds=s).total_seconds()
-    raise ValueError(f"Timer duration={duration!r} is not valid: give 'DD:HH:MM:SS', a timedelta, a dict such as "
-                     "{'hours': 2}, or seconds >= 0.")
+    raise ValueError(f"`Timer(duration={duration!r})` is not a valid duration. Expected a string in the format "
+                     "DD:HH:MM:SS, a timedelta, a dict such as {'hours': 2}, or seconds >= 0.")  # Lightning's words
 
 
 class Timer(Callback):
@@ -43,12 +43,16 @@ class Timer(Callback):
         verbose (bool): log when the budget is reached.
 
     Raises:
-        ValueError: bad ``duration`` or ``interval``.
+        ValueError: bad ``duration`` or ``interval`` (Lightning's messages; Lightning raises its
+            ``MisconfigurationException``).
     """
+
+    _STAGES = ("train", "sanity_check", "validate", "test", "predict")  # Lightning's RunningStage values
 
     def __init__(self, duration: Any = None, interval: str = "step", verbose: bool = True) -> None:
         if interval not in ("step", "epoch"):
-            raise ValueError(f"Timer interval={interval!r} is not valid; choose 'step' or 'epoch'.")
+            raise ValueError(f"Unsupported parameter value `Timer(interval={interval})`. Possible choices are: step, "
+                             "epoch")  # Lightning's words
         self.duration, self.interval, self.verbose = parse_duration(duration), interval, verbose
         self._start: dict[str, float | None] = {}
         self._end: dict[str, float | None] = {}
@@ -75,36 +79,59 @@ class Timer(Callback):
         """Seconds left of the budget (None without one)."""
         return None if self.duration is None else self.duration - self.time_elapsed(stage)
 
-    def on_train_start(self, fit: Any, module: Any) -> None:
+    # Lightning's parameter names (trainer, pl_module): callers may pass them by keyword
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         self._start["train"], self._end["train"] = time.monotonic(), None
+        if trainer is not None and getattr(trainer, "control", None) is not None:
+            self._check(trainer, at_start=True)  # the time restored from a checkpoint (after on_fit_start)
 
-    def on_train_end(self, fit: Any, module: Any) -> None:
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         self._end["train"] = time.monotonic()
 
-    def on_train_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self._start["validate"], self._end["validate"] = time.monotonic(), None
+
+    def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+        self._end["validate"] = time.monotonic()
+
+    def on_test_start(self, trainer: Any, pl_module: Any) -> None:
+        self._start["test"], self._end["test"] = time.monotonic(), None
+
+    def on_test_end(self, trainer: Any, pl_module: Any) -> None:
+        self._end["test"] = time.monotonic()
+
+    def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
+        self._check(trainer, at_start=True)  # a budget spent already (zero, or restored): no step (Lightning)
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
         if self.interval == "step":
-            self._check(fit)
+            self._check(trainer)
 
-    def on_train_epoch_end(self, fit: Any, module: Any) -> None:
+    def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
         if self.interval == "epoch":
-            self._check(fit)
+            self._check(trainer)
 
-    def _check(self, fit: Any) -> None:
+    def _check(self, fit: Any, at_start: bool = False) -> None:
+        """Request the stop once the budget is spent. At the start of fit/training no step was taken yet: the
+        request alone (the Lightning door stops before any step; ``Fit`` after the next step, as HF, which then
+        saves it here)."""
         if self.duration is None or self.time_elapsed("train") < self.duration:
             return
         control = fit.control
         if not control.should_training_stop:
             control.should_training_stop = True
-            control.should_save = True  # the loop saves right after this hook, then stops
-            self.stopped_step = fit.state.global_step
             if self.verbose:
                 import logging
 
-                logging.getLogger("taskfit").info("Timer: time limit of %s s reached at step %d; stopping.",
-                                                  self.duration, fit.state.global_step)
+                elapsed = timedelta(seconds=int(self.time_elapsed("train")))
+                logging.getLogger("taskfit").info(  # Lightning's message
+                    "Time limit reached. Elapsed time is %s. Signaling Trainer to stop.", elapsed)
+        if not at_start and self.stopped_step is None:
+            control.should_save = True  # the loop saves right after this hook, then stops
+            self.stopped_step = fit.state.global_step
 
     def state_dict(self) -> dict[str, Any]:
-        return {"time_elapsed": {"train": self.time_elapsed("train")}}
+        return {"time_elapsed": {stage: self.time_elapsed(stage) for stage in self._STAGES}}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self._offset = float(state_dict.get("time_elapsed", {}).get("train", 0.0))

@@ -110,7 +110,8 @@ class TrainingStage:
         ctl._new_training()
         if fit.is_global_zero and not n_dev:
             for lg in fit.loggers:
-                lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
+                run_args = args.to_sanitized_dict() if fit.loop_policy.logs_run_values else {}  # Lightning: module's
+                lg.log_hyperparams(run_hyperparams(run_args, module))
         hooks.call("on_fit_start", fit, module)
         module.zero_grad()  # Lightning clears the module's gradients as the stage starts
         if plan is not None:

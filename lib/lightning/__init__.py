@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import math
 import os
 import warnings
@@ -23,6 +24,7 @@ from typing import Any, Iterator
 from taskfit.callbacks.base import Callback
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
+from taskfit.callbacks.prediction_writer import record_batch_indices
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as ModelCheckpointBase
 from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
@@ -30,7 +32,9 @@ from taskfit.errors import configuration_error
 from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
-from taskfit.lightning.flags import announce_batch_limits, apply_barebones, env_defaults, fit_options, loop_policy
+from taskfit.lightning.flags import (
+    announce_batch_limits, apply_barebones, env_defaults, fit_options, limit_property, loop_policy,
+)
 from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
 from taskfit.lightning.logged import (
     LoggedMetrics, MetricDict, attach_logging, finalize_loggers, lightning_row, per_loader, reset_metrics, send_row,
@@ -91,7 +95,9 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
         out.append(_cb.ModelCheckpoint(dirpath=os.path.join(folder, "checkpoints")))
     if f["enable_model_summary"] is not False and not any(isinstance(c, _cb.ModelSummary) for c in given):
         out.append(_cb.ModelSummary())
-    if f["max_time"] is not None:
+    if f["max_time"] is not None and any(isinstance(c, _cb.Timer) for c in given):
+        logging.getLogger("taskfit").info("Ignoring `Trainer(max_time=...)`, callbacks list already contains a Timer.")
+    elif f["max_time"] is not None:
         out.append(_cb.Timer(duration=f["max_time"]))
     if f["profiler"] is not None and not isinstance(f["profiler"], str):
         out.append(f["profiler"])
@@ -336,6 +342,7 @@ class Trainer(Fit):
                                                                         dataloaders) as (dataloaders, runs):
                 if not runs:  # limit_predict_batches=0: no loop, nothing returned (Lightning)
                     return None
+                dataloaders = record_batch_indices(dataloaders, self.callbacks)  # for BasePredictionWriter
                 super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)
@@ -529,6 +536,9 @@ class Trainer(Fit):
     def num_devices(self) -> int:
         """Processes taking part."""
         return self.world_size
+
+    limit_train_batches, limit_val_batches = limit_property("limit_train_batches"), limit_property("limit_val_batches")
+    limit_test_batches, limit_predict_batches = limit_property("limit_test_batches"), limit_property("limit_predict_batches")
 
     @property
     def accumulate_grad_batches(self) -> int:

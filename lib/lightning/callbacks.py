@@ -5,15 +5,26 @@ import math
 from typing import Any
 
 from taskfit.callbacks import (
-    BatchSizeFinder, DeviceStatsMonitor, EMAWeightAveraging, GradientAccumulationScheduler,
-    LearningRateFinder, LearningRateMonitor, ModelSummary, ProgressBar, RichProgressBar,
-    StochasticWeightAveraging, ThroughputMonitor, Timer, WeightAveraging,
+    BatchSizeFinder,
+    DeviceStatsMonitor,
+    EMAWeightAveraging,
+    GradientAccumulationScheduler,
+    LearningRateFinder,
+    ModelSummary,
+    ProgressBar,
+    RichProgressBar,
+    StochasticWeightAveraging,
+    ThroughputMonitor,
+    Timer,
+    WeightAveraging,
 )
 from taskfit.callbacks.base import Callback
 from taskfit.callbacks.early_stopping import EarlyStopping as _EarlyStopping
 from taskfit.callbacks.early_stopping import EarlyStoppingReason
 from taskfit.callbacks.finetuning import BackboneFinetuning, BaseFinetuning
 from taskfit.callbacks.lambda_callback import LambdaCallback
+from taskfit.callbacks.lr_monitor import LearningRateMonitor as _LearningRateMonitor
+from taskfit.callbacks.prediction_writer import BasePredictionWriter
 from taskfit.callbacks.progress import TQDMProgressBar
 from taskfit.errors import configuration_error
 from taskfit.lightning.model_checkpoint import ModelCheckpoint
@@ -119,8 +130,42 @@ class EarlyStopping(_EarlyStopping):
         return out
 
 
-__all__ = ["BackboneFinetuning", "BaseFinetuning", "BatchSizeFinder", "Callback", "DeviceStatsMonitor",
-           "EarlyStopping", "EarlyStoppingReason", "EMAWeightAveraging", "GradientAccumulationScheduler",
-           "LambdaCallback", "LearningRateFinder", "LearningRateMonitor", "ModelCheckpoint", "ModelSummary",
-           "ProgressBar", "RichProgressBar", "StochasticWeightAveraging", "TQDMProgressBar", "ThroughputMonitor",
-           "Timer", "WeightAveraging"]
+class LearningRateMonitor(_LearningRateMonitor):
+    """``lightning.pytorch.callbacks.LearningRateMonitor``: :class:`taskfit.callbacks.LearningRateMonitor` (the same
+    names, values and steps), which under Lightning's ``Trainer`` also needs a logger.
+
+    Raises:
+        ValueError: at the start of training, a trainer without a logger (``logger=False``; Lightning's message,
+            Lightning raises its ``MisconfigurationException``); as :class:`taskfit.callbacks.LearningRateMonitor`.
+    """
+
+    def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+        if not trainer.loggers:
+            raise ValueError("Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger.")
+        super().on_train_start(trainer, pl_module)
+
+
+__all__ = [
+    "BackboneFinetuning",
+    "BaseFinetuning",
+    "BasePredictionWriter",
+    "BatchSizeFinder",
+    "Callback",
+    "DeviceStatsMonitor",
+    "EMAWeightAveraging",
+    "EarlyStopping",
+    "EarlyStoppingReason",
+    "GradientAccumulationScheduler",
+    "LambdaCallback",
+    "LearningRateFinder",
+    "LearningRateMonitor",
+    "ModelCheckpoint",
+    "ModelSummary",
+    "ProgressBar",
+    "RichProgressBar",
+    "StochasticWeightAveraging",
+    "TQDMProgressBar",
+    "ThroughputMonitor",
+    "Timer",
+    "WeightAveraging",
+]

@@ -198,4 +198,17 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       lightning_checkpoint_dict=True, loaders_after_setup=True,
                       resumed_epoch_skips_start=True, zero_grad_before_validation=True,
                       eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True,
-                      logs_run_values=False, reads_eval_outputs=False, log_hooks=LOG_HOOKS)
+                      logs_run_values=False, reads_eval_outputs=False, log_hooks=LOG_HOOKS,
+                      stop_checked_before_epoch=True)
+
+
+def limit_property(name: str) -> property:
+    """``Trainer.limit_*_batches`` (``name``): Lightning's parsed value of that flag: the number of batches under
+    ``fast_dev_run`` (``True``: 1), else the flag (an int of batches or a float fraction), 1.0 when not given."""
+    def get(trainer: Any) -> int | float:
+        f = trainer._flags
+        if f["fast_dev_run"]:
+            return 1 if f["fast_dev_run"] is True else int(f["fast_dev_run"])
+        return 1.0 if f[name] is None else f[name]
+    return property(get, doc=f"``{name}``: batches (int) or fraction (float) per epoch, Lightning's parsed value "
+                              "(1.0 when not given, the ``fast_dev_run`` count under it).")

@@ -20,7 +20,7 @@ class LightningLoop(Callback):
 
     def __init__(self, max_epochs: int | None, val_check_interval: Any = None, every_n_epochs: int | None = 1) -> None:
         self.max_epochs = max_epochs
-        self.trained = False
+        self.trained = self.epoch_ended = False
         self.vci, self.every = val_check_interval, every_n_epochs
         self.scheduled = False  # set by the Trainer per fit: validation data and a non-default schedule
         self.val_check_batch = 0
@@ -44,7 +44,7 @@ class LightningLoop(Callback):
             ValueError: an int ``val_check_interval`` above the batches of an epoch (with
                 ``check_val_every_n_epoch`` set), as Lightning.
         """
-        self.trained = False
+        self.trained = self.epoch_ended = False
         self.total_batches = 0
         n = fit.state.batches_per_epoch
         if self.seconds is not None:  # no batch schedule: wall time decides (on_train_batch_end)
@@ -84,8 +84,10 @@ class LightningLoop(Callback):
             self.last_val = time.monotonic()  # the next interval counts from the end of this validation
 
     def on_train_epoch_end(self, fit: Any, module: Any) -> None:
+        self.epoch_ended = True
         if self.max_epochs is not None and fit.state.current_epoch + 1 >= self.max_epochs:
             fit.should_stop = True
 
     def on_train_end(self, fit: Any, module: Any) -> None:
-        self.trained = fit.loop_policy.max_epochs != 0  # max_epochs=0 ran no epoch: current_epoch stays 0
+        # no epoch ran (max_epochs=0, a stop requested before the first, e.g. a spent Timer): current_epoch stays
+        self.trained = self.epoch_ended and fit.loop_policy.max_epochs != 0

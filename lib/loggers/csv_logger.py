@@ -8,6 +8,7 @@ import logging
 import os
 from typing import Any
 
+import fsspec
 from lightning_utilities.core.imports import RequirementCache
 
 from taskfit.loggers.logger import Logger
@@ -27,7 +28,8 @@ class CSVLogger(Logger):
     ``plots``) is installed and ``plot`` is True. A failed drawing is logged as a warning, never raised.
 
     Args:
-        save_dir (str): folder for ``metrics.csv`` and ``hparams.yaml`` (created when needed).
+        save_dir (str): folder for ``metrics.csv`` and ``hparams.yaml`` (created when needed); a local path or an
+            fsspec URL (``s3://...``, ``memory://...``; the PNG is drawn for local folders only).
         flush_every (int): rows buffered before writing (1 writes every row at once).
         plot (bool): draw the PNG at the end of fit (default True; skipped without matplotlib).
     """
@@ -36,6 +38,7 @@ class CSVLogger(Logger):
 
     def __init__(self, save_dir: str, flush_every: int = 1, plot: bool = True) -> None:
         self.save_dir = save_dir
+        self._fs = fsspec.core.url_to_fs(str(save_dir))[0]
         self.plot = plot
         self.plot_path: str | None = None
         self.path = os.path.join(save_dir, "metrics.csv")
@@ -48,8 +51,8 @@ class CSVLogger(Logger):
     def log_hyperparams(self, params: dict[str, Any]) -> None:
         import yaml
 
-        os.makedirs(self.save_dir, exist_ok=True)
-        with open(os.path.join(self.save_dir, "hparams.yaml"), "w") as f:
+        self._fs.makedirs(self.save_dir, exist_ok=True)
+        with self._fs.open(os.path.join(self.save_dir, "hparams.yaml"), "w") as f:
             yaml.safe_dump(params, f, sort_keys=True)
 
     def log_metrics(self, metrics: dict[str, float], step: int) -> None:
@@ -59,9 +62,9 @@ class CSVLogger(Logger):
 
     def log_summary(self, metrics: dict[str, float], step: int) -> None:
         """Write ``summary.json`` (the summary values plus ``step``)."""
-        os.makedirs(self.save_dir, exist_ok=True)
+        self._fs.makedirs(self.save_dir, exist_ok=True)
         values = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
-        with open(os.path.join(self.save_dir, "summary.json"), "w") as f:
+        with self._fs.open(os.path.join(self.save_dir, "summary.json"), "w") as f:
             json.dump({**values, "step": step}, f, indent=2, default=str)
 
     def resume(self, step: int, log_history: list[dict[str, Any]]) -> None:
@@ -69,7 +72,7 @@ class CSVLogger(Logger):
         as many rows as the checkpoint's history has there (one row per logged dict)."""
         self.save()
         self._read = True
-        if not os.path.isfile(self.path):
+        if not self._fs.isfile(self.path):
             return
         header, rows = self._read_file()
         at_step = sum(1 for row in log_history if row.get("step") == step)
@@ -84,13 +87,13 @@ class CSVLogger(Logger):
                 kept.append({k: v for k, v in row.items() if v not in (None, "")})
         self.columns = header if "step" in header else ["step", *header]
         self.rows = kept
-        with open(self.path, "w", newline="") as f:
+        with self._fs.open(self.path, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=self.columns)
             writer.writeheader()
             writer.writerows(kept)
 
     def _read_file(self) -> tuple[list[str], list[dict[str, Any]]]:
-        with open(self.path, newline="") as f:
+        with self._fs.open(self.path, "r", newline="") as f:
             reader = csv.DictReader(f)
             return list(reader.fieldnames or ["step"]), list(reader)
 
@@ -100,22 +103,22 @@ class CSVLogger(Logger):
         evaluates first): a log is appended to, never erased."""
         if not self._pending:
             return
-        os.makedirs(self.save_dir, exist_ok=True)
+        self._fs.makedirs(self.save_dir, exist_ok=True)
         if not self._read:
             self._read = True
-            if os.path.isfile(self.path):
+            if self._fs.isfile(self.path):
                 header, rows = self._read_file()
                 self.columns = [*(["step"] if "step" not in header else []), *header,
                                 *(c for c in self.columns if c not in header and c != "step")]
                 self.rows = [{k: v for k, v in row.items() if v not in (None, "")} for row in rows] + self.rows
         new_cols = [k for row in self._pending for k in row if k not in self.columns]
-        rewrite = bool(new_cols) or not os.path.exists(self.path)
+        rewrite = bool(new_cols) or not self._fs.exists(self.path)
         for k in new_cols:
             if k not in self.columns:
                 self.columns.append(k)
         self.rows.extend(self._pending)
         rows, self._pending = (self.rows if rewrite else self._pending), []
-        with open(self.path, "w" if rewrite else "a", newline="") as f:
+        with self._fs.open(self.path, "w" if rewrite else "a", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=self.columns)
             if rewrite:
                 writer.writeheader()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import torch
 from taskfit.loggers.csv_logger import CSVLogger as _CSV
 from taskfit.loggers.mlflow import MLFlowLogger as _MLFlow
 from taskfit.loggers.tensorboard import TensorBoardLogger as _TB
@@ -48,8 +49,8 @@ class _Versioned:
 
     @property
     def root_dir(self) -> str:
-        """``save_dir/name``."""
-        return os.path.join(self._root_save_dir, self._name)
+        """``save_dir/name`` (the ``name`` property, which a subclass may override)."""
+        return os.path.join(self._root_save_dir, self.name or "")
 
     @property
     def log_dir(self) -> str:
@@ -71,25 +72,148 @@ class CSVLogger(_Versioned, _CSV):
 
     @property
     def experiment(self) -> Any:
-        """The object that writes (this logger: ``log_metrics``/``log_hyperparams``), as Lightning's
-        ``logger.experiment``."""
+        """The object that writes (this logger: ``log_metrics``/``log_hyperparams``/``save``, ``metrics``,
+        ``metrics_file_path``), as Lightning's ``logger.experiment``."""
         return self
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        """The rows logged and not written yet (Lightning's ``experiment.metrics``; emptied by :meth:`save`)."""
+        return self._pending
+
+    @property
+    def metrics_file_path(self) -> str:
+        """``log_dir/metrics.csv``."""
+        return self.path
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """One row of ``metrics`` (tensors as numbers) at ``step``; without a step, the count of rows not written
+        yet (Lightning's default)."""
+        values = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
+        super().log_metrics(values, len(self._pending) if step is None else step)
+
+    def log_hyperparams(self, params: Any = None, *args: Any, **kwargs: Any) -> None:
+        """Write ``hparams.yaml`` (an ``argparse.Namespace`` or a dict; None: an empty file), leaving out with a
+        warning a value YAML cannot write, as Lightning's ``save_hparams_to_yaml``."""
+        import argparse
+        import warnings
+
+        import yaml
+
+        params = vars(params) if isinstance(params, argparse.Namespace) else dict(params or {})
+        kept = {}
+        for k, v in params.items():
+            try:
+                yaml.dump(v)
+                kept[k] = v
+            except (TypeError, ValueError):
+                warnings.warn(f"Skipping '{k}' parameter because it is not possible to safely dump to YAML.",
+                              stacklevel=2)  # Lightning's words
+        self._fs.makedirs(self.save_dir, exist_ok=True)
+        with self._fs.open(f"{self.save_dir}/hparams.yaml", "w") as f:
+            yaml.dump(kept, f)
 
 
 class TensorBoardLogger(_Versioned, _TB):
-    """TensorBoard events under ``save_dir/name/version_N`` (Lightning's ``TensorBoardLogger(save_dir, name,
-    version, log_graph, default_hp_metric, prefix, sub_dir)``; ``log_graph`` and ``sub_dir`` are refused).
+    """TensorBoard events under ``save_dir/name/version_N[/sub_dir]`` (Lightning's ``TensorBoardLogger(save_dir,
+    name, version, log_graph, default_hp_metric, prefix, sub_dir)``; ``~`` and ``$VARS`` in the folder are
+    expanded), with Lightning's ``log_hyperparams(params, metrics=None)`` (``params`` also written to
+    ``log_dir/hparams.yaml``), ``log_graph(model, input_array=None)`` and ``hparams``.
 
     Raises:
-        NotImplementedError: ``log_graph=True``, ``sub_dir`` or a ``prefix``. ModuleNotFoundError: no tensorboard.
+        NotImplementedError: a ``prefix``. ModuleNotFoundError: no tensorboard.
     """
 
     def __init__(self, save_dir: Any, name: str | None = "lightning_logs", version: int | str | None = None,
                  log_graph: bool = False, default_hp_metric: bool = True, prefix: str = "",
                  sub_dir: Any = None, **kwargs: Any) -> None:
-        if log_graph or sub_dir is not None:
-            raise NotImplementedError("TensorBoardLogger: log_graph and sub_dir are not supported.")
+        self.sub_dir = None if sub_dir is None else os.fspath(sub_dir)
+        self._log_graph, self._default_hp_metric = log_graph, default_hp_metric
+        self.hparams: dict[str, Any] = {}
         _TB.__init__(self, self._place(save_dir, name, version, prefix), **kwargs)
+        self.save_dir = self.log_dir  # where the events go
+
+    @property
+    def log_dir(self) -> str:
+        """``save_dir/name/version_N`` (a str version as given), plus ``sub_dir``, user and variables expanded
+        (Lightning's ``TensorBoardLogger.log_dir``)."""
+        version = self.version if isinstance(self.version, str) else f"version_{self.version}"
+        out = os.path.join(self.root_dir, version, *([self.sub_dir] if self.sub_dir else []))
+        return os.path.expanduser(os.path.expandvars(out))
+
+    def log_hyperparams(self, params: Any = None, metrics: Any = None) -> None:
+        """Record ``params`` (a dict or ``argparse.Namespace``; keys of any type, nested dicts flattened with
+        ``/``) in TensorBoard's HParams view and in ``log_dir/hparams.yaml``; ``metrics`` (a dict, or one value as
+        ``hp_metric``) are logged at step 0 with them."""
+        import argparse
+
+        params = vars(params) if isinstance(params, argparse.Namespace) else dict(params or {})
+        self.hparams.update(params)
+        flat = _flatten({str(k): v for k, v in params.items()})
+        if metrics is not None:
+            self.log_metrics(metrics if isinstance(metrics, dict) else {"hp_metric": metrics}, 0)
+        _TB.log_hyperparams(self, flat)
+        self._save_hparams()
+
+    def _save_hparams(self) -> None:
+        """``hparams.yaml`` in ``log_dir``, values YAML cannot write left out (Lightning's ``save``)."""
+        import yaml
+
+        kept = {}
+        for k, v in self.hparams.items():
+            try:
+                yaml.dump(v)
+                kept[k] = v
+            except (TypeError, ValueError):
+                continue
+        os.makedirs(self.log_dir, exist_ok=True)
+        with open(os.path.join(self.log_dir, "hparams.yaml"), "w") as f:
+            yaml.dump(kept, f)
+
+    def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
+        """Scalars of ``metrics`` (tensors of one value included) at ``step`` (None: 0)."""
+        values = {k: (v.item() if hasattr(v, "numel") and v.numel() == 1 else v) for k, v in metrics.items()}
+        super().log_metrics(values, 0 if step is None else step)
+
+    def log_graph(self, model: Any, input_array: Any = None) -> None:
+        """Add ``model``'s graph traced on ``input_array`` (default ``model.example_input_array``) when the logger
+        was made with ``log_graph=True``; a missing or untraceable input warns instead (Lightning's messages)."""
+        import warnings
+
+        if not self._log_graph:
+            return
+        input_array = getattr(model, "example_input_array", None) if input_array is None else input_array
+        if input_array is None:
+            warnings.warn("Could not log computational graph to TensorBoard: The `model.example_input_array` "
+                          "attribute is not set or `input_array` was not given.", UserWarning, stacklevel=2)
+        elif not isinstance(input_array, (torch.Tensor, tuple)):
+            warnings.warn("Could not log computational graph to TensorBoard: The `input_array` or "
+                          f"`model.example_input_array` has type {type(input_array)} which can't be traced by "
+                          "TensorBoard. Make the input array a tuple representing the positional arguments to the "
+                          "model's `forward()` implementation.", UserWarning, stacklevel=2)
+        else:
+            # torch.jit reads every attribute: a module's trainer/fit then reads None instead of raising (what
+            # Lightning's _jit_is_scripting does; set here directly, the module's package sits above this one)
+            flagged = [m for m in model.modules() if hasattr(type(m), "_jit_is_scripting")]
+            for m in flagged:
+                object.__setattr__(m, "_jit_is_scripting", True)
+            try:
+                self.experiment.add_graph(model, input_array)
+            finally:
+                for m in flagged:
+                    object.__setattr__(m, "_jit_is_scripting", False)
+
+
+def _flatten(params: dict[str, Any], parent: str = "") -> dict[str, Any]:
+    """Nested dicts (and ``argparse.Namespace``) as ``a/b`` keys (Lightning's ``_flatten_dict``)."""
+    import argparse
+
+    out: dict[str, Any] = {}
+    for k, v in params.items():
+        key = f"{parent}/{k}" if parent else str(k)
+        v = vars(v) if isinstance(v, argparse.Namespace) else v
+        out.update(_flatten(v, key) if isinstance(v, dict) and v else {key: v})
+    return out
 
 
 class MLFlowLogger(_MLFlow):

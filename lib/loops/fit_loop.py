@@ -152,6 +152,8 @@ class FitLoop:
         if self.loop_policy.max_epochs is not None:  # Lightning's max_epochs limits whatever max_steps says
             num_epochs = min(num_epochs, self.loop_policy.max_epochs)
         for epoch in range(state.current_epoch, num_epochs):
+            if self.loop_policy.stop_checked_before_epoch and run.control.should_training_stop and self._may_stop(epoch):
+                break
             if run.reload_train_loader is not None and self.loop_policy.reload_due(epoch, last_reload):
                 loader, last_reload = self._reload(epoch, num_epochs), epoch
             skip = state.batch_in_epoch if resumed else 0

@@ -85,8 +85,9 @@ class LoopPolicy:
             validation loader drew); False: they run on (``Fit``).
         logs_run_values (bool): log rows, ``logged_metrics`` and ``callback_metrics`` also hold the run's own values
             (the mean ``loss`` since the last row, ``learning_rate``, ``grad_norm``, the precision plugin's values,
-            an evaluation's speed and timing rows), as HF's log rows; False: only what ``self.log`` wrote
-            (Lightning's ``logged_metrics``/``callback_metrics``).
+            an evaluation's speed and timing rows), as HF's log rows, and the loggers' hyperparameters hold the
+            run's arguments too; False: only what ``self.log`` wrote (Lightning's ``logged_metrics``/
+            ``callback_metrics``) and only the module's ``save_hyperparameters`` values (Lightning).
         reads_eval_outputs (bool): what ``validation_step``/``test_step`` return is read for the evaluation's
             loss, predictions and labels (HF's ``prediction_step`` outputs; anything else is refused); False: it is
             only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).
@@ -94,6 +95,9 @@ class LoopPolicy:
             values each allows (Lightning's table: ``self.log`` in ``setup``, ``configure_optimizers``, checkpoint
             hooks... raises, as in a ``predict`` stage; :func:`taskfit.core.hook_logging.check_hook_log`); None:
             ``self.log`` works wherever a stage keeps values (``Fit``).
+        stop_checked_before_epoch (bool): a stop request already made when an epoch would start (``should_stop``
+            set in ``on_fit_start``, e.g. by a ``Timer`` whose budget is spent) ends training before it, so no step
+            runs (Lightning's ``fit_loop.done``); False: the request is read after the next step (HF).
     """
 
     counts_optimizer_steps: bool = False
@@ -120,6 +124,7 @@ class LoopPolicy:
     logs_run_values: bool = True
     reads_eval_outputs: bool = True
     log_hooks: Mapping[str, Any] | None = None
+    stop_checked_before_epoch: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect

@@ -45,6 +45,11 @@ DEFAULT_EXCEPTIONS = HERE / "lightning_exceptions.txt"
 PEER = Peer(side="lightning", label="Lightning", tests_root="tests_pytorch",
             env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "disabled"})
 MAIN_FILES = ["core/test_datamodules.py", "callbacks/test_early_stopping.py"]
+# the callbacks and loggers users meet most
+MAIN_FILES += ["callbacks/test_lambda_function.py", "callbacks/test_lr_monitor.py", "callbacks/test_finetuning_callback.py",
+               "callbacks/test_timer.py", "callbacks/test_prediction_writer.py",
+               "callbacks/test_gradient_accumulation_scheduler.py", "callbacks/test_callbacks.py",
+               "loggers/test_csv.py", "loggers/test_tensorboard.py"]
 TOP_MODULES = {"lightning", "lightning.pytorch"}
 # modules whose same-named objects taskfit.lightning provides at its top level (the defining submodules included)
 NAME_MODULES = TOP_MODULES | {"lightning.pytorch.core", "lightning.pytorch.core.module", "lightning.pytorch.core.datamodule",
