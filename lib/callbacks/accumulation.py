@@ -6,6 +6,7 @@ import warnings
 from typing import Any
 
 from taskfit.callbacks.base import Callback
+from taskfit.errors import configuration_error
 
 
 class GradientAccumulationScheduler(Callback):
@@ -39,9 +40,10 @@ class GradientAccumulationScheduler(Callback):
             raise TypeError("GradientAccumulationScheduler needs a non-empty scheduling dict {epoch: factor}.")
         # Lightning's messages (Lightning raises its MisconfigurationException)
         if any(not isinstance(k, int) or isinstance(k, bool) or k < 0 for k in scheduling):
-            raise ValueError(f"Epoch should be an int greater than or equal to 0. Got {list(scheduling)}.")
+            raise configuration_error(f"Epoch should be an int greater than or equal to 0. Got {list(scheduling)}.")
         if any(not isinstance(v, int) or isinstance(v, bool) or v < 1 for v in scheduling.values()):
-            raise ValueError(f"Accumulation factor should be an int greater than 0. Got {list(scheduling.values())}.")
+            raise configuration_error(
+                f"Accumulation factor should be an int greater than 0. Got {list(scheduling.values())}.")
         self.scheduling = dict(scheduling)
         if 0 not in self.scheduling:  # Lightning: the epochs before the first key accumulate 1
             self.scheduling[0] = 1

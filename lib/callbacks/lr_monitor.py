@@ -9,6 +9,7 @@ from collections import defaultdict
 from typing import Any
 
 from taskfit.callbacks.base import Callback
+from taskfit.errors import configuration_error
 
 
 class LearningRateMonitor(Callback):
@@ -42,7 +43,7 @@ class LearningRateMonitor(Callback):
     def __init__(self, logging_interval: str | None = None, log_momentum: bool = False,
                  log_weight_decay: bool = False) -> None:
         if logging_interval not in (None, "step", "epoch"):
-            raise ValueError("logging_interval should be `step` or `epoch` or `None`.")  # Lightning's words
+            raise configuration_error("logging_interval should be `step` or `epoch` or `None`.")  # Lightning's words
         self.logging_interval, self.log_momentum, self.log_weight_decay = logging_interval, log_momentum, \
             log_weight_decay
         self.lrs: dict[str, list[float]] = {}
@@ -163,8 +164,8 @@ class LearningRateMonitor(Callback):
         labels = [g.get("name", f"pg{i}") for i, g in enumerate(groups, start=1)]
         duplicates = {n for n in labels if labels.count(n) > 1}
         if duplicates:
-            raise ValueError("A single `Optimizer` cannot have multiple parameter groups with identical `name` "
-                             f"values. {name} has duplicated parameter group names {duplicates}")
+            raise configuration_error("A single `Optimizer` cannot have multiple parameter groups with identical "
+                                      f"`name` values. {name} has duplicated parameter group names {duplicates}")
         count = types.get(type(opt), 0)
         name = f"{name}-{count - 1}" if count > 1 else name
         if len(groups) > 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from taskfit.callbacks.base import Callback
+from taskfit.errors import configuration_error
 from torch.utils.data import DataLoader, IterableDataset
 
 _INTERVALS = ("batch", "epoch", "batch_and_epoch")
@@ -71,7 +72,7 @@ class BasePredictionWriter(Callback):
 
     def __init__(self, write_interval: str = "batch") -> None:
         if write_interval not in _INTERVALS:
-            raise ValueError(f"`write_interval` should be one of {list(_INTERVALS)}.")  # Lightning's words
+            raise configuration_error(f"`write_interval` should be one of {list(_INTERVALS)}.")  # Lightning's words
         self.interval = write_interval
         self.recorders: dict[int, IndexRecordingBatchSampler | None] = {}
         self.predictions: dict[int, list[Any]] = {}

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from taskfit.callbacks.base import Callback
+from taskfit.errors import configuration_error
 
 
 def parse_duration(duration: Any) -> float | None:
@@ -28,8 +29,9 @@ def parse_duration(duration: Any) -> float | None:
     if isinstance(duration, str) and re.fullmatch(r"\d+:\d{1,2}:\d{1,2}:\d{1,2}", duration.strip()):
         d, h, m, s = (int(v) for v in duration.strip().split(":"))
         return timedelta(days=d, hours=h, minutes=m, seconds=s).total_seconds()
-    raise ValueError(f"`Timer(duration={duration!r})` is not a valid duration. Expected a string in the format "
-                     "DD:HH:MM:SS, a timedelta, a dict such as {'hours': 2}, or seconds >= 0.")  # Lightning's words
+    # Lightning's words
+    raise configuration_error(f"`Timer(duration={duration!r})` is not a valid duration. Expected a string in the "
+                              "format DD:HH:MM:SS, a timedelta, a dict such as {'hours': 2}, or seconds >= 0.")
 
 
 class Timer(Callback):
@@ -51,8 +53,8 @@ class Timer(Callback):
 
     def __init__(self, duration: Any = None, interval: str = "step", verbose: bool = True) -> None:
         if interval not in ("step", "epoch"):
-            raise ValueError(f"Unsupported parameter value `Timer(interval={interval})`. Possible choices are: step, "
-                             "epoch")  # Lightning's words
+            raise configuration_error(f"Unsupported parameter value `Timer(interval={interval})`. Possible choices "
+                                      "are: step, epoch")  # Lightning's words
         self.duration, self.interval, self.verbose = parse_duration(duration), interval, verbose
         self._start: dict[str, float | None] = {}
         self._end: dict[str, float | None] = {}

@@ -141,7 +141,7 @@ class LearningRateMonitor(_LearningRateMonitor):
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         if not trainer.loggers:
-            raise ValueError("Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger.")
+            raise configuration_error("Cannot use `LearningRateMonitor` callback with `Trainer` that has no logger.")
         super().on_train_start(trainer, pl_module)
 
 
