@@ -58,6 +58,8 @@ def model_config(model: torch.nn.Module) -> Any:
     hparams = json_hparams(model)  # a function, not the module's method: hook recorders see no extra call
     if hparams is not None:  # what load_from_checkpoint rebuilds the module from
         out["hyper_parameters"] = hparams
+        if vars(model).get("_hparams_name"):  # saved from one config argument: rebuilt through that argument
+            out["hparams_name"] = vars(model)["_hparams_name"]
     return out
 
 
