@@ -24,6 +24,7 @@ from taskfit.callbacks.base import Callback
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as ModelCheckpointBase
+from taskfit.core.hparams import drop_unpicklable
 from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
 from taskfit.fit.fit import Fit
@@ -210,8 +211,10 @@ class Trainer(Fit):
 
     # ------------------------------------------------------------------------------------------ stages ---
     def _eval_plan(self, model: Any, val: Any, datamodule: Any) -> str:
-        has_val = val is not None or _overrides(datamodule, "val_dataloader", DataModule) or \
-            _overrides(model, "val_dataloader", TaskModule)
+        # a datamodule is the loaders' only source (Lightning's _DataLoaderSource): the module's val_dataloader
+        # counts only without one
+        has_val = val is not None or (_overrides(datamodule, "val_dataloader", DataModule) if datamodule is not None
+                                      else _overrides(model, "val_dataloader", TaskModule))
         if not has_val or not _overrides(model, "validation_step", TaskModule) or \
                 self._flags["limit_val_batches"] == 0:
             return "no"
@@ -231,6 +234,8 @@ class Trainer(Fit):
         if datamodule is None and train_dataloaders is not None and _is_datamodule(train_dataloaders):
             datamodule, train_dataloaders = train_dataloaders, None
         self.datamodule = datamodule
+        if isinstance(getattr(model, "hparams", None), dict):
+            drop_unpicklable(model.hparams)  # Lightning cleans them as every run starts (clean_namespace)
         self._parse_max_epochs()
         if val_dataloaders is not None and model is not None and not _overrides(model, "validation_step",
                                                                                 TaskModule):

@@ -88,6 +88,10 @@ class LoopPolicy:
         reads_eval_outputs (bool): what ``validation_step``/``test_step`` return is read for the evaluation's
             loss, predictions and labels (HF's ``prediction_step`` outputs; anything else is refused); False: it is
             only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).
+        logs_run_arguments (bool): the loggers' ``log_hyperparams`` receives the run's arguments plus the module's
+            hyperparameters (HF logs its ``TrainingArguments``); False: only the module's and datamodule's
+            ``hparams_initial``, merged, and no call without any, then each logger's ``save()`` (Lightning's
+            ``_log_hyperparams``).
     """
 
     counts_optimizer_steps: bool = False
@@ -113,6 +117,7 @@ class LoopPolicy:
     sanity_check_keeps_rng: bool = False
     logs_run_values: bool = True
     reads_eval_outputs: bool = True
+    logs_run_arguments: bool = True
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect
