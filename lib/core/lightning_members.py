@@ -42,7 +42,8 @@ class LightningMembers(HyperparametersMixin):
                 take are dropped unless it takes ``**kwargs``, as Lightning).
 
         Returns:
-            the module, in eval mode, on ``map_location``.
+            the module on ``map_location``, in training mode as Lightning returns it (``.eval()`` before
+            predicting).
 
         Raises:
             FileNotFoundError: no checkpoint at ``checkpoint_path`` ("Checkpoint file not found"), or no weights.

@@ -63,8 +63,8 @@ def _read_weights(checkpoint_path: str, map_location: Any) -> dict[str, torch.Te
 def load_module(cls: type, checkpoint_path: str, map_location: Any = None, hparams_file: str | None = None,
                 strict: bool | None = None, overrides: dict[str, Any] | None = None) -> Any:
     """``cls`` rebuilt from the checkpoint's hyperparameters (``overrides`` win; see
-    :func:`taskfit.core.hparams.rebuild_kwargs`), ``on_load_checkpoint`` called, its weights loaded, in eval mode
-    and on ``map_location`` (default CPU).
+    :func:`taskfit.core.hparams.rebuild_kwargs`), ``on_load_checkpoint`` called, its weights loaded, on
+    ``map_location`` (default CPU), in training mode (as Lightning's; call ``.eval()`` to predict).
 
     Raises:
         FileNotFoundError: no checkpoint or no weights at ``checkpoint_path``.
@@ -81,7 +81,7 @@ def load_module(cls: type, checkpoint_path: str, map_location: Any = None, hpara
     model.load_state_dict(weights, strict=strict)
     if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
         model.to(torch.device(map_location) if isinstance(map_location, str) else map_location)
-    return model.eval()
+    return model  # in training mode, as Lightning returns it
 
 
 def load_datamodule(cls: type, checkpoint_path: str, hparams_file: str | None = None,

@@ -35,6 +35,7 @@ from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
 from taskfit.lightning.logged import (
     LoggedMetrics, MetricDict, attach_logging, finalize_loggers, lightning_row, per_loader, reset_metrics, send_row,
 )
+from taskfit.lightning.model_checkpoint import check_checkpoint_exists
 from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
@@ -243,6 +244,7 @@ class Trainer(Fit):
                           UserWarning, stacklevel=2)  # Lightning's warning; Fit refuses eval data without a step
             val_dataloaders = None
         self.args = self.args.replace(eval_strategy=self._eval_plan(model, val_dataloaders, datamodule))
+        check_checkpoint_exists(ckpt_path)
         resume = self._last_checkpoint() if ckpt_path == "last" else ckpt_path
         self.ckpt_path = None if resume in (None, True) else str(resume)  # Lightning's trainer.ckpt_path
         with self._lightning_run("fit", datamodule, model):
@@ -292,6 +294,7 @@ class Trainer(Fit):
             datamodule, dataloaders = dataloaders, None
         if datamodule is not None:
             self.datamodule = datamodule
+        check_checkpoint_exists(ckpt_path)
         run = super().validate if stage == "validate" else super().test
         with self._lightning_run(stage, datamodule, model), eval_stage(self, model, stage, datamodule,
                                                               dataloaders) as (dataloaders, runs):

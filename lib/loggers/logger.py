@@ -145,7 +145,10 @@ def lightning_hyperparams(module: Any, datamodule: Any = None) -> dict[str, Any]
         RuntimeError: a name both hold with different values ("Error while merging hparams: ...", Lightning's).
     """
     def initial(obj: Any) -> dict[str, Any] | None:
-        if obj is None or not hasattr(type(obj), "hparams_initial") or not getattr(obj, "_log_hyperparams", True):
+        # Lightning's _log_hyperparams is False until save_hyperparameters(logger=True) sets it
+        if obj is None or not hasattr(type(obj), "hparams_initial"):
+            return None
+        if not vars(obj).get("_log_hyperparams", False):
             return None
         return dict(obj.hparams_initial)
 
