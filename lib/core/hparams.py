@@ -117,7 +117,12 @@ def _hparams_dict(value: Any) -> Any:
 
 class HyperparametersMixin:
     """``save_hyperparameters``/``hparams`` (Lightning's ``HyperparametersMixin``), shared by ``TaskModule`` and
-    ``DataModule``."""
+    ``DataModule``. The ``CHECKPOINT_HYPER_PARAMS_*`` names are the keys Lightning's checkpoints use (a taskfit
+    checkpoint's ``config.json`` holds ``hyper_parameters`` and ``hparams_name``)."""
+
+    CHECKPOINT_HYPER_PARAMS_KEY = "hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "hparams_type"
 
     def save_hyperparameters(self, *args: Any, ignore: str | list[str] | tuple[str, ...] | None = None,
                              frame: types.FrameType | None = None, logger: bool = True) -> None:

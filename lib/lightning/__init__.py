@@ -18,6 +18,7 @@ import functools
 import math
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Iterator
 
 from taskfit.callbacks.base import Callback
@@ -77,7 +78,8 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
                          "callbacks list.")  # Lightning's message
     if f["enable_checkpointing"] is not False and not found:
         folder = getattr(logger, "log_dir", None) or root
-        out.append(_cb.ModelCheckpoint(dirpath=os.path.join(folder, "checkpoints")))
+        folder = os.path.join(folder, "checkpoints") if isinstance(folder, (str, Path)) else None
+        out.append(_cb.ModelCheckpoint(dirpath=folder))  # None (another logger): Lightning's folder, at setup
     if f["enable_model_summary"] is not False and not any(isinstance(c, _cb.ModelSummary) for c in given):
         out.append(_cb.ModelSummary())
     if f["max_time"] is not None:

@@ -167,7 +167,7 @@ class ModelCheckpoint(_Base):
         loggers = getattr(trainer, "loggers", None) or []
         if loggers:
             lg = loggers[0]
-            if isinstance(getattr(lg, "log_dir", None), (str, os.PathLike)):  # = save_dir/name/version for ours
+            if isinstance(getattr(lg, "log_dir", None), (str, Path)):  # = save_dir/name/version for ours
                 return os.path.join(lg.log_dir, "checkpoints")
             save_dir = getattr(lg, "save_dir", None) or trainer.default_root_dir
             version = lg.version if isinstance(lg.version, str) else f"version_{lg.version}"
