@@ -187,7 +187,8 @@ def test_F_LIT_HP_load_from_checkpoint_like_lightning(tmp_path):
 
 def test_F_LIT_HP_logged_hyperparams_and_hparams_yaml_like_lightning(tmp_path):
     """The loggers get the module's and the datamodule's hyperparameters merged (nothing else), ``hparams.yaml``
-    lands in the logger's folder and ``load_from_checkpoint(hparams_file=)`` reads it; names both hold with
+    lands in the logger's folder and ``load_from_checkpoint(hparams_file=)`` reads it, the datamodule is rebuilt
+    from the checkpoint (``LightningDataModule.load_from_checkpoint``); names both hold with
     different values stop ``fit`` with Lightning's RuntimeError; a missing ``ckpt_path`` raises
     FileNotFoundError; an unpicklable value is dropped from ``hparams`` with Lightning's warning."""
     seen = {}
@@ -212,6 +213,7 @@ def test_F_LIT_HP_logged_hyperparams_and_hparams_yaml_like_lightning(tmp_path):
         path = str(root / "saved.ckpt")
         trainer.save_checkpoint(path)
         loaded = Regressor.load_from_checkpoint(path, hparams_file=hparams_file)
+        data_again = Data.load_from_checkpoint(path, lr=0.2)
         with pytest.raises(RuntimeError, match="Error while merging hparams: the keys"):
             _quiet(L, root, logger=_loggers(name).CSVLogger(str(root))).fit(
                 Regressor(lr=0.3), datamodule=Data())
@@ -225,6 +227,7 @@ def test_F_LIT_HP_logged_hyperparams_and_hparams_yaml_like_lightning(tmp_path):
         odd = Unpicklable()
         with pytest.warns(UserWarning, match="Attribute 'fn' removed from hparams because it cannot be pickled"):
             _quiet(L, root, logger=False, enable_checkpointing=False).fit(odd)
-        seen[name] = (written, dict(loaded.hparams), sorted(odd.hparams))
+        seen[name] = (written, dict(loaded.hparams), dict(data_again.hparams), sorted(odd.hparams))
     assert seen["taskfit"] == seen["lightning"]
     assert seen["taskfit"][0] == {"hidden": 2, "lr": 0.1, "batch_size": 8}
+    assert seen["taskfit"][2] == {"batch_size": 8, "lr": 0.2}
