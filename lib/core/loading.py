@@ -60,6 +60,18 @@ def _read_weights(checkpoint_path: str, map_location: Any) -> dict[str, torch.Te
     raise FileNotFoundError(f"{checkpoint_path!r} holds no model.safetensors or pytorch_model.bin.")
 
 
+def _in_module_order(weights: dict[str, torch.Tensor], model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """``weights`` in the order ``model.state_dict()`` has them, extra keys after, grouped by submodule with
+    ``weight`` before ``bias`` as torch layers register them: a safetensors file does not keep the saved order, and
+    ``load_state_dict``'s "Unexpected key(s)" message lists keys in the order given (Lightning's file keeps it)."""
+    expected = [k for k in model.state_dict() if k in weights]
+    known = set(expected)
+    extra = [k for k in weights if k not in known]
+    rank = {"weight": 0, "bias": 1}
+    extra.sort(key=lambda k: (k.rpartition(".")[0], rank.get(k.rpartition(".")[2], 2), k))
+    return {k: weights[k] for k in expected + extra}
+
+
 def load_module(cls: type, checkpoint_path: str, map_location: Any = None, hparams_file: str | None = None,
                 strict: bool | None = None, overrides: dict[str, Any] | None = None) -> Any:
     """``cls`` rebuilt from the checkpoint's hyperparameters (``overrides`` win; see
@@ -78,7 +90,7 @@ def load_module(cls: type, checkpoint_path: str, map_location: Any = None, hpara
     model.on_load_checkpoint({"state_dict": weights, "hyper_parameters": hparams, "hparams_name": name})
     if strict is None:
         strict = getattr(model, "strict_loading", True) is not False
-    model.load_state_dict(weights, strict=strict)
+    model.load_state_dict(_in_module_order(weights, model), strict=strict)
     if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
         model.to(torch.device(map_location) if isinstance(map_location, str) else map_location)
     return model  # in training mode, as Lightning returns it
