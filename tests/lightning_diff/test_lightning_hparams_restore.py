@@ -179,6 +179,14 @@ def test_F_LIT_HP_load_from_checkpoint_like_lightning(tmp_path):
         Wider.load_from_checkpoint(path, strict=False)
         with pytest.raises(RuntimeError, match=r'Missing key\(s\) in state_dict: "extra.weight", "extra.bias"'):
             Wider.load_from_checkpoint(path, strict=True)
+        wide = Wider()
+        wider_trainer = _quiet(L, tmp_path / f"{name}-w", logger=False, enable_checkpointing=False, max_steps=1)
+        wider_trainer.fit(wide)
+        wpath = str(tmp_path / f"{name}-w" / "saved.ckpt")
+        wider_trainer.save_checkpoint(wpath)
+        for _ in range(3):  # the key order of the message is fixed, as Lightning's
+            with pytest.raises(RuntimeError, match=r'Unexpected key\(s\) in state_dict: "extra.weight", "extra.bias"'):
+                Regressor.load_from_checkpoint(wpath, strict=True)
         seen[name] = (dict(loaded.hparams), same, loaded.training, dict(again.hparams),
                       torch.equal(again.layer[0].weight, configured.layer[0].weight))
     assert seen["taskfit"] == seen["lightning"] == ({"hidden": 5, "lr": 0.5}, True, True,
