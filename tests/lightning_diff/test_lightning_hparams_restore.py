@@ -28,8 +28,8 @@ def _loggers(name):
 
 def _quiet(L, tmp_path, **kwargs):
     """A Trainer of ``L`` for 2 training batches, no sanity check, progress bar or summary."""
-    options = dict(default_root_dir=str(tmp_path), max_epochs=1, limit_train_batches=2, num_sanity_val_steps=0,
-                   enable_progress_bar=False, enable_model_summary=False)
+    options = {"default_root_dir": str(tmp_path), "max_epochs": 1, "limit_train_batches": 2, "num_sanity_val_steps": 0,
+               "enable_progress_bar": False, "enable_model_summary": False}
     options.update(kwargs)
     return L.Trainer(**options)
 
