@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from typing import Any
 
 import torch
+from taskfit.core.hooks import overrides as is_overridden
 from taskfit.core.hparams import rebuild_kwargs
 
 __all__ = ["load_datamodule", "load_module", "read_hparams"]
@@ -72,25 +74,47 @@ def _in_module_order(weights: dict[str, torch.Tensor], model: torch.nn.Module) -
     return {k: weights[k] for k in expected + extra}
 
 
+def _strictness(model: Any, strict: bool | None) -> bool:
+    """``strict`` of a ``load_from_checkpoint`` call, else the module's ``strict_loading`` (default True).
+
+    Raises:
+        ValueError: both are set and differ (Lightning's message).
+    """
+    own = vars(model).get("strict_loading")
+    if own is not None and strict is not None and strict != own:
+        raise ValueError(f"You set `.load_from_checkpoint(..., strict={strict!r})` which is in conflict with "
+                         f"`{type(model).__name__}.strict_loading={own!r}. Please set the same value for both of them.")
+    return bool(own if strict is None and own is not None else (True if strict is None else strict))
+
+
 def load_module(cls: type, checkpoint_path: str, map_location: Any = None, hparams_file: str | None = None,
                 strict: bool | None = None, overrides: dict[str, Any] | None = None) -> Any:
     """``cls`` rebuilt from the checkpoint's hyperparameters (``overrides`` win; see
-    :func:`taskfit.core.hparams.rebuild_kwargs`), ``on_load_checkpoint`` called, its weights loaded, on
+    :func:`taskfit.core.hparams.rebuild_kwargs`), ``configure_model`` (when overridden) and ``on_load_checkpoint``
+    called, its weights loaded (not strict: Lightning's warnings name the keys that did not fit), on
     ``map_location`` (default CPU), in training mode (as Lightning's; call ``.eval()`` to predict).
 
     Raises:
         FileNotFoundError: no checkpoint or no weights at ``checkpoint_path``.
         RuntimeError: the weights do not fit the module and ``strict`` (default: ``module.strict_loading``, True)
             is not False.
+        ValueError: ``strict`` and the module's ``strict_loading`` are both set and differ (Lightning's message).
     """
     checkpoint_path = os.fspath(checkpoint_path)
     hparams, name = read_hparams(checkpoint_path, hparams_file)
     weights = _read_weights(checkpoint_path, map_location)
     model = cls(**rebuild_kwargs(cls, hparams, name, overrides or {}))
+    strict = _strictness(model, strict)
+    if is_overridden(model, "configure_model"):  # Lightning builds lazily made layers before loading into them
+        model.configure_model()
     model.on_load_checkpoint({"state_dict": weights, "hyper_parameters": hparams, "hparams_name": name})
-    if strict is None:
-        strict = getattr(model, "strict_loading", True) is not False
-    model.load_state_dict(_in_module_order(weights, model), strict=strict)
+    keys = model.load_state_dict(_in_module_order(weights, model), strict=strict)
+    if not strict and keys is not None and keys.missing_keys:
+        warnings.warn("Found keys that are in the model state dict but not in the checkpoint: "
+                      f"{keys.missing_keys}", UserWarning, stacklevel=3)
+    if not strict and keys is not None and keys.unexpected_keys:
+        warnings.warn("Found keys that are not in the model state dict but in the checkpoint: "
+                      f"{keys.unexpected_keys}", UserWarning, stacklevel=3)
     if map_location is not None and not callable(map_location) and not isinstance(map_location, dict):
         model.to(torch.device(map_location) if isinstance(map_location, str) else map_location)
     return model  # in training mode, as Lightning returns it

@@ -44,7 +44,8 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_EXCEPTIONS = HERE / "lightning_exceptions.txt"
 PEER = Peer(side="lightning", label="Lightning", tests_root="tests_pytorch",
             env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "disabled"})
-MAIN_FILES = ["core/test_datamodules.py", "callbacks/test_early_stopping.py", "models/test_hparams.py"]
+MAIN_FILES = ["core/test_datamodules.py", "callbacks/test_early_stopping.py", "models/test_hparams.py",
+              "core/test_saving.py"]
 TOP_MODULES = {"lightning", "lightning.pytorch"}
 # modules whose same-named objects taskfit.lightning provides at its top level (the defining submodules included)
 NAME_MODULES = TOP_MODULES | {"lightning.pytorch.core", "lightning.pytorch.core.module", "lightning.pytorch.core.datamodule",
