@@ -45,9 +45,10 @@ def model_files(fit: FitView, weights: dict[str, torch.Tensor] | None = None) ->
     return {**weight_files(model, weights, name), "config.json": model_config(model)}
 
 
-def model_config(model: torch.nn.Module) -> Any:
+def model_config(model: torch.nn.Module, datamodule: Any = None) -> Any:
     """What ``config.json`` holds for the exported ``model``: an HF model's own config (JSON text), else its class,
-    parameter count, taskfit version and the hyperparameters ``load_from_checkpoint`` rebuilds it from."""
+    parameter count, taskfit version and the hyperparameters ``load_from_checkpoint`` rebuilds it from (also the
+    ``datamodule``'s, as ``datamodule_hyper_parameters``, for ``LightningDataModule.load_from_checkpoint``)."""
     config = getattr(model, "config", None)
     if config is not None and hasattr(config, "to_json_string"):
         if hasattr(model, "save_pretrained"):  # as save_pretrained records it: the class whose weights these are
@@ -58,6 +59,13 @@ def model_config(model: torch.nn.Module) -> Any:
     hparams = json_hparams(model)  # a function, not the module's method: hook recorders see no extra call
     if hparams is not None:  # what load_from_checkpoint rebuilds the module from
         out["hyper_parameters"] = hparams
+        if vars(model).get("_hparams_name"):  # saved from one config argument: rebuilt through that argument
+            out["hparams_name"] = vars(model)["_hparams_name"]
+    dm_hparams = json_hparams(datamodule) if datamodule is not None else None
+    if dm_hparams:
+        out["datamodule_hyper_parameters"] = dm_hparams
+        if vars(datamodule).get("_hparams_name"):
+            out["datamodule_hparams_name"] = vars(datamodule)["_hparams_name"]
     return out
 
 
@@ -139,7 +147,7 @@ def checkpoint_files(fit: FitView, training_state: dict[str, Any]) -> dict[str, 
     if not is_writer(fit):
         return files
     files.update(saved_with_model_files(fit))  # before config.json: a processor's own file never replaces it
-    files["config.json"] = model_config(exportable_model(fit.model))
+    files["config.json"] = model_config(exportable_model(fit.model), getattr(fit, "datamodule", None))
     if not a.save_only_model:
         for i, cfg in enumerate(fit.lr_scheduler_configs):
             files["scheduler.pt" if i == 0 else f"scheduler_{i}.pt"] = cfg.scheduler.state_dict()

@@ -5,107 +5,17 @@
 
 from __future__ import annotations
 
-import copy
-import inspect
-import json
-from argparse import Namespace
-from collections.abc import Mapping
 import contextlib
 from contextlib import contextmanager
 from typing import Any, Iterator
 
 import torch
 
+from taskfit.core.hparams import AttributeDict, HyperparametersMixin
 from taskfit.core.trainer_view import FabricTrainerView, TrainerView, is_plain_fit
 from taskfit.errors import configuration_error
 
 __all__ = ["AttributeDict", "HyperparametersMixin", "LightningMembers", "TrainerView"]
-
-
-class AttributeDict(dict):
-    """A dict whose keys read as attributes (``hparams.lr``), as Lightning's ``AttributeDict``."""
-
-    def __getattr__(self, key: str) -> Any:
-        try:
-            return self[key]
-        except KeyError as exc:
-            raise AttributeError(f"hparams has no {key!r}; it holds {sorted(self)}.") from exc
-
-    def __setattr__(self, key: str, value: Any) -> None:
-        self[key] = value
-
-
-def _init_args(frame: Any) -> dict[str, Any]:
-    """The arguments of the ``__init__`` running in ``frame`` (``**kwargs`` flattened, ``self`` dropped)."""
-    info = inspect.getargvalues(frame)
-    out: dict[str, Any] = {}
-    for name in info.args:
-        if name in ("self", "__class__"):
-            continue
-        out[name] = info.locals[name]
-    if info.varargs and info.locals.get(info.varargs):
-        out[info.varargs] = info.locals[info.varargs]
-    if info.keywords:
-        out.update(info.locals.get(info.keywords) or {})
-    return out
-
-
-class HyperparametersMixin:
-    """``save_hyperparameters``/``hparams`` (Lightning's ``HyperparametersMixin``), shared by ``TaskModule`` and
-    ``DataModule``."""
-
-    # -- hyperparameters ---------------------------------------------------------------------------------
-    def save_hyperparameters(self, *args: Any, ignore: str | list[str] | None = None, frame: Any = None,
-                             logger: bool = True) -> None:
-        """Record the ``__init__`` arguments in :attr:`hparams` (mirrors Lightning's ``save_hyperparameters``).
-
-        Called in ``__init__`` without arguments, every argument is saved; with names, only those; with one dict
-        or ``argparse.Namespace``, its items. ``ignore`` drops names (modules and other objects that need not be
-        rebuilt). Checkpoints store the JSON-serialisable ones, so :meth:`load_from_checkpoint` rebuilds the
-        module without constructor arguments.
-
-        Raises:
-            ValueError: a name in ``args`` that is not an ``__init__`` argument.
-        """
-        frame = frame or inspect.currentframe().f_back
-        if len(args) == 1 and isinstance(args[0], (Mapping, Namespace)):
-            values = dict(vars(args[0]) if isinstance(args[0], Namespace) else args[0])
-        else:
-            init = _init_args(frame)
-            if args:
-                unknown = [a for a in args if a not in init]
-                if unknown:
-                    raise ValueError(f"save_hyperparameters got {unknown}, which are not __init__ arguments; "
-                                     f"choose from {sorted(init)}.")
-                values = {a: init[a] for a in args}
-            else:
-                values = init
-        ignored = [ignore] if isinstance(ignore, str) else list(ignore or [])
-        values = {k: v for k, v in values.items() if k not in ignored}
-        hp = self.__dict__.get("_hparams") or AttributeDict()
-        hp.update(values)
-        object.__setattr__(self, "_hparams", hp)
-        object.__setattr__(self, "_hparams_initial", copy.deepcopy(AttributeDict(hp)))
-        object.__setattr__(self, "_log_hyperparams", logger)
-
-    @property
-    def hparams(self) -> AttributeDict:
-        """The saved hyperparameters (an ``AttributeDict``; empty before :meth:`save_hyperparameters`)."""
-        if "_hparams" not in self.__dict__:
-            object.__setattr__(self, "_hparams", AttributeDict())
-        return self.__dict__["_hparams"]
-
-    @property
-    def hparams_initial(self) -> AttributeDict:
-        """A copy of :attr:`hparams` as they were when saved."""
-        return copy.deepcopy(self.__dict__.get("_hparams_initial") or AttributeDict())
-
-    def hparams_for_checkpoint(self) -> dict[str, Any]:
-        """The JSON-serialisable hyperparameters (what a checkpoint's ``config.json`` stores); taskfit itself reads
-        them with :func:`taskfit.loggers.logger.json_hparams`, so overriding this method changes nothing saved."""
-        from taskfit.loggers.logger import json_hparams
-
-        return json_hparams(self) or {}
 
 
 class LightningMembers(HyperparametersMixin):
@@ -115,57 +25,34 @@ class LightningMembers(HyperparametersMixin):
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path: str, map_location: Any = None, hparams_file: str | None = None,
-                             strict: bool | None = None, **kwargs: Any) -> Any:
+                             strict: bool | None = None, weights_only: bool | None = None, **kwargs: Any) -> Any:
         """Build the module from the hyperparameters saved in a checkpoint and load its weights (mirrors
         Lightning's ``LightningModule.load_from_checkpoint``).
 
         Args:
-            checkpoint_path (str): a checkpoint folder (``checkpoint-<step>``) or a folder written by
-                ``save_model``, local or a URL.
+            checkpoint_path (str | os.PathLike): a checkpoint folder (``checkpoint-<step>``, a ``ModelCheckpoint``
+                folder such as ``epoch=0-step=2.ckpt``, one ``Trainer.save_checkpoint`` wrote) or a folder written
+                by ``save_model``, local or a URL.
             map_location (str | torch.device | None): where to put the weights (default: CPU).
-            hparams_file (str | None): a JSON or YAML file of hyperparameters used instead of the saved ones.
-            strict (bool | None): ``load_state_dict`` strictness (default True).
-            **kwargs: constructor arguments that override the saved hyperparameters.
+            hparams_file (str | None): a YAML (``hparams.yaml`` as the loggers write it) or JSON file whose
+                hyperparameters update the saved ones.
+            strict (bool | None): ``load_state_dict`` strictness (default: ``strict_loading``, True).
+            weights_only (bool | None): accepted for Lightning's signature; a checkpoint folder's weights are always
+                loaded safely (safetensors, or ``torch.load(weights_only=True)``).
+            **kwargs: constructor arguments that override the saved hyperparameters (names ``__init__`` does not
+                take are dropped unless it takes ``**kwargs``, as Lightning).
 
         Returns:
-            the module, in eval mode, on ``map_location``.
+            the module on ``map_location``, in training mode as Lightning returns it (``.eval()`` before
+            predicting).
 
         Raises:
-            FileNotFoundError: no weights in ``checkpoint_path``.
+            FileNotFoundError: no checkpoint at ``checkpoint_path`` ("Checkpoint file not found"), or no weights.
             RuntimeError: the weights do not fit the module and ``strict`` is not False.
         """
-        from taskfit.io.checkpoint_io import TorchCheckpointIO, deserialize, join
+        from taskfit.core.loading import load_module
 
-        io = TorchCheckpointIO()
-        config: dict[str, Any] = {}
-        if io.exists(join(checkpoint_path, "config.json")):
-            config = json.loads(io.read_bytes(join(checkpoint_path, "config.json")))
-        hparams = dict(config.get("hyper_parameters") or {})
-        if hparams_file is not None:
-            text = io.read_bytes(hparams_file).decode()
-            if hparams_file.endswith((".yaml", ".yml")):
-                import yaml
-
-                hparams = dict(yaml.safe_load(text) or {})
-            else:
-                hparams = dict(json.loads(text))
-        hparams.update(kwargs)
-        weights = None
-        for name in ("model.safetensors", "pytorch_model.bin"):
-            path = join(checkpoint_path, name)
-            if io.exists(path):
-                weights = deserialize(name, io.read_bytes(path), map_location="cpu")
-                break
-        if weights is None:
-            raise FileNotFoundError(f"{checkpoint_path!r} holds no model.safetensors or pytorch_model.bin.")
-        model = cls(**hparams)
-        if hparams_file is not None or not model.hparams:
-            model.hparams.update(hparams)
-        model.on_load_checkpoint({"state_dict": weights, "hyper_parameters": hparams})
-        model.load_state_dict(weights, strict=True if strict is None else strict)
-        if map_location is not None:
-            model.to(torch.device(map_location) if isinstance(map_location, str) else map_location)
-        return model.eval()
+        return load_module(cls, checkpoint_path, map_location, hparams_file, strict, kwargs)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         """Called with the checkpoint's contents when a run resumes or :meth:`load_from_checkpoint` loads it."""

@@ -35,6 +35,29 @@ class DataModule(HyperparametersMixin):
         ``batch_size``/``num_workers`` to a subclass that does not name them)."""
         super().__init__()
 
+    CHECKPOINT_HYPER_PARAMS_KEY = "datamodule_hyper_parameters"
+    CHECKPOINT_HYPER_PARAMS_NAME = "datamodule_hparams_name"
+    CHECKPOINT_HYPER_PARAMS_TYPE = "datamodule_hparams_type"
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path: Any, map_location: Any = None, hparams_file: str | None = None,
+                             weights_only: bool | None = None, **kwargs: Any) -> Any:
+        """Build the datamodule from the hyperparameters a checkpoint saved of it (mirrors Lightning's
+        ``LightningDataModule.load_from_checkpoint``; ``map_location`` and ``weights_only`` are taken for its
+        signature, a datamodule has no tensors to place).
+
+        Args:
+            checkpoint_path (str | os.PathLike): a checkpoint folder written while this datamodule ran.
+            hparams_file (str | None): a YAML or JSON file whose hyperparameters update the saved ones.
+            **kwargs: constructor arguments that override the saved hyperparameters.
+
+        Raises:
+            FileNotFoundError: no checkpoint at ``checkpoint_path``.
+        """
+        from taskfit.core.loading import load_datamodule
+
+        return load_datamodule(cls, checkpoint_path, hparams_file, kwargs)
+
     def prepare_data(self) -> None: ...
     def setup(self, stage: str) -> None: ...
     def teardown(self, stage: str) -> None: ...

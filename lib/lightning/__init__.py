@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Iterator
 
 from taskfit.callbacks.base import Callback
@@ -26,6 +27,7 @@ from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
 from taskfit.callbacks.prediction_writer import record_batch_indices
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as ModelCheckpointBase
+from taskfit.core.hparams import drop_unpicklable
 from taskfit.core.module import TaskModule
 from taskfit.data.loaders import DataModule
 from taskfit.errors import configuration_error
@@ -39,6 +41,7 @@ from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
 from taskfit.lightning.logged import (
     LoggedMetrics, MetricDict, attach_logging, finalize_loggers, lightning_row, per_loader, reset_metrics, send_row,
 )
+from taskfit.lightning.model_checkpoint import check_checkpoint_exists
 from taskfit.lightning.progress_metrics import ProgressBarNames
 from taskfit.lightning.torch_flags import set_deterministic
 from taskfit.lightning.trainer_state import (
@@ -92,7 +95,8 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
             "callbacks list.")  # Lightning's message
     if f["enable_checkpointing"] is not False and not found:
         folder = getattr(logger, "log_dir", None) or root
-        out.append(_cb.ModelCheckpoint(dirpath=os.path.join(folder, "checkpoints")))
+        folder = os.path.join(folder, "checkpoints") if isinstance(folder, (str, Path)) else None
+        out.append(_cb.ModelCheckpoint(dirpath=folder))  # None (another logger): Lightning's folder, at setup
     if f["enable_model_summary"] is not False and not any(isinstance(c, _cb.ModelSummary) for c in given):
         out.append(_cb.ModelSummary())
     if f["max_time"] is not None and any(isinstance(c, _cb.Timer) for c in given):
@@ -229,8 +233,10 @@ class Trainer(Fit):
 
     # ------------------------------------------------------------------------------------------ stages ---
     def _eval_plan(self, model: Any, val: Any, datamodule: Any) -> str:
-        has_val = val is not None or _overrides(datamodule, "val_dataloader", DataModule) or \
-            _overrides(model, "val_dataloader", TaskModule)
+        # a datamodule is the loaders' only source (Lightning's _DataLoaderSource): the module's val_dataloader
+        # counts only without one
+        has_val = val is not None or (_overrides(datamodule, "val_dataloader", DataModule) if datamodule is not None
+                                      else _overrides(model, "val_dataloader", TaskModule))
         if not has_val or not _overrides(model, "validation_step", TaskModule) or \
                 self._flags["limit_val_batches"] == 0:
             return "no"
@@ -250,6 +256,8 @@ class Trainer(Fit):
         if datamodule is None and train_dataloaders is not None and _is_datamodule(train_dataloaders):
             datamodule, train_dataloaders = train_dataloaders, None
         self.datamodule = datamodule
+        if isinstance(getattr(model, "hparams", None), dict):
+            drop_unpicklable(model.hparams)  # Lightning cleans them as every run starts (clean_namespace)
         self._parse_max_epochs()
         if val_dataloaders is not None and model is not None and not _overrides(model, "validation_step",
                                                                                 TaskModule):
@@ -257,6 +265,7 @@ class Trainer(Fit):
                           UserWarning, stacklevel=2)  # Lightning's warning; Fit refuses eval data without a step
             val_dataloaders = None
         self.args = self.args.replace(eval_strategy=self._eval_plan(model, val_dataloaders, datamodule))
+        check_checkpoint_exists(ckpt_path)
         resume = self._last_checkpoint() if ckpt_path == "last" else ckpt_path
         self.ckpt_path = None if resume in (None, True) else str(resume)  # Lightning's trainer.ckpt_path
         with self._lightning_run("fit", datamodule, model):
@@ -306,6 +315,7 @@ class Trainer(Fit):
             datamodule, dataloaders = dataloaders, None
         if datamodule is not None:
             self.datamodule = datamodule
+        check_checkpoint_exists(ckpt_path)
         run = super().validate if stage == "validate" else super().test
         with self._lightning_run(stage, datamodule, model), eval_stage(self, model, stage, datamodule,
                                                               dataloaders) as (dataloaders, runs):

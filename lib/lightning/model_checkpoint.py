@@ -168,7 +168,7 @@ class ModelCheckpoint(_Base):
         loggers = getattr(trainer, "loggers", None) or []
         if loggers:
             lg = loggers[0]
-            if getattr(lg, "log_dir", None):  # = save_dir/name/version (Lightning's formula) for TB and CSV
+            if isinstance(getattr(lg, "log_dir", None), (str, Path)):  # = save_dir/name/version for ours
                 return os.path.join(lg.log_dir, "checkpoints")
             save_dir = getattr(lg, "save_dir", None) or trainer.default_root_dir
             version = lg.version if isinstance(lg.version, str) else f"version_{lg.version}"
@@ -469,3 +469,17 @@ def last_checkpoint(trainer: Any) -> Optional[str]:
         return None
     local = [p for p in found if os.path.exists(p)]
     return max(local, key=os.path.getmtime) if local else found[0]
+
+
+def check_checkpoint_exists(ckpt_path: Any) -> None:
+    """Refuse a local ``ckpt_path`` that is not there, before any work, with Lightning's error (``"best"``,
+    ``"last"``, None and remote paths pass).
+
+    Raises:
+        FileNotFoundError: "Checkpoint file not found: <path>" (Lightning's message).
+    """
+    if ckpt_path is None or isinstance(ckpt_path, bool) or ckpt_path in ("best", "last", "hpc", "registry"):
+        return
+    path = os.fspath(ckpt_path)
+    if _is_local(path) and not os.path.exists(path.removeprefix("file://")):
+        raise FileNotFoundError(f"Checkpoint file not found: {path}")

@@ -24,8 +24,52 @@ def next_version(root: str) -> int:
     return max(found) + 1 if found else 0
 
 
+def write_hparams_yaml(path: str, hparams: Any) -> None:
+    """Write ``hparams`` (a dict or ``argparse.Namespace``) to the YAML file ``path``, leaving out, with Lightning's
+    warning, values YAML cannot write (mirrors ``lightning.pytorch.core.saving.save_hparams_to_yaml``)."""
+    import warnings
+    from argparse import Namespace
+
+    import yaml
+
+    hparams = vars(hparams) if isinstance(hparams, Namespace) else dict(hparams)
+    kept = {}
+    for k, v in hparams.items():
+        v = dict(v) if isinstance(v, dict) else v  # an AttributeDict inside is written as a plain mapping
+        try:
+            yaml.dump(v)
+        except (TypeError, ValueError, yaml.YAMLError):
+            warnings.warn(f"Skipping '{k}' parameter because it is not possible to safely dump to YAML.",
+                          UserWarning, stacklevel=2)
+            continue
+        kept[k] = v
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w", newline="") as fp:
+        yaml.dump(kept, fp)
+
+
 class _Versioned:
-    """``name``, ``version``, ``root_dir`` and ``log_dir`` as Lightning's file loggers have them."""
+    """``name``, ``version``, ``root_dir`` and ``log_dir`` as Lightning's file loggers have them, and the
+    hyperparameters they keep in ``log_dir/hparams.yaml`` (``NAME_HPARAMS_FILE``)."""
+
+    NAME_HPARAMS_FILE = "hparams.yaml"
+
+    @property
+    def hparams(self) -> dict[str, Any]:
+        """The hyperparameters received by ``log_hyperparams`` (what ``hparams.yaml`` holds)."""
+        return self.__dict__.setdefault("_lightning_hparams", {})
+
+    def _keep_hparams(self, params: Any) -> None:
+        from argparse import Namespace
+
+        self.hparams.update(vars(params) if isinstance(params, Namespace) else dict(params))
+        write_hparams_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self.hparams)
+
+    def _save_hparams(self) -> None:
+        """Write ``hparams.yaml`` when it is not there yet (Lightning's ``save()``: an empty file without any)."""
+        path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
+        if not os.path.isfile(path):
+            write_hparams_yaml(path, self.hparams)
 
     def _place(self, save_dir: Any, name: str | None, version: int | str | None, prefix: str) -> str:
         if prefix:
@@ -69,6 +113,15 @@ class CSVLogger(_Versioned, _CSV):
     def __init__(self, save_dir: Any, name: str | None = "lightning_logs", version: int | str | None = None,
                  prefix: str = "", flush_logs_every_n_steps: int = 100) -> None:
         _CSV.__init__(self, self._place(save_dir, name, version, prefix), flush_every=flush_logs_every_n_steps)
+
+    def log_hyperparams(self, params: Any) -> None:
+        """Keep ``params`` (a dict or ``Namespace``) in ``log_dir/hparams.yaml``, as Lightning's ``CSVLogger``."""
+        self._keep_hparams(params)
+
+    def save(self) -> None:
+        """Write the buffered rows and ``hparams.yaml`` (Lightning's ``CSVLogger.save``)."""
+        _CSV.save(self)
+        self._save_hparams()
 
     @property
     def experiment(self) -> Any:
@@ -214,6 +267,20 @@ def _flatten(params: dict[str, Any], parent: str = "") -> dict[str, Any]:
         v = vars(v) if isinstance(v, argparse.Namespace) else v
         out.update(_flatten(v, key) if isinstance(v, dict) and v else {key: v})
     return out
+
+    def log_hyperparams(self, params: Any, metrics: Any = None) -> None:
+        """Record ``params`` (a dict or ``Namespace``) in TensorBoard and in ``log_dir/hparams.yaml``, as
+        Lightning's ``TensorBoardLogger``."""
+        _TB.log_hyperparams(self, dict(vars(params) if hasattr(params, "_get_kwargs") else params))
+        self._keep_hparams(params)
+
+    def save(self) -> None:
+        """Flush the events and write ``hparams.yaml`` when it is not there (Lightning's
+        ``TensorBoardLogger.save``)."""
+        save = getattr(_TB, "save", None)
+        if save is not None:
+            save(self)
+        self._save_hparams()
 
 
 class MLFlowLogger(_MLFlow):

@@ -136,6 +136,45 @@ def run_hyperparams(args: dict[str, Any], module: Any) -> dict[str, Any]:
     return out
 
 
+def lightning_hyperparams(module: Any, datamodule: Any = None) -> dict[str, Any] | None:
+    """What Lightning's ``Trainer`` hands ``log_hyperparams`` (``loggers/utilities.py`` ``_log_hyperparams``): the
+    module's ``hparams_initial`` merged with the datamodule's (each only when saved with ``logger=True``), values as
+    saved (not only JSON ones); None when neither logs any.
+
+    Raises:
+        RuntimeError: a name both hold with different values ("Error while merging hparams: ...", Lightning's).
+    """
+    def initial(obj: Any) -> dict[str, Any] | None:
+        # Lightning's _log_hyperparams is False until save_hyperparameters(logger=True) sets it
+        if obj is None or not hasattr(type(obj), "hparams_initial"):
+            return None
+        if not vars(obj).get("_log_hyperparams", False):
+            return None
+        return dict(obj.hparams_initial)
+
+    mine, data = initial(module), initial(datamodule)
+    if mine is not None and data is not None:
+        clash = [k for k in mine.keys() & data.keys() if k != "_class_path" and not _same_value(mine[k], data[k])]
+        if clash:
+            raise RuntimeError(f"Error while merging hparams: the keys {clash} are present in both the "
+                               "LightningModule's and LightningDataModule's hparams but have different values.")
+        merged: dict[str, Any] | None = {**mine, **data}
+    else:
+        merged = mine if mine is not None else data
+    return None if merged is None else {k: v for k, v in merged.items() if k != "_class_path"}
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    import torch
+
+    if type(a) is not type(b) or (isinstance(a, torch.Tensor) and a is not b):
+        return False
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001 - values without a truth value: not the same
+        return False
+
+
 def flat_params(params: dict[str, Any], max_len: int = 500) -> dict[str, Any]:
     """``params`` with values a tracker accepts: numbers, bools and strings kept, None as ``"None"``, anything
     else as its ``str`` cut to ``max_len`` characters (MLflow/TensorBoard hparams only take scalars)."""

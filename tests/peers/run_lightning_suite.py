@@ -44,7 +44,8 @@ HERE = Path(__file__).resolve().parent
 DEFAULT_EXCEPTIONS = HERE / "lightning_exceptions.txt"
 PEER = Peer(side="lightning", label="Lightning", tests_root="tests_pytorch",
             env={"HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "", "WANDB_MODE": "disabled"})
-MAIN_FILES = ["core/test_datamodules.py", "callbacks/test_early_stopping.py"]
+MAIN_FILES = ["core/test_datamodules.py", "callbacks/test_early_stopping.py", "models/test_hparams.py",
+              "core/test_saving.py"]
 # the callbacks and loggers users meet most
 MAIN_FILES += ["callbacks/test_lambda_function.py", "callbacks/test_lr_monitor.py", "callbacks/test_finetuning_callback.py",
                "callbacks/test_timer.py", "callbacks/test_prediction_writer.py",
