@@ -24,9 +24,10 @@ def next_version(root: str) -> int:
     return max(found) + 1 if found else 0
 
 
-def write_hparams_yaml(path: str, hparams: Any) -> None:
-    """Write ``hparams`` (a dict or ``argparse.Namespace``) to the YAML file ``path``, leaving out, with Lightning's
-    warning, values YAML cannot write (mirrors ``lightning.pytorch.core.saving.save_hparams_to_yaml``)."""
+def write_hparams_yaml(path: str, hparams: Any, fs: Any = None) -> None:
+    """Write ``hparams`` (a dict or ``argparse.Namespace``) to the YAML file ``path`` (through the fsspec filesystem
+    ``fs`` when given), leaving out, with Lightning's warning, values YAML cannot write (mirrors
+    ``lightning.pytorch.core.saving.save_hparams_to_yaml``)."""
     import warnings
     from argparse import Namespace
 
@@ -43,9 +44,14 @@ def write_hparams_yaml(path: str, hparams: Any) -> None:
                           UserWarning, stacklevel=2)
             continue
         kept[k] = v
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path, "w", newline="") as fp:
-        yaml.dump(kept, fp)
+    if fs is None:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w", newline="") as fp:
+            yaml.dump(kept, fp)
+    else:  # an fsspec folder (``memory://``, ``s3://``...), as the CSV logger writes
+        fs.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with fs.open(path, "w") as fp:
+            yaml.dump(kept, fp)
 
 
 class _Versioned:
@@ -60,16 +66,19 @@ class _Versioned:
         return self.__dict__.setdefault("_lightning_hparams", {})
 
     def _keep_hparams(self, params: Any) -> None:
+        """Add ``params`` (a dict, an ``argparse.Namespace`` or None) to :attr:`hparams` and rewrite
+        ``hparams.yaml``."""
         from argparse import Namespace
 
-        self.hparams.update(vars(params) if isinstance(params, Namespace) else dict(params))
-        write_hparams_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self.hparams)
+        self.hparams.update(vars(params) if isinstance(params, Namespace) else dict(params or {}))
+        write_hparams_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self.hparams, getattr(self, "_fs", None))
 
     def _save_hparams(self) -> None:
         """Write ``hparams.yaml`` when it is not there yet (Lightning's ``save()``: an empty file without any)."""
         path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
-        if not os.path.isfile(path):
-            write_hparams_yaml(path, self.hparams)
+        fs = getattr(self, "_fs", None)
+        if not (fs.isfile(path) if fs is not None else os.path.isfile(path)):
+            write_hparams_yaml(path, self.hparams, fs)
 
     def _place(self, save_dir: Any, name: str | None, version: int | str | None, prefix: str) -> str:
         if prefix:
@@ -114,10 +123,6 @@ class CSVLogger(_Versioned, _CSV):
                  prefix: str = "", flush_logs_every_n_steps: int = 100) -> None:
         _CSV.__init__(self, self._place(save_dir, name, version, prefix), flush_every=flush_logs_every_n_steps)
 
-    def log_hyperparams(self, params: Any) -> None:
-        """Keep ``params`` (a dict or ``Namespace``) in ``log_dir/hparams.yaml``, as Lightning's ``CSVLogger``."""
-        self._keep_hparams(params)
-
     def save(self) -> None:
         """Write the buffered rows and ``hparams.yaml`` (Lightning's ``CSVLogger.save``)."""
         _CSV.save(self)
@@ -146,25 +151,9 @@ class CSVLogger(_Versioned, _CSV):
         super().log_metrics(values, len(self._pending) if step is None else step)
 
     def log_hyperparams(self, params: Any = None, *args: Any, **kwargs: Any) -> None:
-        """Write ``hparams.yaml`` (an ``argparse.Namespace`` or a dict; None: an empty file), leaving out with a
-        warning a value YAML cannot write, as Lightning's ``save_hparams_to_yaml``."""
-        import argparse
-        import warnings
-
-        import yaml
-
-        params = vars(params) if isinstance(params, argparse.Namespace) else dict(params or {})
-        kept = {}
-        for k, v in params.items():
-            try:
-                yaml.dump(v)
-                kept[k] = v
-            except (TypeError, ValueError):
-                warnings.warn(f"Skipping '{k}' parameter because it is not possible to safely dump to YAML.",
-                              stacklevel=2)  # Lightning's words
-        self._fs.makedirs(self.save_dir, exist_ok=True)
-        with self._fs.open(f"{self.save_dir}/hparams.yaml", "w") as f:
-            yaml.dump(kept, f)
+        """Keep ``params`` (an ``argparse.Namespace``, a dict or None) in ``log_dir/hparams.yaml``, leaving out with
+        a warning a value YAML cannot write, as Lightning's ``CSVLogger`` (``save_hparams_to_yaml``)."""
+        self._keep_hparams(params)
 
 
 class TensorBoardLogger(_Versioned, _TB):
@@ -182,7 +171,6 @@ class TensorBoardLogger(_Versioned, _TB):
                  sub_dir: Any = None, **kwargs: Any) -> None:
         self.sub_dir = None if sub_dir is None else os.fspath(sub_dir)
         self._log_graph, self._default_hp_metric = log_graph, default_hp_metric
-        self.hparams: dict[str, Any] = {}
         _TB.__init__(self, self._place(save_dir, name, version, prefix), **kwargs)
         self.save_dir = self.log_dir  # where the events go
 
@@ -201,27 +189,19 @@ class TensorBoardLogger(_Versioned, _TB):
         import argparse
 
         params = vars(params) if isinstance(params, argparse.Namespace) else dict(params or {})
-        self.hparams.update(params)
         flat = _flatten({str(k): v for k, v in params.items()})
         if metrics is not None:
             self.log_metrics(metrics if isinstance(metrics, dict) else {"hp_metric": metrics}, 0)
         _TB.log_hyperparams(self, flat)
+        self._keep_hparams(params)
+
+    def save(self) -> None:
+        """Flush the events and write ``hparams.yaml`` when it is not there (Lightning's
+        ``TensorBoardLogger.save``)."""
+        save = getattr(_TB, "save", None)
+        if save is not None:
+            save(self)
         self._save_hparams()
-
-    def _save_hparams(self) -> None:
-        """``hparams.yaml`` in ``log_dir``, values YAML cannot write left out (Lightning's ``save``)."""
-        import yaml
-
-        kept = {}
-        for k, v in self.hparams.items():
-            try:
-                yaml.dump(v)
-                kept[k] = v
-            except (TypeError, ValueError):
-                continue
-        os.makedirs(self.log_dir, exist_ok=True)
-        with open(os.path.join(self.log_dir, "hparams.yaml"), "w") as f:
-            yaml.dump(kept, f)
 
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """Scalars of ``metrics`` (tensors of one value included) at ``step`` (None: 0)."""
@@ -267,20 +247,6 @@ def _flatten(params: dict[str, Any], parent: str = "") -> dict[str, Any]:
         v = vars(v) if isinstance(v, argparse.Namespace) else v
         out.update(_flatten(v, key) if isinstance(v, dict) and v else {key: v})
     return out
-
-    def log_hyperparams(self, params: Any, metrics: Any = None) -> None:
-        """Record ``params`` (a dict or ``Namespace``) in TensorBoard and in ``log_dir/hparams.yaml``, as
-        Lightning's ``TensorBoardLogger``."""
-        _TB.log_hyperparams(self, dict(vars(params) if hasattr(params, "_get_kwargs") else params))
-        self._keep_hparams(params)
-
-    def save(self) -> None:
-        """Flush the events and write ``hparams.yaml`` when it is not there (Lightning's
-        ``TensorBoardLogger.save``)."""
-        save = getattr(_TB, "save", None)
-        if save is not None:
-            save(self)
-        self._save_hparams()
 
 
 class MLFlowLogger(_MLFlow):
