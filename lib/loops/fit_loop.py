@@ -107,9 +107,9 @@ class FitLoop:
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
         self.step.free_gradients()  # gradients left from before the run (zeroed in the first closure otherwise)
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
-        self.record_loss = sums.nan_filter.add if args.logging_nan_inf_filter else None  # filtered where read
-        sums.tr_loss = sums.tr_loss.to(strategy.root_device)
-        sums.nan_filter.reset(sums.tr_loss, sums.steps_since_log)
+        sums.start(strategy.root_device, bool(args.logging_nan_inf_filter))
+        # a CPU loss is recorded as its float, folded where the sum is read (LossSums): one tensor op per micro-batch
+        self.host_losses = strategy.root_device.type == "cpu"
         self.world = world = strategy.world_size
         # manual optimization whose training_step returns no loss: those steps add nothing to the logged loss
         # (Lightning logs only what it is given); counted per log window and over the run
@@ -281,7 +281,8 @@ class FitLoop:
         run, args, hooks, step = self.run, self.args, self.hooks, self.step
         state, control, module, sums, fit = run.state, run.control, run.module, self.sums, self.owner
         L, H = hooks.lightning, hooks.hf
-        results, move, record_loss = module._results, self.move, self.record_loss
+        results, move, host, filtered = module._results, self.move, self.host_losses, sums.filtered
+        pending, pending_steps = sums.pending, sums.pending_steps
         mode_optimizers = self.policy.mode_optimizers
         step.start_window(window, self._weights(window) if self.counts_needed else None, epoch)
         last = len(window) - 1
@@ -299,26 +300,28 @@ class FitLoop:
                 opt.train()
             out, loss = step.micro_batch(i, batch, batch_idx)
             if loss is None:  # manual optimization, no loss returned (windows hold one batch)
-                detached = None
                 self.lossless_steps += 1
                 self.lossless_total += 1
+            elif host:  # in HF's summation order when folded; HF's logging_nan_inf_filter is applied there
+                pending.append(loss.item())
+                if filtered:
+                    pending_steps.append(sums.steps_since_log)
             else:
-                detached = loss.detach()
-                sums.tr_loss += detached  # per micro-batch, in HF's summation order
-                if record_loss is not None:  # HF's logging_nan_inf_filter, applied where the sum is read
-                    record_loss(detached, sums.steps_since_log)
+                sums.add(loss.detach())
             window_samples += infer_batch_size(batch)
             if flos_of is not None:  # HF's count, per micro-batch (shapes only: no host sync)
                 window_flos += float(flos_of(batch))
             state.batch_in_epoch += 1
             if i != last:
                 H["on_substep_end"] and hooks.call_hf("on_substep_end", args, state, control)
-                L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, detached),
+                L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, loss),
                                                         batch, batch_idx)
         self._after_window(epoch, batch_idx, step.finish_window(), window_samples,
                            window_flos if flos_of is not None else None)
-        L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, detached), batch,
+        L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, loss), batch,
                                                 batch_idx)
+        if len(pending) >= sums.FOLD_EVERY:  # bounds the pending losses' memory
+            sums.fold()
         self._after_step(epoch_end=False)
 
     def _skip_rest_of_epoch(self, epoch: int, batch_idx: int) -> None:
@@ -505,9 +508,8 @@ class FitLoop:
                 sums.total_loss += tr_loss
                 self.loss_seen = True
                 logs["loss"] = tr_loss / with_loss  # unrounded, as HF 5
-            sums.tr_loss.zero_()
+            sums.clear()
             sums.steps_since_log = self.lossless_steps = 0
-            sums.nan_filter.reset()
             if sums.grad_norm is not None:
                 logs["grad_norm"] = float(sums.grad_norm)
             step_lr = self.step_lr
@@ -547,9 +549,8 @@ class FitLoop:
 
     def _global_tr_loss(self) -> torch.Tensor:
         """The loss sum since the last log, averaged over processes (each holds its share of the window)."""
-        strategy, sums = self.strategy, self.sums
-        sums.nan_filter.apply(sums.tr_loss, sums.steps_since_log)  # a host sync follows anyway
-        return strategy.reduce(sums.tr_loss, "mean") if strategy.world_size > 1 else sums.tr_loss
+        strategy, tr_loss = self.strategy, self.sums.read()  # a host sync follows anyway
+        return strategy.reduce(tr_loss, "mean") if strategy.world_size > 1 else tr_loss
 
     @property
     def training_loss(self) -> float:

@@ -65,9 +65,10 @@ def manual_loss(out: Any) -> torch.Tensor | None:
 def batch_outputs(out: Any, loss: torch.Tensor | None) -> dict[str, Any]:
     """What ``on_train_batch_end`` receives as ``outputs`` (Lightning): ``{"loss": <detached, accumulation-scaled
     loss>}`` plus the other items of a dict ``training_step`` result; without ``"loss"`` when ``loss`` is None (a
-    manual-optimization step that returned none: Lightning's ``ManualResult`` is then ``{}``)."""
+    manual-optimization step that returned none: Lightning's ``ManualResult`` is then ``{}``). ``loss`` is
+    detached here (only a run with this hook pays for it)."""
     extra = {k: v for k, v in out.items() if k != "loss"} if isinstance(out, Mapping) else {}
-    return {"loss": loss, **extra} if loss is not None else extra
+    return {"loss": loss.detach(), **extra} if loss is not None else extra
 
 
 def precision_scaled(precision: Any, loss: torch.Tensor) -> torch.Tensor:
