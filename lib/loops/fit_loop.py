@@ -23,18 +23,6 @@ if TYPE_CHECKING:
     from taskfit.protocols import RunView
 
 
-def _fill_window(window: list[Any], iterator: Any, size: int) -> list[Any]:
-    """Refill ``window`` (one list reused for the run) with the next ``size`` batches of ``iterator`` (fewer at
-    the end of the data)."""
-    window.clear()
-    for _ in range(size):
-        try:
-            window.append(next(iterator))
-        except StopIteration:
-            break
-    return window
-
-
 class FitLoop:
     """Drives training for one ``Fit.fit`` call: the run owns the objects, this class owns the order (epochs and
     windows); one window's step is :mod:`taskfit.loops.optimization`'s.
@@ -71,7 +59,8 @@ class FitLoop:
         self.loss_seen = True
         self.skipped_rest = False
         self.windows = self.windows_at_start = self._manual_seen = 0
-        self.manual = self.explicit_max_steps = self.count_optimizer_steps = False
+        self.manual = self.explicit_max_steps = self.count_optimizer_steps = self.limit_counts_windows = False
+        self._free_after: Any = ()
         self.min_epochs = self.min_steps = 0
         self.first_epoch = 0  # the epoch this run starts at
         self._min_flags: tuple[Any, Any] = (None, None)
@@ -99,6 +88,7 @@ class FitLoop:
         self.count_optimizer_steps = self.manual and policy.counts_optimizer_steps
         self._manual_seen = module.__dict__.get("_manual_steps", 0)
         self.explicit_max_steps = bool(args.max_steps and args.max_steps > 0)
+        self.limit_counts_windows = self.count_optimizer_steps and not self.explicit_max_steps  # see _limit_count
         # Lightning's Trainer(min_epochs=, min_steps=): a stop request waits until both are met (HF has neither)
         self._min_flags = (policy.min_epochs, policy.min_steps)
         self.min_epochs, self.min_steps = (v or 0 for v in self._min_flags)
@@ -106,6 +96,8 @@ class FitLoop:
         self.policy = choose_policy(run, strategy, self.manual, scheduled is not None, args, self.hooks, self.hf_step)
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
         self.step.free_gradients()  # gradients left from before the run (zeroed in the first closure otherwise)
+        # what step.free_gradients() zeroes after each step's log row (HF's order), as a list: no call per step
+        self._free_after = self.step.freed_optimizers() if self.policy.zero_grad_after_step else ()
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
         sums.start(strategy.root_device, bool(args.logging_nan_inf_filter))
         # a CPU loss is recorded as its float, folded where the sum is read (LossSums): one tensor op per micro-batch
@@ -241,9 +233,14 @@ class FitLoop:
 
     def _run_windows(self, iterator: Any, epoch: int) -> None:
         """The epoch's windows, one optimizer step each, until the data ends or a stop flag is set."""
-        control, state, accum = self.run.control, self.run.state, self.accum
+        control, state, accum, window = self.run.control, self.run.state, self.accum, self._window
         while True:
-            window = _fill_window(self._window, iterator, accum)
+            window.clear()  # one list reused for the run, refilled with the next `accum` batches (fewer at the end)
+            for _ in range(accum):
+                try:
+                    window.append(next(iterator))
+                except StopIteration:
+                    break
             if not window:
                 if state.batch_in_epoch == 0:  # an epoch without a single batch would repeat forever
                     raise ValueError(f"The train data yielded no batch in epoch {epoch}; check the dataset "
@@ -488,7 +485,7 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "steps" and step % plan.save_steps == 0:
                 control.should_save = True
-            if self._limit_count() >= plan.max_steps:
+            if (self.windows if self.limit_counts_windows else state.global_step) >= plan.max_steps:  # _limit_count
                 control.should_training_stop = True
                 control.should_save = control.should_save or args.save_strategy == "steps"  # HF: save at the end
                 if args.eval_strategy == "steps" and step % plan.eval_steps and (args.eval_delay or 0) <= step:
@@ -523,8 +520,9 @@ class FitLoop:
             control.should_log = False  # HF's on_log clears it: a save after the row records False, as HF's
         if logging_step or control.should_save:  # the only host sync it adds: on logging and save steps
             check_finite(self.strategy, run.module, step, args.output_dir)  # after the log row, before a save
-        if not epoch_end and self.policy.zero_grad_after_step:  # the step's gradients are read (norm, log row):
-            self.step.free_gradients()  # free them before evaluation and the next forward
+        if not epoch_end:  # the step's gradients are read (norm, log row): free them before evaluation and the
+            for opt in self._free_after:  # next forward (step.free_gradients(), inlined)
+                opt.zero_grad(set_to_none=True)
         if control.should_evaluate:
             self._evaluate()
         if self._plateau_due and (epoch_end or state.batch_in_epoch != self.batches_per_epoch):
@@ -537,13 +535,13 @@ class FitLoop:
             self._save(run.training_state.state_dict())
         if signum:
             raise self.stop.stop(self.strategy.checkpoint_io, args.output_dir, step, self.strategy.is_global_zero)
-        control._new_step()
+        control.should_save = control.should_evaluate = control.should_log = False  # control._new_step(), inlined
 
     def _limit_count(self) -> int:
         """What ``state.max_steps`` limits: optimizer steps, except when ``global_step`` counts every optimizer's
         steps (manual optimization, Lightning door) without an explicit ``max_steps``: then the derived limit counts
         batches (the epochs decide, as Lightning)."""
-        if self.count_optimizer_steps and not self.explicit_max_steps:
+        if self.limit_counts_windows:
             return self.windows
         return self.run.state.global_step
 

@@ -263,6 +263,10 @@ class ManualStep:
     def free_gradients(self) -> None:
         """Nothing: the module zeroes its own gradients."""
 
+    def freed_optimizers(self) -> tuple:
+        """None: the module zeroes its own gradients."""
+        return ()
+
 
 class AutomaticStep:
     """The step of automatic optimization over one window (Lightning's ``_AutomaticOptimization``): per
@@ -439,10 +443,12 @@ class AutomaticStep:
         """``zero_grad(set_to_none=True)`` of every optimizer when the policy frees gradients after the step
         (:attr:`StepPolicy.zero_grad_after_step`: at the run's start and after each step's log row); nothing when
         the closure zeroes them (Lightning's order)."""
-        if self.zero_in_closure:
-            return
-        for opt in self.optimizers:
+        for opt in self.freed_optimizers():
             opt.zero_grad(set_to_none=True)
+
+    def freed_optimizers(self) -> tuple:
+        """The optimizers :meth:`free_gradients` zeroes (none when the closure zeroes them)."""
+        return () if self.zero_in_closure else tuple(self.optimizers)
 
     def _detached_loss(self) -> torch.Tensor:
         """The closure of the second and later optimizers: the loss the first one's closure computed."""
