@@ -67,7 +67,7 @@ def _count_aten(runner: str, workload: str, steps: int) -> int:
     class Count(TorchDispatchMode):
         n = 0
 
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             Count.n += 1
             return func(*args, **(kwargs or {}))
 

@@ -67,11 +67,11 @@ def per_step(runner: str, workload: str = "tiny_mlp") -> float:
         subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", lib, src], check=True)
         cmd = [valgrind, "--tool=callgrind", "--instr-atstart=no", f"--callgrind-out-file={out}", sys.executable,
                "-m", "benchmarks.instructions", "--child", "--runner", runner, "--workload", workload, "--lib", lib]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
         if done.returncode != 0 or not os.path.exists(out):
             raise RuntimeError(f"callgrind run of {runner!r} failed: {done.stderr[-2000:]}")
         with open(out) as f:
-            totals = re.search(r"^totals:\s*(\d+)", f.read(), re.M)
+            totals = re.search(r"^totals:\s*(\d+)", f.read(), re.MULTILINE)
     return int(totals.group(1)) / (LAST - FIRST)
 
 

@@ -12,12 +12,14 @@ import torch
 
 from taskfit.core.hooks import MONITORING_EPOCH_END, TRANSFER_HOOKS, batch_mover, overrides
 from taskfit.core.module import TaskModule, infer_batch_size
-from taskfit.data.loaders import set_loader_epoch, shutdown_workers, skip_first_batches, splits_evenly
-from taskfit.data.stateful import decode_state, stateful_source
+from taskfit.data.loaders import shutdown_workers, splits_evenly
+from taskfit.data.stateful import stateful_source
+from taskfit.loops.epoch_start import reload_train_loader, start_epoch
 from taskfit.loops.finite import check_finite
 from taskfit.loops.optimization import AutomaticStep, ManualStep, batch_outputs, choose_policy, window_weights
 from taskfit.loops.plan import accumulation_schedule, plan_steps, resolve_interval  # noqa: F401 (their old home)
 from taskfit.loops.policy import LoopPolicy
+from taskfit.loops.schedulers import step_scheduler
 
 if TYPE_CHECKING:
     from taskfit.protocols import RunView
@@ -88,7 +90,7 @@ class FitLoop:
         self.count_optimizer_steps = self.manual and policy.counts_optimizer_steps
         self._manual_seen = module.__dict__.get("_manual_steps", 0)
         self.explicit_max_steps = bool(args.max_steps and args.max_steps > 0)
-        self.limit_counts_windows = self.count_optimizer_steps and not self.explicit_max_steps  # see _limit_count
+        self.limit_counts_windows = self.count_optimizer_steps and not self.explicit_max_steps  # see limit_count
         # Lightning's Trainer(min_epochs=, min_steps=): a stop request waits until both are met (HF has neither)
         self._min_flags = (policy.min_epochs, policy.min_steps)
         self.min_epochs, self.min_steps = (v or 0 for v in self._min_flags)
@@ -101,7 +103,7 @@ class FitLoop:
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
         sums.start(strategy.root_device, bool(args.logging_nan_inf_filter))
         # a CPU loss is recorded as its float, folded where the sum is read (LossSums): one tensor op per micro-batch
-        self.host_losses = strategy.root_device.type == "cpu"
+        self.host_losses = sums.tr_loss.is_cpu  # the sum lives on the training device
         self.world = world = strategy.world_size
         # manual optimization whose training_step returns no loss: those steps add nothing to the logged loss
         # (Lightning logs only what it is given); counted per log window and over the run
@@ -137,16 +139,16 @@ class FitLoop:
         if self.manual and self.batches_per_epoch:
             self.windows = state.current_epoch * self.batches_per_epoch + state.batch_in_epoch
         self.windows_at_start = self.windows
-        finished = resumed and self._limit_count() >= state.max_steps  # saved at the last step: only the end is left
+        finished = resumed and self.limit_count() >= state.max_steps  # saved at the last step: only the end is left
         # Lightning's Trainer(reload_dataloaders_every_n_epochs=n): a new train loader every n epochs (HF: never)
         last_reload = self.first_epoch = state.current_epoch
         if self.loop_policy.max_epochs is not None:  # Lightning's max_epochs limits whatever max_steps says
             num_epochs = min(num_epochs, self.loop_policy.max_epochs)
         for epoch in range(state.current_epoch, num_epochs):
             if run.reload_train_loader is not None and self.loop_policy.reload_due(epoch, last_reload):
-                loader, last_reload = self._reload(epoch, num_epochs), epoch
+                loader, last_reload = reload_train_loader(self, epoch, num_epochs), epoch
             skip = state.batch_in_epoch if resumed else 0
-            self.epoch_iterator = self._start_epoch(loader, epoch, skip, finished)
+            self.epoch_iterator = start_epoch(self, loader, epoch, skip, finished)
             resumed = False
             if not finished:
                 self._run_windows(self.epoch_iterator, epoch)
@@ -158,78 +160,6 @@ class FitLoop:
         # weights that became non-finite after the last logging/save step would end the run silently: one
         # check (one host sync) per run, whatever the logging and save intervals
         check_finite(self.strategy, run.module, state.global_step, self.args.output_dir)
-
-    def _reload(self, epoch: int, num_epochs: int) -> Any:
-        """A new train loader for ``epoch`` (``run.reload_train_loader``); without an explicit ``max_steps`` the
-        steps of the epochs left are re-counted from its length."""
-        run, state = self.run, self.run.state
-        state.current_epoch = epoch  # what the loader's source reads (trainer.current_epoch)
-        loader = run.train_loader = run.reload_train_loader()
-        try:
-            n = len(loader)
-        except TypeError:
-            n = None
-        self.batches_per_epoch = n
-        changes: dict[str, Any] = {"batches_per_epoch": n}
-        if n and not self.explicit_max_steps:
-            left = sum(math.ceil(n / self.accum_at(e)) for e in range(epoch, num_epochs))
-            changes["max_steps"] = self._limit_count() + left
-        run.plan = run.plan.replace(**changes)  # a re-plan: the new loader's layout and steps
-        return loader
-
-    def _start_epoch(self, loader: Any, epoch: int, skip: int, finished: bool) -> Any:
-        """The epoch's start: hooks, the accumulation and schedulers of this epoch, and its batch iterator (after
-        ``skip`` micro-batches when resumed mid-epoch). The resume's RNG states are applied here, once
-        (``TrainingState.restore_rng``), at the point where the saved run took them: the start of an epoch (before
-        its hooks and iterator) or, mid-epoch, the next window (after them)."""
-        run, args, hooks = self.run, self.args, self.hooks
-        state, control, module, training_state = run.state, run.control, run.module, run.training_state
-        if not skip:
-            training_state.restore_rng()  # saved at an epoch's start
-        training_state.epoch_ended = False
-        self.skipped_rest = False  # on_train_batch_start returned -1 in this epoch (Lightning)
-        state.current_epoch = epoch
-        set_loader_epoch(loader, epoch)
-        control._new_epoch()
-        # resumed mid-epoch: keep the restored epoch aggregates; a fresh run's first epoch keeps what
-        # on_train_start logged (Lightning resets after each epoch, so those reach epoch 0's values)
-        if not skip and not (epoch == self.first_epoch and run.resume_from is None):
-            module._results.reset_epoch()
-        if not (skip and self.loop_policy.resumed_epoch_skips_start):  # Lightning: once per epoch, not on resume
-            defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's defaults in this hook
-            try:
-                hooks.call("on_train_epoch_start", self.owner, module)
-            finally:
-                module._log_defaults = defaults
-        hooks.hf["on_epoch_begin"] and hooks.call_hf("on_epoch_begin", args, state, control, **run.hf_kwargs())
-        # read per epoch: a callback may change them at the epoch's start (Lightning's
-        # GradientAccumulationScheduler, StochasticWeightAveraging's SWALR)
-        self.accum = self.accum_at(epoch)
-        self.counts_needed = not self.manual and (self.accum > 1 or self.world > 1)
-        schedulers = run.schedulers
-        self.step_schedulers = [c for c in schedulers if c.interval == "step"]
-        self.epoch_schedulers = [c for c in schedulers if c.interval == "epoch" and not c.reduce_on_plateau]
-        self.plateau_schedulers = [c for c in schedulers if c.interval == "epoch" and c.reduce_on_plateau]
-        if finished:
-            control.should_training_stop = True
-            iterator = iter(())
-        else:
-            iterator = iter(self._resumed_data(loader, skip))
-        state.batch_in_epoch = skip
-        training_state.restore_rng()  # saved mid-epoch (a no-op when applied above)
-        return iterator
-
-    def _resumed_data(self, loader: Any, skip: int) -> Any:
-        """``loader`` from micro-batch ``skip`` of the epoch: a stateful iterable loads its saved state (nothing
-        consumed is read again), anything else skips (:func:`skip_first_batches`)."""
-        training_state = self.run.training_state
-        saved = training_state.data if training_state is not None else None
-        if training_state is not None:
-            training_state.data = None  # loaded once: a later epoch starts from its beginning
-        if skip and saved is not None and training_state.data_source is not None:
-            training_state.data_source.load_state_dict(decode_state(saved))
-            return loader
-        return skip_first_batches(loader, skip)
 
     def _run_windows(self, iterator: Any, epoch: int) -> None:
         """The epoch's windows, one optimizer step each, until the data ends or a stop flag is set."""
@@ -253,7 +183,7 @@ class FitLoop:
     def _may_stop(self, epochs_done: int) -> bool:
         """Whether a stop request ends training now: always at the step limit, else once ``min_epochs`` epochs
         are done and ``min_steps`` steps taken (Lightning's ``_can_stop_early``, with its info message once)."""
-        if not (self.min_epochs or self.min_steps) or self._limit_count() >= self.run.state.max_steps:
+        if not (self.min_epochs or self.min_steps) or self.limit_count() >= self.run.state.max_steps:
             return True
         if epochs_done >= self.min_epochs and self.run.state.global_step >= self.min_steps:
             return True
@@ -332,10 +262,10 @@ class FitLoop:
             return
         for cfg in self.step_schedulers:
             if (batch_idx + 1) % cfg.frequency == 0:
-                self._step_scheduler(cfg)
+                step_scheduler(self, cfg)
         for cfg in self.epoch_schedulers:
             if (epoch + 1) % cfg.frequency == 0:
-                self._step_scheduler(cfg)
+                step_scheduler(self, cfg)
 
     def _after_window(self, epoch: int, batch_idx: int, stepped: bool, window_samples: int,
                       window_flos: float | None = None) -> None:
@@ -349,12 +279,12 @@ class FitLoop:
                     if cfg.reduce_on_plateau and self.loop_policy.plateau_steps_after_validation:
                         self._plateau_due.append(cfg)  # stepped in _after_step, after the batch's validation
                     else:
-                        self._step_scheduler(cfg)
+                        step_scheduler(self, cfg)
         batches_per_epoch = self.batches_per_epoch
         if not self.manual and state.batch_in_epoch == batches_per_epoch:  # Lightning: the epoch's last batch
             for cfg in self.epoch_schedulers:  # steps them (not an epoch cut short by max_steps)
                 if (epoch + 1) % cfg.frequency == 0:
-                    self._step_scheduler(cfg)
+                    step_scheduler(self, cfg)
         sums.steps_since_log += 1
         self.windows += 1
         if self.count_optimizer_steps:
@@ -383,7 +313,7 @@ class FitLoop:
         if not self.manual and self.batches_per_epoch is None:  # a loader without length: at the end of the epoch
             for cfg in self.epoch_schedulers:
                 if (epoch + 1) % cfg.frequency == 0:
-                    self._step_scheduler(cfg)
+                    step_scheduler(self, cfg)
         # HF's DefaultFlowCallback raises the epoch flags before the user callbacks' on_epoch_end runs
         control.should_log = control.should_log or args.logging_strategy == "epoch"
         control.should_evaluate = control.should_evaluate or (args.eval_strategy == "epoch" and not self.skipped_rest
@@ -418,7 +348,7 @@ class FitLoop:
         control._new_step()
         for cfg in () if self.manual or not complete else self.plateau_schedulers:  # after validation, on the
             if (epoch + 1) % cfg.frequency == 0:  # epoch's metrics; not an epoch cut short by max_steps (Lightning)
-                self._step_scheduler(cfg)
+                step_scheduler(self, cfg)
 
     def _epoch_callback_metrics(self) -> dict[str, Any]:
         """The epoch's ``self.log`` aggregates so far into ``callback_metrics`` (Lightning: logger=False values
@@ -428,43 +358,6 @@ class FitLoop:
         metrics.update(epoch_values)
         metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items() if k.endswith("_epoch")})
         return epoch_values
-
-    def _monitor_values(self) -> dict[str, Any]:
-        """What a ``ReduceLROnPlateau`` may monitor (Lightning's ``callback_metrics``): logged rows, the latest
-        ``self.log`` step values and the running epoch aggregates."""
-        out = dict(self.owner.callback_metrics)
-        results = self.run.module._results
-        for e in results.values.values():
-            if e.on_step and e.last is not None:
-                out[f"{e.name}_step" if e.on_epoch else e.name] = e.last
-        epoch = results.epoch_values()
-        out.update(epoch)
-        for key, value in epoch.items():
-            if key.endswith("_epoch"):
-                out[key[:-len("_epoch")]] = value
-        return out
-
-    def _step_scheduler(self, cfg: Any) -> None:
-        """Step one scheduler; a ``ReduceLROnPlateau`` with its monitored value (missing: raise when ``strict``,
-        else warn and skip, as Lightning)."""
-        module = self.run.module
-        own = overrides(module, "lr_scheduler_step")
-        if not cfg.reduce_on_plateau:
-            module.lr_scheduler_step(cfg.scheduler, None) if own else cfg.scheduler.step()
-            return
-        values = self._monitor_values()
-        if cfg.monitor not in values:
-            if cfg.strict:
-                raise ValueError(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available. "
-                               f"Available metrics are: {sorted(values)}. Set it with the 'monitor' key of the "
-                               "lr_scheduler config.")
-            import warnings
-
-            warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available but "
-                          "strict is set to False. Skipping learning rate update.", RuntimeWarning, stacklevel=2)
-            return
-        value = float(values[cfg.monitor])
-        module.lr_scheduler_step(cfg.scheduler, value) if own else cfg.scheduler.step(value)
 
     def _after_step(self, epoch_end: bool, save: bool = True) -> None:
         """Set and act on the log / evaluate / save / stop flags (mirrors HF ``DefaultFlowCallback`` +
@@ -485,7 +378,7 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "steps" and step % plan.save_steps == 0:
                 control.should_save = True
-            if (self.windows if self.limit_counts_windows else state.global_step) >= plan.max_steps:  # _limit_count
+            if (self.windows if self.limit_counts_windows else state.global_step) >= plan.max_steps:  # limit_count
                 control.should_training_stop = True
                 control.should_save = control.should_save or args.save_strategy == "steps"  # HF: save at the end
                 if args.eval_strategy == "steps" and step % plan.eval_steps and (args.eval_delay or 0) <= step:
@@ -527,7 +420,7 @@ class FitLoop:
             self._evaluate()
         if self._plateau_due and (epoch_end or state.batch_in_epoch != self.batches_per_epoch):
             for cfg in self._plateau_due:  # an epoch's last batch waits for the validation closing the epoch
-                self._step_scheduler(cfg)
+                step_scheduler(self, cfg)
             self._plateau_due.clear()
         if not save:
             return
@@ -537,7 +430,7 @@ class FitLoop:
             raise self.stop.stop(self.strategy.checkpoint_io, args.output_dir, step, self.strategy.is_global_zero)
         control.should_save = control.should_evaluate = control.should_log = False  # control._new_step(), inlined
 
-    def _limit_count(self) -> int:
+    def limit_count(self) -> int:
         """What ``state.max_steps`` limits: optimizer steps, except when ``global_step`` counts every optimizer's
         steps (manual optimization, Lightning door) without an explicit ``max_steps``: then the derived limit counts
         batches (the epochs decide, as Lightning)."""
