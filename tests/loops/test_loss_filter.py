@@ -107,3 +107,29 @@ def test_f_loop_8_host_losses_fold_bitwise_as_tensor_adds(dtype, filtered):
     out = sums.read()
     assert out.dtype == torch.float32 and not sums.pending
     assert torch.equal(out, expected) or (not filtered and out.isnan() and expected.isnan()), (out, expected)
+
+
+def test_f_loop_8_device_path_equals_host_path():
+    """``LossSums.add`` (a loss on a device: added there, filtered lazily where read) and the host record give the
+    same sums, here both on the CPU, across a log row (``clear``)."""
+    from taskfit.loops.state import LossSums
+
+    g = torch.Generator().manual_seed(2)
+    losses = [torch.rand((), generator=g) * 4 for _ in range(40)]
+    losses[5], losses[33] = torch.tensor(math.nan), torch.tensor(math.inf)
+    device, host = LossSums(), LossSums()
+    for sums in (device, host):
+        sums.start(torch.device("cpu"), True)
+    rows = []
+    for i, x in enumerate(losses):
+        device.add(x)
+        host.pending.append(x.item())
+        host.pending_steps.append(host.steps_since_log)
+        device.steps_since_log += 1
+        host.steps_since_log += 1
+        if i in (19, 39):  # a log row reads and clears both
+            rows.append((device.read().clone(), host.read().clone()))
+            device.clear()
+            host.clear()
+            device.steps_since_log = host.steps_since_log = 0
+    assert all(torch.equal(a, b) and math.isfinite(float(a)) for a, b in rows), rows
