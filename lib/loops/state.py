@@ -275,7 +275,9 @@ class LossSums:
         self.nan_filter.reset(self._sum, self.steps_since_log)
 
     def add(self, loss: Any) -> None:
-        """Add one micro-batch's detached 0-dim ``loss`` on a device (no host sync; filtered where read)."""
+        """Add one micro-batch's detached one-element ``loss`` on a device (no host sync; filtered where read)."""
+        if loss.dim():  # shape (1,): as a host loss's item(), the one element
+            loss = loss.reshape(())
         self._sum += loss
         if self.filtered:
             self.nan_filter.add(loss, self.steps_since_log)
