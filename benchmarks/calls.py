@@ -2,10 +2,11 @@
 
     python -m benchmarks.calls [--runner taskfit|engine] [--workload tiny_mlp] [--steps 200]
 
-Counts, for the overhead suite's workload, the Python function calls, the calls into C functions and the Python
-bytecode instructions executed per optimizer step by a runner and by the hand-written loop, and prints both and
-the difference (the framework's own Python work per step). The counts come from ``sys.setprofile`` /
-``sys.settrace`` and do not depend on the machine's load, so they can be compared between runs on a busy machine
+Counts, for the overhead suite's workload, the Python function calls, the calls into C functions, the Python
+bytecode instructions and the tensor operations (aten ops, each a trip through torch's dispatcher) executed per
+optimizer step by a runner and by the hand-written loop, and prints both and the difference (the framework's own
+work per step). The counts come from ``sys.setprofile`` / ``sys.settrace`` / a ``TorchDispatchMode`` and do not
+depend on the machine's load, so they can be compared between runs on a busy machine
 where step times cannot; they do not count time spent inside torch's C++ code. Per step = (count of a run of
 ``steps + 50`` steps - count of a run of 50 steps) / ``steps``, so set-up and tear-down cancel out.
 """
@@ -55,8 +56,29 @@ def _count(runner: str, workload: str, steps: int, opcodes: bool) -> tuple[int, 
     return n[0], n[1], n[2]
 
 
+def _count_aten(runner: str, workload: str, steps: int) -> int:
+    """Tensor operations (aten ops below autograd, as a ``TorchDispatchMode`` sees them) of one run of ``steps``
+    steps."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from benchmarks import runners
+    from benchmarks.workloads import build_job
+
+    class Count(TorchDispatchMode):
+        n = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            Count.n += 1
+            return func(*args, **(kwargs or {}))
+
+    job = build_job(workload, steps)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.redirect_stdout(io.StringIO()), Count():
+        runners.RUN[runner](job, tmp)
+    return Count.n
+
+
 def per_step(runner: str, workload: str = "tiny_mlp", steps: int = 200) -> dict[str, float]:
-    """Python calls, C calls and bytecodes per optimizer step of ``runner`` on ``workload``.
+    """Python calls, C calls, bytecodes and aten ops per optimizer step of ``runner`` on ``workload``.
 
     Raises:
         ValueError: an unknown runner or workload (names the valid ones).
@@ -73,7 +95,8 @@ def per_step(runner: str, workload: str = "tiny_mlp", steps: int = 200) -> dict[
     long = [a + b for a, b in zip(_count(runner, workload, SHORT + steps, False),
                                   _count(runner, workload, SHORT + steps, True))]
     calls, c_calls, ops = ((b - a) / steps for a, b in zip(short, long))
-    return {"python_calls": calls, "c_calls": c_calls, "bytecodes": ops}
+    aten = (_count_aten(runner, workload, SHORT + steps) - _count_aten(runner, workload, SHORT)) / steps
+    return {"python_calls": calls, "c_calls": c_calls, "bytecodes": ops, "aten_ops": aten}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

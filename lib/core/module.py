@@ -44,8 +44,9 @@ def infer_batch_size(batch: Any) -> int:
     """
     if isinstance(batch, torch.Tensor):
         return batch.shape[0] if batch.dim() else 1
-    if type(batch) is dict:  # the common case, without the Mapping ABC check (hot path: once per micro-batch)
-        first = next(iter(batch.values()), None)
+    kind = type(batch)
+    if kind is dict or kind is tuple or kind is list:  # the common cases, without the ABC checks (hot path: once
+        first = next(iter(batch.values() if kind is dict else batch), None)  # per micro-batch) or a nested call
         if isinstance(first, torch.Tensor):
             return first.shape[0] if first.dim() else 1
     if isinstance(batch, Mapping):

@@ -10,30 +10,19 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
-from taskfit.core.hooks import MONITORING_EPOCH_END, TRANSFER_HOOKS, batch_mover, overrides, step_scheduler
+from taskfit.core.hooks import MONITORING_EPOCH_END, TRANSFER_HOOKS, batch_mover, overrides
 from taskfit.core.module import TaskModule, infer_batch_size
-from taskfit.data.loaders import set_loader_epoch, shutdown_workers, skip_first_batches, splits_evenly
-from taskfit.data.stateful import decode_state, stateful_source
-from taskfit.errors import configuration_error
+from taskfit.data.loaders import shutdown_workers, splits_evenly
+from taskfit.data.stateful import stateful_source
+from taskfit.loops.epoch_start import reload_train_loader, start_epoch
 from taskfit.loops.finite import check_finite
 from taskfit.loops.optimization import AutomaticStep, ManualStep, batch_outputs, choose_policy, window_weights
 from taskfit.loops.plan import accumulation_schedule, plan_steps, resolve_interval  # noqa: F401 (their old home)
 from taskfit.loops.policy import LoopPolicy
+from taskfit.loops.schedulers import step_scheduler
 
 if TYPE_CHECKING:
     from taskfit.protocols import RunView
-
-
-def _fill_window(window: list[Any], iterator: Any, size: int) -> list[Any]:
-    """Refill ``window`` (one list reused for the run) with the next ``size`` batches of ``iterator`` (fewer at
-    the end of the data)."""
-    window.clear()
-    for _ in range(size):
-        try:
-            window.append(next(iterator))
-        except StopIteration:
-            break
-    return window
 
 
 class FitLoop:
@@ -72,7 +61,8 @@ class FitLoop:
         self.loss_seen = True
         self.skipped_rest = False
         self.windows = self.windows_at_start = self._manual_seen = 0
-        self.manual = self.explicit_max_steps = self.count_optimizer_steps = False
+        self.manual = self.explicit_max_steps = self.count_optimizer_steps = self.limit_counts_windows = False
+        self._free_after: Any = ()
         self.min_epochs = self.min_steps = 0
         self.first_epoch = 0  # the epoch this run starts at
         self._min_flags: tuple[Any, Any] = (None, None)
@@ -100,6 +90,7 @@ class FitLoop:
         self.count_optimizer_steps = self.manual and policy.counts_optimizer_steps
         self._manual_seen = module.__dict__.get("_manual_steps", 0)
         self.explicit_max_steps = bool(args.max_steps and args.max_steps > 0)
+        self.limit_counts_windows = self.count_optimizer_steps and not self.explicit_max_steps  # see limit_count
         # Lightning's Trainer(min_epochs=, min_steps=): a stop request waits until both are met (HF has neither)
         self._min_flags = (policy.min_epochs, policy.min_steps)
         self.min_epochs, self.min_steps = (v or 0 for v in self._min_flags)
@@ -107,10 +98,12 @@ class FitLoop:
         self.policy = choose_policy(run, strategy, self.manual, scheduled is not None, args, self.hooks, self.hf_step)
         self.step = ManualStep(self) if self.manual else AutomaticStep(self, self.policy)
         self.step.free_gradients()  # gradients left from before the run (zeroed in the first closure otherwise)
+        # what step.free_gradients() zeroes after each step's log row (HF's order), as a list: no call per step
+        self._free_after = self.step.freed_optimizers() if self.policy.zero_grad_after_step else ()
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
-        self.record_loss = sums.nan_filter.add if args.logging_nan_inf_filter else None  # filtered where read
-        sums.tr_loss = sums.tr_loss.to(strategy.root_device)
-        sums.nan_filter.reset(sums.tr_loss, sums.steps_since_log)
+        sums.start(strategy.root_device, bool(args.logging_nan_inf_filter))
+        # a CPU loss is recorded as its float, folded where the sum is read (LossSums): one tensor op per micro-batch
+        self.host_losses = sums.tr_loss.is_cpu  # the sum lives on the training device
         self.world = world = strategy.world_size
         # manual optimization whose training_step returns no loss: those steps add nothing to the logged loss
         # (Lightning logs only what it is given); counted per log window and over the run
@@ -146,7 +139,7 @@ class FitLoop:
         if self.manual and self.batches_per_epoch:
             self.windows = state.current_epoch * self.batches_per_epoch + state.batch_in_epoch
         self.windows_at_start = self.windows
-        finished = resumed and self._limit_count() >= state.max_steps  # saved at the last step: only the end is left
+        finished = resumed and self.limit_count() >= state.max_steps  # saved at the last step: only the end is left
         # Lightning's Trainer(reload_dataloaders_every_n_epochs=n): a new train loader every n epochs (HF: never)
         last_reload = self.first_epoch = state.current_epoch
         if self.loop_policy.max_epochs is not None:  # Lightning's max_epochs limits whatever max_steps says
@@ -155,9 +148,9 @@ class FitLoop:
             if self.loop_policy.stop_checked_before_epoch and run.control.should_training_stop and self._may_stop(epoch):
                 break
             if run.reload_train_loader is not None and self.loop_policy.reload_due(epoch, last_reload):
-                loader, last_reload = self._reload(epoch, num_epochs), epoch
+                loader, last_reload = reload_train_loader(self, epoch, num_epochs), epoch
             skip = state.batch_in_epoch if resumed else 0
-            self.epoch_iterator = self._start_epoch(loader, epoch, skip, finished)
+            self.epoch_iterator = start_epoch(self, loader, epoch, skip, finished)
             resumed = False
             if not finished:
                 self._run_windows(self.epoch_iterator, epoch)
@@ -170,83 +163,16 @@ class FitLoop:
         # check (one host sync) per run, whatever the logging and save intervals
         check_finite(self.strategy, run.module, state.global_step, self.args.output_dir)
 
-    def _reload(self, epoch: int, num_epochs: int) -> Any:
-        """A new train loader for ``epoch`` (``run.reload_train_loader``); without an explicit ``max_steps`` the
-        steps of the epochs left are re-counted from its length."""
-        run, state = self.run, self.run.state
-        state.current_epoch = epoch  # what the loader's source reads (trainer.current_epoch)
-        loader = run.train_loader = run.reload_train_loader()
-        try:
-            n = len(loader)
-        except TypeError:
-            n = None
-        self.batches_per_epoch = n
-        changes: dict[str, Any] = {"batches_per_epoch": n}
-        if n and not self.explicit_max_steps:
-            left = sum(math.ceil(n / self.accum_at(e)) for e in range(epoch, num_epochs))
-            changes["max_steps"] = self._limit_count() + left
-        run.plan = run.plan.replace(**changes)  # a re-plan: the new loader's layout and steps
-        return loader
-
-    def _start_epoch(self, loader: Any, epoch: int, skip: int, finished: bool) -> Any:
-        """The epoch's start: hooks, the accumulation and schedulers of this epoch, and its batch iterator (after
-        ``skip`` micro-batches when resumed mid-epoch). The resume's RNG states are applied here, once
-        (``TrainingState.restore_rng``), at the point where the saved run took them: the start of an epoch (before
-        its hooks and iterator) or, mid-epoch, the next window (after them)."""
-        run, args, hooks = self.run, self.args, self.hooks
-        state, control, module, training_state = run.state, run.control, run.module, run.training_state
-        if not skip:
-            training_state.restore_rng()  # saved at an epoch's start
-        training_state.epoch_ended = False
-        self.skipped_rest = False  # on_train_batch_start returned -1 in this epoch (Lightning)
-        state.current_epoch = epoch
-        set_loader_epoch(loader, epoch)
-        control._new_epoch()
-        # resumed mid-epoch: keep the restored epoch aggregates; a fresh run's first epoch keeps what
-        # on_train_start logged (Lightning resets after each epoch, so those reach epoch 0's values)
-        if not skip and not (epoch == self.first_epoch and run.resume_from is None):
-            module._results.reset_epoch()
-        if not (skip and self.loop_policy.resumed_epoch_skips_start):  # Lightning: once per epoch, not on resume
-            defaults, module._log_defaults = module._log_defaults, (False, True)  # Lightning's defaults in this hook
-            try:
-                hooks.call("on_train_epoch_start", self.owner, module)
-            finally:
-                module._log_defaults = defaults
-        hooks.hf["on_epoch_begin"] and hooks.call_hf("on_epoch_begin", args, state, control, **run.hf_kwargs())
-        # read per epoch: a callback may change them at the epoch's start (Lightning's
-        # GradientAccumulationScheduler, StochasticWeightAveraging's SWALR)
-        self.accum = self.accum_at(epoch)
-        self.counts_needed = not self.manual and (self.accum > 1 or self.world > 1)
-        schedulers = run.schedulers
-        self.step_schedulers = [c for c in schedulers if c.interval == "step"]
-        self.epoch_schedulers = [c for c in schedulers if c.interval == "epoch" and not c.reduce_on_plateau]
-        self.plateau_schedulers = [c for c in schedulers if c.interval == "epoch" and c.reduce_on_plateau]
-        if finished:
-            control.should_training_stop = True
-            iterator = iter(())
-        else:
-            iterator = iter(self._resumed_data(loader, skip))
-        state.batch_in_epoch = skip
-        training_state.restore_rng()  # saved mid-epoch (a no-op when applied above)
-        return iterator
-
-    def _resumed_data(self, loader: Any, skip: int) -> Any:
-        """``loader`` from micro-batch ``skip`` of the epoch: a stateful iterable loads its saved state (nothing
-        consumed is read again), anything else skips (:func:`skip_first_batches`)."""
-        training_state = self.run.training_state
-        saved = training_state.data if training_state is not None else None
-        if training_state is not None:
-            training_state.data = None  # loaded once: a later epoch starts from its beginning
-        if skip and saved is not None and training_state.data_source is not None:
-            training_state.data_source.load_state_dict(decode_state(saved))
-            return loader
-        return skip_first_batches(loader, skip)
-
     def _run_windows(self, iterator: Any, epoch: int) -> None:
         """The epoch's windows, one optimizer step each, until the data ends or a stop flag is set."""
-        control, state, accum = self.run.control, self.run.state, self.accum
+        control, state, accum, window = self.run.control, self.run.state, self.accum, self._window
         while True:
-            window = _fill_window(self._window, iterator, accum)
+            window.clear()  # one list reused for the run, refilled with the next `accum` batches (fewer at the end)
+            for _ in range(accum):
+                try:
+                    window.append(next(iterator))
+                except StopIteration:
+                    break
             if not window:
                 if state.batch_in_epoch == 0:  # an epoch without a single batch would repeat forever
                     raise ValueError(f"The train data yielded no batch in epoch {epoch}; check the dataset "
@@ -259,7 +185,7 @@ class FitLoop:
     def _may_stop(self, epochs_done: int) -> bool:
         """Whether a stop request ends training now: always at the step limit, else once ``min_epochs`` epochs
         are done and ``min_steps`` steps taken (Lightning's ``_can_stop_early``, with its info message once)."""
-        if not (self.min_epochs or self.min_steps) or self._limit_count() >= self.run.state.max_steps:
+        if not (self.min_epochs or self.min_steps) or self.limit_count() >= self.run.state.max_steps:
             return True
         if epochs_done >= self.min_epochs and self.run.state.global_step >= self.min_steps:
             return True
@@ -284,7 +210,8 @@ class FitLoop:
         run, args, hooks, step = self.run, self.args, self.hooks, self.step
         state, control, module, sums, fit = run.state, run.control, run.module, self.sums, self.owner
         L, H = hooks.lightning, hooks.hf
-        results, move, record_loss = module._results, self.move, self.record_loss
+        results, move, host, filtered = module._results, self.move, self.host_losses, sums.filtered
+        pending, pending_steps = sums.pending, sums.pending_steps
         mode_optimizers = self.policy.mode_optimizers
         step.start_window(window, self._weights(window) if self.counts_needed else None, epoch)
         last = len(window) - 1
@@ -302,26 +229,28 @@ class FitLoop:
                 opt.train()
             out, loss = step.micro_batch(i, batch, batch_idx)
             if loss is None:  # manual optimization, no loss returned (windows hold one batch)
-                detached = None
                 self.lossless_steps += 1
                 self.lossless_total += 1
+            elif host:  # in HF's summation order when folded; HF's logging_nan_inf_filter is applied there
+                pending.append(loss.item())
+                if filtered:
+                    pending_steps.append(sums.steps_since_log)
             else:
-                detached = loss.detach()
-                sums.tr_loss += detached  # per micro-batch, in HF's summation order
-                if record_loss is not None:  # HF's logging_nan_inf_filter, applied where the sum is read
-                    record_loss(detached, sums.steps_since_log)
+                sums.add(loss.detach())
             window_samples += infer_batch_size(batch)
             if flos_of is not None:  # HF's count, per micro-batch (shapes only: no host sync)
                 window_flos += float(flos_of(batch))
             state.batch_in_epoch += 1
             if i != last:
                 H["on_substep_end"] and hooks.call_hf("on_substep_end", args, state, control)
-                L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, detached),
+                L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, loss),
                                                         batch, batch_idx)
         self._after_window(epoch, batch_idx, step.finish_window(), window_samples,
                            window_flos if flos_of is not None else None)
-        L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, detached), batch,
+        L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, loss), batch,
                                                 batch_idx)
+        if len(pending) >= sums.FOLD_EVERY:  # bounds the pending losses' memory
+            sums.fold()
         self._after_step(epoch_end=False)
 
     def _skip_rest_of_epoch(self, epoch: int, batch_idx: int) -> None:
@@ -335,10 +264,10 @@ class FitLoop:
             return
         for cfg in self.step_schedulers:
             if (batch_idx + 1) % cfg.frequency == 0:
-                self._step_scheduler(cfg)
+                step_scheduler(self, cfg)
         for cfg in self.epoch_schedulers:
             if (epoch + 1) % cfg.frequency == 0:
-                self._step_scheduler(cfg)
+                step_scheduler(self, cfg)
 
     def _after_window(self, epoch: int, batch_idx: int, stepped: bool, window_samples: int,
                       window_flos: float | None = None) -> None:
@@ -352,12 +281,12 @@ class FitLoop:
                     if cfg.reduce_on_plateau and self.loop_policy.plateau_steps_after_validation:
                         self._plateau_due.append(cfg)  # stepped in _after_step, after the batch's validation
                     else:
-                        self._step_scheduler(cfg)
+                        step_scheduler(self, cfg)
         batches_per_epoch = self.batches_per_epoch
         if not self.manual and state.batch_in_epoch == batches_per_epoch:  # Lightning: the epoch's last batch
             for cfg in self.epoch_schedulers:  # steps them (not an epoch cut short by max_steps)
                 if (epoch + 1) % cfg.frequency == 0:
-                    self._step_scheduler(cfg)
+                    step_scheduler(self, cfg)
         sums.steps_since_log += 1
         self.windows += 1
         if self.count_optimizer_steps:
@@ -386,7 +315,7 @@ class FitLoop:
         if not self.manual and self.batches_per_epoch is None:  # a loader without length: at the end of the epoch
             for cfg in self.epoch_schedulers:
                 if (epoch + 1) % cfg.frequency == 0:
-                    self._step_scheduler(cfg)
+                    step_scheduler(self, cfg)
         # HF's DefaultFlowCallback raises the epoch flags before the user callbacks' on_epoch_end runs
         control.should_log = control.should_log or args.logging_strategy == "epoch"
         control.should_evaluate = control.should_evaluate or (args.eval_strategy == "epoch" and not self.skipped_rest
@@ -421,7 +350,7 @@ class FitLoop:
         control._new_step()
         for cfg in () if self.manual or not complete else self.plateau_schedulers:  # after validation, on the
             if (epoch + 1) % cfg.frequency == 0:  # epoch's metrics; not an epoch cut short by max_steps (Lightning)
-                self._step_scheduler(cfg)
+                step_scheduler(self, cfg)
 
     def _epoch_callback_metrics(self) -> dict[str, Any]:
         """The epoch's ``self.log`` aggregates so far into ``callback_metrics`` (Lightning: logger=False values
@@ -431,44 +360,6 @@ class FitLoop:
         metrics.update(epoch_values)
         metrics.update({k[:-len("_epoch")]: v for k, v in epoch_values.items() if k.endswith("_epoch")})
         return epoch_values
-
-    def _monitor_values(self) -> dict[str, Any]:
-        """What a ``ReduceLROnPlateau`` may monitor (Lightning's ``callback_metrics``): logged rows, the latest
-        ``self.log`` step values and the running epoch aggregates."""
-        out = dict(self.owner.callback_metrics)
-        results = self.run.module._results
-        for e in results.values.values():
-            if e.on_step and e.last is not None:
-                out[f"{e.name}_step" if e.on_epoch else e.name] = e.last
-        epoch = results.epoch_values()
-        out.update(epoch)
-        for key, value in epoch.items():
-            if key.endswith("_epoch"):
-                out[key[:-len("_epoch")]] = value
-        return out
-
-    def _step_scheduler(self, cfg: Any) -> None:
-        """Step one scheduler; a ``ReduceLROnPlateau`` with its monitored value (missing: raise when ``strict``,
-        else warn and skip, as Lightning)."""
-        module = self.run.module
-        own = overrides(module, "lr_scheduler_step")
-        if not cfg.reduce_on_plateau:
-            step_scheduler(module, cfg.scheduler, None) if own else cfg.scheduler.step()
-            return
-        values = self._monitor_values()
-        if cfg.monitor not in values:
-            if cfg.strict:
-                raise configuration_error(
-                    f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available. "
-                    f"Available metrics are: {sorted(values)}. Set it with the 'monitor' key of the "
-                    "lr_scheduler config.")
-            import warnings
-
-            warnings.warn(f"ReduceLROnPlateau conditioned on metric {cfg.monitor!r}, which is not available but "
-                          "strict is set to False. Skipping learning rate update.", RuntimeWarning, stacklevel=2)
-            return
-        value = float(values[cfg.monitor])
-        step_scheduler(module, cfg.scheduler, value) if own else cfg.scheduler.step(value)
 
     def _after_step(self, epoch_end: bool, save: bool = True) -> None:
         """Set and act on the log / evaluate / save / stop flags (mirrors HF ``DefaultFlowCallback`` +
@@ -489,7 +380,7 @@ class FitLoop:
                 control.should_evaluate = True
             if args.save_strategy == "steps" and step % plan.save_steps == 0:
                 control.should_save = True
-            if self._limit_count() >= plan.max_steps:
+            if (self.windows if self.limit_counts_windows else state.global_step) >= plan.max_steps:  # limit_count
                 control.should_training_stop = True
                 control.should_save = control.should_save or args.save_strategy == "steps"  # HF: save at the end
                 if args.eval_strategy == "steps" and step % plan.eval_steps and (args.eval_delay or 0) <= step:
@@ -509,9 +400,8 @@ class FitLoop:
                 sums.total_loss += tr_loss
                 self.loss_seen = True
                 logs["loss"] = tr_loss / with_loss  # unrounded, as HF 5
-            sums.tr_loss.zero_()
+            sums.clear()
             sums.steps_since_log = self.lossless_steps = 0
-            sums.nan_filter.reset()
             if sums.grad_norm is not None:
                 logs["grad_norm"] = float(sums.grad_norm)
             step_lr = self.step_lr
@@ -525,13 +415,14 @@ class FitLoop:
             control.should_log = False  # HF's on_log clears it: a save after the row records False, as HF's
         if logging_step or control.should_save:  # the only host sync it adds: on logging and save steps
             check_finite(self.strategy, run.module, step, args.output_dir)  # after the log row, before a save
-        if not epoch_end and self.policy.zero_grad_after_step:  # the step's gradients are read (norm, log row):
-            self.step.free_gradients()  # free them before evaluation and the next forward
+        if not epoch_end:  # the step's gradients are read (norm, log row): free them before evaluation and the
+            for opt in self._free_after:  # next forward (step.free_gradients(), inlined)
+                opt.zero_grad(set_to_none=True)
         if control.should_evaluate:
             self._evaluate()
         if self._plateau_due and (epoch_end or state.batch_in_epoch != self.batches_per_epoch):
             for cfg in self._plateau_due:  # an epoch's last batch waits for the validation closing the epoch
-                self._step_scheduler(cfg)
+                step_scheduler(self, cfg)
             self._plateau_due.clear()
         if not save:
             return
@@ -539,21 +430,20 @@ class FitLoop:
             self._save(run.training_state.state_dict())
         if signum:
             raise self.stop.stop(self.strategy.checkpoint_io, args.output_dir, step, self.strategy.is_global_zero)
-        control._new_step()
+        control.should_save = control.should_evaluate = control.should_log = False  # control._new_step(), inlined
 
-    def _limit_count(self) -> int:
+    def limit_count(self) -> int:
         """What ``state.max_steps`` limits: optimizer steps, except when ``global_step`` counts every optimizer's
         steps (manual optimization, Lightning door) without an explicit ``max_steps``: then the derived limit counts
         batches (the epochs decide, as Lightning)."""
-        if self.count_optimizer_steps and not self.explicit_max_steps:
+        if self.limit_counts_windows:
             return self.windows
         return self.run.state.global_step
 
     def _global_tr_loss(self) -> torch.Tensor:
         """The loss sum since the last log, averaged over processes (each holds its share of the window)."""
-        strategy, sums = self.strategy, self.sums
-        sums.nan_filter.apply(sums.tr_loss, sums.steps_since_log)  # a host sync follows anyway
-        return strategy.reduce(sums.tr_loss, "mean") if strategy.world_size > 1 else sums.tr_loss
+        strategy, tr_loss = self.strategy, self.sums.read()  # a host sync follows anyway
+        return strategy.reduce(tr_loss, "mean") if strategy.world_size > 1 else tr_loss
 
     @property
     def training_loss(self) -> float:

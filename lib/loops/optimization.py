@@ -65,9 +65,10 @@ def manual_loss(out: Any) -> torch.Tensor | None:
 def batch_outputs(out: Any, loss: torch.Tensor | None) -> dict[str, Any]:
     """What ``on_train_batch_end`` receives as ``outputs`` (Lightning): ``{"loss": <detached, accumulation-scaled
     loss>}`` plus the other items of a dict ``training_step`` result; without ``"loss"`` when ``loss`` is None (a
-    manual-optimization step that returned none: Lightning's ``ManualResult`` is then ``{}``)."""
+    manual-optimization step that returned none: Lightning's ``ManualResult`` is then ``{}``). ``loss`` is
+    detached here (only a run with this hook pays for it)."""
     extra = {k: v for k, v in out.items() if k != "loss"} if isinstance(out, Mapping) else {}
-    return {"loss": loss, **extra} if loss is not None else extra
+    return {"loss": loss.detach(), **extra} if loss is not None else extra
 
 
 def precision_scaled(precision: Any, loss: torch.Tensor) -> torch.Tensor:
@@ -262,6 +263,10 @@ class ManualStep:
     def free_gradients(self) -> None:
         """Nothing: the module zeroes its own gradients."""
 
+    def freed_optimizers(self) -> tuple:
+        """None: the module zeroes its own gradients."""
+        return ()
+
 
 class AutomaticStep:
     """The step of automatic optimization over one window (Lightning's ``_AutomaticOptimization``): per
@@ -438,10 +443,12 @@ class AutomaticStep:
         """``zero_grad(set_to_none=True)`` of every optimizer when the policy frees gradients after the step
         (:attr:`StepPolicy.zero_grad_after_step`: at the run's start and after each step's log row); nothing when
         the closure zeroes them (Lightning's order)."""
-        if self.zero_in_closure:
-            return
-        for opt in self.optimizers:
+        for opt in self.freed_optimizers():
             opt.zero_grad(set_to_none=True)
+
+    def freed_optimizers(self) -> tuple:
+        """The optimizers :meth:`free_gradients` zeroes (none when the closure zeroes them)."""
+        return () if self.zero_in_closure else tuple(self.optimizers)
 
     def _detached_loss(self) -> torch.Tensor:
         """The closure of the second and later optimizers: the loss the first one's closure computed."""

@@ -217,14 +217,29 @@ class FitControl:
 class LossSums:
     """The fit loop's running loss sums of this process (what the logged ``loss`` and ``train_loss`` are made of).
 
+    The running sum is HF's ``tr_loss += loss`` per micro-batch in float32, with HF's ``logging_nan_inf_filter``
+    (a non-finite loss counts as ``tr_loss / (1 + steps since the last log)``). A loss on the CPU is recorded as its
+    Python float (``loss.item()``, the exact value: one tensor op per micro-batch, no tensor kept) and folded into
+    the sum where it is read or every :attr:`FOLD_EVERY` losses, in the same order and with the same float32
+    rounding as the in-place tensor adds (a float32 add or division done in float64 and rounded once to float32 is
+    the float32 result); a loss on another device is added there (:meth:`add`), filtered lazily by
+    :class:`~taskfit.loops.loss_filter.NonFiniteLossFilter`.
+
     Attributes:
-        tr_loss (Tensor): 0-dim, this rank's sum of step losses since the last log (on the training device).
+        tr_loss (Tensor): 0-dim float32, this rank's sum of step losses since the last log (on the training device),
+            the recorded losses folded in when read; setting it drops the recorded ones.
+        pending (list[float]): CPU losses recorded since the last fold (appended by the loop: the list is kept).
+        pending_steps (list[int]): ``steps_since_log`` when each pending loss was recorded (only when filtered).
+        filtered (bool): ``logging_nan_inf_filter`` is on (set by :meth:`start`).
         steps_since_log (int): optimizer steps in ``tr_loss``.
         total_loss (float): sum over the run of the logged step losses (averaged over ranks: equal everywhere).
         grad_norm (Tensor | None): the last clipped step's gradient norm (global: equal everywhere).
         loss_start_step (int): the step ``total_loss`` counts from (0 once restored from a checkpoint).
-        nan_filter (NonFiniteLossFilter): ``logging_nan_inf_filter``, applied lazily where ``tr_loss`` is read.
+        nan_filter (NonFiniteLossFilter): ``logging_nan_inf_filter`` of losses on a device, applied where read.
     """
+
+    #: pending CPU losses folded into the sum at the latest (bounds their memory)
+    FOLD_EVERY = 1024
 
     def __init__(self, start_step: int = 0) -> None:
         import torch
@@ -232,11 +247,73 @@ class LossSums:
         from taskfit.loops.loss_filter import NonFiniteLossFilter
 
         self.nan_filter = NonFiniteLossFilter()
-        self.tr_loss = torch.zeros(())
+        self._sum = torch.zeros(())
+        self.pending: list[float] = []
+        self.pending_steps: list[int] = []
+        self.filtered = False
         self.steps_since_log = 0
         self.total_loss = 0.0
         self.grad_norm: Any = None
         self.loss_start_step = start_step
+
+    @property
+    def tr_loss(self) -> Any:
+        if self.pending:
+            self.fold()
+        return self._sum
+
+    @tr_loss.setter
+    def tr_loss(self, value: Any) -> None:
+        self.pending.clear()
+        self.pending_steps.clear()
+        self._sum = value
+
+    def start(self, device: Any, filtered: bool) -> None:
+        """Before the loop: the (possibly restored) sum moved to ``device`` (torch.device), the filter on or off."""
+        self.tr_loss = self.tr_loss.to(device)
+        self.filtered = filtered
+        self.nan_filter.reset(self._sum, self.steps_since_log)
+
+    def add(self, loss: Any) -> None:
+        """Add one micro-batch's detached one-element ``loss`` on a device (no host sync; filtered where read)."""
+        if loss.dim():  # shape (1,): as a host loss's item(), the one element
+            loss = loss.reshape(())
+        self._sum += loss
+        if self.filtered:
+            self.nan_filter.add(loss, self.steps_since_log)
+
+    def fold(self) -> None:
+        """Add the pending CPU losses to the sum, in order, as ``tr_loss += loss`` (float32) would, each
+        non-finite one replaced as HF's filter does when :attr:`filtered`."""
+        from array import array
+        from math import isfinite
+
+        acc, f32 = self._sum.item(), array("f", [0.0])  # storing into f32 rounds to float32
+        steps = self.pending_steps if self.filtered else None
+        for j, x in enumerate(self.pending):
+            if steps is not None and not isfinite(x):
+                f32[0] = acc / (1 + steps[j])
+                x = f32[0]
+            f32[0] = acc + x
+            acc = f32[0]
+        self._sum.fill_(acc)
+        self.pending.clear()
+        self.pending_steps.clear()
+
+    def read(self) -> Any:
+        """The sum with every recorded loss in and filtered (a host sync for a device's losses): a log row, a
+        checkpoint, the end of training."""
+        if self.pending:
+            self.fold()
+        self.nan_filter.apply(self._sum, self.steps_since_log)
+        return self._sum
+
+    def clear(self) -> None:
+        """After a log row: the next interval starts from zero."""
+        self.pending.clear()
+        self.pending_steps.clear()
+        self._sum.zero_()
+        self.nan_filter.reset()
 
 
 def upgrade_training_state(saved: dict[str, Any]) -> dict[str, Any]:
@@ -332,8 +409,7 @@ class TrainingState:
         from taskfit.seed import rng_states
 
         s = self.sums
-        s.nan_filter.apply(s.tr_loss, s.steps_since_log)  # a checkpoint reads the sum: filter it now
-        tr = s.tr_loss.detach()
+        tr = s.read().detach()  # a checkpoint reads the sum: fold and filter it now
         per_rank = self.all_gather(tr) if self.all_gather is not None and self.world_size > 1 else tr.unsqueeze(0)
         results = getattr(self.module, "_results", None)
         # HF ExportableState callbacks, as HF's TrainerState keeps them (written to trainer_state.json too)

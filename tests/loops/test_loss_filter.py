@@ -76,3 +76,60 @@ def test_lazy_filter_keeps_cpu_losses_of_any_dtype_exactly(dtype):
         f.add(x, k)
     f.apply(running, 4)
     assert torch.equal(running, _eager(losses, range(4)))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("filtered", [True, False])
+def test_f_loop_8_host_losses_fold_bitwise_as_tensor_adds(dtype, filtered):
+    """``LossSums``: CPU losses recorded as floats and folded (a read mid-run, a fold every FOLD_EVERY) give the
+    float32 sum of ``tr_loss += loss`` per micro-batch, filtered as HF's eager filter when ``filtered``."""
+    from taskfit.loops.state import LossSums
+
+    g = torch.Generator().manual_seed(1)
+    n, accum = LossSums.FOLD_EVERY + 300, 2
+    losses = [(torch.randn((), generator=g) * 10 ** float(torch.randint(-3, 4, (), generator=g))).to(dtype)
+              for _ in range(n)]
+    for i in (0, 7, 900, n - 1):
+        losses[i] = torch.tensor(math.nan if i % 2 else -math.inf, dtype=dtype)
+    steps = [i // accum for i in range(n)]
+    sums = LossSums()
+    sums.start(torch.device("cpu"), filtered)
+    expected, reads = torch.zeros(()), {50, 51, LossSums.FOLD_EVERY + 10}
+    for i, (x, k) in enumerate(zip(losses, steps)):
+        sums.pending.append(x.item())
+        if filtered:
+            sums.pending_steps.append(k)
+        if len(sums.pending) >= sums.FOLD_EVERY:
+            sums.fold()
+        expected += torch.where(torch.isfinite(x), x, expected / (1 + k)) if filtered else x  # HF, in place
+        if i in reads and filtered:  # a checkpoint or an epoch end reads the sum in the middle
+            assert torch.equal(sums.read(), expected), i
+    out = sums.read()
+    assert out.dtype == torch.float32 and not sums.pending
+    assert torch.equal(out, expected) or (not filtered and out.isnan() and expected.isnan()), (out, expected)
+
+
+def test_f_loop_8_device_path_equals_host_path():
+    """``LossSums.add`` (a loss on a device: added there, filtered lazily where read) and the host record give the
+    same sums, here both on the CPU, across a log row (``clear``)."""
+    from taskfit.loops.state import LossSums
+
+    g = torch.Generator().manual_seed(2)
+    losses = [torch.rand((), generator=g) * 4 for _ in range(40)]
+    losses[5], losses[33] = torch.tensor(math.nan), torch.tensor(math.inf)
+    device, host = LossSums(), LossSums()
+    for sums in (device, host):
+        sums.start(torch.device("cpu"), True)
+    rows = []
+    for i, x in enumerate(losses):
+        device.add(x.reshape(1) if i % 2 else x)  # a one-element loss of shape (1,) counts as its element
+        host.pending.append(x.item())
+        host.pending_steps.append(host.steps_since_log)
+        device.steps_since_log += 1
+        host.steps_since_log += 1
+        if i in (19, 39):  # a log row reads and clears both
+            rows.append((device.read().clone(), host.read().clone()))
+            device.clear()
+            host.clear()
+            device.steps_since_log = host.steps_since_log = 0
+    assert all(torch.equal(a, b) and math.isfinite(float(a)) for a, b in rows), rows
