@@ -62,9 +62,9 @@ class _Predictions(Callback):
         self.outputs.setdefault(dataloader_idx, []).append(outputs)
 
 
-def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: Any) -> list[Any]:
-    """Lightning's implicit callbacks: a checkpoint every epoch into ``logger.log_dir/checkpoints`` (or
-    ``root/checkpoints`` without a logger), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
+def _default_callbacks(f: dict[str, Any], given: list[Any]) -> list[Any]:
+    """Lightning's implicit callbacks: a checkpoint every epoch (into the first logger's
+    ``save_dir/name/version/checkpoints``, or ``default_root_dir/checkpoints`` without a logger), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
     out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None, f["val_check_interval"],
                           f["check_val_every_n_epoch"]), *given, ProgressBarNames(), LoggedMetrics()]
     if f["barebones"]:
@@ -74,8 +74,7 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
         raise ValueError("Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
                          "callbacks list.")  # Lightning's message
     if f["enable_checkpointing"] is not False and not found:
-        folder = getattr(logger, "log_dir", None) or root
-        out.append(_cb.ModelCheckpoint(dirpath=os.path.join(folder, "checkpoints")))
+        out.append(_cb.ModelCheckpoint())  # its folder is resolved at setup from the loggers, as Lightning
     if f["enable_model_summary"] is not False and not any(isinstance(c, _cb.ModelSummary) for c in given):
         out.append(_cb.ModelSummary())
     if f["max_time"] is not None:
@@ -178,8 +177,7 @@ class Trainer(Fit):
         self._predictions: _Predictions | None = None
         plugins = plugins if isinstance(plugins, (list, tuple)) or plugins is None else [plugins]
         super().__init__(accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes,
-                         precision=precision, callbacks=_default_callbacks(flags, list(given), root,
-                                                                            (lightning_loggers or [None])[0]),
+                         precision=precision, callbacks=_default_callbacks(flags, list(given)),
                          # fast_dev_run: Lightning's DummyLogger in place of the loggers (user calls still run)
                          loggers=[_lg.DummyLogger()] if fast_dev_run and lightning_loggers else lightning_loggers,
                          plugins=plugins, **options)
