@@ -107,7 +107,7 @@ class TrainingStage:
         if plan is not None:
             self._before_training(run, plan)
         ctl._new_training()
-        if fit.is_global_zero and not n_dev:
+        if fit.is_global_zero and not n_dev and fit.loop_policy.logs_run_arguments:
             for lg in fit.loggers:
                 lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
         hooks.call("on_fit_start", fit, module)

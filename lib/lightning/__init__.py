@@ -64,7 +64,8 @@ class _Predictions(Callback):
 
 def _default_callbacks(f: dict[str, Any], given: list[Any]) -> list[Any]:
     """Lightning's implicit callbacks: a checkpoint every epoch (into the first logger's
-    ``save_dir/name/version/checkpoints``, or ``default_root_dir/checkpoints`` without a logger), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
+    ``save_dir/name/version/checkpoints``, or ``default_root_dir/checkpoints`` without a logger, resolved at
+    setup), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
     out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None, f["val_check_interval"],
                           f["check_val_every_n_epoch"]), *given, ProgressBarNames(), LoggedMetrics()]
     if f["barebones"]:

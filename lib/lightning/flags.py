@@ -196,4 +196,4 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       lightning_checkpoint_dict=True, loaders_after_setup=True,
                       resumed_epoch_skips_start=True, zero_grad_before_validation=True,
                       eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True,
-                      logs_run_values=False, reads_eval_outputs=False)
+                      logs_run_values=False, logs_run_arguments=False, reads_eval_outputs=False)

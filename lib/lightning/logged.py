@@ -112,6 +112,29 @@ def _call_if_present(logger: Any, name: str, *args: Any) -> None:
         fn(*args)
 
 
+def lightning_hyperparams(module: Any, datamodule: Any) -> dict[str, Any] | None:
+    """What Lightning's ``_log_hyperparams`` gives the loggers: the ``hparams_initial`` of the module and of the
+    datamodule that called ``save_hyperparameters(logger=True)`` (merged), None when neither did.
+
+    Raises:
+        RuntimeError: a name both hold with different values (Lightning's message).
+    """
+    def saved(obj: Any) -> dict[str, Any] | None:
+        if obj is None or not getattr(obj, "_log_hyperparams", False):
+            return None
+        return {k: v for k, v in dict(obj.hparams_initial).items() if k != "_class_path"}
+
+    own, dm = saved(module), saved(datamodule)
+    if own is not None and dm is not None:
+        clash = [k for k in own.keys() & dm.keys() if type(own[k]) is not type(dm[k]) or (
+            own[k] is not dm[k] if isinstance(own[k], torch.Tensor) else own[k] != dm[k])]
+        if clash:
+            raise RuntimeError(f"Error while merging hparams: the keys {clash} are present in both the "
+                               "LightningModule's and LightningDataModule's hparams but have different values.")
+        return {**own, **dm}
+    return own if own is not None else dm
+
+
 def send_row(trainer: Any, row: dict[str, Any]) -> None:
     """``row`` into ``callback_metrics`` and ``logged_metrics`` (as tensors, without an ``epoch`` the module did not
     log) and to the loggers (:func:`loggers_here`) with ``epoch`` (``current_epoch``, unless logged) at
@@ -188,7 +211,10 @@ class LoggedMetrics(Callback):
         self.eval_seen = {}
         if fit.args.fast_dev_run:
             return
+        params = lightning_hyperparams(module, getattr(fit, "datamodule", None))
         for lg in loggers_here(fit):
+            if params is not None:
+                lg.log_hyperparams(params)
             _call_if_present(lg, "log_graph", module)
             _call_if_present(lg, "save")
 

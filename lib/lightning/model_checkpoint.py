@@ -7,6 +7,7 @@ import re
 import shutil
 import time
 import warnings
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
@@ -273,6 +274,11 @@ class ModelCheckpoint(_Base):
         fit.save_checkpoint(filepath, self.save_weights_only)
         self._last_global_step_saved = fit.state.global_step
         self._last_checkpoint_saved = filepath
+        if fit.is_global_zero:  # Lightning notifies the loggers that have the method (taskfit's have none)
+            for lg in fit.loggers:
+                notify = getattr(lg, "after_save_checkpoint", None)
+                if callable(notify):
+                    notify(weakref.proxy(self))
 
     def _save_all(self, fit: Any) -> None:
         candidates = self._monitor_candidates(fit)

@@ -85,6 +85,10 @@ class LoopPolicy:
             (the mean ``loss`` since the last row, ``learning_rate``, ``grad_norm``, the precision plugin's values,
             an evaluation's speed and timing rows), as HF's log rows; False: only what ``self.log`` wrote
             (Lightning's ``logged_metrics``/``callback_metrics``).
+        logs_run_arguments (bool): as training starts, the loggers' ``log_hyperparams`` receive the run's arguments
+            plus the module's ``save_hyperparameters`` values (HF logs its ``TrainingArguments``); False: the loop
+            logs none (the Lightning door gives the loggers the module's and datamodule's values after
+            ``on_fit_start``, and only those saved with ``logger=True``, as Lightning's ``_log_hyperparams``).
         reads_eval_outputs (bool): what ``validation_step``/``test_step`` return is read for the evaluation's
             loss, predictions and labels (HF's ``prediction_step`` outputs; anything else is refused); False: it is
             only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).
@@ -112,6 +116,7 @@ class LoopPolicy:
     eval_inference_mode: bool = False
     sanity_check_keeps_rng: bool = False
     logs_run_values: bool = True
+    logs_run_arguments: bool = True
     reads_eval_outputs: bool = True
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
