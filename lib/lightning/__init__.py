@@ -20,6 +20,8 @@ import os
 import warnings
 from typing import Any, Iterator
 
+from lightning_utilities.core.overrides import is_overridden as _is_overridden
+
 from taskfit.callbacks.base import Callback
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
@@ -105,11 +107,15 @@ def _is_datamodule(obj: Any) -> bool:
 
 
 def _overrides(obj: Any, name: str, base: type) -> bool:
-    """True when ``obj`` has its own ``name``; a step set to None on the instance (``model.validation_step =
-    None``) means none, as Lightning's ``is_overridden``."""
+    """Lightning's ``is_overridden(name, obj, base)``, which decides whether there is a validation step or loader:
+    an attribute set to None on the instance means none; one wrapped on the instance (``Mock(wraps=...)``,
+    ``functools.partial``, ``functools.wraps``) counts as what it wraps, so a recorder around the default is not
+    an override (the hooks themselves are called whenever Lightning calls them, wrappers included)."""
     if obj is None or getattr(obj, name, None) is None:
         return False
-    return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name, None)
+    if getattr(base, name, None) is None:  # no default on the base: any such method is the user's own
+        return True
+    return _is_overridden(name, obj, base)
 
 
 def _env_defaults(init: Any) -> Any:
