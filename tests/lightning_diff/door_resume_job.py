@@ -32,9 +32,11 @@ def run(cfg: dict) -> dict:
 
         def __init__(self) -> None:
             self.batches = 0
+            self.seen = []  # this run's batches (the sum of each batch's inputs)
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             self.batches += 1
+            self.seen.append(round(float(batch[0].sum()), 4))
 
         def state_dict(self):
             return {"batches": self.batches}
@@ -80,7 +82,7 @@ def run(cfg: dict) -> dict:
     opt = trainer.optimizers[0].state_dict()
     return {"rank": trainer.global_rank, "weights": {k: v.clone() for k, v in module.state_dict().items()},
             "momentum": [opt["state"][i]["momentum_buffer"].clone() for i in sorted(opt["state"])],
-            "loaded": module.loaded, "layer_at_load": module.layer_at_load, "batches": counter.batches,
+            "loaded": module.loaded, "layer_at_load": module.layer_at_load, "batches": counter.batches, "seen": counter.seen,
             "global_step": trainer.global_step, "epoch": trainer.current_epoch}
 
 
