@@ -175,7 +175,8 @@ class ModelCheckpoint(_Base):
         Raises:
             ValueError: ``save_last="link"`` with a folder that is not local.
         """
-        self.dirpath = self._resolve_dir(trainer)
+        # rank 0's folder on every process, as Lightning (a logger's name/version may differ between processes)
+        self.dirpath = trainer.strategy.broadcast(self._resolve_dir(trainer))
         if self.save_last == "link" and not _is_local(str(self.dirpath)):
             raise ValueError("`ModelCheckpoint(save_last='link')` is only supported for local file paths, got "
                              f"`dirpath={self.dirpath}`.")
