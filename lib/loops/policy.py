@@ -87,7 +87,7 @@ class LoopPolicy:
             (Lightning's ``logged_metrics``/``callback_metrics``).
         logs_run_arguments (bool): as training starts, the loggers' ``log_hyperparams`` receive the run's arguments
             plus the module's ``save_hyperparameters`` values (HF logs its ``TrainingArguments``); False: the loop
-            logs none (the Lightning door gives the loggers the module's and datamodule's values after
+            logs none (the Lightning door gives the loggers the module's and datamodule's values at
             ``on_fit_start``, and only those saved with ``logger=True``, as Lightning's ``_log_hyperparams``).
         reads_eval_outputs (bool): what ``validation_step``/``test_step`` return is read for the evaluation's
             loss, predictions and labels (HF's ``prediction_step`` outputs; anything else is refused); False: it is

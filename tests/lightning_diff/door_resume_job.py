@@ -2,7 +2,8 @@
 a Lightning-style module under ``lightning.Trainer`` or ``taskfit.lightning.Trainer`` (``cfg["framework"]``),
 ``strategy="ddp"``, ``devices=2`` on CPU (gloo), trained for ``cfg["max_epochs"]`` epochs with a checkpoint every
 epoch, from scratch or from ``cfg["ckpt_path"]``. Each rank saves its weights, optimizer state, what
-``on_load_checkpoint`` read, the stateful callback's state and the loop counters."""
+``on_load_checkpoint`` read, the stateful callback's state, the loop counters and what its own recording logger
+received."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness import data  # noqa: E402  (this folder: the job runs as a script from it)
+from harness import data, recording_logger  # noqa: E402  (this folder: the job runs as a script from it)
 from jobs_common import job_main  # noqa: E402
 
 
@@ -58,7 +59,9 @@ def run(cfg: dict) -> dict:
 
         def training_step(self, batch, batch_idx):
             x, y = batch
-            return F.mse_loss(self.layer(x), y)
+            loss = F.mse_loss(self.layer(x), y)
+            self.log("loss", loss)  # this rank's own value
+            return loss
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.05, momentum=0.9)
@@ -71,8 +74,9 @@ def run(cfg: dict) -> dict:
             self.layer_at_load = self.layer is not None
 
     counter = Counter()
+    logger = recording_logger()  # a logger of the user's own: called on every process, as Lightning calls it
     trainer = L.Trainer(default_root_dir=cfg["out"], accelerator="cpu", devices=2, strategy="ddp",
-                        max_epochs=cfg["max_epochs"], logger=False, enable_progress_bar=False,
+                        max_epochs=cfg["max_epochs"], logger=logger, log_every_n_steps=1, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0,
                         callbacks=[counter, ModelCheckpoint(dirpath=cfg["out"] + "/ckpt", save_top_k=-1)])
     module = Module()
@@ -83,7 +87,7 @@ def run(cfg: dict) -> dict:
     return {"rank": trainer.global_rank, "weights": {k: v.clone() for k, v in module.state_dict().items()},
             "momentum": [opt["state"][i]["momentum_buffer"].clone() for i in sorted(opt["state"])],
             "loaded": module.loaded, "layer_at_load": module.layer_at_load, "batches": counter.batches, "seen": counter.seen,
-            "global_step": trainer.global_step, "epoch": trainer.current_epoch}
+            "global_step": trainer.global_step, "epoch": trainer.current_epoch, "rows": logger.rows}
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """``taskfit.lightning.Trainer(strategy="ddp", devices=2)`` on CPU (2 gloo processes) resumes as one process does:
 ``trainer.fit(model, ckpt_path=...)`` restores the weights (after ``configure_model`` built them), the optimizer,
 what ``on_load_checkpoint`` reads and the callbacks' state, so the resumed run trains the batches the uninterrupted
-run trained after the checkpoint and ends with its weights and optimizer state, bitwise.
+run trained after the checkpoint and ends with its weights and optimizer state, bitwise; a logger of the user's own
+is called on every process.
 
 (Not compared with ``lightning.Trainer`` under DDP: Lightning shuffles a distributed training loader
 (``DistributedSampler(shuffle=True)``) where the door keeps the given order, so the batches differ.)"""
@@ -35,3 +36,10 @@ def test_F_LIT_CKPT_ddp_resume_equals_the_uninterrupted_run(tmp_path):
             assert torch.equal(v, r["weights"][k]), k
         assert all(torch.equal(a, b) for a, b in zip(f["momentum"], r["momentum"], strict=True))
     assert full[0]["seen"] != full[1]["seen"]  # each rank trained its own share
+    # a logger of the user's own is called on every process with that process's values (Lightning calls every
+    # logger on every process); the resumed run logs the steps after the checkpoint
+    for run in (full, resumed):
+        steps = [[s for s, _ in r["rows"] if s is not None] for r in run]
+        assert steps[0] == steps[1] and steps[0]
+    assert [s for s, _ in resumed[1]["rows"]][0] >= 4
+    assert [row["loss"] for _, row in full[0]["rows"]] != [row["loss"] for _, row in full[1]["rows"]]
