@@ -175,8 +175,7 @@ class ModelCheckpoint(_Base):
         Raises:
             ValueError: ``save_last="link"`` with a folder that is not local.
         """
-        # rank 0's folder on every process, as Lightning (a logger's name/version may differ between processes)
-        self.dirpath = trainer.strategy.broadcast(self._resolve_dir(trainer))
+        self.dirpath = self._resolve_dir(trainer)
         if self.save_last == "link" and not _is_local(str(self.dirpath)):
             raise ValueError("`ModelCheckpoint(save_last='link')` is only supported for local file paths, got "
                              f"`dirpath={self.dirpath}`.")
@@ -185,6 +184,9 @@ class ModelCheckpoint(_Base):
         return self.dirpath if self.dirpath is not None else default_dir(trainer)
 
     def on_train_start(self, fit: Any, module: Any) -> None:
+        # rank 0's folder on every process, as Lightning broadcasts it at setup (a logger's name or version may
+        # differ between processes); here, because the process group is up only after setup
+        self.dirpath = fit.strategy.broadcast(self._resolve_dir(fit))
         super().on_train_start(fit, module)
         self._last_time_checked = time.monotonic()
         self.ckpt_path = getattr(fit, "ckpt_path", None)
