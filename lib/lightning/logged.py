@@ -189,14 +189,28 @@ def _step_values(results: Any, dataloader_idx: int | None = None) -> dict[str, A
     return out
 
 
+def _start_loggers(trainer: Any, module: Any) -> None:
+    """Lightning's ``_log_hyperparams`` as a trainer method starts: each logger (:func:`loggers_here`) gets
+    ``log_hyperparams`` (:func:`lightning_hyperparams`, when there are any), ``log_graph(module)`` and ``save()``
+    where it has them; nothing under ``fast_dev_run``."""
+    if trainer.args.fast_dev_run:
+        return
+    params = lightning_hyperparams(module, getattr(trainer, "datamodule", None))
+    for lg in loggers_here(trainer):
+        if params is not None:
+            lg.log_hyperparams(params)
+        _call_if_present(lg, "log_graph", module)
+        _call_if_present(lg, "save")
+
+
 class LoggedMetrics(Callback):
     """Keeps ``trainer.logged_metrics`` as Lightning does: after every training and evaluation batch the latest
     ``on_step`` values logged with ``logger=True`` (whatever ``log_every_n_steps`` says), not during the sanity
     check; epoch values arrive with their log rows (:func:`send_row`). An evaluation batch's step values also go to
     the loggers (``name_step``, or ``name`` when not ``on_epoch``; no ``epoch`` key) at Lightning's evaluation step:
     the batches of that loader seen so far in this trainer method (during ``fit`` counted over all its
-    validations). As ``fit`` starts, each logger gets Lightning's ``log_graph(model)`` and ``save()`` where it has
-    them (Lightning's ``_log_hyperparams``)."""
+    validations). As each trainer method starts (``fit``, ``validate``, ``test``, ``predict``), the loggers get
+    Lightning's ``_log_hyperparams`` calls (:func:`_start_loggers`)."""
 
     monitors_epoch_end = True  # its on_train_epoch_end runs after the module's
 
@@ -209,14 +223,10 @@ class LoggedMetrics(Callback):
 
     def on_fit_start(self, fit: Any, module: Any) -> None:
         self.eval_seen = {}
-        if fit.args.fast_dev_run:
-            return
-        params = lightning_hyperparams(module, getattr(fit, "datamodule", None))
-        for lg in loggers_here(fit):
-            if params is not None:
-                lg.log_hyperparams(params)
-            _call_if_present(lg, "log_graph", module)
-            _call_if_present(lg, "save")
+        _start_loggers(fit, module)
+
+    def on_predict_start(self, fit: Any, module: Any) -> None:
+        _start_loggers(fit, module)
 
     def _note(self, trainer: Any, module: Any) -> None:
         if not getattr(trainer, "sanity_checking", False):
@@ -241,15 +251,16 @@ class LoggedMetrics(Callback):
             write_row(trainer, row, seen)
 
     def on_validation_start(self, fit: Any, module: Any) -> None:
-        self._eval_start(fit)
+        self._eval_start(fit, module)
 
     def on_test_start(self, fit: Any, module: Any) -> None:
-        self._eval_start(fit)
+        self._eval_start(fit, module)
 
-    def _eval_start(self, trainer: Any) -> None:
+    def _eval_start(self, trainer: Any, module: Any) -> None:
         self.loader_of = {}
         if str(getattr(trainer.state.fn, "value", trainer.state.fn)) != "fit":  # validate/test: counted anew
             self.eval_seen = {}
+            _start_loggers(trainer, module)
 
     def _note_training(self, trainer: Any, module: Any) -> None:
         """Also the step values logged in ``on_train_batch_end`` hooks (after the loop wrote the step's) into

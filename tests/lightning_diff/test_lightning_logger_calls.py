@@ -128,3 +128,39 @@ def test_F_LIT_LOG_eval_step_values_reach_loggers_like_lightning(tmp_path):
     # fit's two validations count on (0, 1 then 2, 3), validate counts anew; the sanity batch is not counted
     assert [s for s, r in got["taskfit"] if "v/dataloader_idx_0" in r] == [0, 1, 2, 3, 0, 1]
     assert [r for _, r in got["taskfit"]][-2:] == [{"t": 0.0}, {"t": 1.0}]
+
+
+def test_F_LIT_LOG_start_calls_in_every_trainer_method_like_lightning(tmp_path):
+    """``validate``/``test``/``predict`` start with Lightning's ``_log_hyperparams`` calls too, and
+    ``log_hyperparams`` receives the module's ``save_hyperparameters`` values (only those); the same calls, in the
+    same order and with the same arguments, as Lightning's."""
+    from two_doors import with_evaluation
+
+    got = {}
+    for name, L in frameworks().items():
+        class M(with_evaluation(linear)(L.LightningModule)):
+            def __init__(self, width=4):
+                super().__init__()
+                self.save_hyperparameters()
+
+            def predict_step(self, batch, batch_idx):
+                return self.layer(batch[0])
+
+        logger = Mock()
+        logger.version, logger.name, logger.save_dir = "0", "name", str(tmp_path / name)
+        trainer = _trainer(L, tmp_path / name, logger=logger, enable_checkpointing=False)
+        module = M()
+        calls = []
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(module, data())
+            calls.append([(c[0], c.args[:1] if c[0] == "log_hyperparams" else ()) for c in logger.method_calls
+                          if c[0] != "log_metrics"])
+            for fn in ("validate", "test", "predict"):
+                logger.reset_mock()
+                getattr(trainer, fn)(module, data(8))
+                calls.append([c[0] for c in logger.method_calls])
+        got[name] = calls
+    assert got["taskfit"] == got["lightning"]
+    assert got["lightning"][0][:3] == [("log_hyperparams", ({"width": 4},)), ("log_graph", ()), ("save", ())]
+    assert got["lightning"][3] == ["log_hyperparams", "log_graph", "save", "finalize"]
