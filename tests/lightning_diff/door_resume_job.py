@@ -86,7 +86,8 @@ def run(cfg: dict) -> dict:
     opt = trainer.optimizers[0].state_dict()
     return {"rank": trainer.global_rank, "weights": {k: v.clone() for k, v in module.state_dict().items()},
             "momentum": [opt["state"][i]["momentum_buffer"].clone() for i in sorted(opt["state"])],
-            "loaded": module.loaded, "layer_at_load": module.layer_at_load, "batches": counter.batches, "seen": counter.seen,
+            "loaded": module.loaded, "layer_at_load": module.layer_at_load, "batches": counter.batches,
+            "seen": counter.seen,
             "global_step": trainer.global_step, "epoch": trainer.current_epoch, "rows": logger.rows}
 
 
