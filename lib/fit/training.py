@@ -40,7 +40,7 @@ from taskfit.fit.signals import install_graceful_stop
 from taskfit.fit.stage_hooks import end_stage, start_stage
 from taskfit.fit.summary import log_summary
 from taskfit.loggers import resume_loggers
-from taskfit.loggers.logger import lightning_hyperparams, run_hyperparams
+from taskfit.loggers.logger import run_hyperparams
 from taskfit.loops.evaluation_loop import metric_key
 from taskfit.loops.fit_loop import FitLoop
 from taskfit.loops.plan import accumulation_schedule, plan_steps, training_plan
@@ -108,8 +108,9 @@ class TrainingStage:
         if plan is not None:
             self._before_training(run, plan)
         ctl._new_training()
-        if fit.is_global_zero and not n_dev and fit.loggers:
-            log_hyperparams(fit.loggers, args, module, datamodule, fit.loop_policy.logs_run_values)
+        if fit.is_global_zero and not n_dev and fit.loop_policy.logs_run_values:
+            for lg in fit.loggers:
+                lg.log_hyperparams(run_hyperparams(args.to_sanitized_dict(), module))
         hooks.call("on_fit_start", fit, module)
         module.zero_grad()  # Lightning clears the module's gradients as the stage starts
         if plan is not None:
@@ -487,16 +488,3 @@ class TrainingStage:
             push_checkpoint(fit, run.publisher, written)
         fit._hooks.call_hf("on_save", fit.args, fit.state, fit.control)
         return written
-
-
-def log_hyperparams(loggers: list[Any], args: FitArguments, module: Any, datamodule: Any, run_arguments: bool) -> None:
-    """Hand the loggers the hyperparameters once as training starts: the run's arguments plus the module's
-    (``run_arguments``, HF), else Lightning's merged module and datamodule ``hparams_initial`` followed by each
-    logger's ``save()`` (``LoopPolicy.logs_run_values``)."""
-    params = run_hyperparams(args.to_sanitized_dict(), module) if run_arguments else \
-        lightning_hyperparams(module, datamodule)
-    for lg in loggers:
-        if params is not None:
-            lg.log_hyperparams(params)
-        if not run_arguments and callable(getattr(lg, "save", None)):
-            lg.save()

@@ -22,6 +22,8 @@ import warnings
 from pathlib import Path
 from typing import Any, Iterator
 
+from lightning_utilities.core.overrides import is_overridden as _is_overridden
+
 from taskfit.callbacks.base import Callback
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
@@ -81,9 +83,10 @@ class _Predictions(Callback):
         self.outputs.setdefault(dataloader_idx, []).append(outputs)
 
 
-def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: Any) -> list[Any]:
-    """Lightning's implicit callbacks: a checkpoint every epoch into ``logger.log_dir/checkpoints`` (or
-    ``root/checkpoints`` without a logger), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
+def _default_callbacks(f: dict[str, Any], given: list[Any]) -> list[Any]:
+    """Lightning's implicit callbacks: a checkpoint every epoch (into the first logger's
+    ``save_dir/name/version/checkpoints``, or ``default_root_dir/checkpoints`` without a logger, resolved at
+    setup), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
     out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None, f["val_check_interval"],
                           f["check_val_every_n_epoch"]), *given, ProgressBarNames(), LoggedMetrics()]
     if f["barebones"]:
@@ -94,9 +97,7 @@ def _default_callbacks(f: dict[str, Any], given: list[Any], root: str, logger: A
             "Trainer was configured with `enable_checkpointing=False` but found `ModelCheckpoint` in "
             "callbacks list.")  # Lightning's message
     if f["enable_checkpointing"] is not False and not found:
-        folder = getattr(logger, "log_dir", None) or root
-        folder = os.path.join(folder, "checkpoints") if isinstance(folder, (str, Path)) else None
-        out.append(_cb.ModelCheckpoint(dirpath=folder))  # None (another logger): Lightning's folder, at setup
+        out.append(_cb.ModelCheckpoint())  # its folder is resolved at setup from the loggers, as Lightning
     if f["enable_model_summary"] is not False and not any(isinstance(c, _cb.ModelSummary) for c in given):
         out.append(_cb.ModelSummary())
     if f["max_time"] is not None and any(isinstance(c, _cb.Timer) for c in given):
@@ -128,11 +129,15 @@ def _is_datamodule(obj: Any) -> bool:
 
 
 def _overrides(obj: Any, name: str, base: type) -> bool:
-    """True when ``obj`` has its own ``name``; a step set to None on the instance (``model.validation_step =
-    None``) means none, as Lightning's ``is_overridden``."""
+    """Lightning's ``is_overridden(name, obj, base)``, which decides whether there is a validation step or loader:
+    an attribute set to None on the instance means none; one wrapped on the instance (``Mock(wraps=...)``,
+    ``functools.partial``, ``functools.wraps``) counts as what it wraps, so a recorder around the default is not
+    an override (the hooks themselves are called whenever Lightning calls them, wrappers included)."""
     if obj is None or getattr(obj, name, None) is None:
         return False
-    return name in vars(obj) or getattr(type(obj), name, None) is not getattr(base, name, None)
+    if getattr(base, name, None) is None:  # no default on the base: any such method is the user's own
+        return True
+    return _is_overridden(name, obj, base)
 
 
 def _env_defaults(init: Any) -> Any:
@@ -201,8 +206,7 @@ class Trainer(Fit):
         self._predictions: _Predictions | None = None
         plugins = plugins if isinstance(plugins, (list, tuple)) or plugins is None else [plugins]
         super().__init__(accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes,
-                         precision=precision, callbacks=_default_callbacks(flags, list(given), root,
-                                                                            (lightning_loggers or [None])[0]),
+                         precision=precision, callbacks=_default_callbacks(flags, list(given)),
                          # fast_dev_run: Lightning's DummyLogger in place of the loggers (user calls still run)
                          loggers=[_lg.DummyLogger()] if fast_dev_run and lightning_loggers else lightning_loggers,
                          plugins=plugins, **options)

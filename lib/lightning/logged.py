@@ -10,6 +10,7 @@ import torch
 
 from taskfit.callbacks.base import Callback
 from taskfit.lightning.progress_metrics import ProgressBarNames
+from taskfit.loggers.logger import Logger, lightning_hyperparams
 
 #: the ends of the run's own names (speed and timing rows of an evaluation, the end-of-run summary)
 _RUN_SUFFIXES = ("_runtime", "_samples_per_second", "_steps_per_second", "_model_preparation_time")
@@ -88,19 +89,40 @@ def lightning_row(trainer: Any, logs: dict[str, Any]) -> dict[str, Any] | None:
     return row or None
 
 
+def loggers_here(trainer: Any) -> list[Any]:
+    """The loggers this process calls: every logger on every process, as Lightning (a logger of yours sees each
+    process's values), except taskfit's own loggers (:class:`taskfit.loggers.logger.Logger` subclasses), which
+    create their files on their first call and are called on global rank 0 only, as Lightning's own loggers write
+    on rank 0 only."""
+    return [lg for lg in trainer.loggers if trainer.is_global_zero or not isinstance(lg, Logger)]
+
+
+def write_row(trainer: Any, scalars: dict[str, Any], step: int) -> None:
+    """``logger.log_metrics(metrics=scalars, step=step)`` (by keyword, as Lightning calls it) and ``logger.save()``
+    where a logger has it, for :func:`loggers_here` (Lightning's ``_LoggerConnector.log_metrics``)."""
+    for lg in loggers_here(trainer):
+        lg.log_metrics(metrics=scalars, step=step)
+        _call_if_present(lg, "save")
+
+
+def _call_if_present(logger: Any, name: str, *args: Any) -> None:
+    """A method of Lightning's ``Logger`` that taskfit's loggers do not define (``save``, ``log_graph``)."""
+    fn = getattr(logger, name, None)
+    if callable(fn):
+        fn(*args)
+
+
 def send_row(trainer: Any, row: dict[str, Any]) -> None:
     """``row`` into ``callback_metrics`` and ``logged_metrics`` (as tensors, without an ``epoch`` the module did not
-    log) and to every logger with ``epoch`` (``current_epoch``, unless logged) at :func:`logger_step`, rank 0 only
-    (Lightning's ``_LoggerConnector.log_metrics``)."""
+    log) and to the loggers (:func:`loggers_here`) with ``epoch`` (``current_epoch``, unless logged) at
+    :func:`logger_step` (Lightning's ``_LoggerConnector.log_metrics``)."""
     trainer.callback_metrics.update(row)
     trainer.logged_metrics.update(row)
-    if not trainer.is_global_zero or trainer.args.fast_dev_run or not trainer.loggers:
+    if trainer.args.fast_dev_run or not trainer.loggers:
         return
     scalars = {k: float(v) if isinstance(v, torch.Tensor) else v for k, v in row.items()}
     scalars.setdefault("epoch", trainer.current_epoch)
-    step = logger_step(trainer)
-    for lg in trainer.loggers:
-        lg.log_metrics(metrics=scalars, step=step)  # by keyword, as Lightning calls it
+    write_row(trainer, scalars, logger_step(trainer))
 
 
 def attach_logging(callbacks: list[Any], module: Any) -> None:
@@ -125,28 +147,47 @@ def reset_metrics(trainer: Any) -> None:
 
 
 def finalize_loggers(trainer: Any) -> None:
-    """``finalize("success")`` of every logger on global rank 0 (Lightning's ``_call_teardown_hook``; a logger
-    reopens its files on its next write)."""
-    if trainer.is_global_zero:
-        for lg in trainer.loggers:
-            lg.finalize("success")
+    """``finalize("success")`` of the loggers this process calls (:func:`loggers_here`; Lightning's
+    ``_call_teardown_hook``; a logger reopens its files on its next write)."""
+    for lg in loggers_here(trainer):
+        lg.finalize("success")
 
 
-def _step_values(results: Any) -> dict[str, Any]:
+def _step_values(results: Any, dataloader_idx: int | None = None) -> dict[str, Any]:
     """The latest ``on_step`` values of ``results`` logged with ``logger=True`` (``name``, or ``name_step`` when
-    also ``on_epoch``), as stored (tensors stay on their device: no host sync)."""
+    also ``on_epoch``), as stored (tensors stay on their device: no host sync); with ``dataloader_idx``, only those
+    of that evaluation loader (and those logged outside any)."""
     out = {}
     for e in getattr(results, "values", {}).values():
+        if dataloader_idx is not None and e.dataloader_idx not in (None, dataloader_idx):
+            continue
         if e.on_step and e.logger and e.last is not None:
             out[e.key("_step" if e.on_epoch else "")] = e.last
     return out
 
 
+def _start_loggers(trainer: Any, module: Any) -> None:
+    """Lightning's ``_log_hyperparams`` as a trainer method starts: each logger (:func:`loggers_here`) gets
+    ``log_hyperparams`` (:func:`lightning_hyperparams`, when there are any), ``log_graph(module)`` and ``save()``
+    where it has them; nothing under ``fast_dev_run``."""
+    if trainer.args.fast_dev_run:
+        return
+    params = lightning_hyperparams(module, getattr(trainer, "datamodule", None))
+    for lg in loggers_here(trainer):
+        if params is not None:
+            lg.log_hyperparams(params)
+        _call_if_present(lg, "log_graph", module)
+        _call_if_present(lg, "save")
+
+
 class LoggedMetrics(Callback):
     """Keeps ``trainer.logged_metrics`` as Lightning does: after every training and evaluation batch the latest
-    ``on_step`` values logged with ``logger=True`` (whatever ``log_every_n_steps`` says; evaluation step values
-    too, which reach no logger here), not during the sanity check; epoch values arrive with their log rows
-    (:func:`send_row`)."""
+    ``on_step`` values logged with ``logger=True`` (whatever ``log_every_n_steps`` says), not during the sanity
+    check; epoch values arrive with their log rows (:func:`send_row`). An evaluation batch's step values also go to
+    the loggers (``name_step``, or ``name`` when not ``on_epoch``; no ``epoch`` key) at Lightning's evaluation step:
+    the batches of that loader seen so far in this trainer method (during ``fit`` counted over all its
+    validations). As each trainer method starts (``fit``, ``validate``, ``test``, ``predict``), the loggers get
+    Lightning's ``_log_hyperparams`` calls (:func:`_start_loggers`)."""
 
     monitors_epoch_end = True  # its on_train_epoch_end runs after the module's
 
@@ -154,23 +195,49 @@ class LoggedMetrics(Callback):
         #: the evaluation loader that logged each name without a ``/dataloader_idx_N`` suffix
         #: (``add_dataloader_idx=False``): Lightning returns it in that loader's result only
         self.loader_of: dict[str, int] = {}
+        #: evaluation batches seen per (trainer method, stage, loader): the loggers' step of their step values
+        self.eval_seen: dict[tuple[str, str, int], int] = {}
+
+    def on_fit_start(self, fit: Any, module: Any) -> None:
+        self.eval_seen = {}
+        _start_loggers(fit, module)
+
+    def on_predict_start(self, fit: Any, module: Any) -> None:
+        _start_loggers(fit, module)
 
     def _note(self, trainer: Any, module: Any) -> None:
         if not getattr(trainer, "sanity_checking", False):
             trainer.logged_metrics.update(_step_values(getattr(module, "_results", None)))
 
-    def _note_eval(self, trainer: Any, module: Any) -> None:
+    def _note_eval(self, trainer: Any, module: Any, stage: str, dataloader_idx: int) -> None:
         self._note(trainer, module)
-        for e in getattr(getattr(module, "_results", None), "values", {}).values():
+        results = getattr(module, "_results", None)
+        for e in getattr(results, "values", {}).values():
             if e.dataloader_idx is not None and not e.suffix:
                 for key in (e.key(), e.key("_epoch")):
                     self.loader_of[key] = e.dataloader_idx
+        if getattr(trainer, "sanity_checking", False):
+            return
+        fn = str(getattr(trainer.state.fn, "value", trainer.state.fn))
+        seen = self.eval_seen.get((fn, stage, dataloader_idx), 0)
+        self.eval_seen[(fn, stage, dataloader_idx)] = seen + 1
+        if trainer.args.fast_dev_run or not trainer.loggers:
+            return
+        row = {k: float(v) for k, v in _step_values(results, dataloader_idx).items()}
+        if row:  # Lightning's update_eval_step_metrics: the step values only, at the loader's batch count
+            write_row(trainer, row, seen)
 
     def on_validation_start(self, fit: Any, module: Any) -> None:
-        self.loader_of = {}
+        self._eval_start(fit, module)
 
     def on_test_start(self, fit: Any, module: Any) -> None:
+        self._eval_start(fit, module)
+
+    def _eval_start(self, trainer: Any, module: Any) -> None:
         self.loader_of = {}
+        if str(getattr(trainer.state.fn, "value", trainer.state.fn)) != "fit":  # validate/test: counted anew
+            self.eval_seen = {}
+            _start_loggers(trainer, module)
 
     def _note_training(self, trainer: Any, module: Any) -> None:
         """Also the step values logged in ``on_train_batch_end`` hooks (after the loop wrote the step's) into
@@ -200,8 +267,8 @@ class LoggedMetrics(Callback):
 
     def on_validation_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int,
                                 dataloader_idx: int = 0) -> None:
-        self._note_eval(fit, module)
+        self._note_eval(fit, module, "validation", dataloader_idx)
 
     def on_test_batch_end(self, fit: Any, module: Any, outputs: Any, batch: Any, batch_idx: int,
                           dataloader_idx: int = 0) -> None:
-        self._note_eval(fit, module)
+        self._note_eval(fit, module, "test", dataloader_idx)

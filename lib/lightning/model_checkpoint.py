@@ -7,12 +7,14 @@ import re
 import shutil
 import time
 import warnings
+import weakref
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as _Base
 from taskfit.errors import configuration_error
+from taskfit.loggers.lightning_style import _Versioned
 
 _GROUPS = re.compile(r"(\{.*?)[:}]")
 
@@ -25,6 +27,23 @@ def _tensor(value: Any) -> Any:
     import torch
 
     return value if isinstance(value, torch.Tensor) else torch.tensor(value)
+
+
+def default_dir(trainer: Any) -> str:
+    """Where a ``ModelCheckpoint`` without ``dirpath`` saves: the first logger's ``save_dir/name/version/checkpoints``
+    (``version_N`` for an int version; ``default_root_dir`` when its ``save_dir`` is None), else
+    ``default_root_dir/checkpoints``; Lightning's ``ModelCheckpoint.__resolve_ckpt_dir``, for any logger object."""
+    loggers = getattr(trainer, "loggers", None) or []
+    if not loggers:
+        return os.path.join(trainer.default_root_dir, "checkpoints")
+    lg = loggers[0]
+    if isinstance(lg, _Versioned):  # the door's file loggers write into save_dir/name/version already (log_dir)
+        return os.path.join(lg.log_dir, "checkpoints")
+    save_dir = getattr(lg, "save_dir", None)
+    version = getattr(lg, "version", "")
+    version = version if isinstance(version, str) else f"version_{version}"
+    return os.path.join(trainer.default_root_dir if save_dir is None else save_dir, str(getattr(lg, "name", "")),
+                        version, "checkpoints")
 
 
 class ModelCheckpoint(_Base):
@@ -163,19 +182,12 @@ class ModelCheckpoint(_Base):
                              f"`dirpath={self.dirpath}`.")
 
     def _resolve_dir(self, trainer: Any) -> str:
-        if self.dirpath is not None:
-            return self.dirpath
-        loggers = getattr(trainer, "loggers", None) or []
-        if loggers:
-            lg = loggers[0]
-            if isinstance(getattr(lg, "log_dir", None), (str, Path)):  # = save_dir/name/version for ours
-                return os.path.join(lg.log_dir, "checkpoints")
-            save_dir = getattr(lg, "save_dir", None) or trainer.default_root_dir
-            version = lg.version if isinstance(lg.version, str) else f"version_{lg.version}"
-            return os.path.join(save_dir, str(lg.name), version, "checkpoints")
-        return os.path.join(trainer.default_root_dir, "checkpoints")
+        return self.dirpath if self.dirpath is not None else default_dir(trainer)
 
     def on_train_start(self, fit: Any, module: Any) -> None:
+        # rank 0's folder on every process, as Lightning broadcasts it at setup (a logger's name or version may
+        # differ between processes); here, because the process group is up only after setup
+        self.dirpath = fit.strategy.broadcast(self._resolve_dir(fit))
         super().on_train_start(fit, module)
         self._last_time_checked = time.monotonic()
         self.ckpt_path = getattr(fit, "ckpt_path", None)
@@ -266,6 +278,11 @@ class ModelCheckpoint(_Base):
         fit.save_checkpoint(filepath, self.save_weights_only)
         self._last_global_step_saved = fit.state.global_step
         self._last_checkpoint_saved = filepath
+        if fit.is_global_zero:  # Lightning notifies the loggers that have the method (taskfit's have none)
+            for lg in fit.loggers:
+                notify = getattr(lg, "after_save_checkpoint", None)
+                if callable(notify):
+                    notify(weakref.proxy(self))
 
     def _save_all(self, fit: Any) -> None:
         candidates = self._monitor_candidates(fit)
@@ -454,7 +471,7 @@ def last_checkpoint(trainer: Any) -> Optional[str]:
     io = trainer.strategy.checkpoint_io
     found: list[str] = []
     for cb in trainer.checkpoint_callbacks:
-        folder = cb.dirpath or join(trainer.args.output_dir, "checkpoints")
+        folder = cb.dirpath if cb.dirpath is not None else default_dir(trainer)
         last = cb.CHECKPOINT_NAME_LAST + getattr(cb, "FILE_EXTENSION", "")
         for path in (cb.last_model_path, join(str(folder), last)):
             try:

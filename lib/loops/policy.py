@@ -87,7 +87,9 @@ class LoopPolicy:
             (the mean ``loss`` since the last row, ``learning_rate``, ``grad_norm``, the precision plugin's values,
             an evaluation's speed and timing rows), as HF's log rows, and the loggers' hyperparameters hold the
             run's arguments too; False: only what ``self.log`` wrote (Lightning's ``logged_metrics``/
-            ``callback_metrics``) and only the module's ``save_hyperparameters`` values (Lightning).
+            ``callback_metrics``), and the loop logs no hyperparameters (the Lightning door gives the loggers the
+            module's and datamodule's values saved with ``logger=True`` as each trainer method starts, as
+            Lightning's ``_log_hyperparams``).
         reads_eval_outputs (bool): what ``validation_step``/``test_step`` return is read for the evaluation's
             loss, predictions and labels (HF's ``prediction_step`` outputs; anything else is refused); False: it is
             only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).

@@ -199,10 +199,18 @@ class MixedPrecision(Precision):
 
     def unscale_gradients(self, optimizer: torch.optim.Optimizer) -> None:
         """Divide ``optimizer``'s gradients by the loss scale (``"16-mixed"``), at most once per optimizer per
-        step (``GradScaler.unscale_`` raises on a second call)."""
-        if self.scaler is not None and id(optimizer) not in self._unscaled:
+        step (``GradScaler.unscale_`` raises on a second call); nothing when none of its parameters has a
+        gradient (a skipped batch: the scaler's state stays as it was, as Lightning does not unscale then)."""
+        if self.scaler is not None and id(optimizer) not in self._unscaled and not self._no_gradients(optimizer):
             self.scaler.unscale_(optimizer)
             self._unscaled.add(id(optimizer))
+
+    def _no_gradients(self, optimizer: torch.optim.Optimizer) -> bool:
+        """No parameter of ``optimizer`` has a gradient (not yet unscaled this step); stops at the first that has
+        one, so a trained step costs one look."""
+        if id(optimizer) in self._unscaled:
+            return False
+        return all(p.grad is None for group in optimizer.param_groups for p in group["params"])
 
     def optimizer_step(self, optimizer: torch.optim.Optimizer, closure: Callable[[], Any] | None = None,
                        **kwargs: Any) -> bool:
@@ -221,6 +229,8 @@ class MixedPrecision(Precision):
                              "'32-true' or 'bf16-mixed'.")
         if closure is not None:
             closure()
+        if self._no_gradients(optimizer):  # e.g. a training_step that returned None: nothing to unscale or step,
+            return True  # and the scale is not updated (Lightning's MixedPrecision skips unscale_, step and update)
         self.unscale_gradients(optimizer)  # records found_inf for this optimizer
         try:  # GradScaler.step syncs on these flags too, so reading them costs no extra wait
             found = self.scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"]
