@@ -19,7 +19,6 @@ import logging
 import math
 import os
 import warnings
-from pathlib import Path
 from typing import Any, Iterator
 
 from lightning_utilities.core.overrides import is_overridden as _is_overridden

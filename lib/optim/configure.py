@@ -15,6 +15,7 @@ from taskfit.core.hook_logging import running
 from taskfit.errors import ConfigurationTypeError, configuration_error
 from taskfit.metrics import metric_key
 from taskfit.optim.layerwise import LayerWiseOptimizer
+from taskfit.optim.module_config import _SCHEDULER_KEYS
 from taskfit.optim.optimizers import create_optimizer
 from taskfit.optim.schedulers import create_scheduler, is_metric_scheduler
 

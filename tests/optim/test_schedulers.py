@@ -364,3 +364,26 @@ def test_f_loop_5_get_warmup_steps_errors_and_defaults():
         get_warmup_steps(SimpleNamespace(warmup_ratio=1.5), 10)
     with pytest.raises(ValueError, match="num_training_steps"):
         get_warmup_steps(SimpleNamespace(), -3)
+
+
+def test_F_LOOP_5_given_scheduler_config_dict(tmp_path):
+    """``Fit(optimizers=(opt, {"scheduler": ..., "interval": ...}))``: a scheduler config dict is read (its
+    interval decides when it steps) and a key outside the config's keys is refused, naming the valid ones."""
+    from helpers.models import Regression, regression_data
+
+    from taskfit import Fit, FitArguments
+
+    def fit_with(config_of):
+        model = Regression()
+        opt = torch.optim.SGD(model.parameters(), lr=LR)
+        args = FitArguments(output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=4,
+                            save_strategy="no", report_to=[], disable_tqdm=True)
+        return opt, model, Fit(args, optimizers=(opt, config_of(opt)))
+
+    opt, model, fit = fit_with(lambda o: {"scheduler": torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5),
+                                          "interval": "step"})
+    fit.fit(model, regression_data(16))
+    assert opt.param_groups[0]["lr"] == pytest.approx(LR * 0.5 ** 4)
+    with pytest.raises(ValueError, match=r"unknown keys \['bogus'\]; valid keys: \['scheduler', 'interval'"):
+        _, model, fit = fit_with(lambda o: {"scheduler": torch.optim.lr_scheduler.StepLR(o, 1), "bogus": 1})
+        fit.fit(model, regression_data(16))
