@@ -185,13 +185,18 @@ class TensorBoardLogger(_Versioned, _TB):
     def log_hyperparams(self, params: Any = None, metrics: Any = None) -> None:
         """Record ``params`` (a dict or ``argparse.Namespace``; keys of any type, nested dicts flattened with
         ``/``) in TensorBoard's HParams view and in ``log_dir/hparams.yaml``; ``metrics`` (a dict, or one value as
-        ``hp_metric``) are logged at step 0 with them."""
+        ``hp_metric``; None: ``{"hp_metric": -1}`` unless ``default_hp_metric=False``, as Lightning) are logged at
+        step 0 with them."""
         import argparse
 
         params = vars(params) if isinstance(params, argparse.Namespace) else dict(params or {})
         flat = _flatten({str(k): v for k, v in params.items()})
-        if metrics is not None:
-            self.log_metrics(metrics if isinstance(metrics, dict) else {"hp_metric": metrics}, 0)
+        if metrics is None:  # Lightning's default_hp_metric: a placeholder row so the HParams view has a metric
+            metrics = {"hp_metric": -1} if self._default_hp_metric else None
+        elif not isinstance(metrics, dict):
+            metrics = {"hp_metric": metrics}
+        if metrics:
+            self.log_metrics(metrics, 0)
         _TB.log_hyperparams(self, flat)
         self._keep_hparams(params)
 
