@@ -74,10 +74,12 @@ class _Versioned:
         write_hparams_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self.hparams, getattr(self, "_fs", None))
 
     def _save_hparams(self) -> None:
-        """Write ``hparams.yaml`` when it is not there yet (Lightning's ``save()``: an empty file without any)."""
+        """Write ``hparams.yaml`` when the log folder exists without one (Lightning's ``TensorBoardLogger.save()``:
+        an empty file without any hyperparameters)."""
         path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
         fs = getattr(self, "_fs", None)
-        if not (fs.isfile(path) if fs is not None else os.path.isfile(path)):
+        isdir, isfile = (fs.isdir, fs.isfile) if fs is not None else (os.path.isdir, os.path.isfile)
+        if isdir(self.log_dir) and not isfile(path):
             write_hparams_yaml(path, self.hparams, fs)
 
     def _place(self, save_dir: Any, name: str | None, version: int | str | None, prefix: str) -> str:
@@ -124,9 +126,9 @@ class CSVLogger(_Versioned, _CSV):
         _CSV.__init__(self, self._place(save_dir, name, version, prefix), flush_every=flush_logs_every_n_steps)
 
     def save(self) -> None:
-        """Write the buffered rows and ``hparams.yaml`` (Lightning's ``CSVLogger.save``)."""
+        """Write the buffered rows (Lightning's ``CSVLogger.save``; ``hparams.yaml`` is written by
+        :meth:`log_hyperparams` only, as Lightning's CSV experiment writer does)."""
         _CSV.save(self)
-        self._save_hparams()
 
     @property
     def experiment(self) -> Any:

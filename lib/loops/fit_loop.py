@@ -232,7 +232,7 @@ class FitLoop:
                 self.lossless_steps += 1
                 self.lossless_total += 1
             elif host:  # in HF's summation order when folded; HF's logging_nan_inf_filter is applied there
-                pending.append(loss.item())
+                pending.append(loss.detach())  # no .item() on a step that does not log (DESIGN's hot path)
                 if filtered:
                     pending_steps.append(sums.steps_since_log)
             else:

@@ -218,9 +218,9 @@ class LossSums:
     """The fit loop's running loss sums of this process (what the logged ``loss`` and ``train_loss`` are made of).
 
     The running sum is HF's ``tr_loss += loss`` per micro-batch in float32, with HF's ``logging_nan_inf_filter``
-    (a non-finite loss counts as ``tr_loss / (1 + steps since the last log)``). A loss on the CPU is recorded as its
-    Python float (``loss.item()``, the exact value: one tensor op per micro-batch, no tensor kept) and folded into
-    the sum where it is read or every :attr:`FOLD_EVERY` losses, in the same order and with the same float32
+    (a non-finite loss counts as ``tr_loss / (1 + steps since the last log)``). A loss on the CPU is recorded as
+    its detached 0-dim tensor (one tensor op per micro-batch, no ``.item()`` on a step that does not log) and folded
+    into the sum where it is read or every :attr:`FOLD_EVERY` losses (their values read in one conversion), in the same order and with the same float32
     rounding as the in-place tensor adds (a float32 add or division done in float64 and rounded once to float32 is
     the float32 result); a loss on another device is added there (:meth:`add`), filtered lazily by
     :class:`~taskfit.loops.loss_filter.NonFiniteLossFilter`.
@@ -228,7 +228,8 @@ class LossSums:
     Attributes:
         tr_loss (Tensor): 0-dim float32, this rank's sum of step losses since the last log (on the training device),
             the recorded losses folded in when read; setting it drops the recorded ones.
-        pending (list[float]): CPU losses recorded since the last fold (appended by the loop: the list is kept).
+        pending (list[Tensor]): detached CPU losses recorded since the last fold (appended by the loop: the list
+            is kept).
         pending_steps (list[int]): ``steps_since_log`` when each pending loss was recorded (only when filtered).
         filtered (bool): ``logging_nan_inf_filter`` is on (set by :meth:`start`).
         steps_since_log (int): optimizer steps in ``tr_loss``.
@@ -248,7 +249,7 @@ class LossSums:
 
         self.nan_filter = NonFiniteLossFilter()
         self._sum = torch.zeros(())
-        self.pending: list[float] = []
+        self.pending: list[Any] = []
         self.pending_steps: list[int] = []
         self.filtered = False
         self.steps_since_log = 0
@@ -288,9 +289,13 @@ class LossSums:
         from array import array
         from math import isfinite
 
-        acc, f32 = self._sum.item(), array("f", [0.0])  # storing into f32 rounds to float32
+        import torch
+
+        # one host conversion for the sum and every recorded loss (float64 holds each value exactly)
+        acc, *values = torch.stack([self._sum.double(), *(t.reshape(()).double() for t in self.pending)]).tolist()
+        f32 = array("f", [0.0])  # storing into f32 rounds to float32
         steps = self.pending_steps if self.filtered else None
-        for j, x in enumerate(self.pending):
+        for j, x in enumerate(values):
             if steps is not None and not isfinite(x):
                 f32[0] = acc / (1 + steps[j])
                 x = f32[0]

@@ -96,7 +96,7 @@ def test_f_loop_8_host_losses_fold_bitwise_as_tensor_adds(dtype, filtered):
     sums.start(torch.device("cpu"), filtered)
     expected, reads = torch.zeros(()), {50, 51, LossSums.FOLD_EVERY + 10}
     for i, (x, k) in enumerate(zip(losses, steps)):
-        sums.pending.append(x.item())
+        sums.pending.append(x.detach())
         if filtered:
             sums.pending_steps.append(k)
         if len(sums.pending) >= sums.FOLD_EVERY:
@@ -123,7 +123,7 @@ def test_f_loop_8_device_path_equals_host_path():
     rows = []
     for i, x in enumerate(losses):
         device.add(x.reshape(1) if i % 2 else x)  # a one-element loss of shape (1,) counts as its element
-        host.pending.append(x.item())
+        host.pending.append(x.detach())
         host.pending_steps.append(host.steps_since_log)
         device.steps_since_log += 1
         host.steps_since_log += 1
