@@ -102,8 +102,6 @@ class FitLoop:
         self._free_after = self.step.freed_optimizers() if self.policy.zero_grad_after_step else ()
         self._norm_of = ([p for p in module.parameters() if p.requires_grad], run.optimizers[0])
         sums.start(strategy.root_device, bool(args.logging_nan_inf_filter))
-        # a CPU loss is recorded as its float, folded where the sum is read (LossSums): one tensor op per micro-batch
-        self.host_losses = sums.tr_loss.is_cpu  # the sum lives on the training device
         self.world = world = strategy.world_size
         # manual optimization whose training_step returns no loss: those steps add nothing to the logged loss
         # (Lightning logs only what it is given); counted per log window and over the run
@@ -210,8 +208,7 @@ class FitLoop:
         run, args, hooks, step = self.run, self.args, self.hooks, self.step
         state, control, module, sums, fit = run.state, run.control, run.module, self.sums, self.owner
         L, H = hooks.lightning, hooks.hf
-        results, move, host, filtered = module._results, self.move, self.host_losses, sums.filtered
-        pending, pending_steps = sums.pending, sums.pending_steps
+        results, move = module._results, self.move
         mode_optimizers = self.policy.mode_optimizers
         step.start_window(window, self._weights(window) if self.counts_needed else None, epoch)
         last = len(window) - 1
@@ -231,11 +228,7 @@ class FitLoop:
             if loss is None:  # manual optimization, no loss returned (windows hold one batch)
                 self.lossless_steps += 1
                 self.lossless_total += 1
-            elif host:  # in HF's summation order when folded; HF's logging_nan_inf_filter is applied there
-                pending.append(loss.detach())  # no .item() on a step that does not log (DESIGN's hot path)
-                if filtered:
-                    pending_steps.append(sums.steps_since_log)
-            else:
+            else:  # in place on the training device: nothing kept or converted per step (DESIGN's hot path)
                 sums.add(loss.detach())
             window_samples += infer_batch_size(batch)
             if flos_of is not None:  # HF's count, per micro-batch (shapes only: no host sync)
@@ -249,8 +242,6 @@ class FitLoop:
                            window_flos if flos_of is not None else None)
         L["on_train_batch_end"] and hooks.call("on_train_batch_end", fit, module, batch_outputs(out, loss), batch,
                                                 batch_idx)
-        if len(pending) >= sums.FOLD_EVERY:  # bounds the pending losses' memory
-            sums.fold()
         self._after_step(epoch_end=False)
 
     def _skip_rest_of_epoch(self, epoch: int, batch_idx: int) -> None:

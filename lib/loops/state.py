@@ -217,30 +217,22 @@ class FitControl:
 class LossSums:
     """The fit loop's running loss sums of this process (what the logged ``loss`` and ``train_loss`` are made of).
 
-    The running sum is HF's ``tr_loss += loss`` per micro-batch in float32, with HF's ``logging_nan_inf_filter``
-    (a non-finite loss counts as ``tr_loss / (1 + steps since the last log)``). A loss on the CPU is recorded as
-    its detached 0-dim tensor (one tensor op per micro-batch, no ``.item()`` on a step that does not log) and folded
-    into the sum where it is read or every :attr:`FOLD_EVERY` losses (their values read in one conversion), in the same order and with the same float32
-    rounding as the in-place tensor adds (a float32 add or division done in float64 and rounded once to float32 is
-    the float32 result); a loss on another device is added there (:meth:`add`), filtered lazily by
-    :class:`~taskfit.loops.loss_filter.NonFiniteLossFilter`.
+    The running sum is HF's ``tr_loss += loss`` per micro-batch in float32, added in place on the training device
+    (nothing kept or converted per step), with HF's ``logging_nan_inf_filter`` (a non-finite loss counts as
+    ``tr_loss / (1 + steps since the last log)``) applied lazily where the sum is read
+    (:class:`~taskfit.loops.loss_filter.NonFiniteLossFilter`). A CPU loss kept per step (as its value or as a
+    tensor) was measured: a tensor kept per step fragments the heap (the transformer workload of the overhead
+    suite took 3.4x the hand-written loop's minor page faults), and ``.item()`` per step breaks DESIGN's hot path.
 
     Attributes:
-        tr_loss (Tensor): 0-dim float32, this rank's sum of step losses since the last log (on the training device),
-            the recorded losses folded in when read; setting it drops the recorded ones.
-        pending (list[Tensor]): detached CPU losses recorded since the last fold (appended by the loop: the list
-            is kept).
-        pending_steps (list[int]): ``steps_since_log`` when each pending loss was recorded (only when filtered).
+        tr_loss (Tensor): 0-dim float32, this rank's sum of step losses since the last log (on the training device).
         filtered (bool): ``logging_nan_inf_filter`` is on (set by :meth:`start`).
         steps_since_log (int): optimizer steps in ``tr_loss``.
         total_loss (float): sum over the run of the logged step losses (averaged over ranks: equal everywhere).
         grad_norm (Tensor | None): the last clipped step's gradient norm (global: equal everywhere).
         loss_start_step (int): the step ``total_loss`` counts from (0 once restored from a checkpoint).
-        nan_filter (NonFiniteLossFilter): ``logging_nan_inf_filter`` of losses on a device, applied where read.
+        nan_filter (NonFiniteLossFilter): ``logging_nan_inf_filter`` of the losses, applied where read.
     """
-
-    #: pending CPU losses folded into the sum at the latest (bounds their memory)
-    FOLD_EVERY = 1024
 
     def __init__(self, start_step: int = 0) -> None:
         import torch
@@ -248,76 +240,36 @@ class LossSums:
         from taskfit.loops.loss_filter import NonFiniteLossFilter
 
         self.nan_filter = NonFiniteLossFilter()
-        self._sum = torch.zeros(())
-        self.pending: list[Any] = []
-        self.pending_steps: list[int] = []
+        self.tr_loss = torch.zeros(())
         self.filtered = False
         self.steps_since_log = 0
         self.total_loss = 0.0
         self.grad_norm: Any = None
         self.loss_start_step = start_step
 
-    @property
-    def tr_loss(self) -> Any:
-        if self.pending:
-            self.fold()
-        return self._sum
-
-    @tr_loss.setter
-    def tr_loss(self, value: Any) -> None:
-        self.pending.clear()
-        self.pending_steps.clear()
-        self._sum = value
-
     def start(self, device: Any, filtered: bool) -> None:
         """Before the loop: the (possibly restored) sum moved to ``device`` (torch.device), the filter on or off."""
         self.tr_loss = self.tr_loss.to(device)
         self.filtered = filtered
-        self.nan_filter.reset(self._sum, self.steps_since_log)
+        self.nan_filter.reset(self.tr_loss, self.steps_since_log)
 
     def add(self, loss: Any) -> None:
-        """Add one micro-batch's detached one-element ``loss`` on a device (no host sync; filtered where read)."""
-        if loss.dim():  # shape (1,): as a host loss's item(), the one element
+        """Add one micro-batch's detached one-element ``loss`` (no host sync; filtered where read)."""
+        if loss.dim():  # shape (1,): its one element
             loss = loss.reshape(())
-        self._sum += loss
+        self.tr_loss += loss
         if self.filtered:
             self.nan_filter.add(loss, self.steps_since_log)
 
-    def fold(self) -> None:
-        """Add the pending CPU losses to the sum, in order, as ``tr_loss += loss`` (float32) would, each
-        non-finite one replaced as HF's filter does when :attr:`filtered`."""
-        from array import array
-        from math import isfinite
-
-        import torch
-
-        # one host conversion for the sum and every recorded loss (float64 holds each value exactly)
-        acc, *values = torch.stack([self._sum.double(), *(t.reshape(()).double() for t in self.pending)]).tolist()
-        f32 = array("f", [0.0])  # storing into f32 rounds to float32
-        steps = self.pending_steps if self.filtered else None
-        for j, x in enumerate(values):
-            if steps is not None and not isfinite(x):
-                f32[0] = acc / (1 + steps[j])
-                x = f32[0]
-            f32[0] = acc + x
-            acc = f32[0]
-        self._sum.fill_(acc)
-        self.pending.clear()
-        self.pending_steps.clear()
-
     def read(self) -> Any:
-        """The sum with every recorded loss in and filtered (a host sync for a device's losses): a log row, a
-        checkpoint, the end of training."""
-        if self.pending:
-            self.fold()
-        self.nan_filter.apply(self._sum, self.steps_since_log)
-        return self._sum
+        """The sum with the filter applied (a host sync for a device's losses): a log row, a checkpoint, the end of
+        training."""
+        self.nan_filter.apply(self.tr_loss, self.steps_since_log)
+        return self.tr_loss
 
     def clear(self) -> None:
         """After a log row: the next interval starts from zero."""
-        self.pending.clear()
-        self.pending_steps.clear()
-        self._sum.zero_()
+        self.tr_loss.zero_()
         self.nan_filter.reset()
 
 
