@@ -74,12 +74,11 @@ class _Versioned:
         write_hparams_yaml(os.path.join(self.log_dir, self.NAME_HPARAMS_FILE), self.hparams, getattr(self, "_fs", None))
 
     def _save_hparams(self) -> None:
-        """Write ``hparams.yaml`` when the log folder exists without one (Lightning's ``TensorBoardLogger.save()``:
-        an empty file without any hyperparameters)."""
+        """Write ``hparams.yaml`` when it is not there yet (Lightning's ``TensorBoardLogger.save()``, whose flush has
+        created the log folder by then: an empty file without any hyperparameters)."""
         path = os.path.join(self.log_dir, self.NAME_HPARAMS_FILE)
         fs = getattr(self, "_fs", None)
-        isdir, isfile = (fs.isdir, fs.isfile) if fs is not None else (os.path.isdir, os.path.isfile)
-        if isdir(self.log_dir) and not isfile(path):
+        if not (fs.isfile(path) if fs is not None else os.path.isfile(path)):
             write_hparams_yaml(path, self.hparams, fs)
 
     def _place(self, save_dir: Any, name: str | None, version: int | str | None, prefix: str) -> str:
