@@ -17,7 +17,6 @@ import logging
 from typing import Any, ContextManager, Iterator
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from taskfit.precision.fsdp import FSDPPrecision, fsdp_mixed_precision_policy
@@ -213,11 +212,6 @@ class FSDPStrategy(ParallelStrategy):
                         "_no_split_modules): the whole model is one FSDP unit.")
         return []
 
-    def _sync_module_states(self, module: nn.Module) -> None:
-        with torch.no_grad():
-            for t in [*module.parameters(), *module.buffers()]:
-                self._check("broadcast (sync_module_states)", lambda t=t: dist.broadcast(t.data, src=0))
-
     def setup_module(self, module: nn.Module) -> nn.Module:
         """Convert and move ``module``, broadcast rank 0's weights (``sync_module_states``), apply activation
         checkpointing, then ``fully_shard`` every auto-wrap unit and the root ``StepForward(module)``.
@@ -243,7 +237,9 @@ class FSDPStrategy(ParallelStrategy):
             return self._shard_then_load(module)
         module = module.to(self.root_device)
         if self.options.sync_module_states and self.world_size > 1:
-            self._sync_module_states(module)
+            from taskfit.strategies.rank_zero_weights import broadcast_in_place
+
+            broadcast_in_place(module, self._check)  # FSDP's sync_module_states
         root = StepForward(module)
         self._shard(root, module)
         return root
