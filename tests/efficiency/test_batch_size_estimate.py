@@ -153,11 +153,11 @@ def test_f_mem_4_preloading_options_reach_the_loader(tmp_path):
 @CUDA
 def test_f_mem_4_cuda_pinned_batches_copied_non_blocking(tmp_path):
     """F-MEM-4 on CUDA: batches come from pinned memory and the strategy copies them to the GPU."""
-    from taskfit.accelerators import CPUAccelerator
+    from taskfit.accelerators import CUDAAccelerator
     from taskfit.precision import Precision
     from taskfit.strategies.single_device import SingleDeviceStrategy
 
-    strategy = SingleDeviceStrategy(accelerator=CPUAccelerator(), device=torch.device("cuda", 0),
+    strategy = SingleDeviceStrategy(accelerator=CUDAAccelerator(), device=torch.device("cuda", 0),
                                     precision=Precision())
     fit = Fit(args(tmp_path, max_steps=2, dataloader_pin_memory=True), strategy=strategy)
     fit.fit(TokenModel(), token_data(16))

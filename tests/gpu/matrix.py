@@ -70,6 +70,25 @@ def _optimizer_fused(fit: Any) -> Any:
     return opt.defaults.get("fused")
 
 
+def _step_losses(fit: Any) -> list[float]:
+    """The logged loss of every optimizer step (``logging_steps=1``), in order."""
+    return [r["loss"] for r in fit.state.log_history if "loss" in r]
+
+
+def compare_kernels(fit: Any, out: Any, state: dict[str, Any], rtol_first: float = 1e-4, rtol_run: float = 1e-2,
+                    **values: Any) -> dict[str, Any]:
+    """Another kernel for the same maths (compiled graph, eager attention): the first step's loss, before any
+    update, within ``rtol_first`` of the reference's; the run's mean loss within ``rtol_run`` (fp32 rounding in a
+    different order grows over the updates: 3.5e-3 measured on the H200 over the matrix's steps)."""
+    first = _step_losses(fit)[0]
+    rel_first = abs(first - state["ref_first"]) / max(abs(state["ref_first"]), 1e-12)
+    row = compare(out.training_loss, state["ref"], rtol_run, first_loss=first, ref_first_loss=state["ref_first"],
+                  rel_diff_first=rel_first, rtol_first=rtol_first, **values)
+    if rel_first > rtol_first:
+        row.update(status="fail", reason=f"first-step loss differs by {rel_first:.3g} (> {rtol_first})")
+    return row
+
+
 def _needs(device: str, *dists: str) -> None:
     if device != "cuda":
         raise Skip("needs a CUDA device")
@@ -83,7 +102,8 @@ def row_reference(device: str, sizes: dict[str, Any], state: dict[str, Any]) -> 
     kernel (the README's claim)."""
     fit, model, out = fit_lm(device, sizes, tf32=False if device == "cuda" else None)
     state["ref"] = out.training_loss
-    losses = [r["loss"] for r in fit.state.log_history if "loss" in r]
+    losses = _step_losses(fit)
+    state["ref_first"] = losses[0]
     fused = _optimizer_fused(fit)
     trains = losses[-1] < losses[0]
     ok = trains and (fused is True or device != "cuda")
@@ -113,7 +133,8 @@ def row_options(device: str, sizes: dict[str, Any], state: dict[str, Any], rtol:
     values = {"optimizer": type(getattr(fit.optimizer, "optimizer", fit.optimizer)).__name__,
               "optimizer_fused": _optimizer_fused(fit),
               "grad_ckpt": bool(getattr(model, "is_gradient_checkpointing", False))}
-    row = compare(out.training_loss, state["ref"], rtol, **values)
+    row = (compare_kernels(fit, out, state, **values) if overrides.get("torch_compile")
+           else compare(out.training_loss, state["ref"], rtol, **values))
     if overrides.get("gradient_checkpointing") and not values["grad_ckpt"]:
         row.update(status="fail", reason="gradient checkpointing is not on")
     if overrides.get("optim") == "adamw_torch_fused" and values["optimizer_fused"] is not True:
@@ -123,8 +144,8 @@ def row_options(device: str, sizes: dict[str, Any], state: dict[str, Any], rtol:
 
 def row_eager_attention(device: str, sizes: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:
     """The same model with eager attention: the SDPA reference must match it (same maths, other kernel)."""
-    _fit, model, out = fit_lm(device, sizes, model=build_lm(sizes, attn="eager"))
-    return compare(out.training_loss, state["ref"], 1e-3, attn=model.config._attn_implementation)
+    fit, model, out = fit_lm(device, sizes, model=build_lm(sizes, attn="eager"))
+    return compare_kernels(fit, out, state, attn=model.config._attn_implementation)
 
 
 def row_hf_trainer(device: str, sizes: dict[str, Any], state: dict[str, Any]) -> dict[str, Any]:

@@ -11,7 +11,6 @@ import torch.nn.functional as F
 from torch.utils.data import TensorDataset
 
 from taskfit import Callback, Fit, FitArguments, TaskModule
-from taskfit.accelerators import CPUAccelerator
 from taskfit.precision import PRECISIONS, HalfTruePrecision, MixedPrecision, Precision, apply_tf32
 from taskfit.strategies.single_device import SingleDeviceStrategy
 
@@ -77,9 +76,10 @@ class InjectInf(Callback):
 
 
 def _cuda_strategy(precision):
-    """A single-device strategy on CUDA (the CUDA accelerator itself lands with issue #6; placement is what the
-    strategy's root device decides, so the CPU accelerator's no-op device setup is enough here)."""
-    return SingleDeviceStrategy(accelerator=CPUAccelerator(), device=torch.device("cuda", 0), precision=precision)
+    """A single-device strategy on the CUDA accelerator (the accelerator decides the TF32 check and pinning)."""
+    from taskfit.accelerators import CUDAAccelerator
+
+    return SingleDeviceStrategy(accelerator=CUDAAccelerator(), device=torch.device("cuda", 0), precision=precision)
 
 
 def _check_skip_on_inf(tmp_path, **fit_kw):
@@ -255,7 +255,7 @@ def test_f_prec_2_tf32_refused_off_cuda(tmp_path):
 def test_f_prec_1_cuda_16_mixed_skips_inf_step_and_scale_drops(tmp_path):
     """F-PREC-1 / F-LOOP-8 on CUDA: GradScaler('cuda') skips the step with an injected inf, the scale halves."""
     fit, cb, module = _check_skip_on_inf(tmp_path, strategy=_cuda_strategy(MixedPrecision("16-mixed")))
-    assert fit.strategy.precision.scaler.device == "cuda"
+    assert fit.strategy.precision.scaler._device == "cuda"  # GradScaler keeps its device private
     assert module.net[0].weight.device.type == "cuda" and set(module.out_dtypes) == {torch.float16}
 
 
