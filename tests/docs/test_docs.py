@@ -119,3 +119,17 @@ def test_F_OBS_7_examples_docstrings_name_no_internal_ids():
     for path in sorted((ROOT / "examples").glob("*.py")):
         head = path.read_text().split('"""')[1]
         assert not re.findall(r"\bF-[A-Z]+-\d", head) and "DATA.md" not in head, path.name
+
+
+_DIFF = re.compile(r"^```diff[^\n]*\n(.*?)^```", re.S | re.M)
+
+
+def test_F_OBS_7_import_swap_diff_blocks_import():
+    """Each ``diff`` block shows an import swap: its ``+`` lines (taskfit's side) run as written, in one
+    interpreter (imports only, so no process of their own is needed)."""
+    swaps = [(doc.name, m.group(1)) for doc in DOCS for m in _DIFF.finditer(doc.read_text())]
+    assert any(name == "README.md" for name, _ in swaps)
+    for name, block in swaps:
+        added = "\n".join(line[1:] for line in block.splitlines() if line.startswith("+"))
+        assert "taskfit" in added, (name, block)
+        exec(compile(added, f"{name} diff block", "exec"), {})  # noqa: S102  (our own docs' import lines)
