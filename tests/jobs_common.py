@@ -23,11 +23,13 @@ import torch
 from torch import nn
 from torch.utils.data import TensorDataset
 
+from helpers.models import Regression
 from taskfit import Callback, TaskModule
 
 
-class SumRegression(TaskModule):
-    """``nn.Linear(3, 1)`` regressing ``x.sum(-1)`` (the weights initialised under ``torch.manual_seed(0)``).
+class SumRegression(Regression):
+    """The canonical ``Regression``: ``nn.Linear(3, 1)`` (as ``self.layer``, initialised under
+    ``torch.manual_seed(0)``) regressing ``x.sum(-1)``, with the logged names the jobs choose.
 
     Class attributes: ``train_metric`` (log the training MSE under this name; None: not logged), ``val_metric``
     (the validation mean absolute error's name), ``return_val_loss`` (``validation_step`` returns the MSE).
@@ -38,13 +40,10 @@ class SumRegression(TaskModule):
     return_val_loss = False
 
     def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = nn.Linear(3, 1)
+        super().__init__(features=3, seed=0)
 
     def training_step(self, batch, batch_idx):
-        x, y = batch
-        loss = nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+        loss = super().training_step(batch, batch_idx)
         if self.train_metric:
             self.log(self.train_metric, loss)
         return loss
@@ -63,6 +62,7 @@ def sum_data(n: int, seed: int = 0) -> TensorDataset:
     return TensorDataset(x, x.sum(-1))
 
 
+# kept local: dict batches {"x", "y"} through a hidden layer, the rows the architecture jobs shard and sync
 class FeatureRegression(TaskModule):
     """``Linear(4, 8) -> Tanh -> Linear(8, 1)`` on dict batches ``{"x": (B, 4), "y": (B, 1)}`` (MSE).
 

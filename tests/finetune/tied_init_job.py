@@ -26,6 +26,7 @@ def full(p: torch.Tensor) -> torch.Tensor:
     return p.full_tensor() if hasattr(p, "full_tensor") else p.detach().clone()
 
 
+# kept local: a tied-embedding Llama built under rank_zero_init, recording the tie and the weights
 class TiedLlama(TaskModule):
     def __init__(self) -> None:
         super().__init__()

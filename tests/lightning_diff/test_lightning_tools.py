@@ -123,15 +123,12 @@ def test_gradient_accumulation_schedule_refusals_F_LIT_6(tmp_path):
     with pytest.raises(TypeError, match="non-empty"):
         GradientAccumulationScheduler({})
 
-    class Manual(linear(TaskModule)):
-        def __init__(self):
-            super().__init__()
-            self.automatic_optimization = False
-
+    manual = linear(TaskModule)()
+    manual.automatic_optimization = False
     fit = Fit(output_dir=str(tmp_path), report_to="none", disable_tqdm=True, save_strategy="no",
               callbacks=[GradientAccumulationScheduler({0: 2})])
     with pytest.raises(RuntimeError, match="manual optimization"):
-        fit.fit(Manual(), _loader())
+        fit.fit(manual, _loader())
     fit = Fit(output_dir=str(tmp_path), report_to="none", disable_tqdm=True, save_strategy="no",
               gradient_accumulation_steps=2, callbacks=[GradientAccumulationScheduler({0: 2})])
     with pytest.raises(ValueError, match="Either remove `accumulate_grad_batches`"):

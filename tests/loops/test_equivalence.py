@@ -18,6 +18,7 @@ def _args(tmp_path, **kw):
     return FitArguments(**base)
 
 
+# kept local: a hidden layer with its own AdamW, which the hand-written loops copy step for step
 class MLPModule(TaskModule):
     def __init__(self, lr=1e-3, own_optimizer=True):
         super().__init__()
@@ -149,6 +150,7 @@ def pad_collate(samples):
     return {"input_ids": ids, "labels": labels}
 
 
+# kept local: padded token batches whose non-ignored token counts weigh the micro-batches
 class TokenModule(TaskModule):
     """Per-token model (no mixing across positions), loss = mean over labels != -100."""
 

@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset, TensorDataset
 
-from taskfit import Fit, FitArguments, TaskModule
+from helpers.models import LightningStyle
+from taskfit import Fit, FitArguments
 from taskfit.loops.fit_loop import plan_steps, resolve_interval
 from taskfit.loops.optimization import window_weights
 
@@ -107,30 +108,24 @@ def test_weighted_window_equals_the_large_batch():
 
 
 # ---- the loop's windows, end to end --------------------------------------------------------------------------
-class _Recorder(TaskModule):
-    """Records the weight of every micro-batch loss the loop backpropagates (loss / unweighted loss)."""
+class _Recorder(LightningStyle):
+    """The canonical ``Linear(1, 1)`` at ``lr=0`` (the weights stay put), recording the weight of every micro-batch
+    loss the loop backpropagates (loss / unweighted loss)."""
 
     def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Linear(2, 1)
+        super().__init__(features=1, lr=0.0)
         self.seen = []
-
-    def training_step(self, batch, batch_idx):
-        (x,) = batch
-        return self.net(x.unsqueeze(-1).expand(-1, 2)).pow(2).mean()
 
     def on_before_backward(self, loss):
         self.seen.append(loss.detach())
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.0)
 
 
 def test_fit_windows_and_last_short_window(tmp_path):
     """36 samples in batches of 8 (8, 8, 8, 8, 4) with accumulation 2: windows (8, 8), (8, 8), (4); the first two
     weigh their micro-batches 1/2 each, the last window's single micro-batch weighs 1; 3 steps, 36 samples."""
     module = _Recorder()
-    ds = TensorDataset(torch.arange(36, dtype=torch.float32) / 36)
+    x = torch.arange(36, dtype=torch.float32).unsqueeze(-1) / 36
+    ds = TensorDataset(x, torch.zeros_like(x))  # a zero target: each loss is the mean of the squared output
     fit = Fit(args=FitArguments(output_dir=str(tmp_path), disable_tqdm=True, report_to="none",
                                    save_strategy="no", num_train_epochs=1, gradient_accumulation_steps=2,
                                    per_device_train_batch_size=8, logging_steps=1000, seed=0),
@@ -138,8 +133,8 @@ def test_fit_windows_and_last_short_window(tmp_path):
     fit.fit(module, train_data=DataLoader(ds, batch_size=8))
     assert fit.state.global_step == 3
     assert fit.state.samples_seen == 36
-    w = module.net.weight.detach().sum()
-    b = module.net.bias.detach()
+    w = module.layer.weight.detach().item()
+    b = module.layer.bias.detach()
     expected = []
     for i, weight in zip(range(5), (0.5, 0.5, 0.5, 0.5, 1.0)):
         x = ds.tensors[0][i * 8:(i + 1) * 8]
@@ -148,24 +143,20 @@ def test_fit_windows_and_last_short_window(tmp_path):
 
 
 # ---- when gradients are freed --------------------------------------------------------------------------------
-class _GradWatcher(TaskModule):
-    """Records, per step, whether gradients exist in ``training_step`` (the previous step's) and in
-    ``on_train_batch_end`` (this step's)."""
+class _GradWatcher(LightningStyle):
+    """The canonical ``Linear(2, 1)`` with ``SGD(lr=0.1)``, recording per step whether gradients exist in
+    ``training_step`` (the previous step's) and in ``on_train_batch_end`` (this step's)."""
 
     def __init__(self):
-        super().__init__()
-        self.net = torch.nn.Linear(2, 1)
+        super().__init__(features=2, lr=0.1)
         self.in_forward, self.at_batch_end = [], []
 
     def training_step(self, batch, batch_idx):
-        self.in_forward.append(self.net.weight.grad is not None)
-        return self.net(batch[0]).pow(2).mean()
+        self.in_forward.append(self.layer.weight.grad is not None)
+        return super().training_step(batch, batch_idx)
 
     def on_train_batch_end(self, outputs, batch, batch_idx):
-        self.at_batch_end.append(self.net.weight.grad is not None)
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
+        self.at_batch_end.append(self.layer.weight.grad is not None)
 
 
 class _ZeroGradHook(_GradWatcher):
@@ -178,18 +169,18 @@ def test_gradients_freed_after_the_step_unless_a_zero_grad_hook_observes_it(tmp_
     """HF's order (zero_grad after the step: the old gradients are gone before the next forward) unless the module
     overrides ``on_before_zero_grad`` (Lightning's order: training_step, zero_grad, backward); either way
     ``on_train_batch_end`` sees the step's gradients and the weights are the same."""
-    torch.manual_seed(0)
     module = module_cls()
-    data = DataLoader(TensorDataset(torch.randn(12, 2)), batch_size=4)
+    x = torch.randn(12, 2, generator=torch.Generator().manual_seed(1))
+    data = DataLoader(TensorDataset(x, x.sum(-1)), batch_size=4)
     Fit(args=FitArguments(output_dir=str(tmp_path), disable_tqdm=True, report_to="none", save_strategy="no",
                           logging_strategy="no", max_grad_norm=0.0, num_train_epochs=1, seed=0)).fit(module, data)
     assert module.at_batch_end == [True, True, True]
     assert module.in_forward == [False, not freed, not freed]
-    torch.manual_seed(0)
-    ref, opt = torch.nn.Linear(2, 1), None
+    torch.manual_seed(0)  # the canonical module's initialisation (seed 0)
+    ref = torch.nn.Linear(2, 1)
     opt = torch.optim.SGD(ref.parameters(), lr=0.1)
-    for (x,) in data:
+    for xb, yb in data:
         opt.zero_grad(set_to_none=True)
-        ref(x).pow(2).mean().backward()
+        F.mse_loss(ref(xb).view_as(yb), yb).backward()
         opt.step()
-    assert torch.equal(module.net.weight.detach(), ref.weight.detach())
+    assert torch.equal(module.layer.weight.detach(), ref.weight.detach())

@@ -11,7 +11,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.data import DataLoader, Dataset
 
-from taskfit import Callback, Fit, FitArguments, TaskModule
+from helpers.models import Regression
+from taskfit import Callback, Fit, FitArguments
 from taskfit.accelerators.cpu import CPUAccelerator
 from taskfit.precision.precision import DoublePrecision, MixedPrecision, Precision
 from taskfit.strategies.single_device import SingleDeviceStrategy
@@ -79,15 +80,12 @@ class _ProfiledBatches(Dataset):
             self.record.setdefault("c", []).append(getattr(arg, "__name__", repr(arg)))
 
 
-class _Linear(TaskModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.layer = torch.nn.Linear(4, 1)
+class _Linear(Regression):
+    """The canonical ``Linear(4, 1)`` (seed 0) with its own plain SGD, which the hand-written loop steps too (the
+    training step logs nothing, so the counted path is the bare step)."""
 
-    def training_step(self, batch, batch_idx):
-        x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x).squeeze(-1), y)
+    def __init__(self) -> None:
+        super().__init__(features=4)
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)

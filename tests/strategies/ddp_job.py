@@ -17,6 +17,7 @@ from token_data import CLASSES, VOCAB, token_samples
 
 
 
+# kept local: token batches with -100 labels, so ranks hold different item counts to weigh
 class Tagger(TaskModule):
     """Token classifier whose loss is a mean over the non-ignored tokens (``labels != -100``): micro-batches hold
     different numbers of tokens, so only exact item-count weighting across ranks matches one big batch."""

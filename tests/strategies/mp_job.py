@@ -50,6 +50,7 @@ class TinyLM(nn.Module):
         return self.head(h)
 
 
+# kept local: wraps TinyLM, whose tp_plan the strategy applies
 class PlanLM(TaskModule):
     """No configure_model: the strategy applies ``TinyLM.tp_plan``."""
 

@@ -35,6 +35,7 @@ def stack(layers: int, width: int) -> nn.Sequential:
     return nn.Sequential(*(nn.Linear(width, width, bias=False) for _ in range(layers)))
 
 
+# kept local: layers built in configure_model, real on rank 0 only, sized to show in the memory
 class Stack(TaskModule):
     """Builds its layers in ``configure_model`` (after the processes started: Lightning's hook for big models),
     real on rank 0 and on the meta device elsewhere, and measures the memory from there."""
