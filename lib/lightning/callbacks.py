@@ -5,11 +5,9 @@ import math
 from typing import Any
 
 from taskfit.callbacks import (
-    BatchSizeFinder,
     DeviceStatsMonitor,
     EMAWeightAveraging,
     GradientAccumulationScheduler,
-    LearningRateFinder,
     ModelSummary,
     ProgressBar,
     RichProgressBar,
@@ -28,6 +26,7 @@ from taskfit.callbacks.prediction_writer import BasePredictionWriter
 from taskfit.callbacks.progress import TQDMProgressBar
 from taskfit.errors import configuration_error
 from taskfit.lightning.model_checkpoint import ModelCheckpoint
+from taskfit.tuner.finders import BatchSizeFinder, LearningRateFinder
 
 
 class EarlyStopping(_EarlyStopping):

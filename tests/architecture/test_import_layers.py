@@ -27,16 +27,13 @@ LAYERS: list[tuple[str, ...]] = [
     ("callbacks",),
     ("efficiency",),
     ("fit",),
-    ("engine", "cli", "tuner", "hf", "lightning", "<root>"),
+    ("engine", "cli", "tuner"),
+    ("hf", "lightning", "<root>"),  # the doors: Lightning's finder callbacks run the tuner's search
 ]
 LAYER = {unit: i for i, units in enumerate(LAYERS) for unit in units}
 
 #: deliberate upward imports, ``(importer module, imported module): reason``; at most a handful
 EXCEPTIONS: dict[tuple[str, str], str] = {
-    ("taskfit.callbacks.finders", "taskfit.tuner"): "Lightning's LearningRateFinder / BatchSizeFinder callbacks "
-    "run the tuner's search inside fit, as Lightning's do",
-    ("taskfit.callbacks.finders", "taskfit.tuner.tuner"): "the same: the finder callbacks call lr_find / "
-    "scale_batch_size",
     ("taskfit.json_options", "taskfit.redact"): "both in the lowest layer: an unparsable JSON option is echoed "
     "with its credentials redacted",
 }

@@ -8,7 +8,7 @@ import pytest
 import torch
 from helpers.models import LightningStyle
 from taskfit import Fit
-from taskfit.callbacks import BatchSizeFinder, LearningRateFinder
+from taskfit.tuner import BatchSizeFinder, LearningRateFinder
 from taskfit.tuner.tuner import lr_find, scale_batch_size
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset

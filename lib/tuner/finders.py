@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from taskfit.callbacks.base import Callback
+from taskfit.tuner.tuner import lr_find, scale_batch_size
 
 
 class _Isolated:
@@ -80,7 +81,6 @@ class LearningRateFinder(Callback):
 
     def lr_find(self, fit: Any, module: Any) -> None:
         """Run the search now (``on_fit_start`` calls it; a subclass may call it at other epochs)."""
-        from taskfit.tuner.tuner import lr_find
 
         with _Isolated(fit, module):
             self.optimal_lr = lr_find(fit, module, _train_dataset(fit, "LearningRateFinder"), min_lr=self._min_lr,
@@ -139,7 +139,6 @@ class BatchSizeFinder(Callback):
     def scale_batch_size(self, fit: Any, module: Any) -> None:
         """Run the search now and rebuild the run's train loader (``on_fit_start`` calls it)."""
         from taskfit.loops.plan import accumulation_schedule, plan_steps, training_plan
-        from taskfit.tuner.tuner import scale_batch_size
 
         if fit.args.max_steps and fit.args.max_steps > 0:
             raise ValueError(f"BatchSizeFinder with max_steps={fit.args.max_steps}: the epochs of a max_steps run "
