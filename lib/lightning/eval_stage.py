@@ -10,6 +10,7 @@ from typing import Any
 from taskfit.callbacks.base import Callback
 from taskfit.core.hook_logging import running
 from taskfit.core.hooks import overrides
+from taskfit.lightning.trainer_state import trainer_fn
 from taskfit.lightning.utilities import is_overridden
 
 LOADER_OF = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
@@ -55,6 +56,7 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
         runs at all (False for ``limit_*_batches=0``: Lightning then asks for no loader and calls no loop hook).
     """
     module = model if model is not None else trainer.module
+    fn = trainer_fn(stage)  # Lightning passes its TrainerFn member (equal to the name)
     _configure_callbacks(trainer, module)
     hooked = [cb for cb in trainer.callbacks if _hooked(cb, "setup") or _hooked(cb, "teardown")]
     if datamodule is not None:
@@ -63,12 +65,12 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
         with running(module, "prepare_data"):
             module.prepare_data()
     if datamodule is not None:
-        datamodule.setup(stage=stage)
+        datamodule.setup(stage=fn)
     with running(module, "setup"):
         for cb in hooked:
-            cb.setup(trainer, module, stage=stage)
+            cb.setup(trainer, module, stage=fn)
         if module is not None:
-            module.setup(stage=stage)
+            module.setup(stage=fn)
     if module is not None:
         if is_overridden("configure_model", module):  # Lightning calls it only when overridden
             with running(module, "configure_model"):
@@ -81,9 +83,9 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
         yield data, runs
     finally:
         if datamodule is not None:
-            datamodule.teardown(stage=stage)
+            datamodule.teardown(stage=fn)
         with running(module, "teardown"):
             for cb in hooked:
-                cb.teardown(trainer, module, stage=stage)
+                cb.teardown(trainer, module, stage=fn)
             if module is not None:
-                module.teardown(stage=stage)
+                module.teardown(stage=fn)

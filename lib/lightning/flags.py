@@ -13,6 +13,7 @@ from typing import Any
 from lightning_utilities.core.rank_zero import rank_zero_only
 from taskfit.errors import configuration_error
 from taskfit.lightning.log_hooks import LOG_HOOKS
+from taskfit.lightning.trainer_state import trainer_fn
 from taskfit.loops.policy import LoopPolicy
 
 _log = logging.getLogger("taskfit")
@@ -199,7 +200,7 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       resumed_epoch_skips_start=True, zero_grad_before_validation=True,
                       eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True,
                       logs_run_values=False, reads_eval_outputs=False, log_hooks=LOG_HOOKS,
-                      stop_checked_before_epoch=True)
+                      stop_checked_before_epoch=True, stage_argument=trainer_fn)
 
 
 def limit_property(name: str) -> property:

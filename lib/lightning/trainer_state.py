@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import sys
 from typing import Any, Iterator
 
 from taskfit.callbacks.base import Callback
@@ -34,6 +35,23 @@ class RunningStage(str, enum.Enum):
     VALIDATING = "validate"
     TESTING = "test"
     PREDICTING = "predict"
+
+
+def peer_enum(ours: type[enum.Enum]) -> type[enum.Enum]:
+    """Lightning's class of the same name from ``lightning.pytorch.trainer.states`` when the program already
+    imported it (an Enum with members cannot be subclassed, so the peer's own class is used: ``type(stage)`` and
+    ``isinstance`` read as under Lightning), else ``ours``; the members' values are equal. Never imports Lightning."""
+    return getattr(sys.modules.get("lightning.pytorch.trainer.states"), ours.__name__, ours)
+
+
+def trainer_fn(name: str) -> enum.Enum:
+    """The ``TrainerFn`` member of ``name`` (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``): what
+    ``setup(stage)``/``teardown(stage)`` receive, as Lightning passes ``trainer.state.fn`` (it equals the string).
+
+    Raises:
+        ValueError: ``name`` is not one of the four.
+    """
+    return peer_enum(TrainerFn)(name)
 
 
 _STAGE = {"fit": RunningStage.TRAINING, "validate": RunningStage.VALIDATING, "test": RunningStage.TESTING,
@@ -68,20 +86,20 @@ class LightningState:
 
     @property
     def fn(self) -> TrainerFn | None:
-        return self._trainer._lightning_status["fn"]
+        return _as_peer(self._trainer._lightning_status["fn"])
 
     @property
     def status(self) -> TrainerStatus:
-        return self._trainer._lightning_status["status"]
+        return _as_peer(self._trainer._lightning_status["status"])
 
     @property
     def stage(self) -> RunningStage | None:
         stage = self._trainer._lightning_status["stage"]
         if stage == RunningStage.TRAINING and self._trainer.sanity_checking:
-            return RunningStage.SANITY_CHECKING
-        if stage == RunningStage.TRAINING and self._trainer.validating:
-            return RunningStage.VALIDATING
-        return stage
+            stage = RunningStage.SANITY_CHECKING
+        elif stage == RunningStage.TRAINING and self._trainer.validating:
+            stage = RunningStage.VALIDATING
+        return _as_peer(stage)
 
     @property
     def finished(self) -> bool:
@@ -92,6 +110,13 @@ class LightningState:
     def stopped(self) -> bool:
         """True when the last trainer method was interrupted (an exception, Ctrl-C)."""
         return self.status == TrainerStatus.INTERRUPTED
+
+
+def _as_peer(member: Any) -> Any:
+    """``member`` of one of this module's enums as the member of Lightning's class when Lightning is imported
+    (:func:`peer_enum`); anything else (None, a value a user set) as it is."""
+    mine = {TrainerFn: TrainerFn, TrainerStatus: TrainerStatus, RunningStage: RunningStage}.get(type(member))
+    return member if mine is None else peer_enum(mine)(member.value)
 
 
 def new_status() -> dict[str, Any]:
