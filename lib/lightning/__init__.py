@@ -31,7 +31,8 @@ from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import (
-    announce_batch_limits, apply_barebones, fit_options, limit_property, loop_policy,
+    announce_batch_limits, apply_barebones, fit_options, lightning_precision, limit_property, loop_policy,
+    warn_precision,
 )
 from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
 from taskfit.lightning.logged import (
@@ -124,13 +125,15 @@ class Trainer(Fit):
         self.datamodule: Any = None
         self._predictions: _Predictions | None = None
         plugins = plugins if isinstance(plugins, (list, tuple)) or plugins is None else [plugins]
+        precision, precision_said = lightning_precision(precision, accelerator)  # "16-mixed" on CPU: bf16
         super().__init__(accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes,
                          precision=precision, callbacks=_default_callbacks(flags, list(given)),
                          # fast_dev_run: Lightning's DummyLogger in place of the loggers (user calls still run)
                          loggers=[_lg.DummyLogger()] if fast_dev_run and lightning_loggers else lightning_loggers,
                          plugins=plugins, **options)
+        warn_precision(precision_said)  # after Fit.__init__: its rank-zero gate knows this process's rank now
         if not flags["fast_dev_run"]:  # Lightning announces no limits in fast_dev_run
-            announce_batch_limits(flags)  # after Fit.__init__: its rank-zero gate knows this process's rank now
+            announce_batch_limits(flags)
         # Lightning's loop semantics where they differ from HF's (global_step under manual optimization, min_epochs
         # / min_steps, reloaded loaders, no eval_ prefix, checkpoint callbacks last), chosen once here
         self.loop_policy = loop_policy(flags)
