@@ -246,7 +246,8 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       resumed_epoch_skips_start=True, zero_grad_before_validation=True,
                       eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True,
                       logs_run_values=False, reads_eval_outputs=False, log_hooks=LOG_HOOKS,
-                      stop_checked_before_epoch=True, stage_argument=trainer_fn)
+                      stop_checked_before_epoch=True, stage_argument=trainer_fn,
+                      shuffled_distributed_sampler=True)
 
 
 def limit_property(name: str) -> property:

@@ -1,0 +1,31 @@
+"""Under ``strategy="ddp", devices=2`` (2 gloo processes on CPU) the door gives the training loader Lightning's
+``DistributedSampler(shuffle=True, seed=PL_GLOBAL_SEED or 0)``, re-ordered each epoch by ``set_epoch``: every rank
+trains the batches it trains under ``lightning.Trainer``, in the same order, over 2 epochs, and the final weights
+are bitwise equal (``Fit`` keeps splitting the given order: tests/strategies)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from jobs_common import run_job
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 2-process jobs under both Trainers
+JOB = Path(__file__).with_name("door_resume_job.py")
+
+
+@pytest.mark.parametrize("cfg", [{}, {"shuffle": True, "seed": 3}], ids=["in_order", "shuffled_seeded"])
+def test_F_LIT_DDP_training_sampler_shuffles_like_lightning(tmp_path, cfg):
+    """F-LIT-DOOR: a loader in order (seed 0) and a shuffling one after ``seed_everything(3)``: per-rank batches
+    (each batch's input sum, in order) and weights equal to Lightning's."""
+    got = {name: run_job(JOB, tmp_path, name, {"framework": name, "max_epochs": 2, "devices": 2, **cfg})
+           for name in ("lightning", "taskfit")}
+    for lit, door in zip(got["lightning"], got["taskfit"], strict=True):
+        assert door["rank"] == lit["rank"]
+        assert door["seen"] == lit["seen"] and len(lit["seen"]) == 8  # 4 batches per epoch per rank
+        for k, v in lit["weights"].items():
+            assert torch.equal(v, door["weights"][k]), k
+    seen = got["lightning"][0]["seen"]
+    assert seen[:4] != seen[4:]  # set_epoch re-ordered the second epoch
