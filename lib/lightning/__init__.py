@@ -278,7 +278,9 @@ class Trainer(Fit):
                                                                         dataloaders) as (dataloaders, runs):
                 if not runs:  # limit_predict_batches=0: no loop, nothing returned (Lightning)
                     return None
-                dataloaders = record_batch_indices(dataloaders, self.callbacks)  # for BasePredictionWriter
+                # for BasePredictionWriter; the module's own predict_dataloader() too (asked for here then)
+                dataloaders = record_batch_indices(dataloaders, self.callbacks,
+                                                   model if model is not None else self.module)
                 super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)
