@@ -10,6 +10,7 @@ from typing import Any
 from taskfit.callbacks.base import Callback
 from taskfit.core.hook_logging import running
 from taskfit.core.hooks import overrides
+from taskfit.lightning.logged import start_loggers
 from taskfit.lightning.trainer_state import trainer_fn
 from taskfit.lightning.utilities import is_overridden
 
@@ -40,7 +41,8 @@ def _configure_callbacks(trainer: Any, module: Any) -> None:
 def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any) -> Iterator[tuple[Any, bool]]:
     """Around one ``validate``/``test``/``predict`` of the Lightning door, in Lightning's order:
     ``configure_callbacks``, ``prepare_data`` (datamodule, module), ``setup(stage=)`` (datamodule, callbacks,
-    module), ``configure_model``, ``zero_grad``; then the body; then ``teardown(stage=)`` (datamodule, callbacks,
+    module), ``configure_model``, ``zero_grad``, the loggers' start calls (``log_hyperparams``, ``log_graph``,
+    ``save``); then the body; then ``teardown(stage=)`` (datamodule, callbacks,
     module).
 
     Args:
@@ -76,6 +78,7 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
             with running(module, "configure_model"):
                 module.configure_model()
         module.zero_grad()
+        start_loggers(trainer, module)  # Lightning's _log_hyperparams: after set-up, before loaders and start hooks
     runs = getattr(trainer.args, LIMIT_OF[stage], None) != 0
     try:
         if runs and data is None and datamodule is not None:
