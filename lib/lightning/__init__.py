@@ -270,6 +270,8 @@ class Trainer(Fit):
         lists with several dataloaders); None with ``return_predictions=False``."""
         if datamodule is None and dataloaders is not None and _is_datamodule(dataloaders):
             datamodule, dataloaders = dataloaders, None
+        if datamodule is not None:
+            self.datamodule = datamodule  # attached for later stages too, as Lightning's trainer.datamodule
         collector = _Predictions()
         self.callbacks.append(collector)
         self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages

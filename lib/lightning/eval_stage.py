@@ -49,7 +49,8 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
         trainer (taskfit.lightning.Trainer): the door's trainer (its callbacks, ``args`` and last module).
         model (TaskModule | None): the module given to the call (None: the trainer's last one).
         stage (str): ``"validate"``, ``"test"`` or ``"predict"``.
-        datamodule (LightningDataModule | None): the datamodule given to the call.
+        datamodule (LightningDataModule | None): the datamodule given to the call (None: the trainer's last one,
+            ``trainer.datamodule``, gets the set-up and tear-down hooks only).
         data (Any): the loaders given to the call, or None.
 
     Yields:
@@ -61,13 +62,16 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
     fn = trainer_fn(stage)  # Lightning passes its TrainerFn member (equal to the name)
     _configure_callbacks(trainer, module)
     hooked = [cb for cb in trainer.callbacks if _hooked(cb, "setup") or _hooked(cb, "teardown")]
-    if datamodule is not None:
-        datamodule.prepare_data()
+    # Lightning keeps the last datamodule attached (trainer.datamodule): a stage given none still runs its set-up
+    # and tear-down hooks, though the stage's data comes from its own arguments or the module
+    hooks_dm = datamodule if datamodule is not None else getattr(trainer, "datamodule", None)
+    if hooks_dm is not None:
+        hooks_dm.prepare_data()
     if module is not None:
         with running(module, "prepare_data"):
             module.prepare_data()
-    if datamodule is not None:
-        datamodule.setup(stage=fn)
+    if hooks_dm is not None:
+        hooks_dm.setup(stage=fn)
     with running(module, "setup"):
         for cb in hooked:
             cb.setup(trainer, module, stage=fn)
@@ -85,8 +89,8 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
             data = getattr(datamodule, LOADER_OF[stage])()
         yield data, runs
     finally:
-        if datamodule is not None:
-            datamodule.teardown(stage=fn)
+        if hooks_dm is not None:
+            hooks_dm.teardown(stage=fn)
         with running(module, "teardown"):
             for cb in hooked:
                 cb.teardown(trainer, module, stage=fn)

@@ -68,6 +68,8 @@ def _run(L, root):
         trainer.fit(module, datamodule=dm)
         trainer.test(module, datamodule=dm, verbose=False)
         trainer.predict(module, datamodule=dm)
+        # given loaders: the datamodule attached before still gets its set-up and tear-down hooks (Lightning)
+        trainer.predict(module, DataLoader(regression(4), batch_size=2))
     st = trainer.state
     seen.append(("after", st.fn, st.stage, st.status, type(st.status).__name__))
     return seen
@@ -81,7 +83,9 @@ def test_F_LIT_STAGE_setup_teardown_receive_trainer_fn_like_lightning(tmp_path):
     assert got["taskfit"] == got["lightning"]
     stages = [s for s in got["lightning"] if s[0] == "module.setup"]
     assert [s[1:] for s in stages] == [("lightning.pytorch.trainer.states", "TrainerFn", v, v == "fit", v == "test")
-                                       for v in ("fit", "test", "predict")]
+                                       for v in ("fit", "test", "predict", "predict")]
+    assert [s[0] for s in got["lightning"][-7:-1]] == ["dm.setup", "cb.setup", "module.setup", "dm.teardown",
+                                                       "cb.teardown", "module.teardown"]
 
 
 def test_F_LIT_STAGE_own_enum_without_lightning_imported():
