@@ -171,7 +171,8 @@ class HookRunner:
 
     Args:
         callbacks (list): callback objects (``Callback`` subclasses or HF ``TrainerCallback`` instances).
-        module (TaskModule | None): the module, whose same-named hooks run after the callbacks'.
+        module (TaskModule | None): the module, whose same-named hooks run after the callbacks' (except the hooks
+            a callback names in its ``hooks_after_module`` tuple: those run after the module's).
         hf_kwargs (Callable[[], dict] | None): the keyword arguments every HF-style event gets (HF's
             ``CallbackHandler.call_event``: ``model``, ``processing_class``, ``optimizer``, ...); an event's own
             keywords win.
