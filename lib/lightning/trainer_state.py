@@ -84,6 +84,15 @@ class LightningState:
         else:
             setattr(self._loop_state, name, value)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to any state with equal ``fn``, ``status`` and ``stage`` (Lightning's ``TrainerState`` too, as
+        ``trainer.state == TrainerState()`` compares under Lightning)."""
+        if isinstance(other, LightningState) or all(hasattr(other, a) for a in _OWN):
+            return all(getattr(self, a) == getattr(other, a) for a in _OWN)
+        return NotImplemented
+
+    __hash__ = object.__hash__  # one view per loop state: identity, as before
+
     @property
     def fn(self) -> TrainerFn | None:
         return _as_peer(self._trainer._lightning_status["fn"])

@@ -102,3 +102,21 @@ def test_F_LIT_STAGE_own_enum_without_lightning_imported():
     finally:
         if saved is not None:
             sys.modules["lightning.pytorch.trainer.states"] = saved
+
+
+def test_F_LIT_STAGE_state_equals_lightnings_trainer_state(tmp_path):
+    """``trainer.state == TrainerState(...)`` reads as under Lightning, before and after ``fit``."""
+    from lightning.pytorch.trainer.states import TrainerFn, TrainerState, TrainerStatus
+
+    got = {}
+    for name, L in frameworks().items():
+        trainer = L.Trainer(default_root_dir=str(tmp_path / name), max_steps=1, accelerator="cpu", logger=False,
+                            enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+        before = trainer.state == TrainerState(status=TrainerStatus.INITIALIZING, fn=None, stage=None)
+        torch.manual_seed(0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(linear(L.LightningModule)(), data(n=8))
+        after = trainer.state == TrainerState(status=TrainerStatus.FINISHED, fn=TrainerFn.FITTING, stage=None)
+        got[name] = (before, after, trainer.state == TrainerState())
+    assert got["taskfit"] == got["lightning"] == (True, True, False)
