@@ -306,7 +306,10 @@ class RunLauncher:
                                       pin_memory_supported=fit.strategy.accelerator.supports_pin_memory())
             if overfit:  # a given DataLoader that shuffles reads in order too (Lightning's warning)
                 loader = sequential_loader(loader, "train" if train else "val")
-            if fit.loop_policy.shuffled_distributed_sampler and stage != "predict":  # Lightning's sampler rule
+            rule = fit.loop_policy.distributed_sampler
+            if rule == "as_given":  # Lightning's use_distributed_sampler=False: every process reads it all
+                return loader
+            if rule == "lightning" and stage != "predict":  # Lightning's sampler rule
                 st = fit.strategy
                 loader = shuffled_split_loader(loader, st.data_parallel_size, st.data_parallel_rank, train=train,
                                                overfit=bool(a.overfit_batches))

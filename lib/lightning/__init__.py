@@ -81,7 +81,7 @@ class Trainer(Fit):
     time (``"DD:HH:MM:SS"``, ``datetime.timedelta``, a dict of its arguments).
 
     Raises:
-        NotImplementedError: ``use_distributed_sampler=False``, ``sync_batchnorm``, ``model_registry``,
+        NotImplementedError: ``sync_batchnorm``, ``model_registry``,
             ``benchmark=True`` (the message names the flag), before any work.
         ValueError: a float ``val_check_interval`` outside [0, 1], a malformed time, ``check_val_every_n_epoch``
             < 1, or None with a float ``val_check_interval``; with ``barebones=True`` a flag asking for what it turns

@@ -23,8 +23,7 @@ _LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "li
            "overfit_batches", "val_check_interval")
 
 #: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
-_UNSUPPORTED = {"use_distributed_sampler": (True,),
-                "sync_batchnorm": (False,), "model_registry": (None,),
+_UNSUPPORTED = {"sync_batchnorm": (False,), "model_registry": (None,),
                 "benchmark": (None, False)}
 
 
@@ -247,7 +246,7 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True,
                       logs_run_values=False, reads_eval_outputs=False, log_hooks=LOG_HOOKS,
                       stop_checked_before_epoch=True, stage_argument=trainer_fn,
-                      shuffled_distributed_sampler=True)
+                      distributed_sampler="lightning" if f["use_distributed_sampler"] else "as_given")
 
 
 def limit_property(name: str) -> property:

@@ -103,11 +103,12 @@ class LoopPolicy:
         stage_argument (Callable[[str], Any]): what ``setup(stage)``/``teardown(stage)`` of the datamodule, the
             callbacks and the module receive for the stage name (``"fit"``): ``str`` gives the name itself
             (``Fit``); Lightning's door gives its ``TrainerFn`` member (a str Enum equal to the name).
-        shuffled_distributed_sampler (bool): with several processes the training loader gets a
-            ``DistributedSampler`` that shuffles with ``seed + epoch`` (``PL_GLOBAL_SEED`` or 0) whatever the given
-            loader did, an evaluation loader one that shuffles only when the given one did (Lightning's
-            ``_process_dataloader``; :func:`taskfit.data.shuffled_split.shuffled_split_loader`); False: each
-            process reads its strided share of the given order (``Fit``).
+        distributed_sampler (str): how several processes share a loader: ``"split"``, each reads its strided share
+            of the given order (``Fit``); ``"lightning"``, the training loader gets a ``DistributedSampler`` that
+            shuffles with ``seed + epoch`` (``PL_GLOBAL_SEED`` or 0) whatever the given loader did, an evaluation
+            loader one that shuffles only when the given one did (Lightning's ``_process_dataloader``;
+            :func:`taskfit.data.shuffled_split.shuffled_split_loader`); ``"as_given"``, every process reads the
+            loaders as given (Lightning's ``use_distributed_sampler=False``).
     """
 
     counts_optimizer_steps: bool = False
@@ -136,7 +137,7 @@ class LoopPolicy:
     log_hooks: Mapping[str, Any] | None = None
     stop_checked_before_epoch: bool = False
     stage_argument: Callable[[str], Any] = str
-    shuffled_distributed_sampler: bool = False
+    distributed_sampler: str = "split"
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect

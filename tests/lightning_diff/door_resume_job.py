@@ -2,7 +2,7 @@
 a Lightning-style module under ``lightning.Trainer`` or ``taskfit.lightning.Trainer`` (``cfg["framework"]``),
 ``strategy="ddp"``, ``devices=2`` on CPU (gloo), trained for ``cfg["max_epochs"]`` epochs with a checkpoint every
 epoch, from scratch or from ``cfg["ckpt_path"]``, on 32 samples in batches of 4 (``cfg["shuffle"]``: a shuffling
-loader; ``cfg["seed"]``: ``seed_everything(seed)`` first). Each rank saves its weights, optimizer state, what
+loader; ``cfg["seed"]``: ``seed_everything(seed)`` first; ``cfg["use_distributed_sampler"]``: that flag). Each rank saves its weights, optimizer state, what
 ``on_load_checkpoint`` read, the stateful callback's state, the loop counters and what its own recording logger
 received."""
 
@@ -82,6 +82,7 @@ def run(cfg: dict) -> dict:
     counter = Counter()
     logger = recording_logger()  # a logger of the user's own: called on every process, as Lightning calls it
     trainer = L.Trainer(default_root_dir=cfg["out"], accelerator="cpu", devices=2, strategy="ddp",
+                        use_distributed_sampler=cfg.get("use_distributed_sampler", True),
                         max_epochs=cfg["max_epochs"], logger=logger, log_every_n_steps=1, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0,
                         callbacks=[counter, ModelCheckpoint(dirpath=cfg["out"] + "/ckpt", save_top_k=-1)])
