@@ -48,6 +48,12 @@ class SamplerSplit(DistributedSampler):
     def __init__(self, sampler: Sampler, num_replicas: int, rank: int, shuffle: bool, seed: int) -> None:
         super().__init__(_SamplerIndices(sampler), num_replicas=num_replicas, rank=rank, shuffle=shuffle, seed=seed)
 
+    def set_epoch(self, epoch: int) -> None:
+        """Select ``epoch``'s shuffle and tell the wrapped sampler too (when it has ``set_epoch``), as Lightning."""
+        super().set_epoch(epoch)
+        if callable(getattr(self.dataset.sampler, "set_epoch", None)):
+            self.dataset.sampler.set_epoch(epoch)
+
     def __iter__(self) -> Iterator[Any]:
         self.dataset.reset()
         return (self.dataset[i] for i in super().__iter__())

@@ -12,10 +12,34 @@ import torch
 
 from jobs_common import run_job
 
-pytestmark = [pytest.mark.distributed, pytest.mark.slow]  # 2-process jobs under both Trainers
 JOB = Path(__file__).with_name("door_resume_job.py")
 
 
+@pytest.mark.parametrize("shuffle", [True, False])
+@pytest.mark.parametrize("inner", ["list", "epoch_sampler"])
+def test_F_LIT_DDP_custom_sampler_split_like_lightnings_wrapper(shuffle, inner):
+    """A loader's own sampler (not Random/Sequential) is split as Lightning's ``DistributedSamplerWrapper`` splits
+    it: the same indices per rank and epoch (``set_epoch``, passed on to a sampler that has it), 3 ranks over 10
+    indices (padded), no process group."""
+    from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
+
+    from taskfit.data.samplers import EpochRandomSampler
+    from taskfit.data.shuffled_split import SamplerSplit
+
+    def sampler():
+        return [7, 3, 9, 0, 4, 8, 1, 6, 2, 5] if inner == "list" else EpochRandomSampler(10, seed=1)
+
+    for rank in range(3):
+        ours = SamplerSplit(sampler(), 3, rank, shuffle, seed=5)
+        theirs = DistributedSamplerWrapper(sampler(), num_replicas=3, rank=rank, shuffle=shuffle, seed=5)
+        for epoch in (0, 1):
+            ours.set_epoch(epoch)
+            theirs.set_epoch(epoch)
+            assert list(ours) == list(theirs) and len(ours) == len(theirs) == 4
+
+
+@pytest.mark.distributed
+@pytest.mark.slow  # 2-process jobs under both Trainers
 @pytest.mark.parametrize("cfg", [{}, {"shuffle": True, "seed": 3}, {"use_distributed_sampler": False}],
                          ids=["in_order", "shuffled_seeded", "no_distributed_sampler"])
 def test_F_LIT_DDP_training_sampler_shuffles_like_lightning(tmp_path, cfg):
