@@ -308,6 +308,11 @@ class Trainer(Fit):
         Fit.state.fset(self, value._loop_state if isinstance(value, LightningState) else value)
 
     @property
+    def interrupted(self) -> bool:
+        """True when the last trainer method was interrupted (an exception, Ctrl-C), as Lightning's."""
+        return self.state.stopped
+
+    @property
     def profiler(self) -> Any:
         """The run's profiler (``profiler=`` given as an object or a name), else one that records nothing
         (Lightning's ``PassThroughProfiler``)."""

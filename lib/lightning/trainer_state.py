@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
 import sys
 from typing import Any, Iterator
 
@@ -136,11 +137,21 @@ def new_status() -> dict[str, Any]:
 @contextlib.contextmanager
 def running(trainer: Any, fn: str) -> Iterator[None]:
     """``trainer.state`` through one trainer method ``fn`` (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``):
-    running, then finished, or interrupted when it raises (the exception goes on)."""
+    running, then finished, or interrupted when it raises (the exception goes on; a ``KeyboardInterrupt`` becomes
+    ``SystemExit(1)`` after Lightning's "graceful shutdown" info line, as Lightning's
+    ``_call_and_handle_interrupt``; its tear-down then puts the SIGINT handler back as it was, so it is left alone).
+
+    Raises:
+        SystemExit: code 1, for a ``KeyboardInterrupt`` raised inside.
+    """
     status = trainer._lightning_status
     status.update(fn=TrainerFn(fn), status=TrainerStatus.RUNNING, stage=_STAGE[fn])
     try:
         yield
+    except KeyboardInterrupt:  # after the run's exception hooks and tear-down: Lightning's graceful shutdown
+        status.update(status=TrainerStatus.INTERRUPTED)
+        logging.getLogger("taskfit").info("\nDetected KeyboardInterrupt, attempting graceful shutdown ...")
+        raise SystemExit(1) from None
     except BaseException:
         status.update(status=TrainerStatus.INTERRUPTED)
         raise
