@@ -125,7 +125,7 @@ class Trainer(Fit):
         self.datamodule: Any = None
         self._predictions: _Predictions | None = None
         plugins = plugins if isinstance(plugins, (list, tuple)) or plugins is None else [plugins]
-        precision, precision_said = lightning_precision(precision, accelerator)  # "16-mixed" on CPU: bf16
+        precision, precision_said = lightning_precision(precision, accelerator, strategy)  # 16-mixed on CPU: bf16
         super().__init__(accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes,
                          precision=precision, callbacks=_default_callbacks(flags, list(given)),
                          # fast_dev_run: Lightning's DummyLogger in place of the loggers (user calls still run)

@@ -190,17 +190,19 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
 _PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
 
 
-def lightning_precision(precision: Any, accelerator: Any) -> tuple[Any, list[str]]:
+def lightning_precision(precision: Any, accelerator: Any, strategy: Any = "auto") -> tuple[Any, list[str]]:
     """Lightning's precision flag as its ``_AcceleratorConnector`` parses it: ``16``/``"16"``/``"bf16"``/``32``/
     ``64`` become ``"16-mixed"``/``"bf16-mixed"``/``"32-true"``/``"64-true"`` (the first two with Lightning's
     "supported for historical reasons" warning), and ``"16-mixed"`` on the CPU (``accelerator="cpu"``, or
     ``"auto"`` finding no other device) becomes ``"bf16-mixed"`` with Lightning's warning, since AMP with fp16 has
-    no CPU kernels there. ``Fit`` keeps fp16 autocast with a CPU ``GradScaler``; a precision plugin object (e.g.
+    no CPU kernels there (not under a DeepSpeed, FSDP or XLA strategy, whose own precision plugins Lightning
+    picks first). ``Fit`` keeps fp16 autocast with a CPU ``GradScaler``; a precision plugin object (e.g.
     ``MixedPrecision("16-mixed")`` in ``plugins=``) is used as given, as in Lightning.
 
     Args:
         precision (str | int | Precision | None): the ``Trainer(precision=)`` flag.
-        accelerator (str | Accelerator): the ``Trainer(accelerator=)`` flag.
+        accelerator (str | Accelerator): the ``Trainer(accelerator=)`` flag; strategy (str | Strategy): the
+            ``Trainer(strategy=)`` flag.
 
     Returns:
         tuple[Any, list[str]]: the precision to give ``Fit`` and the warnings' texts, in Lightning's order (the
@@ -215,7 +217,9 @@ def lightning_precision(precision: Any, accelerator: Any) -> tuple[Any, list[str
                         f"Please set your precision to {_PRECISION_ALIASES[name]} instead!")
         name = _PRECISION_ALIASES[name]
     acc = accelerator.strip().lower() if isinstance(accelerator, str) else None
-    if name == "16-mixed" and acc in ("cpu", "auto") and (acc == "cpu" or choose_accelerator(acc)[0] == "cpu"):
+    own_plugin = not isinstance(strategy, str) or strategy.startswith(("deepspeed", "fsdp", "xla"))
+    if name == "16-mixed" and not own_plugin and acc in ("cpu", "auto") and (
+            acc == "cpu" or choose_accelerator(acc)[0] == "cpu"):
         said.append("You passed `Trainer(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not "
                     "supported on CPU. Using `precision='bf16-mixed'` instead.")
         name = "bf16-mixed"

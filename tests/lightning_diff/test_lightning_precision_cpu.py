@@ -57,3 +57,20 @@ def test_F_LIT_PREC_fit_keeps_fp16_on_cpu(tmp_path):
     trainer = L.Trainer(default_root_dir=str(tmp_path / "door"), accelerator="cpu", logger=False,
                         enable_progress_bar=False, plugins=[plugin])
     assert trainer.strategy.precision is plugin and plugin.name == "16-mixed"
+
+
+def test_F_LIT_PREC_parsed_as_lightning_parses_it():
+    """The flag as Lightning's connector leaves it: aliases, the CPU rule, and no CPU rule where a DeepSpeed/FSDP
+    strategy (or a Strategy object) picks its own plugin, or for a plugin object."""
+    from taskfit.lightning.flags import lightning_precision
+
+    assert lightning_precision(32, "cpu") == ("32-true", [])
+    assert lightning_precision("bf16", "cpu")[0] == "bf16-mixed"
+    from taskfit.accelerators import choose_accelerator
+
+    on_cpu = choose_accelerator("auto")[0] == "cpu"
+    assert lightning_precision("16-mixed", "auto")[0] == ("bf16-mixed" if on_cpu else "16-mixed")
+    assert lightning_precision("16-mixed", "cpu", "deepspeed") == ("16-mixed", [])
+    assert lightning_precision("16-mixed", "cpu", object()) == ("16-mixed", [])
+    plugin = object()
+    assert lightning_precision(plugin, "cpu") == (plugin, [])
