@@ -171,7 +171,8 @@ class HookRunner:
 
     Args:
         callbacks (list): callback objects (``Callback`` subclasses or HF ``TrainerCallback`` instances).
-        module (TaskModule | None): the module, whose same-named hooks run after the callbacks'.
+        module (TaskModule | None): the module, whose same-named hooks run after the callbacks' (except the hooks
+            a callback names in its ``hooks_after_module`` tuple: those run after the module's).
         hf_kwargs (Callable[[], dict] | None): the keyword arguments every HF-style event gets (HF's
             ``CallbackHandler.call_event``: ``model``, ``processing_class``, ``optimizer``, ...); an event's own
             keywords win.
@@ -186,6 +187,7 @@ class HookRunner:
         self.lightning: dict[str, list[tuple[Callable, bool]]] = {n: [] for n in LIGHTNING_HOOKS}
         self.lightning[MONITORING_EPOCH_END] = []
         self.hf: dict[str, list[Callable]] = {n: [] for n in HF_HOOKS + ("on_train_end",)}
+        late: list[tuple[str, Callable]] = []  # a callback's hooks named in its ``hooks_after_module``
         for cb in callbacks:
             for name in LIGHTNING_HOOKS + HF_HOOKS:
                 if not _is_overridden(cb, name) and not _on_instance(cb, name, LIGHTNING_HOOKS):
@@ -195,6 +197,8 @@ class HookRunner:
                     self.hf[name].append(fn)
                 elif name == "on_train_epoch_end" and getattr(cb, "monitors_epoch_end", False):
                     self.lightning[MONITORING_EPOCH_END].append((fn, True))
+                elif name in getattr(cb, "hooks_after_module", ()):
+                    late.append((name, fn))
                 else:
                     self.lightning[name].append((fn, True))
         if isinstance(module, TaskModule):
@@ -203,6 +207,8 @@ class HookRunner:
                 if name in self.lightning and (_on_instance(module, name, MODULE_HOOKS) or (
                         own is not None and own is not getattr(TaskModule, name, None))):
                     self.lightning[name].append((getattr(module, name), False))
+        for name, fn in late:  # after the module's own (the Lightning door's logger start after on_fit_start)
+            self.lightning[name].append((fn, True))
 
     def call(self, name: str, fit: Any, module: Any, *args: Any, **kwargs: Any) -> Any:
         """Call Lightning-style hook ``name``: callbacks get ``(fit, module, *args, **kwargs)``, the module

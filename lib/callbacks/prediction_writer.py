@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from taskfit.callbacks.base import Callback
+from taskfit.core.hooks import module_loader
 from taskfit.errors import configuration_error
 from torch.utils.data import DataLoader, IterableDataset
 
@@ -113,11 +114,15 @@ class BasePredictionWriter(Callback):
         self.write_on_epoch_end(trainer, pl_module, per[0] if len(per) == 1 else per, indices)
 
 
-def record_batch_indices(dataloaders: Any, callbacks: list[Any]) -> Any:
+def record_batch_indices(dataloaders: Any, callbacks: list[Any], module: Any = None) -> Any:
     """``dataloaders`` (one loader or a list/tuple of them) rebuilt to record their batches' sample indices when
     ``callbacks`` hold a :class:`BasePredictionWriter` (each writer's ``recorders`` set); unchanged otherwise (no
-    cost for a ``predict`` without a writer)."""
+    cost for a ``predict`` without a writer). With ``dataloaders`` None the loaders are ``module``'s own
+    ``predict_dataloader()`` (asked for here, once), so their indices are recorded too, as Lightning records every
+    predict loader's (``_IndexBatchSamplerWrapper``)."""
     writers = [cb for cb in callbacks if isinstance(cb, BasePredictionWriter)]
+    if writers and dataloaders is None and module is not None:
+        dataloaders = module_loader(module, "predict_dataloader")
     if not writers or dataloaders is None:
         return dataloaders
     several = isinstance(dataloaders, (list, tuple))

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 import torch
-from torch.utils.data import DataLoader, Dataset, IterableDataset, SequentialSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler, IterableDataset, SequentialSampler
 from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter, default_collate
 
 from taskfit.data.datamodule import DataModule  # noqa: F401  (its home before; imported from here too)
@@ -316,7 +316,8 @@ def sequential_loader(loader: Any, prefix: str) -> Any:
 def distributed_loader(loader: Any, num_replicas: int, rank: int) -> Any:
     """``loader`` rebuilt so this process reads its share of the samples (see
     :class:`~taskfit.data.samplers.DistributedSamplerWrapper`); iterable datasets are returned unchanged (they
-    must shard themselves, e.g. with ``torch.utils.data.get_worker_info`` and the rank). A torchdata
+    must shard themselves, e.g. with ``torch.utils.data.get_worker_info`` and the rank), and so is a loader whose
+    sampler is a ``DistributedSampler`` already splitting for ``num_replicas`` at ``rank``. A torchdata
     ``StatefulDataLoader`` stays one (its ``state_dict`` is what a mid-epoch resume restores).
 
     Raises:
@@ -325,6 +326,9 @@ def distributed_loader(loader: Any, num_replicas: int, rank: int) -> Any:
     from taskfit.data.samplers import DistributedSamplerWrapper
 
     if num_replicas <= 1 or not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset):
+        return loader
+    if isinstance(loader.sampler, DistributedSampler) and (loader.sampler.num_replicas, loader.sampler.rank) == (
+            num_replicas, rank):  # already this process's share (Lightning's rule, or the user's own sampler)
         return loader
     if loader.batch_size is None:
         raise ValueError("A DataLoader with a custom batch_sampler cannot be split across processes automatically; "

@@ -23,6 +23,7 @@ from torch import nn
 from taskfit.core.quantized import check_quantized_setup, check_quantized_training
 from taskfit.data.combined import combined_train_loader, is_loader_collection
 from taskfit.data.loaders import build_dataloader, forward_parameter_names, per_process_batch_size, sequential_loader
+from taskfit.data.shuffled_split import shuffled_split_loader
 from taskfit.debugging import batch_limit, limit_batches
 from taskfit.loops.evaluation_loop import is_loader_list
 from taskfit.loops.plan import RunPlan
@@ -305,6 +306,13 @@ class RunLauncher:
                                       pin_memory_supported=fit.strategy.accelerator.supports_pin_memory())
             if overfit:  # a given DataLoader that shuffles reads in order too (Lightning's warning)
                 loader = sequential_loader(loader, "train" if train else "val")
+            rule = fit.loop_policy.distributed_sampler
+            if rule == "as_given":  # Lightning's use_distributed_sampler=False: every process reads it all
+                return loader
+            if rule == "lightning" and stage != "predict":  # Lightning's sampler rule
+                st = fit.strategy
+                loader = shuffled_split_loader(loader, st.data_parallel_size, st.data_parallel_rank, train=train,
+                                               overfit=bool(a.overfit_batches))
             return fit.strategy.process_dataloader(loader)
 
         # several train loaders (a list/dict, Lightning's CombinedLoader): one batch of each per step

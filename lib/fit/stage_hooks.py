@@ -30,6 +30,7 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
             module.prepare_data()
     if fit.strategy.world_size > 1:
         fit.strategy.barrier("prepare_data")  # the other processes wait for the data local rank 0 prepared
+    stage = fit.loop_policy.stage_argument(stage)  # Lightning's door: its TrainerFn member
     if datamodule is not None:
         datamodule.setup(stage=stage)  # by keyword, as Lightning calls it
     fit._hooks.call("setup", fit, module, stage=stage)
@@ -40,6 +41,7 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
 
 def end_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
     """Lightning's order at the end of a stage: ``teardown`` of the datamodule, the callbacks, the module."""
+    stage = fit.loop_policy.stage_argument(stage)
     if datamodule is not None and hasattr(datamodule, "teardown"):
         datamodule.teardown(stage=stage)
     fit._hooks.call("teardown", fit, module, stage=stage)

@@ -31,7 +31,8 @@ from taskfit.fit.fit import Fit
 from taskfit.lightning import callbacks, loggers, profilers  # modules: `from taskfit.lightning.callbacks import X`
 from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import (
-    announce_batch_limits, apply_barebones, fit_options, limit_property, loop_policy,
+    announce_batch_limits, apply_barebones, fit_options, lightning_precision, limit_property, loop_policy,
+    warn_precision,
 )
 from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
 from taskfit.lightning.logged import (
@@ -80,7 +81,7 @@ class Trainer(Fit):
     time (``"DD:HH:MM:SS"``, ``datetime.timedelta``, a dict of its arguments).
 
     Raises:
-        NotImplementedError: ``use_distributed_sampler=False``, ``sync_batchnorm``, ``model_registry``,
+        NotImplementedError: ``sync_batchnorm``, ``model_registry``,
             ``benchmark=True`` (the message names the flag), before any work.
         ValueError: a float ``val_check_interval`` outside [0, 1], a malformed time, ``check_val_every_n_epoch``
             < 1, or None with a float ``val_check_interval``; with ``barebones=True`` a flag asking for what it turns
@@ -124,13 +125,15 @@ class Trainer(Fit):
         self.datamodule: Any = None
         self._predictions: _Predictions | None = None
         plugins = plugins if isinstance(plugins, (list, tuple)) or plugins is None else [plugins]
+        precision, precision_said = lightning_precision(precision, accelerator, strategy)  # 16-mixed on CPU: bf16
         super().__init__(accelerator=accelerator, strategy=strategy, devices=devices, num_nodes=num_nodes,
                          precision=precision, callbacks=_default_callbacks(flags, list(given)),
                          # fast_dev_run: Lightning's DummyLogger in place of the loggers (user calls still run)
                          loggers=[_lg.DummyLogger()] if fast_dev_run and lightning_loggers else lightning_loggers,
                          plugins=plugins, **options)
+        warn_precision(precision_said)  # after Fit.__init__: its rank-zero gate knows this process's rank now
         if not flags["fast_dev_run"]:  # Lightning announces no limits in fast_dev_run
-            announce_batch_limits(flags)  # after Fit.__init__: its rank-zero gate knows this process's rank now
+            announce_batch_limits(flags)
         # Lightning's loop semantics where they differ from HF's (global_step under manual optimization, min_epochs
         # / min_steps, reloaded loaders, no eval_ prefix, checkpoint callbacks last), chosen once here
         self.loop_policy = loop_policy(flags)
@@ -267,6 +270,8 @@ class Trainer(Fit):
         lists with several dataloaders); None with ``return_predictions=False``."""
         if datamodule is None and dataloaders is not None and _is_datamodule(dataloaders):
             datamodule, dataloaders = dataloaders, None
+        if datamodule is not None:
+            self.datamodule = datamodule  # attached for later stages too, as Lightning's trainer.datamodule
         collector = _Predictions()
         self.callbacks.append(collector)
         self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
@@ -275,7 +280,9 @@ class Trainer(Fit):
                                                                         dataloaders) as (dataloaders, runs):
                 if not runs:  # limit_predict_batches=0: no loop, nothing returned (Lightning)
                     return None
-                dataloaders = record_batch_indices(dataloaders, self.callbacks)  # for BasePredictionWriter
+                # for BasePredictionWriter; the module's own predict_dataloader() too (asked for here then)
+                dataloaders = record_batch_indices(dataloaders, self.callbacks,
+                                                   model if model is not None else self.module)
                 super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
         finally:
             self.callbacks.remove(collector)
@@ -299,6 +306,11 @@ class Trainer(Fit):
     @state.setter
     def state(self, value: Any) -> None:
         Fit.state.fset(self, value._loop_state if isinstance(value, LightningState) else value)
+
+    @property
+    def interrupted(self) -> bool:
+        """True when the last trainer method was interrupted (an exception, Ctrl-C), as Lightning's."""
+        return self.state.stopped
 
     @property
     def profiler(self) -> Any:

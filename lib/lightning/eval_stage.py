@@ -10,6 +10,8 @@ from typing import Any
 from taskfit.callbacks.base import Callback
 from taskfit.core.hook_logging import running
 from taskfit.core.hooks import overrides
+from taskfit.lightning.logged import start_loggers
+from taskfit.lightning.trainer_state import trainer_fn
 from taskfit.lightning.utilities import is_overridden
 
 LOADER_OF = {"validate": "val_dataloader", "test": "test_dataloader", "predict": "predict_dataloader"}
@@ -39,14 +41,16 @@ def _configure_callbacks(trainer: Any, module: Any) -> None:
 def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any) -> Iterator[tuple[Any, bool]]:
     """Around one ``validate``/``test``/``predict`` of the Lightning door, in Lightning's order:
     ``configure_callbacks``, ``prepare_data`` (datamodule, module), ``setup(stage=)`` (datamodule, callbacks,
-    module), ``configure_model``, ``zero_grad``; then the body; then ``teardown(stage=)`` (datamodule, callbacks,
+    module), ``configure_model``, ``zero_grad``, the loggers' start calls (``log_hyperparams``, ``log_graph``,
+    ``save``); then the body; then ``teardown(stage=)`` (datamodule, callbacks,
     module).
 
     Args:
         trainer (taskfit.lightning.Trainer): the door's trainer (its callbacks, ``args`` and last module).
         model (TaskModule | None): the module given to the call (None: the trainer's last one).
         stage (str): ``"validate"``, ``"test"`` or ``"predict"``.
-        datamodule (LightningDataModule | None): the datamodule given to the call.
+        datamodule (LightningDataModule | None): the datamodule given to the call (None: the trainer's last one,
+            ``trainer.datamodule``, gets the set-up and tear-down hooks only).
         data (Any): the loaders given to the call, or None.
 
     Yields:
@@ -55,35 +59,40 @@ def eval_stage(trainer: Any, model: Any, stage: str, datamodule: Any, data: Any)
         runs at all (False for ``limit_*_batches=0``: Lightning then asks for no loader and calls no loop hook).
     """
     module = model if model is not None else trainer.module
+    fn = trainer_fn(stage)  # Lightning passes its TrainerFn member (equal to the name)
     _configure_callbacks(trainer, module)
     hooked = [cb for cb in trainer.callbacks if _hooked(cb, "setup") or _hooked(cb, "teardown")]
-    if datamodule is not None:
-        datamodule.prepare_data()
+    # Lightning keeps the last datamodule attached (trainer.datamodule): a stage given none still runs its set-up
+    # and tear-down hooks, though the stage's data comes from its own arguments or the module
+    hooks_dm = datamodule if datamodule is not None else getattr(trainer, "datamodule", None)
+    if hooks_dm is not None:
+        hooks_dm.prepare_data()
     if module is not None:
         with running(module, "prepare_data"):
             module.prepare_data()
-    if datamodule is not None:
-        datamodule.setup(stage=stage)
+    if hooks_dm is not None:
+        hooks_dm.setup(stage=fn)
     with running(module, "setup"):
         for cb in hooked:
-            cb.setup(trainer, module, stage=stage)
+            cb.setup(trainer, module, stage=fn)
         if module is not None:
-            module.setup(stage=stage)
+            module.setup(stage=fn)
     if module is not None:
         if is_overridden("configure_model", module):  # Lightning calls it only when overridden
             with running(module, "configure_model"):
                 module.configure_model()
         module.zero_grad()
+        start_loggers(trainer, module)  # Lightning's _log_hyperparams: after set-up, before loaders and start hooks
     runs = getattr(trainer.args, LIMIT_OF[stage], None) != 0
     try:
         if runs and data is None and datamodule is not None:
             data = getattr(datamodule, LOADER_OF[stage])()
         yield data, runs
     finally:
-        if datamodule is not None:
-            datamodule.teardown(stage=stage)
+        if hooks_dm is not None:
+            hooks_dm.teardown(stage=fn)
         with running(module, "teardown"):
             for cb in hooked:
-                cb.teardown(trainer, module, stage=stage)
+                cb.teardown(trainer, module, stage=fn)
             if module is not None:
-                module.teardown(stage=stage)
+                module.teardown(stage=fn)

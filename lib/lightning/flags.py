@@ -6,13 +6,16 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import warnings
 from ast import literal_eval
 from datetime import timedelta
 from typing import Any
 
 from lightning_utilities.core.rank_zero import rank_zero_only
+from taskfit.accelerators import choose_accelerator
 from taskfit.errors import configuration_error
 from taskfit.lightning.log_hooks import LOG_HOOKS
+from taskfit.lightning.trainer_state import trainer_fn
 from taskfit.loops.policy import LoopPolicy
 
 _log = logging.getLogger("taskfit")
@@ -20,8 +23,7 @@ _LIMITS = ("limit_train_batches", "limit_val_batches", "limit_test_batches", "li
            "overfit_batches", "val_check_interval")
 
 #: Lightning flags with no taskfit equivalent: name -> the values that are accepted (anything else raises).
-_UNSUPPORTED = {"use_distributed_sampler": (True,),
-                "sync_batchnorm": (False,), "model_registry": (None,),
+_UNSUPPORTED = {"sync_batchnorm": (False,), "model_registry": (None,),
                 "benchmark": (None, False)}
 
 
@@ -184,6 +186,54 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+#: Lightning's historical precision spellings (``_PRECISION_INPUT_STR_ALIAS_CONVERSION``)
+_PRECISION_ALIASES = {"16": "16-mixed", "bf16": "bf16-mixed", "32": "32-true", "64": "64-true"}
+
+
+def lightning_precision(precision: Any, accelerator: Any, strategy: Any = "auto") -> tuple[Any, list[str]]:
+    """Lightning's precision flag as its ``_AcceleratorConnector`` parses it: ``16``/``"16"``/``"bf16"``/``32``/
+    ``64`` become ``"16-mixed"``/``"bf16-mixed"``/``"32-true"``/``"64-true"`` (the first two with Lightning's
+    "supported for historical reasons" warning), and ``"16-mixed"`` on the CPU (``accelerator="cpu"``, or
+    ``"auto"`` finding no other device) becomes ``"bf16-mixed"`` with Lightning's warning, since AMP with fp16 has
+    no CPU kernels there (not under a DeepSpeed, FSDP or XLA strategy, whose own precision plugins Lightning
+    picks first). ``Fit`` keeps fp16 autocast with a CPU ``GradScaler``; a precision plugin object (e.g.
+    ``MixedPrecision("16-mixed")`` in ``plugins=``) is used as given, as in Lightning.
+
+    Args:
+        precision (str | int | Precision | None): the ``Trainer(precision=)`` flag.
+        accelerator (str | Accelerator): the ``Trainer(accelerator=)`` flag; strategy (str | Strategy): the
+            ``Trainer(strategy=)`` flag.
+
+    Returns:
+        tuple[Any, list[str]]: the precision to give ``Fit`` and the warnings' texts, in Lightning's order (the
+        caller warns once the process's rank is known).
+    """
+    if isinstance(precision, bool) or not isinstance(precision, (str, int)):
+        return precision, []
+    name, said = str(precision), []
+    if name in _PRECISION_ALIASES:
+        if name[:2] not in ("32", "64"):
+            said.append(f"`precision={precision}` is supported for historical reasons but its usage is discouraged. "
+                        f"Please set your precision to {_PRECISION_ALIASES[name]} instead!")
+        name = _PRECISION_ALIASES[name]
+    acc = accelerator.strip().lower() if isinstance(accelerator, str) else None
+    own_plugin = not isinstance(strategy, str) or strategy.startswith(("deepspeed", "fsdp", "xla"))
+    if name == "16-mixed" and not own_plugin and acc in ("cpu", "auto") and (
+            acc == "cpu" or choose_accelerator(acc)[0] == "cpu"):
+        said.append("You passed `Trainer(accelerator='cpu', precision='16-mixed')` but AMP with fp16 is not "
+                    "supported on CPU. Using `precision='bf16-mixed'` instead.")
+        name = "bf16-mixed"
+    return name, said
+
+
+@rank_zero_only
+def warn_precision(said: list[str]) -> None:
+    """Warn (UserWarning) each text of :func:`lightning_precision`, on global rank 0 only (Lightning's
+    ``rank_zero_warn``); call it after ``Fit.__init__`` set the rank-zero gate."""
+    for text in said:
+        warnings.warn(text, UserWarning, stacklevel=5)  # the user's Trainer(...) line
+
+
 def loop_policy(f: dict[str, Any]) -> LoopPolicy:
     """The :class:`~taskfit.loops.policy.LoopPolicy` of Lightning's ``Trainer`` flags ``f`` (checked by
     :func:`fit_options` first): Lightning's loop semantics where they differ from HF's."""
@@ -199,7 +249,8 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       resumed_epoch_skips_start=True, zero_grad_before_validation=True,
                       eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True,
                       logs_run_values=False, reads_eval_outputs=False, log_hooks=LOG_HOOKS,
-                      stop_checked_before_epoch=True)
+                      stop_checked_before_epoch=True, stage_argument=trainer_fn,
+                      distributed_sampler="lightning" if f["use_distributed_sampler"] else "as_given")
 
 
 def limit_property(name: str) -> property:

@@ -166,7 +166,7 @@ def _step_values(results: Any, dataloader_idx: int | None = None) -> dict[str, A
     return out
 
 
-def _start_loggers(trainer: Any, module: Any) -> None:
+def start_loggers(trainer: Any, module: Any) -> None:
     """Lightning's ``_log_hyperparams`` as a trainer method starts: each logger (:func:`loggers_here`) gets
     ``log_hyperparams`` (:func:`lightning_hyperparams`, when there are any), ``log_graph(module)`` and ``save()``
     where it has them; nothing under ``fast_dev_run``."""
@@ -187,9 +187,11 @@ class LoggedMetrics(Callback):
     the loggers (``name_step``, or ``name`` when not ``on_epoch``; no ``epoch`` key) at Lightning's evaluation step:
     the batches of that loader seen so far in this trainer method (during ``fit`` counted over all its
     validations). As each trainer method starts (``fit``, ``validate``, ``test``, ``predict``), the loggers get
-    Lightning's ``_log_hyperparams`` calls (:func:`_start_loggers`)."""
+    Lightning's ``_log_hyperparams`` calls (:func:`start_loggers`: here after the module's ``on_fit_start``; for
+    ``validate``/``test``/``predict`` :func:`taskfit.lightning.eval_stage.eval_stage` makes them after set-up)."""
 
     monitors_epoch_end = True  # its on_train_epoch_end runs after the module's
+    hooks_after_module = ("on_fit_start",)  # Lightning's _log_hyperparams follows the module's on_fit_start
 
     def __init__(self) -> None:
         #: the evaluation loader that logged each name without a ``/dataloader_idx_N`` suffix
@@ -200,10 +202,7 @@ class LoggedMetrics(Callback):
 
     def on_fit_start(self, fit: Any, module: Any) -> None:
         self.eval_seen = {}
-        _start_loggers(fit, module)
-
-    def on_predict_start(self, fit: Any, module: Any) -> None:
-        _start_loggers(fit, module)
+        start_loggers(fit, module)
 
     def _note(self, trainer: Any, module: Any) -> None:
         if not getattr(trainer, "sanity_checking", False):
@@ -236,8 +235,7 @@ class LoggedMetrics(Callback):
     def _eval_start(self, trainer: Any, module: Any) -> None:
         self.loader_of = {}
         if str(getattr(trainer.state.fn, "value", trainer.state.fn)) != "fit":  # validate/test: counted anew
-            self.eval_seen = {}
-            _start_loggers(trainer, module)
+            self.eval_seen = {}  # (their loggers started in eval_stage, before the start hooks, as Lightning)
 
     def _note_training(self, trainer: Any, module: Any) -> None:
         """Also the step values logged in ``on_train_batch_end`` hooks (after the loop wrote the step's) into

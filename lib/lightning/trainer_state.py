@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import logging
+import sys
 from typing import Any, Iterator
 
 from taskfit.callbacks.base import Callback
@@ -34,6 +36,23 @@ class RunningStage(str, enum.Enum):
     VALIDATING = "validate"
     TESTING = "test"
     PREDICTING = "predict"
+
+
+def peer_enum(ours: type[enum.Enum]) -> type[enum.Enum]:
+    """Lightning's class of the same name from ``lightning.pytorch.trainer.states`` when the program already
+    imported it (an Enum with members cannot be subclassed, so the peer's own class is used: ``type(stage)`` and
+    ``isinstance`` read as under Lightning), else ``ours``; the members' values are equal. Never imports Lightning."""
+    return getattr(sys.modules.get("lightning.pytorch.trainer.states"), ours.__name__, ours)
+
+
+def trainer_fn(name: str) -> enum.Enum:
+    """The ``TrainerFn`` member of ``name`` (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``): what
+    ``setup(stage)``/``teardown(stage)`` receive, as Lightning passes ``trainer.state.fn`` (it equals the string).
+
+    Raises:
+        ValueError: ``name`` is not one of the four.
+    """
+    return peer_enum(TrainerFn)(name)
 
 
 _STAGE = {"fit": RunningStage.TRAINING, "validate": RunningStage.VALIDATING, "test": RunningStage.TESTING,
@@ -66,22 +85,31 @@ class LightningState:
         else:
             setattr(self._loop_state, name, value)
 
+    def __eq__(self, other: object) -> bool:
+        """Equal to any state with equal ``fn``, ``status`` and ``stage`` (Lightning's ``TrainerState`` too, as
+        ``trainer.state == TrainerState()`` compares under Lightning)."""
+        if isinstance(other, LightningState) or all(hasattr(other, a) for a in _OWN):
+            return all(getattr(self, a) == getattr(other, a) for a in _OWN)
+        return NotImplemented
+
+    __hash__ = object.__hash__  # one view per loop state: identity, as before
+
     @property
     def fn(self) -> TrainerFn | None:
-        return self._trainer._lightning_status["fn"]
+        return _as_peer(self._trainer._lightning_status["fn"])
 
     @property
     def status(self) -> TrainerStatus:
-        return self._trainer._lightning_status["status"]
+        return _as_peer(self._trainer._lightning_status["status"])
 
     @property
     def stage(self) -> RunningStage | None:
         stage = self._trainer._lightning_status["stage"]
         if stage == RunningStage.TRAINING and self._trainer.sanity_checking:
-            return RunningStage.SANITY_CHECKING
-        if stage == RunningStage.TRAINING and self._trainer.validating:
-            return RunningStage.VALIDATING
-        return stage
+            stage = RunningStage.SANITY_CHECKING
+        elif stage == RunningStage.TRAINING and self._trainer.validating:
+            stage = RunningStage.VALIDATING
+        return _as_peer(stage)
 
     @property
     def finished(self) -> bool:
@@ -94,6 +122,13 @@ class LightningState:
         return self.status == TrainerStatus.INTERRUPTED
 
 
+def _as_peer(member: Any) -> Any:
+    """``member`` of one of this module's enums as the member of Lightning's class when Lightning is imported
+    (:func:`peer_enum`); anything else (None, a value a user set) as it is."""
+    mine = {TrainerFn: TrainerFn, TrainerStatus: TrainerStatus, RunningStage: RunningStage}.get(type(member))
+    return member if mine is None else peer_enum(mine)(member.value)
+
+
 def new_status() -> dict[str, Any]:
     """A trainer's Lightning status before any method ran."""
     return {"fn": None, "status": TrainerStatus.INITIALIZING, "stage": None}
@@ -102,11 +137,21 @@ def new_status() -> dict[str, Any]:
 @contextlib.contextmanager
 def running(trainer: Any, fn: str) -> Iterator[None]:
     """``trainer.state`` through one trainer method ``fn`` (``"fit"``, ``"validate"``, ``"test"``, ``"predict"``):
-    running, then finished, or interrupted when it raises (the exception goes on)."""
+    running, then finished, or interrupted when it raises (the exception goes on; a ``KeyboardInterrupt`` becomes
+    ``SystemExit(1)`` after Lightning's "graceful shutdown" info line, as Lightning's
+    ``_call_and_handle_interrupt``; its tear-down then puts the SIGINT handler back as it was, so it is left alone).
+
+    Raises:
+        SystemExit: code 1, for a ``KeyboardInterrupt`` raised inside.
+    """
     status = trainer._lightning_status
     status.update(fn=TrainerFn(fn), status=TrainerStatus.RUNNING, stage=_STAGE[fn])
     try:
         yield
+    except KeyboardInterrupt:  # after the run's exception hooks and tear-down: Lightning's graceful shutdown
+        status.update(status=TrainerStatus.INTERRUPTED)
+        logging.getLogger("taskfit").info("\nDetected KeyboardInterrupt, attempting graceful shutdown ...")
+        raise SystemExit(1) from None
     except BaseException:
         status.update(status=TrainerStatus.INTERRUPTED)
         raise

@@ -4,7 +4,7 @@ read its fields; they never ask which door started the run."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,15 @@ class LoopPolicy:
         stop_checked_before_epoch (bool): a stop request already made when an epoch would start (``should_stop``
             set in ``on_fit_start``, e.g. by a ``Timer`` whose budget is spent) ends training before it, so no step
             runs (Lightning's ``fit_loop.done``); False: the request is read after the next step (HF).
+        stage_argument (Callable[[str], Any]): what ``setup(stage)``/``teardown(stage)`` of the datamodule, the
+            callbacks and the module receive for the stage name (``"fit"``): ``str`` gives the name itself
+            (``Fit``); Lightning's door gives its ``TrainerFn`` member (a str Enum equal to the name).
+        distributed_sampler (str): how several processes share a loader: ``"split"``, each reads its strided share
+            of the given order (``Fit``); ``"lightning"``, the training loader gets a ``DistributedSampler`` that
+            shuffles with ``seed + epoch`` (``PL_GLOBAL_SEED`` or 0) whatever the given loader did, an evaluation
+            loader one that shuffles only when the given one did (Lightning's ``_process_dataloader``;
+            :func:`taskfit.data.shuffled_split.shuffled_split_loader`); ``"as_given"``, every process reads the
+            loaders as given (Lightning's ``use_distributed_sampler=False``).
     """
 
     counts_optimizer_steps: bool = False
@@ -127,6 +136,8 @@ class LoopPolicy:
     reads_eval_outputs: bool = True
     log_hooks: Mapping[str, Any] | None = None
     stop_checked_before_epoch: bool = False
+    stage_argument: Callable[[str], Any] = str
+    distributed_sampler: str = "split"
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
         """What ``configure_gradient_clipping`` receives as its algorithm, given the clipping in effect

@@ -1,7 +1,8 @@
 """The job of the DDP resume test (``python door_resume_job.py CONFIG.json``; the trainer re-launches it per rank):
 a Lightning-style module under ``lightning.Trainer`` or ``taskfit.lightning.Trainer`` (``cfg["framework"]``),
 ``strategy="ddp"``, ``devices=2`` on CPU (gloo), trained for ``cfg["max_epochs"]`` epochs with a checkpoint every
-epoch, from scratch or from ``cfg["ckpt_path"]``. Each rank saves its weights, optimizer state, what
+epoch, from scratch or from ``cfg["ckpt_path"]``, on 32 samples in batches of 4 (``cfg["shuffle"]``: a shuffling
+loader; ``cfg["seed"]``: ``seed_everything(seed)`` first; ``cfg["use_distributed_sampler"]``: that flag). Each rank saves its weights, optimizer state, what
 ``on_load_checkpoint`` read, the stateful callback's state, the loop counters and what its own recording logger
 received."""
 
@@ -73,16 +74,22 @@ def run(cfg: dict) -> dict:
             self.loaded = checkpoint["door_extra"]
             self.layer_at_load = self.layer is not None
 
+    if cfg.get("seed") is not None:
+        L.seed_everything(cfg["seed"])  # its PL_GLOBAL_SEED seeds Lightning's distributed sampler
+    loader = data(32)
+    if cfg.get("shuffle"):  # a shuffling loader: Lightning replaces its RandomSampler by a DistributedSampler
+        loader = torch.utils.data.DataLoader(loader.dataset, batch_size=4, shuffle=True)
     counter = Counter()
     logger = recording_logger()  # a logger of the user's own: called on every process, as Lightning calls it
     trainer = L.Trainer(default_root_dir=cfg["out"], accelerator="cpu", devices=2, strategy="ddp",
+                        use_distributed_sampler=cfg.get("use_distributed_sampler", True),
                         max_epochs=cfg["max_epochs"], logger=logger, log_every_n_steps=1, enable_progress_bar=False,
                         enable_model_summary=False, num_sanity_val_steps=0,
                         callbacks=[counter, ModelCheckpoint(dirpath=cfg["out"] + "/ckpt", save_top_k=-1)])
     module = Module()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        trainer.fit(module, data(32), ckpt_path=cfg.get("ckpt_path"))
+        trainer.fit(module, loader, ckpt_path=cfg.get("ckpt_path"))
     opt = trainer.optimizers[0].state_dict()
     return {"rank": trainer.global_rank, "weights": {k: v.clone() for k, v in module.state_dict().items()},
             "momentum": [opt["state"][i]["momentum_buffer"].clone() for i in sorted(opt["state"])],

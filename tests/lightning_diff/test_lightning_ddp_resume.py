@@ -4,8 +4,7 @@ what ``on_load_checkpoint`` reads and the callbacks' state, so the resumed run t
 run trained after the checkpoint and ends with its weights and optimizer state, bitwise; a logger of the user's own
 is called on every process.
 
-(Not compared with ``lightning.Trainer`` under DDP: Lightning shuffles a distributed training loader
-(``DistributedSampler(shuffle=True)``) where the door keeps the given order, so the batches differ.)"""
+(The uninterrupted run's batches per rank and weights equal ``lightning.Trainer``'s: test_lightning_ddp_sampler.py.)"""
 
 from __future__ import annotations
 

@@ -125,8 +125,7 @@ def test_F_LIT_DOOR_5_setup_teardown_stages_match(tmp_path):
     assert r["taskfit"][0].seen == r["lightning"][0].seen
 
 
-@pytest.mark.parametrize("flag, value", [("benchmark", True), ("sync_batchnorm", True),
-                                         ("use_distributed_sampler", False)])
+@pytest.mark.parametrize("flag, value", [("benchmark", True), ("sync_batchnorm", True)])
 def test_F_LIT_DOOR_6_unsupported_flag_fails_first_naming_it(flag, value, tmp_path):
     import taskfit.lightning as L
 
