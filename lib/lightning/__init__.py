@@ -527,6 +527,12 @@ class Trainer(Fit):
         return self._lightning_status["stage"] == "predict" or self.run is not None and self.run.stage == "predict"
 
     @property
+    def collects_logs(self) -> bool:
+        """True while a trainer method other than ``predict`` runs: ``self.log`` has somewhere to go (Lightning's
+        ``trainer._results`` is not None); read by ``self.log`` through ``LoopPolicy.log_hooks``."""
+        return self._lightning_status["stage"] is not None and not self.predicting
+
+    @property
     def progress_bar_metrics(self) -> dict[str, Any]:
         """Lightning's ``trainer.progress_bar_metrics``: the latest values logged with ``prog_bar=True``
         (``name``, or ``name_step``/``name_epoch`` for values logged on both), ``logger=False`` ones included."""

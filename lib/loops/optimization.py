@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from taskfit.core.hook_logging import named_step
 from taskfit.core.step_call import by_signature, positional_capacity
 from taskfit.core.hooks import overrides
 from taskfit.core.manual import LightningOptimizer, manual_outer_forward
@@ -110,13 +111,15 @@ def window_weights(counts: list[Any], world: int = 1, even_counts: bool = False,
     return [c / total for c in counts]
 
 
-def training_function(strategy: Any, module: Any) -> Callable[[Any, int], Any]:
+def training_function(strategy: Any, module: Any, named: bool = False) -> Callable[[Any, int], Any]:
     """``module.training_step`` through the strategy's route (e.g. the DDP wrapper's ``forward``), called as
     ``fx(batch, batch_idx)``; trimmed to ``fx(batch)`` for a ``training_step(batch)`` (valid Lightning), and the
-    route itself otherwise (no wrapper call per step)."""
+    route itself otherwise (no wrapper call per step). ``named``: run as the module's running hook
+    ``"training_step"`` (a door whose ``self.log`` checks the running hook: ``LoopPolicy.log_hooks``)."""
     step_fn = strategy.step_function(module, "training_step")
     n = positional_capacity(module.training_step)
-    return step_fn if n is None or n >= 2 else by_signature(step_fn, module.training_step)
+    step_fn = step_fn if n is None or n >= 2 else by_signature(step_fn, module.training_step)
+    return named_step(module, "training_step", step_fn) if named else step_fn
 
 
 def _no_step(optimizer: Any, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
@@ -244,7 +247,7 @@ class ManualStep:
 
     def __init__(self, loop: Any) -> None:
         self.strategy = strategy = loop.strategy
-        self.train_fx = training_function(strategy, loop.run.module)
+        self.train_fx = training_function(strategy, loop.run.module, loop.loop_policy.log_hooks is not None)
         self.fwd_ctx, self.device = strategy.forward_context, strategy.root_device
 
     def start_window(self, window: list[Any], weights: list[Any] | None, epoch: int) -> None:
@@ -287,7 +290,7 @@ class AutomaticStep:
         self.module = module = run.module
         self.optimizers = run.optimizers
         self.optimizer, self.other_optimizers = run.optimizers[0], run.optimizers[1:]
-        self.train_fx = training_function(strategy, module)
+        self.train_fx = training_function(strategy, module, loop.loop_policy.log_hooks is not None)
         self.fwd_ctx, self.precision = strategy.forward_context, strategy.precision
         self.L, self.H = loop.hooks.lightning, loop.hooks.hf
         engine = strategy.engine_owns_step

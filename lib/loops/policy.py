@@ -97,6 +97,9 @@ class LoopPolicy:
             values each allows (Lightning's table: ``self.log`` in ``setup``, ``configure_optimizers``, checkpoint
             hooks... raises, as in a ``predict`` stage; :func:`taskfit.core.hook_logging.check_hook_log`); None:
             ``self.log`` works wherever a stage keeps values (``Fit``).
+        metric_attribute_required (bool): ``self.log(name, metric)`` with a ``torchmetrics.Metric`` the module
+            does not hold among its submodules (and no ``metric_attribute=``) is refused (Lightning restores a
+            metric's state through that attribute); False: any Metric is taken, its state kept under ``name``.
         stop_checked_before_epoch (bool): a stop request already made when an epoch would start (``should_stop``
             set in ``on_fit_start``, e.g. by a ``Timer`` whose budget is spent) ends training before it, so no step
             runs (Lightning's ``fit_loop.done``); False: the request is read after the next step (HF).
@@ -126,6 +129,7 @@ class LoopPolicy:
     logs_run_values: bool = True
     reads_eval_outputs: bool = True
     log_hooks: Mapping[str, Any] | None = None
+    metric_attribute_required: bool = False
     stop_checked_before_epoch: bool = False
 
     def clip_algorithm_argument(self, max_norm: float | None, by_value: bool) -> str | None:
