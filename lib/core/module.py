@@ -222,7 +222,8 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
             raise configuration_error("`self.log(on_step=False, on_epoch=False)` is not useful.")
         results.log(name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
                     reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size,
-                    add_dataloader_idx=add_dataloader_idx, fx=self.__dict__.get("_log_fx", ""))
+                    add_dataloader_idx=add_dataloader_idx, fx=self.__dict__.get("_log_fx", ""),
+                    hook=None if rules is None else self.__dict__.get(FX))  # the door refuses changed options
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """Call :meth:`log` for every item of ``dictionary`` with the same options.
