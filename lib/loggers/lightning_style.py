@@ -209,11 +209,11 @@ class TensorBoardLogger(_Versioned, _TB):
         out = os.path.join(self.root_dir, version, *([self.sub_dir] if self.sub_dir else []))
         return os.path.expanduser(os.path.expandvars(out))
 
-    def log_hyperparams(self, params: Any = None, metrics: Any = None) -> None:
+    def log_hyperparams(self, params: Any = None, metrics: Any = None, step: int | None = None) -> None:
         """Record ``params`` (a dict or ``argparse.Namespace``; keys of any type, nested dicts flattened with
         ``/``) in TensorBoard's HParams view and in ``log_dir/hparams.yaml``; ``metrics`` (a dict, or one value as
-        ``hp_metric``; None: ``{"hp_metric": -1}`` unless ``default_hp_metric=False``, as Lightning) are logged at
-        step 0 with them."""
+        ``hp_metric``; None: ``{"hp_metric": -1}`` unless ``default_hp_metric=False``, as Lightning) are logged
+        with them through :meth:`log_metrics` at ``step`` (None, Lightning's default: written at step 0)."""
         import argparse
 
         params = vars(params) if isinstance(params, argparse.Namespace) else dict(params or {})
@@ -223,7 +223,7 @@ class TensorBoardLogger(_Versioned, _TB):
         elif not isinstance(metrics, dict):
             metrics = {"hp_metric": metrics}
         if metrics:
-            self.log_metrics(metrics, 0)
+            self.log_metrics(metrics, step)
         _TB.log_hyperparams(self, flat)
         self._keep_hparams(params)
 
