@@ -10,7 +10,8 @@ from typing import Any
 
 from taskfit.errors import configuration_error
 
-__all__ = ["FX", "check_hook_log", "check_metric_attribute", "named", "named_step", "running"]
+__all__ = ["FX", "call_named", "call_plain", "check_hook_log", "check_metric_attribute", "named", "named_step",
+           "running"]
 
 #: the module ``__dict__`` key naming the hook being run (Lightning's ``LightningModule._current_fx_name``)
 FX = "_current_fx_name"
@@ -59,6 +60,23 @@ def named_step(module: Any, name: str, step_fn: Callable[..., Any]) -> Callable[
         finally:
             state[FX] = prev
     return call
+
+
+def call_named(module: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+    """``module.<name>(*args, **kwargs)`` run as the running hook ``name`` (a module's own ``backward``,
+    ``optimizer_step``, ``optimizer_zero_grad``, ``configure_gradient_clipping`` under a door that checks
+    ``self.log``: Lightning's ``_call_lightning_module_hook``)."""
+    state = module.__dict__
+    prev, state[FX] = state.get(FX), name
+    try:
+        return getattr(module, name)(*args, **kwargs)
+    finally:
+        state[FX] = prev
+
+
+def call_plain(module: Any, name: str, *args: Any, **kwargs: Any) -> Any:
+    """``module.<name>(*args, **kwargs)``, the running hook left as it is (``Fit``: ``self.log`` reads none)."""
+    return getattr(module, name)(*args, **kwargs)
 
 
 def check_hook_log(rules: Mapping[str, Any], fx: str | None, on_step: bool | None, on_epoch: bool | None,

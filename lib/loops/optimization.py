@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from taskfit.core.hook_logging import named_step
+from taskfit.core.hook_logging import call_named, call_plain, named_step
 from taskfit.core.step_call import by_signature, positional_capacity
 from taskfit.core.hooks import overrides
 from taskfit.core.manual import LightningOptimizer, manual_outer_forward
@@ -295,6 +295,8 @@ class AutomaticStep:
         self.L, self.H = loop.hooks.lightning, loop.hooks.hf
         engine = strategy.engine_owns_step
         self.own_zero_grad = overrides(module, "optimizer_zero_grad")
+        # the module's own hooks below run as its running hook where the door checks self.log (Lightning)
+        self.own_hook = call_named if loop.loop_policy.log_hooks is not None else call_plain
         self.own_backward = overrides(module, "backward") and not engine
         self.own_clipping = overrides(module, "configure_gradient_clipping") and not engine
         self.max_norm, self.clip_by_value = args.max_grad_norm, args.gradient_clip_algorithm == "value"
@@ -393,7 +395,7 @@ class AutomaticStep:
             for opt in self.optimizers:
                 L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", self.owner, module, opt)
                 if self.own_zero_grad:
-                    module.optimizer_zero_grad(self.epoch, self._batch_idx, opt)
+                    self.own_hook(module, "optimizer_zero_grad", self.epoch, self._batch_idx, opt)
                 else:
                     opt.zero_grad(set_to_none=True)
         self._out, self._loss = out, loss
@@ -401,7 +403,7 @@ class AutomaticStep:
             return
         L["on_before_backward"] and hooks.call("on_before_backward", self.owner, module, loss)
         if self.own_backward:
-            module.backward(precision_scaled(self.precision, loss))
+            self.own_hook(module, "backward", precision_scaled(self.precision, loss))
         else:
             self.policy.backward(loss)
         L["on_after_backward"] and hooks.call("on_after_backward", self.owner, module)
@@ -464,8 +466,8 @@ class AutomaticStep:
         self._ran = False
         for j, handle in enumerate(self.handles):
             handle.__dict__["stepped"] = False
-            self.module.optimizer_step(self.epoch, self._batch_idx, handle,
-                                       self.closure if j == 0 else self._detached_loss)
+            self.own_hook(self.module, "optimizer_step", self.epoch, self._batch_idx, handle,
+                          self.closure if j == 0 else self._detached_loss)
         if not self._ran:
             raise RuntimeError("optimizer_step did not call optimizer_closure: call "
                                "optimizer.step(closure=optimizer_closure) or the closure itself.")
@@ -509,8 +511,8 @@ class AutomaticStep:
         self.L["on_before_optimizer_step"] and self.hooks.call("on_before_optimizer_step", self.owner, module, opt)
         if self.own_clipping:
             clip = max_norm if max_norm and max_norm > 0 else None
-            module.configure_gradient_clipping(opt, gradient_clip_val=clip,  # by keyword, as Lightning calls it
-                                               gradient_clip_algorithm=self.clip_algorithm_arg)
+            self.own_hook(module, "configure_gradient_clipping", opt, gradient_clip_val=clip,  # by keyword (Lightning)
+                          gradient_clip_algorithm=self.clip_algorithm_arg)
         elif max_norm and max_norm > 0 and opt is optimizer:
             if self.clip_by_value:  # elementwise, so exact on shards
                 strategy.clip_gradients_value(self.params, max_norm, optimizer)
