@@ -95,8 +95,12 @@ class LoopPolicy:
             only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).
         log_hooks (Mapping | None): the hooks in which ``self.log`` may be called, with the ``on_step``/``on_epoch``
             values each allows (Lightning's table: ``self.log`` in ``setup``, ``configure_optimizers``, checkpoint
-            hooks... raises, as in a ``predict`` stage; :func:`taskfit.core.hook_logging.check_hook_log`); None:
-            ``self.log`` works wherever a stage keeps values (``Fit``).
+            hooks... raises, as in a ``predict`` stage; :func:`taskfit.core.hook_logging.check_hook_log`). Set, the
+            loops also run the step methods and the module's own ``backward``/``optimizer_step``/
+            ``optimizer_zero_grad``/``configure_gradient_clipping`` as the running hook, ``self.log`` with no running
+            hook is refused ("not managed by the `Trainer` control flow"), and so is one made when the owner's
+            ``collects_logs`` is False (no trainer method running, or ``predict``). None: ``self.log`` works
+            wherever a stage keeps values (``Fit``).
         metric_attribute_required (bool): ``self.log(name, metric)`` with a ``torchmetrics.Metric`` the module
             does not hold among its submodules (and no ``metric_attribute=``) is refused (Lightning restores a
             metric's state through that attribute); False: any Metric is taken, its state kept under ``name``.
