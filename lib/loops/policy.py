@@ -43,8 +43,9 @@ class LoopPolicy:
         none_optimizer_trains_nothing (bool): ``configure_optimizers`` returning None trains with no optimizer
             (Lightning, with its warning); False: ``Fit`` builds its default optimizer (HF's AdamW).
         max_epochs (int | None): training ends after this many epochs whatever the step plan says (Lightning's
-            ``max_epochs``, checked before each epoch: 0 sets up, runs the sanity check and trains nothing); None:
-            the plan's epochs (HF: ``num_train_epochs`` > 0, or what ``max_steps`` needs).
+            ``max_epochs``, checked before each epoch: 0 sets up, runs the sanity check and trains nothing; a
+            resumed checkpoint saved in a later epoch is refused, as Lightning); None: the plan's epochs (HF:
+            ``num_train_epochs`` > 0, or what ``max_steps`` needs).
         plateau_steps_after_validation (bool): a ``ReduceLROnPlateau`` of interval ``"step"`` steps after the
             validation that follows its batch (so it may monitor a validation value, and a checkpoint saved by that
             validation holds it one step behind), as Lightning's ``update_plateau_schedulers=True`` pass; False

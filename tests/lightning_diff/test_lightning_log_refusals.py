@@ -223,3 +223,34 @@ def test_F_LIT_CB_lambda_callback_of_every_callback_member_like_lightning(tmp_pa
     assert got["taskfit"] == got["lightning"]
     assert issubclass(taskfit.Callback, taskfit.lightning.Callback) and hasattr(taskfit.Callback, "on_log")
     assert not hasattr(taskfit.lightning.Callback, "on_log")
+
+
+def _resumed_past_max_epochs(L, tmp_path):
+    import glob
+
+    torch.manual_seed(0)
+    M = linear(L.LightningModule)
+    checkpoints = callbacks_of(L).ModelCheckpoint(dirpath=str(tmp_path), save_top_k=-1)
+    trainer = L.Trainer(default_root_dir=str(tmp_path), max_epochs=3, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False, callbacks=[checkpoints])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        trainer.fit(M(), data(n=4))
+    out = {}
+    for epoch in (1, 2):
+        path = glob.glob(str(tmp_path / f"epoch={epoch}-*.ckpt"))[0]
+        again = _trainer(L, tmp_path / f"again{epoch}", max_epochs=1)
+        out[epoch] = _outcome(lambda: again.fit(M(), data(n=4), ckpt_path=path))
+        if out[epoch] == "ok":
+            out[epoch] = (again.current_epoch, again.global_step)
+    return out
+
+
+def test_F_LIT_CKPT_resume_past_max_epochs_refused_like_lightning(tmp_path):
+    """``fit(ckpt_path=)`` with a checkpoint saved in epoch 2 under ``max_epochs=1``: Lightning's "You restored a
+    checkpoint with current_epoch=2, but you have set Trainer(max_epochs=1)"; one saved in epoch 1 resumes and
+    trains nothing more. Both doors alike."""
+    got = {key: _resumed_past_max_epochs(L, tmp_path / key) for key, L in frameworks().items()}
+    assert got["taskfit"] == got["lightning"]
+    assert got["taskfit"][2] == (True, "You restored a checkpoint with current_epoch=2, but you have set "
+                                       "Trainer(max_epochs=1).")
