@@ -61,12 +61,10 @@ HF_HOOKS = (
 )
 
 
-class Callback:
-    """Base class for callbacks. Override any hook; the docstring of :mod:`taskfit.callbacks.base` gives the
-    order. Lightning-style hooks get ``(fit, module, ...)``; HF-style hooks get ``(args, state, control,
-    **kwargs)`` (kwargs: ``model``, ``optimizer``, ``lr_scheduler``, ``train_dataloader``, ``metrics``,
-    ``logs``) and mirror ``transformers.TrainerCallback``. Steer the run through ``fit.control`` flags or by
-    returning a modified ``control`` from an HF-style hook.
+class LightningCallback:
+    """The Lightning-style half of :class:`Callback`: the members of ``lightning.pytorch.Callback`` and nothing else
+    (``taskfit.lightning.Callback``; a class that lists every method of it sees Lightning's hooks only). Hooks get
+    ``(fit, module, ...)``, ``fit`` being the trainer.
     """
 
     #: run before the other callbacks in Lightning's order (the tuner's finders, as Lightning's
@@ -123,6 +121,16 @@ class Callback:
     def on_exception(self, fit: FitView, module: TaskModule, exception: BaseException) -> None: ...
     def on_sanity_check_start(self, fit: FitView, module: TaskModule) -> None: ...
     def on_sanity_check_end(self, fit: FitView, module: TaskModule) -> None: ...
+
+
+
+class Callback(LightningCallback):
+    """Base class for callbacks. Override any hook; the docstring of :mod:`taskfit.callbacks.base` gives the
+    order. Lightning-style hooks (:class:`LightningCallback`'s) get ``(fit, module, ...)``; HF-style hooks get
+    ``(args, state, control, **kwargs)`` (kwargs: ``model``, ``optimizer``, ``lr_scheduler``,
+    ``train_dataloader``, ``metrics``, ``logs``) and mirror ``transformers.TrainerCallback``. Steer the run
+    through ``fit.control`` flags or by returning a modified ``control`` from an HF-style hook.
+    """
 
     # HF-style (args, state, control, **kwargs) --------------------------------------------------------
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any: ...

@@ -76,15 +76,21 @@ def keep_added_keys(training_state: dict[str, Any], before: set[str], hook_dict:
                                  "added": added}
 
 
+def saved_epoch(training_state: dict[str, Any]) -> int:
+    """The ``epoch`` of the Lightning-shaped dict a checkpoint was saved with (its training state dict)."""
+    epoch = (training_state.get(HOOK_KEYS) or {}).get("epoch", (training_state.get("state") or {}).get(
+        "current_epoch", 0))
+    return epoch if epoch is not None else 0
+
+
 def loaded_lightning_dict(run: Any, precision: Any, training_state: dict[str, Any]) -> dict[str, Any]:
     """The Lightning-shaped dict ``on_load_checkpoint`` receives for a checkpoint restored into ``run``: what
     :func:`lightning_dict` gave the hooks when it was saved (weights, optimizer and scheduler states as restored,
     the saved ``epoch``/``global_step``), with the keys the save hooks added given back."""
     kept = training_state.get(HOOK_KEYS) or {}
     state = training_state.get("state") or {}
-    epoch = kept.get("epoch", state.get("current_epoch", 0))
     step = kept.get("global_step", state.get("global_step", 0))
-    out = lightning_dict(run, precision, training_state, epoch if epoch is not None else 0, step or 0)
+    out = lightning_dict(run, precision, training_state, saved_epoch(training_state), step or 0)
     out.update(kept.get("added") or {})
     return out
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from taskfit.core.hook_logging import FX, check_hook_log
+from taskfit.core.hook_logging import FX, check_hook_log, check_metric_attribute
 from taskfit.core.hooks import LightningHooks
 from taskfit.core.lightning_members import LightningMembers
 from taskfit.core.lightning_tools import JIT_UNUSED_PROPERTIES, LightningTools, fabric_log
@@ -156,7 +156,8 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
     def log(self, name: str, value: Any, prog_bar: bool = False, logger: bool | None = None,
             on_step: bool | None = None,
             on_epoch: bool | None = None, reduce_fx: str = "mean", sync_dist: bool | None = None,
-            batch_size: int | None = None, add_dataloader_idx: bool = True) -> None:
+            batch_size: int | None = None, add_dataloader_idx: bool = True, metric_attribute: str | None = None
+            ) -> None:
         """Log a scalar (number, 0-dim/1-element tensor or ``torchmetrics.Metric``) under ``name``.
 
         Mirrors ``LightningModule.log``. Defaults mirror Lightning: in ``training_step`` ``on_step=True,
@@ -173,7 +174,11 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         ``taskfit.lightning.Trainer(barebones=True)`` nothing is logged and a warning says so (Lightning).
 
         ``logger``: None (the default) means True; an explicit True while the run has no logger warns, as
-        Lightning.
+        Lightning. ``metric_attribute`` (str | None): the module attribute holding a logged ``torchmetrics.Metric``
+        (Lightning's argument); under ``taskfit.lightning`` a Metric the module does not hold is refused without it.
+
+        Under ``taskfit.lightning`` the calls Lightning refuses raise its ``MisconfigurationException``: in a hook
+        that cannot log, outside any hook the trainer runs, once no trainer method runs, during ``predict``.
 
         Raises:
             RuntimeError: called outside a running ``Fit`` stage.
@@ -196,7 +201,7 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
         results = self._results
         rules = getattr(getattr(fit, "loop_policy", None), "log_hooks", None)
         if rules is not None:  # the door's table of the hooks that may log (Lightning's _FxValidator)
-            check_hook_log(rules, self.__dict__.get(FX), on_step, on_epoch, not getattr(fit, "predicting", False))
+            check_hook_log(rules, self.__dict__.get(FX), on_step, on_epoch, fit.collects_logs)
         if results is None:
             raise RuntimeError(f"self.log({name!r}) was called outside a Fit stage; call it from a *_step or hook.")
         if add_dataloader_idx and "/dataloader_idx_" in name:
@@ -204,6 +209,8 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
                 f"You called `self.log` with the key `{name}` but it should not contain information about "
                 "`dataloader_idx` when `add_dataloader_idx=True`: the suffix is appended for you (or "
                 "pass add_dataloader_idx=False).")  # Lightning's words
+        if getattr(getattr(fit, "loop_policy", None), "metric_attribute_required", False):
+            check_metric_attribute(self, name, value, metric_attribute)
         if logger and self._fit is not None and not getattr(self._fit, "loggers", True):
             warnings.warn(f"You called `self.log({name!r}, ..., logger=True)` but have no logger configured. You can "
                           "enable one by doing `Trainer(logger=ALogger(...))`. Remove `logger=True` to remove this "
@@ -215,7 +222,8 @@ class TaskModule(LightningMembers, LightningTools, LightningHooks, ModelHooks, n
             raise configuration_error("`self.log(on_step=False, on_epoch=False)` is not useful.")
         results.log(name, value, on_step=on_step, on_epoch=on_epoch, prog_bar=prog_bar, logger=logger,
                     reduce_fx=reduce_fx, sync_dist=sync_dist, batch_size=batch_size,
-                    add_dataloader_idx=add_dataloader_idx, fx=self.__dict__.get("_log_fx", ""))
+                    add_dataloader_idx=add_dataloader_idx, fx=self.__dict__.get("_log_fx", ""),
+                    hook=None if rules is None else self.__dict__.get(FX))  # the door refuses changed options
 
     def log_dict(self, dictionary: Mapping[str, Any], **kwargs: Any) -> None:
         """Call :meth:`log` for every item of ``dictionary`` with the same options.

@@ -10,6 +10,8 @@ from typing import Any, Callable
 
 import torch
 
+from taskfit.errors import configuration_error
+
 _REDUCE_FX = ("mean", "sum", "max", "min")
 #: the callables Lightning's ``self.log(reduce_fx=...)`` accepts, by the name taskfit keeps
 _REDUCE_CALLABLES = {torch.mean: "mean", torch.sum: "sum", sum: "sum", torch.max: "max", max: "max", torch.min: "min",
@@ -33,7 +35,7 @@ class LoggedValue:
     """One logged name: options plus the last value and the epoch aggregate."""
 
     __slots__ = ("name", "on_step", "on_epoch", "prog_bar", "logger", "reduce_fx", "sync_dist", "last",
-                 "agg", "weight", "metric", "fresh", "suffix", "dataloader_idx")
+                 "agg", "weight", "metric", "fresh", "suffix", "dataloader_idx", "hook")
 
     def __init__(self, name: str, on_step: bool, on_epoch: bool, prog_bar: bool, logger: bool, reduce_fx: str,
                  sync_dist: bool, suffix: str = "") -> None:
@@ -45,6 +47,11 @@ class LoggedValue:
         self.metric = None  # a torchmetrics.Metric logged as an object: computed and reset per epoch
         self.fresh = False  # logged since the last emission
         self.dataloader_idx: int | None = None  # the evaluation loader it was first logged from
+        self.hook: str | None = None  # the hook that first logged it, where a door checks repeated calls
+
+    def options(self) -> tuple:
+        """The options a repeated ``self.log`` of the name must give again (Lightning compares its metadata)."""
+        return self.on_step, self.on_epoch, self.prog_bar, self.logger, self.reduce_fx, self.sync_dist
 
     def key(self, fork: str = "") -> str:
         """The emitted name: ``name{fork}{suffix}`` (Lightning's ``acc_epoch/dataloader_idx_1``)."""
@@ -87,16 +94,20 @@ class ResultCollection:
 
     def log(self, name: str, value: Any, *, on_step: bool, on_epoch: bool, prog_bar: bool, logger: bool,
             reduce_fx: str, sync_dist: bool | None, batch_size: int | None, add_dataloader_idx: bool = True,
-            fx: str = "") -> None:
+            fx: str = "", hook: str | None = None) -> None:
         """Store ``value`` (a number, a scalar tensor or a ``torchmetrics.Metric``) under ``name``.
 
         ``sync_dist=None`` takes the collection's default (``sync_by_default``). ``fx``: the hook logging it when
         that hook keeps its own values (``"on_train_epoch_end"``): the same name logged in a step and in that hook
-        is two values, the later one written last, as Lightning keys its results by hook and name.
+        is two values, the later one written last, as Lightning keys its results by hook and name. ``hook``: the
+        running hook, given where a door refuses, as Lightning, a name logged again in that hook with other options
+        (None: the first call's options are kept).
 
         Raises:
             ValueError: ``reduce_fx`` unknown, a tensor with more than one element, or a name logged with
-                ``add_dataloader_idx=False`` from two evaluation loaders (refused by Lightning too).
+                ``add_dataloader_idx=False`` from two evaluation loaders (refused by Lightning too); a
+                ``ConfigurationError`` for the first (Lightning's words) and for a repeated name in ``hook`` with
+                other options.
         """
         suffix = f"/dataloader_idx_{self.dataloader_idx}" if add_dataloader_idx and self.dataloader_idx is not None \
             else ""
@@ -104,12 +115,20 @@ class ResultCollection:
         entry = self.values.get(store)
         reduce_fx = _reduce_name(reduce_fx)
         if entry is None:
-            if reduce_fx not in _REDUCE_FX:
-                raise ValueError(f"reduce_fx={reduce_fx!r} is not valid for {name!r}; choose one of {_REDUCE_FX}.")
+            if reduce_fx not in _REDUCE_FX:  # Lightning's words (its MisconfigurationException)
+                raise configuration_error(
+                    f"Only `self.log(..., reduce_fx={{min,max,mean,sum}})` are supported. If you need a custom "
+                    f"reduction, please log a `torchmetrics.Metric` instance instead. Found: reduce_fx={reduce_fx!r} "
+                    f"for {name!r}; choose one of {_REDUCE_FX}")
             sync = self.sync_by_default if sync_dist is None else bool(sync_dist)
             entry = self.values[store] = LoggedValue(name, on_step, on_epoch, prog_bar, logger, reduce_fx,
                                                              sync, suffix)
-            entry.dataloader_idx = self.dataloader_idx
+            entry.dataloader_idx, entry.hook = self.dataloader_idx, hook
+        elif hook is not None and entry.hook == hook and entry.options() != (
+                on_step, on_epoch, prog_bar, logger, reduce_fx,
+                self.sync_by_default if sync_dist is None else bool(sync_dist)):
+            raise configuration_error(f"You called `self.log({name}, ...)` twice in `{hook}` with different "
+                                      "arguments. This is not allowed")
         elif entry.dataloader_idx != self.dataloader_idx:  # Lightning refuses this as well
             raise ValueError(f"self.log({name!r}, ..., add_dataloader_idx=False) was called from evaluation loaders "
                              f"{entry.dataloader_idx} and {self.dataloader_idx}; one name cannot hold values of "
@@ -126,7 +145,8 @@ class ResultCollection:
             return
         if isinstance(value, torch.Tensor):
             if value.numel() != 1:
-                raise ValueError(f"self.log({name!r}, ...) needs a scalar, got a tensor of shape {tuple(value.shape)}.")
+                raise ValueError(f"self.log({name!r}, ...) needs a scalar: the tensor must have a single element, "
+                                 f"got a tensor of shape {tuple(value.shape)}.")
             value = value.detach().reshape(())
         entry.last, entry.fresh = value, True
         if not on_epoch:

@@ -19,7 +19,7 @@ from torch import nn
 from taskfit import efficiency
 from taskfit.arguments.fit_arguments import FitArguments
 from taskfit.arguments.strategy_options import StrategyOptions
-from taskfit.checkpoint.hook_dict import keep_added_keys, lightning_dict, loaded_lightning_dict
+from taskfit.checkpoint.hook_dict import keep_added_keys, lightning_dict, loaded_lightning_dict, saved_epoch
 from taskfit.checkpoint.writer import checkpoint_path, save_checkpoint
 from taskfit.core.hook_logging import running
 from taskfit.core.hooks import module_loader, overrides
@@ -30,6 +30,7 @@ from taskfit.connector import configure_strategy
 from taskfit.core.step_call import step_disabled
 from taskfit.data.loaders import DataModule
 from taskfit.debugging import fast_dev_run_batches, sanity_check
+from taskfit.errors import configuration_error
 from taskfit.fit.lightning_order import (
     given_value, late_run, late_training_start, loaders_late, rebuild_eval_loaders, rebuild_train_loader,
 )
@@ -302,10 +303,14 @@ class TrainingStage:
 
         fit, st = self.fit, run.state
         saved = restore(run, ckpt, fit.strategy, args, weights_only, plan.reader, callbacks_restored)
+        epoch, limit = saved_epoch(saved), fit.loop_policy.max_epochs
         if not callbacks_restored:
             if fit.loop_policy.lightning_checkpoint_dict:
                 saved = loaded_lightning_dict(run, fit.strategy.precision, saved)
             fit._hooks.call("on_load_checkpoint", fit, run.module, saved)
+        if limit is not None and epoch > limit:  # the door's max_epochs: Lightning refuses a later checkpoint
+            raise configuration_error(f"You restored a checkpoint with current_epoch={epoch}, but you have set "
+                                      f"Trainer(max_epochs={limit}).")
         if fit.is_global_zero:  # every logger continues the same run from the checkpoint's step
             resume_loggers(fit.loggers, st.global_step, st.log_history)
 

@@ -2,7 +2,8 @@
 lightning.pytorch import ...``) into ``import taskfit.lightning as L`` (``from taskfit.lightning import ...``).
 
 ``LightningModule`` is :class:`taskfit.TaskModule` (``self.log`` without a trainer warns), ``LightningDataModule``
-is :class:`taskfit.DataModule`, ``Callback`` is :class:`taskfit.Callback`. ``Trainer`` is :class:`taskfit.Fit` with
+is :class:`taskfit.DataModule`, ``Callback`` is the Lightning-style half of :class:`taskfit.Callback` (its base class
+:class:`taskfit.callbacks.base.LightningCallback`: Lightning's members only). ``Trainer`` is :class:`taskfit.Fit` with
 Lightning's constructor, defaults and return values: it maps its arguments to ``FitArguments`` (docs/lightning.md has the table), keeps
 Lightning's loop semantics where they differ from HF's (no clipping by default, validation every epoch when there
 is validation data, ``max_epochs`` and ``max_steps`` whichever first, ``current_epoch`` counting finished epochs
@@ -19,7 +20,7 @@ import os
 import warnings
 from typing import Any, Iterator
 
-from taskfit.callbacks.base import Callback
+from taskfit.callbacks.base import LightningCallback as Callback
 from taskfit.callbacks.console import LogPrinter
 from taskfit.callbacks.order import lightning_order
 from taskfit.callbacks.prediction_writer import record_batch_indices
@@ -537,6 +538,12 @@ class Trainer(Fit):
     def predicting(self) -> bool:
         """True during ``predict``, its set-up and tear-down hooks included (Lightning's ``state.stage``)."""
         return self._lightning_status["stage"] == "predict" or self.run is not None and self.run.stage == "predict"
+
+    @property
+    def collects_logs(self) -> bool:
+        """True while a trainer method other than ``predict`` runs: ``self.log`` has somewhere to go (Lightning's
+        ``trainer._results`` is not None); read by ``self.log`` through ``LoopPolicy.log_hooks``."""
+        return self._lightning_status["stage"] is not None and not self.predicting
 
     @property
     def progress_bar_metrics(self) -> dict[str, Any]:

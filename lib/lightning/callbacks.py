@@ -16,7 +16,7 @@ from taskfit.callbacks import (
     Timer,
     WeightAveraging,
 )
-from taskfit.callbacks.base import Callback
+from taskfit.callbacks.base import LightningCallback as Callback
 from taskfit.callbacks.early_stopping import EarlyStopping as _EarlyStopping
 from taskfit.callbacks.early_stopping import EarlyStoppingReason
 from taskfit.callbacks.finetuning import BackboneFinetuning, BaseFinetuning

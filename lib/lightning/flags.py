@@ -249,7 +249,7 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       resumed_epoch_skips_start=True, zero_grad_before_validation=True,
                       eval_inference_mode=bool(f["inference_mode"]), sanity_check_keeps_rng=True,
                       logs_run_values=False, reads_eval_outputs=False, log_hooks=LOG_HOOKS,
-                      stop_checked_before_epoch=True, stage_argument=trainer_fn,
+                      metric_attribute_required=True, stop_checked_before_epoch=True, stage_argument=trainer_fn,
                       distributed_sampler="lightning" if f["use_distributed_sampler"] else "as_given")
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from lightning_utilities.core.overrides import is_overridden as _is_overridden
-from taskfit.callbacks.base import Callback
+from taskfit.callbacks.base import LightningCallback as Callback
 from taskfit.core.module import TaskModule
 from taskfit.data.combined import CombinedLoader
 from taskfit.data.loaders import DataModule

@@ -6,6 +6,7 @@ kind. Mirrors ``lightning.pytorch.loggers.CSVLogger`` / ``TensorBoardLogger`` / 
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 import torch
@@ -123,16 +124,39 @@ class CSVLogger(_Versioned, _CSV):
     def __init__(self, save_dir: Any, name: str | None = "lightning_logs", version: int | str | None = None,
                  prefix: str = "", flush_logs_every_n_steps: int = 100) -> None:
         _CSV.__init__(self, self._place(save_dir, name, version, prefix), flush_every=flush_logs_every_n_steps)
+        self._opened = False
+
+    def _open(self) -> None:
+        """On first use (Lightning creates its CSV experiment writer then): an existing, non-empty ``log_dir``
+        warns and its ``metrics.csv`` is deleted, as Lightning's ``_ExperimentWriter._check_log_dir_exists`` (a
+        given ``version`` that names an earlier run's folder starts a new file, not an appended one)."""
+        if self._opened:
+            return
+        self._opened = True
+        if self._fs.exists(self.log_dir) and self._fs.listdir(self.log_dir):
+            warnings.warn(f"Experiment logs directory {self.log_dir} exists and is not empty. Previous log files in "
+                          "this directory will be deleted when the new ones are saved!", UserWarning, stacklevel=3)
+            if self._fs.isfile(self.path):
+                self._fs.rm_file(self.path)
+        self._read = True  # nothing of an earlier run's metrics.csv is kept
+        self._fs.makedirs(self.log_dir, exist_ok=True)
 
     def save(self) -> None:
         """Write the buffered rows (Lightning's ``CSVLogger.save``; ``hparams.yaml`` is written by
         :meth:`log_hyperparams` only, as Lightning's CSV experiment writer does)."""
+        self._open()
         _CSV.save(self)
+
+    def resume(self, step: int, log_history: list[dict[str, Any]]) -> None:
+        """As the first use of the logger (:meth:`_open`), then the base's row keeping."""
+        self._open()
+        _CSV.resume(self, step, log_history)
 
     @property
     def experiment(self) -> Any:
         """The object that writes (this logger: ``log_metrics``/``log_hyperparams``/``save``, ``metrics``,
-        ``metrics_file_path``), as Lightning's ``logger.experiment``."""
+        ``metrics_file_path``), as Lightning's ``logger.experiment``; the first access opens it (:meth:`_open`)."""
+        self._open()
         return self
 
     @property
@@ -148,12 +172,14 @@ class CSVLogger(_Versioned, _CSV):
     def log_metrics(self, metrics: dict[str, Any], step: int | None = None) -> None:
         """One row of ``metrics`` (tensors as numbers) at ``step``; without a step, the count of rows not written
         yet (Lightning's default)."""
+        self._open()
         values = {k: (v.item() if hasattr(v, "item") else v) for k, v in metrics.items()}
         super().log_metrics(values, len(self._pending) if step is None else step)
 
     def log_hyperparams(self, params: Any = None, *args: Any, **kwargs: Any) -> None:
         """Keep ``params`` (an ``argparse.Namespace``, a dict or None) in ``log_dir/hparams.yaml``, leaving out with
         a warning a value YAML cannot write, as Lightning's ``CSVLogger`` (``save_hparams_to_yaml``)."""
+        self._open()
         self._keep_hparams(params)
 
 
@@ -183,11 +209,11 @@ class TensorBoardLogger(_Versioned, _TB):
         out = os.path.join(self.root_dir, version, *([self.sub_dir] if self.sub_dir else []))
         return os.path.expanduser(os.path.expandvars(out))
 
-    def log_hyperparams(self, params: Any = None, metrics: Any = None) -> None:
+    def log_hyperparams(self, params: Any = None, metrics: Any = None, step: int | None = None) -> None:
         """Record ``params`` (a dict or ``argparse.Namespace``; keys of any type, nested dicts flattened with
         ``/``) in TensorBoard's HParams view and in ``log_dir/hparams.yaml``; ``metrics`` (a dict, or one value as
-        ``hp_metric``; None: ``{"hp_metric": -1}`` unless ``default_hp_metric=False``, as Lightning) are logged at
-        step 0 with them."""
+        ``hp_metric``; None: ``{"hp_metric": -1}`` unless ``default_hp_metric=False``, as Lightning) are logged
+        with them through :meth:`log_metrics` at ``step`` (None, Lightning's default: written at step 0)."""
         import argparse
 
         params = vars(params) if isinstance(params, argparse.Namespace) else dict(params or {})
@@ -197,7 +223,7 @@ class TensorBoardLogger(_Versioned, _TB):
         elif not isinstance(metrics, dict):
             metrics = {"hp_metric": metrics}
         if metrics:
-            self.log_metrics(metrics, 0)
+            self.log_metrics(metrics, step)
         _TB.log_hyperparams(self, flat)
         self._keep_hparams(params)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from taskfit.core.hook_logging import named_step
 from taskfit.core.step_call import by_signature
 from taskfit.loops.gather import gather_in_dataset_order, loader_indices
 from taskfit.metrics import metric_key
@@ -262,6 +263,8 @@ class EvaluationLoop:
         step_name = {"validate": "validation_step", "test": "test_step", "predict": "predict_step"}[stage]
         # called with the arguments its signature accepts (Lightning allows dropping batch_idx/dataloader_idx)
         p.step_fn = by_signature(strategy.step_function(module, step_name), getattr(module, step_name))
+        if fit.loop_policy.log_hooks is not None:  # self.log reads the running hook (Lightning's _current_fx_name)
+            p.step_fn = named_step(module, step_name, p.step_fn)
         p.hf_step = fit._hf_prediction_step(fit._run, stage, self.ignore_keys)  # a prediction_step override (HF)
         p.hook_stage = "validation" if stage == "validate" else stage
         p.compute_metrics = fit.compute_metrics

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from taskfit.core.hook_logging import call_named, call_plain, named_step
 from taskfit.core.step_call import by_signature, positional_capacity
 from taskfit.core.hooks import overrides
 from taskfit.core.manual import LightningOptimizer, manual_outer_forward
@@ -110,13 +111,15 @@ def window_weights(counts: list[Any], world: int = 1, even_counts: bool = False,
     return [c / total for c in counts]
 
 
-def training_function(strategy: Any, module: Any) -> Callable[[Any, int], Any]:
+def training_function(strategy: Any, module: Any, named: bool = False) -> Callable[[Any, int], Any]:
     """``module.training_step`` through the strategy's route (e.g. the DDP wrapper's ``forward``), called as
     ``fx(batch, batch_idx)``; trimmed to ``fx(batch)`` for a ``training_step(batch)`` (valid Lightning), and the
-    route itself otherwise (no wrapper call per step)."""
+    route itself otherwise (no wrapper call per step). ``named``: run as the module's running hook
+    ``"training_step"`` (a door whose ``self.log`` checks the running hook: ``LoopPolicy.log_hooks``)."""
     step_fn = strategy.step_function(module, "training_step")
     n = positional_capacity(module.training_step)
-    return step_fn if n is None or n >= 2 else by_signature(step_fn, module.training_step)
+    step_fn = step_fn if n is None or n >= 2 else by_signature(step_fn, module.training_step)
+    return named_step(module, "training_step", step_fn) if named else step_fn
 
 
 def _no_step(optimizer: Any, closure: Callable[[], Any] | None = None, **kwargs: Any) -> bool:
@@ -244,7 +247,7 @@ class ManualStep:
 
     def __init__(self, loop: Any) -> None:
         self.strategy = strategy = loop.strategy
-        self.train_fx = training_function(strategy, loop.run.module)
+        self.train_fx = training_function(strategy, loop.run.module, loop.loop_policy.log_hooks is not None)
         self.fwd_ctx, self.device = strategy.forward_context, strategy.root_device
 
     def start_window(self, window: list[Any], weights: list[Any] | None, epoch: int) -> None:
@@ -287,11 +290,13 @@ class AutomaticStep:
         self.module = module = run.module
         self.optimizers = run.optimizers
         self.optimizer, self.other_optimizers = run.optimizers[0], run.optimizers[1:]
-        self.train_fx = training_function(strategy, module)
+        self.train_fx = training_function(strategy, module, loop.loop_policy.log_hooks is not None)
         self.fwd_ctx, self.precision = strategy.forward_context, strategy.precision
         self.L, self.H = loop.hooks.lightning, loop.hooks.hf
         engine = strategy.engine_owns_step
         self.own_zero_grad = overrides(module, "optimizer_zero_grad")
+        # the module's own hooks below run as its running hook where the door checks self.log (Lightning)
+        self.own_hook = call_named if loop.loop_policy.log_hooks is not None else call_plain
         self.own_backward = overrides(module, "backward") and not engine
         self.own_clipping = overrides(module, "configure_gradient_clipping") and not engine
         self.max_norm, self.clip_by_value = args.max_grad_norm, args.gradient_clip_algorithm == "value"
@@ -390,7 +395,7 @@ class AutomaticStep:
             for opt in self.optimizers:
                 L["on_before_zero_grad"] and hooks.call("on_before_zero_grad", self.owner, module, opt)
                 if self.own_zero_grad:
-                    module.optimizer_zero_grad(self.epoch, self._batch_idx, opt)
+                    self.own_hook(module, "optimizer_zero_grad", self.epoch, self._batch_idx, opt)
                 else:
                     opt.zero_grad(set_to_none=True)
         self._out, self._loss = out, loss
@@ -398,7 +403,7 @@ class AutomaticStep:
             return
         L["on_before_backward"] and hooks.call("on_before_backward", self.owner, module, loss)
         if self.own_backward:
-            module.backward(precision_scaled(self.precision, loss))
+            self.own_hook(module, "backward", precision_scaled(self.precision, loss))
         else:
             self.policy.backward(loss)
         L["on_after_backward"] and hooks.call("on_after_backward", self.owner, module)
@@ -461,8 +466,8 @@ class AutomaticStep:
         self._ran = False
         for j, handle in enumerate(self.handles):
             handle.__dict__["stepped"] = False
-            self.module.optimizer_step(self.epoch, self._batch_idx, handle,
-                                       self.closure if j == 0 else self._detached_loss)
+            self.own_hook(self.module, "optimizer_step", self.epoch, self._batch_idx, handle,
+                          self.closure if j == 0 else self._detached_loss)
         if not self._ran:
             raise RuntimeError("optimizer_step did not call optimizer_closure: call "
                                "optimizer.step(closure=optimizer_closure) or the closure itself.")
@@ -506,8 +511,8 @@ class AutomaticStep:
         self.L["on_before_optimizer_step"] and self.hooks.call("on_before_optimizer_step", self.owner, module, opt)
         if self.own_clipping:
             clip = max_norm if max_norm and max_norm > 0 else None
-            module.configure_gradient_clipping(opt, gradient_clip_val=clip,  # by keyword, as Lightning calls it
-                                               gradient_clip_algorithm=self.clip_algorithm_arg)
+            self.own_hook(module, "configure_gradient_clipping", opt, gradient_clip_val=clip,  # by keyword (Lightning)
+                          gradient_clip_algorithm=self.clip_algorithm_arg)
         elif max_norm and max_norm > 0 and opt is optimizer:
             if self.clip_by_value:  # elementwise, so exact on shards
                 strategy.clip_gradients_value(self.params, max_norm, optimizer)

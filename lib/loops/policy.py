@@ -43,8 +43,9 @@ class LoopPolicy:
         none_optimizer_trains_nothing (bool): ``configure_optimizers`` returning None trains with no optimizer
             (Lightning, with its warning); False: ``Fit`` builds its default optimizer (HF's AdamW).
         max_epochs (int | None): training ends after this many epochs whatever the step plan says (Lightning's
-            ``max_epochs``, checked before each epoch: 0 sets up, runs the sanity check and trains nothing); None:
-            the plan's epochs (HF: ``num_train_epochs`` > 0, or what ``max_steps`` needs).
+            ``max_epochs``, checked before each epoch: 0 sets up, runs the sanity check and trains nothing; a
+            resumed checkpoint saved in a later epoch is refused, as Lightning); None: the plan's epochs (HF:
+            ``num_train_epochs`` > 0, or what ``max_steps`` needs).
         plateau_steps_after_validation (bool): a ``ReduceLROnPlateau`` of interval ``"step"`` steps after the
             validation that follows its batch (so it may monitor a validation value, and a checkpoint saved by that
             validation holds it one step behind), as Lightning's ``update_plateau_schedulers=True`` pass; False
@@ -95,8 +96,15 @@ class LoopPolicy:
             only handed to the ``on_*_batch_end`` hooks, whatever it is (Lightning).
         log_hooks (Mapping | None): the hooks in which ``self.log`` may be called, with the ``on_step``/``on_epoch``
             values each allows (Lightning's table: ``self.log`` in ``setup``, ``configure_optimizers``, checkpoint
-            hooks... raises, as in a ``predict`` stage; :func:`taskfit.core.hook_logging.check_hook_log`); None:
-            ``self.log`` works wherever a stage keeps values (``Fit``).
+            hooks... raises, as in a ``predict`` stage; :func:`taskfit.core.hook_logging.check_hook_log`). Set, the
+            loops also run the step methods and the module's own ``backward``/``optimizer_step``/
+            ``optimizer_zero_grad``/``configure_gradient_clipping`` as the running hook, ``self.log`` with no running
+            hook is refused ("not managed by the `Trainer` control flow"), and so is one made when the owner's
+            ``collects_logs`` is False (no trainer method running, or ``predict``). None: ``self.log`` works
+            wherever a stage keeps values (``Fit``).
+        metric_attribute_required (bool): ``self.log(name, metric)`` with a ``torchmetrics.Metric`` the module
+            does not hold among its submodules (and no ``metric_attribute=``) is refused (Lightning restores a
+            metric's state through that attribute); False: any Metric is taken, its state kept under ``name``.
         stop_checked_before_epoch (bool): a stop request already made when an epoch would start (``should_stop``
             set in ``on_fit_start``, e.g. by a ``Timer`` whose budget is spent) ends training before it, so no step
             runs (Lightning's ``fit_loop.done``); False: the request is read after the next step (HF).
@@ -135,6 +143,7 @@ class LoopPolicy:
     logs_run_values: bool = True
     reads_eval_outputs: bool = True
     log_hooks: Mapping[str, Any] | None = None
+    metric_attribute_required: bool = False
     stop_checked_before_epoch: bool = False
     stage_argument: Callable[[str], Any] = str
     distributed_sampler: str = "split"
