@@ -203,11 +203,10 @@ class Trainer(Fit):
         get the module's ``log``/``log_dict``, the metric dicts start empty; after ``validate``/``test``/``predict`` the loggers are finalized."""
         attach_logging(self.callbacks, model if model is not None else self.module)
         reset_metrics(self)
-        extra: list[Any] = []
         if datamodule is not None:
             datamodule.trainer = self
-            extra = [DataModuleState(datamodule, self.profiler)]
-        self.callbacks.extend(extra)
+        # not an entry of trainer.callbacks (Lightning lists none): the always-present loop callback carries it
+        self._loop.datamodule_state = None if datamodule is None else DataModuleState(datamodule, self.profiler)
         self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         try:
             with running(self, fn), profiled_datamodule(datamodule, self.profiler):
@@ -215,8 +214,7 @@ class Trainer(Fit):
             if fn != "fit":  # Lightning finalizes the loggers after every trainer method (Fit: after fit)
                 finalize_loggers(self)
         finally:
-            for cb in extra:
-                self.callbacks.remove(cb)
+            self._loop.datamodule_state = None
             self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
 
     def _last_checkpoint(self) -> str | None:
