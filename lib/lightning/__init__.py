@@ -33,6 +33,7 @@ from taskfit.lightning.eval_stage import eval_stage
 from taskfit.lightning.flags import (
     announce_batch_limits, apply_barebones, fit_options, limit_property, loop_policy,
 )
+from taskfit.lightning.internal_callbacks import DoorAPI, check_state_keys, split_callbacks
 from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
 from taskfit.lightning.logged import (
     LoggedMetrics, MetricDict, attach_logging, finalize_loggers, lightning_row, per_loader, reset_metrics, send_row,
@@ -135,9 +136,13 @@ class Trainer(Fit):
         # / min_steps, reloaded loaders, no eval_ prefix, checkpoint callbacks last), chosen once here
         self.loop_policy = loop_policy(flags)
         # Lightning prints no per-log lines when the bar is off
-        self.callbacks = lightning_order([cb for cb in self.callbacks if not isinstance(cb, LogPrinter)])
+        visible, self._internal_callbacks = split_callbacks(
+            [cb for cb in self.callbacks if not isinstance(cb, LogPrinter)], list(given))
+        self.callbacks = lightning_order(visible)
+        check_state_keys(self.callbacks)
+        self._api = DoorAPI(self)  # its hook runner also calls the door's own callbacks (not in trainer.callbacks)
         self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
-        self._loop: _LightningLoop = next(c for c in self.callbacks if isinstance(c, _LightningLoop))
+        self._loop: _LightningLoop = next(c for c in self._internal_callbacks if isinstance(c, _LightningLoop))
         # Lightning's metric dicts hold tensors, and only what self.log wrote
         self.callback_metrics, self.logged_metrics = MetricDict(), MetricDict()
 
@@ -245,7 +250,7 @@ class Trainer(Fit):
             # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
             metrics = run(model, dataloaders, ckpt_path=ckpt_path, metric_key_prefix="")
         n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
-        logged = next((c for c in self.callbacks if isinstance(c, LoggedMetrics)), None)
+        logged = next((c for c in self._internal_callbacks if isinstance(c, LoggedMetrics)), None)
         return per_loader(metrics, n, logged.loader_of if logged is not None else {})
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
@@ -266,7 +271,7 @@ class Trainer(Fit):
         if datamodule is None and dataloaders is not None and _is_datamodule(dataloaders):
             datamodule, dataloaders = dataloaders, None
         collector = _Predictions()
-        self.callbacks.append(collector)
+        self._internal_callbacks.append(collector)
         self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         try:
             with self._lightning_run("predict", datamodule), eval_stage(self, model, "predict", datamodule,
@@ -276,7 +281,7 @@ class Trainer(Fit):
                 dataloaders = record_batch_indices(dataloaders, self.callbacks)  # for BasePredictionWriter
                 super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
         finally:
-            self.callbacks.remove(collector)
+            self._internal_callbacks.remove(collector)
             self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         if return_predictions is False:
             return None
@@ -304,7 +309,8 @@ class Trainer(Fit):
         (Lightning's ``PassThroughProfiler``)."""
         from taskfit.callbacks.profilers import PassThroughProfiler, Profiler
 
-        found = next((c for c in self.callbacks if isinstance(c, Profiler)), None)
+        own = self.__dict__.get("_internal_callbacks", self.__dict__.get("callbacks", []))  # before __init__ ends
+        found = next((c for c in own if isinstance(c, Profiler)), None)
         if found is None:
             found = self.__dict__.setdefault("_pass_through_profiler", PassThroughProfiler())
         return found
@@ -318,7 +324,7 @@ class Trainer(Fit):
     def current_epoch(self) -> int:
         """Epochs finished after training ends (Lightning increments it when an epoch ends); during training
         the zero-based index of the running epoch."""
-        loop = next((c for c in self.callbacks if isinstance(c, _LightningLoop)), None)
+        loop = next((c for c in self._internal_callbacks if isinstance(c, _LightningLoop)), None)
         return self.state.current_epoch + (1 if loop is not None and loop.trained else 0)
 
     @property
@@ -528,7 +534,7 @@ class Trainer(Fit):
     def progress_bar_metrics(self) -> dict[str, Any]:
         """Lightning's ``trainer.progress_bar_metrics``: the latest values logged with ``prog_bar=True``
         (``name``, or ``name_step``/``name_epoch`` for values logged on both), ``logger=False`` ones included."""
-        names = next((c for c in self.callbacks if isinstance(c, ProgressBarNames)), None)
+        names = next((c for c in self._internal_callbacks if isinstance(c, ProgressBarNames)), None)
         return names.metrics(self.callback_metrics) if names is not None else {}
 
     @property

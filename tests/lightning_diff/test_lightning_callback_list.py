@@ -1,0 +1,146 @@
+"""``trainer.callbacks`` as Lightning lists it, the same script under ``lightning`` and ``taskfit.lightning``
+(F-LIT-6): the user's callbacks in their order, then the implicit checkpoint / timer / progress bar / model summary
+in Lightning's order, checkpoint callbacks last; the door's own loop, metric and profiler callbacks are not in it,
+before, during or after ``fit``/``validate``/``predict`` with a datamodule; two stateful callbacks with one
+``state_key`` are refused at construction with Lightning's error."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from harness import linear, regression
+from torch.nn import functional as F
+from torch.utils.data import DataLoader
+from two_doors import callbacks_of, frameworks
+
+
+def _kinds(L, callbacks, given):
+    """Each callback as its index in ``given`` or its built-in kind (Lightning picks a rich bar and summary when
+    rich is installed: the kind, not the class, is compared)."""
+    cb = callbacks_of(L)
+    kinds = [("ckpt", cb.ModelCheckpoint), ("timer", cb.Timer), ("bar", cb.ProgressBar), ("summary", cb.ModelSummary)]
+    out = []
+    for c in callbacks:
+        index = next((i for i, g in enumerate(given) if g is c), None)
+        out.append(index if index is not None else next((k for k, t in kinds if isinstance(c, t)), type(c).__name__))
+    return out
+
+
+def test_F_LIT_6_trainer_callbacks_lists_what_lightning_lists(tmp_path):
+    """Given callbacks keep their order with checkpoints moved last; the implicit ones follow in Lightning's order;
+    with everything turned off the list is empty."""
+    seen = {}
+    for name, L in frameworks().items():
+        cb = callbacks_of(L)
+        given = [cb.ModelCheckpoint(dirpath=tmp_path / name / "a", monitor="a"), cb.TQDMProgressBar(),
+                 cb.LearningRateMonitor(), cb.ModelSummary(), cb.ModelCheckpoint(dirpath=tmp_path / name / "b", monitor="b")]
+        plain = [cb.LearningRateMonitor()]
+        seen[name] = (
+            _kinds(L, L.Trainer(callbacks=list(given), logger=False).callbacks, given),
+            _kinds(L, L.Trainer(callbacks=list(plain), logger=False, max_time="00:00:01:00",
+                                default_root_dir=tmp_path / name).callbacks, plain),
+            L.Trainer(enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                      logger=False).callbacks)
+    assert seen["taskfit"] == seen["lightning"]
+    assert seen["taskfit"] == ([1, 2, 3, 0, 4], [0, "timer", "bar", "summary", "ckpt"], [])
+
+
+def test_F_LIT_6_trainer_callbacks_unchanged_while_running(tmp_path):
+    """During and after fit, validate and predict with a datamodule the list is the one set up (the datamodule's
+    checkpoint state and the prediction collector are not entries); the datamodule's state still round-trips."""
+    seen = {}
+    for name, L in frameworks().items():
+        cb = callbacks_of(L)
+
+        class DM(L.LightningDataModule):
+            def __init__(self):
+                super().__init__()
+                self.loaded = None
+
+            def train_dataloader(self):
+                return DataLoader(regression(8), batch_size=4)
+
+            def val_dataloader(self):
+                return DataLoader(regression(8), batch_size=4)
+
+            def predict_dataloader(self):
+                return DataLoader(regression(4), batch_size=4)
+
+            def state_dict(self):
+                return {"seen": 3}
+
+            def load_state_dict(self, state):
+                self.loaded = state
+
+        class Model(linear(L.LightningModule)):
+            def validation_step(self, batch, batch_idx):
+                self.log("val_loss", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+            def predict_step(self, batch, batch_idx):
+                return self.layer(batch[0])
+
+        lengths = []
+
+        class Count(L.Callback):
+            def on_train_start(self, trainer, pl_module):
+                lengths.append(len(trainer.callbacks))
+
+            def on_validation_start(self, trainer, pl_module):
+                lengths.append(len(trainer.callbacks))
+
+            def on_predict_start(self, trainer, pl_module):
+                lengths.append(len(trainer.callbacks))
+
+        torch.manual_seed(0)
+        ckpt = cb.ModelCheckpoint(dirpath=tmp_path / name, save_last=True)
+        count = Count()
+        trainer = L.Trainer(default_root_dir=tmp_path / name, max_epochs=1, logger=False, callbacks=[ckpt, count],
+                            enable_progress_bar=False, num_sanity_val_steps=0)
+        model, dm = Model(), DM()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(model, datamodule=dm)
+            trainer.validate(model, datamodule=dm)
+            trainer.predict(model, datamodule=dm)
+            resumed = DM()
+            L.Trainer(default_root_dir=tmp_path / name, max_epochs=2, logger=False, enable_progress_bar=False,
+                      num_sanity_val_steps=0).fit(Model(), datamodule=resumed, ckpt_path=ckpt.last_model_path)
+        seen[name] = (lengths, len(trainer.callbacks), _kinds(L, trainer.callbacks, [ckpt, count]), resumed.loaded)
+    assert seen["taskfit"] == seen["lightning"]
+    assert seen["taskfit"] == ([3, 3, 3, 3], 3, [1, "summary", 0], {"seen": 3})
+
+
+def test_F_LIT_6_duplicate_state_keys_refused():
+    """Two stateful callbacks with one ``state_key`` raise Lightning's RuntimeError before any work; stateless
+    duplicates and distinct keys are fine."""
+    messages = {}
+    for name, L in frameworks().items():
+        class Same(L.Callback):
+            @property
+            def state_key(self):
+                return "same_key"
+
+            def state_dict(self):
+                return {"state": 1}
+
+        class Keyed(L.Callback):
+            def __init__(self, key):
+                self.key = key
+
+            @property
+            def state_key(self):
+                return self.key
+
+            def state_dict(self):
+                return {"state": self.key}
+
+        with pytest.raises(RuntimeError) as err:
+            L.Trainer(callbacks=[Same(), L.Callback(), Same()], logger=False)
+        messages[name] = str(err.value)
+        assert len(L.Trainer(callbacks=[L.Callback(), L.Callback(), Keyed("a"), Keyed("b")], logger=False,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False).callbacks) == 4
+    assert messages["taskfit"] == messages["lightning"]
+    assert messages["taskfit"].startswith("Found more than one stateful callback of type `Same`.")
