@@ -144,3 +144,41 @@ def test_F_LIT_6_duplicate_state_keys_refused():
                              enable_model_summary=False).callbacks) == 4
     assert messages["taskfit"] == messages["lightning"]
     assert messages["taskfit"].startswith("Found more than one stateful callback of type `Same`.")
+
+
+def test_F_LIT_6_generated_state_keys_in_the_checkpoint(tmp_path):
+    """``_generate_state_key`` (the state key Lightning's docs show for several instances of one callback) gives
+    Lightning's keys; every callback's state is in the checkpoint whatever the checkpoint callback's position."""
+    seen = {}
+    for name, L in frameworks().items():
+        class Plain(L.Callback):
+            def state_dict(self):
+                return {"content0": 0}
+
+        class Keyed(L.Callback):
+            def __init__(self, unique=None):
+                self.unique = unique
+
+            @property
+            def state_key(self):
+                return self._generate_state_key(unique=self.unique)
+
+            def state_dict(self):
+                return {"content1": self.unique}
+
+        saved = {}
+
+        class Model(linear(L.LightningModule)):
+            def on_save_checkpoint(self, checkpoint):
+                saved.update(checkpoint["callbacks"])
+
+        ckpt = callbacks_of(L).ModelCheckpoint(dirpath=tmp_path / name, filename="all_states")
+        trainer = L.Trainer(default_root_dir=tmp_path / name, max_steps=1, logger=False, enable_progress_bar=False,
+                            callbacks=[Plain(), ckpt, Keyed("one"), Keyed("two")])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            trainer.fit(Model(), DataLoader(regression(8), batch_size=4))
+        seen[name] = {k: v for k, v in saved.items() if not k.startswith("ModelCheckpoint")}, sorted(saved)
+    assert seen["taskfit"] == seen["lightning"]
+    assert {k.rsplit(".", 1)[-1]: v for k, v in seen["taskfit"][0].items()} == {"Plain": {"content0": 0}, "Keyed{'unique': 'one'}": {"content1": "one"},
+                                  "Keyed{'unique': 'two'}": {"content1": "two"}}
