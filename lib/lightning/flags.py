@@ -192,6 +192,7 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       reload_dataloaders_every_n_epochs=f["reload_dataloaders_every_n_epochs"],
                       clip_algorithm_as_given=True, gradient_clip_algorithm=f["gradient_clip_algorithm"],
                       eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
+                      model_callbacks_by_subclass=True,
                       keeps_submodule_modes=True, none_optimizer_trains_nothing=True,
                       closure_in_optimizer_step=True, none_loss_skips_batch=True, plateau_steps_after_validation=True,
                       max_epochs=f["max_epochs"] if f["max_epochs"] not in (None, -1) else None,

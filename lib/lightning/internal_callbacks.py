@@ -12,7 +12,7 @@ from typing import Any
 from taskfit.callbacks.base import Callback, HookRunner
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as ModelCheckpointBase
 from taskfit.callbacks.profilers import Profiler
-from taskfit.callbacks.progress import ProgressBar
+from taskfit.callbacks.progress import ProgressBar, TQDMProgressBar
 from taskfit.callbacks.timer import Timer
 from taskfit.fit.hf_api import HFTrainerAPI
 from taskfit.lightning.logged import LoggedMetrics
@@ -38,11 +38,13 @@ def split_callbacks(callbacks: list[Any], given: list[Any]) -> tuple[list[Any], 
     Returns:
         tuple[list, list]: ``(visible, internal)``; visible in Lightning's order (the user's, then the implicit
         checkpoint, timer, progress bar, model summary; mirrors ``_CallbackConnector.on_trainer_init``; the
-        checkpoint callbacks are moved last by the caller's ``lightning_order``).
+        checkpoint callbacks are moved last by the caller's ``lightning_order``). The implicit bar is a
+        ``TQDMProgressBar``, Lightning's default bar class.
     """
     internal = [cb for cb in callbacks if isinstance(cb, INTERNAL) and not any(cb is g for g in given)]
     user = [cb for cb in callbacks if any(cb is g for g in given)]
-    implicit = [cb for cb in callbacks if not any(cb is x for x in user + internal)]
+    implicit = [TQDMProgressBar() if type(cb) is ProgressBar else cb for cb in callbacks
+                if not any(cb is x for x in user + internal)]
     return user + sorted(implicit, key=_rank), internal
 
 

@@ -7,6 +7,7 @@ before, during or after ``fit``/``validate``/``predict`` with a datamodule; two 
 from __future__ import annotations
 
 import warnings
+from unittest import mock
 
 import pytest
 import torch
@@ -182,3 +183,46 @@ def test_F_LIT_6_generated_state_keys_in_the_checkpoint(tmp_path):
     assert seen["taskfit"] == seen["lightning"]
     assert {k.rsplit(".", 1)[-1]: v for k, v in seen["taskfit"][0].items()} == {"Plain": {"content0": 0}, "Keyed{'unique': 'one'}": {"content1": "one"},
                                   "Keyed{'unique': 'two'}": {"content1": "two"}}
+
+
+@mock.patch("lightning.pytorch.trainer.connectors.callback_connector._RICH_AVAILABLE", False)
+def test_F_LIT_6_configure_callbacks_replace_by_class_or_base(caplog):
+    """Lightning's default bar without rich is a ``TQDMProgressBar``, as the door's. A module's ``configure_callbacks`` callbacks replace the trainer's callbacks of their class or a base class
+    (a custom ``TQDMProgressBar`` replaces the trainer's bar; a bare ``Callback`` stays), with Lightning's INFO line
+    naming the replaced classes (the cases of Lightning's ``test_attach_model_callbacks``, through ``validate``)."""
+    seen = {}
+    for name, L in frameworks().items():
+        cb = callbacks_of(L)
+        es1, es2, bar = cb.EarlyStopping(monitor="red"), cb.EarlyStopping(monitor="blue"), cb.TQDMProgressBar()
+        lrm, gas = cb.LearningRateMonitor(), cb.GradientAccumulationScheduler({1: 1})
+
+        class CustomBar(cb.TQDMProgressBar):
+            pass
+
+        custom, bare = CustomBar(), L.Callback()
+        cases = [([], []), ([es1], [bar]), ([bar, cb.EarlyStopping(monitor="red")], [es1]),
+                 ([cb.LearningRateMonitor(), cb.EarlyStopping(monitor="yellow"), cb.LearningRateMonitor()], [es1, lrm]),
+                 ([cb.LearningRateMonitor(), bar, cb.EarlyStopping(monitor="y")], [es1, lrm, gas, es2]),
+                 ([bar], [custom]), ([bare], [custom])]
+        known = [es1, es2, bar, lrm, gas, custom, bare]
+        lists, lines = [], []
+        for trainer_cbs, model_cbs in cases:
+            class Model(linear(L.LightningModule)):
+                def validation_step(self, batch, batch_idx):
+                    self.log("v", F.mse_loss(self.layer(batch[0]), batch[1]))
+
+                def configure_callbacks(self, _cbs=model_cbs):
+                    return list(_cbs)
+
+            trainer = L.Trainer(enable_checkpointing=False, enable_model_summary=False, logger=False,
+                                enable_progress_bar=any(isinstance(c, cb.ProgressBar) for c in trainer_cbs + model_cbs),
+                                callbacks=list(trainer_cbs), limit_val_batches=1)
+            caplog.clear()
+            with caplog.at_level("INFO"), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                trainer.validate(Model(), DataLoader(regression(4), batch_size=4), verbose=False)
+            lists.append([next((i for i, k in enumerate(known) if k is c), "other") for c in trainer.callbacks])
+            lines.append([r.getMessage() for r in caplog.records if "will override" in r.getMessage()])
+        seen[name] = lists, lines
+    assert seen["taskfit"] == seen["lightning"]
+    assert seen["taskfit"][0] == [[], [0, 2], [2, 0], [0, 3], [2, 0, 3, 4, 1], [5], [6, 5]]
