@@ -25,6 +25,21 @@ _UNSUPPORTED = {"use_distributed_sampler": (True,),
                 "benchmark": (None, False)}
 
 
+def _check_batch_limits(flags: dict[str, Any]) -> None:
+    """Lightning's ``_determine_batch_limits`` for the numeric ``limit_*_batches``, ``overfit_batches`` and
+    ``val_check_interval`` of ``flags``: a value in [0.0, 1.0] stays, a whole float above 1 becomes that int (in
+    place: ``2.0`` counts 2 batches), anything else raises Lightning's configuration error naming the value."""
+    for name in _LIMITS:
+        v = flags[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or 0 <= v <= 1:
+            continue  # None, a time interval (checked with the schedule) or a fraction
+        if v > 1 and v % 1.0 == 0:
+            flags[name] = int(v)
+            continue
+        raise configuration_error(f"You have passed invalid value {v} for {name}, it has to be in [0.0, 1.0] or an "
+                                  "int.")  # Lightning's message
+
+
 def _refuse_unsupported(flags: dict[str, Any]) -> None:
     """Raise NotImplementedError naming the first flag of ``flags`` outside its accepted values."""
     for name, ok in _UNSUPPORTED.items():
@@ -158,6 +173,7 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
     """
     if f["fast_dev_run"]:  # Lightning: validation after the one short epoch, whatever the schedule flags say
         f["val_check_interval"], f["check_val_every_n_epoch"] = 1.0, 1
+    _check_batch_limits(f)
     _refuse_unsupported(f)
     max_epochs, max_steps = f["max_epochs"], f["max_steps"]
     if max_epochs is None or max_epochs == -1:  # Lightning: 1000 epochs when neither limit is given, else (and
