@@ -28,7 +28,11 @@ _UNSUPPORTED = {"use_distributed_sampler": (True,),
 def _check_batch_limits(flags: dict[str, Any]) -> None:
     """Lightning's ``_determine_batch_limits`` for the numeric ``limit_*_batches``, ``overfit_batches`` and
     ``val_check_interval`` of ``flags``: a value in [0.0, 1.0] stays, a whole float above 1 becomes that int (in
-    place: ``2.0`` counts 2 batches), anything else raises Lightning's configuration error naming the value."""
+    place: ``2.0`` counts 2 batches), anything else raises Lightning's configuration error naming the value; so
+    does a negative ``fast_dev_run``."""
+    fdr = flags["fast_dev_run"]
+    if isinstance(fdr, int) and fdr < 0:
+        raise configuration_error(f"fast_dev_run={fdr!r} is not a valid configuration. It should be >= 0.")
     for name in _LIMITS:
         v = flags[name]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or 0 <= v <= 1:
@@ -62,7 +66,8 @@ def _refuse_unsupported(flags: dict[str, Any]) -> None:
         raise ValueError(f"Trainer(check_val_every_n_epoch={every!r}) must be an int >= 1 or None.")
     reload = flags["reload_dataloaders_every_n_epochs"]
     if isinstance(reload, bool) or not isinstance(reload, int) or reload < 0:
-        raise ValueError(f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload!r}.")  # Lightning's
+        raise configuration_error(
+            f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload}.")  # Lightning's
 
 
 def env_defaults(cls: type, given: dict[str, Any]) -> dict[str, Any]:

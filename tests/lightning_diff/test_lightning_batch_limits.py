@@ -42,3 +42,16 @@ def test_F_LIT_6_whole_float_limit_counts_batches(tmp_path):
         seen[door] = steps
     assert seen["taskfit"] == seen["lightning"]
     assert seen["taskfit"] == [(2, 2), (4, 4)]
+
+
+@pytest.mark.parametrize("flags", [{"fast_dev_run": -1}, {"reload_dataloaders_every_n_epochs": -1},
+                                   {"reload_dataloaders_every_n_epochs": "test"}])
+def test_F_LIT_6_negative_counts_refused_like_lightning(flags):
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    messages = {}
+    for door, L in frameworks().items():
+        with pytest.raises(MisconfigurationException) as err:
+            L.Trainer(logger=False, **flags)
+        messages[door] = str(err.value)
+    assert messages["taskfit"] == messages["lightning"]
