@@ -76,6 +76,12 @@ class LightningCallback:
         """Key of this callback's state in checkpoints (class name; override when several instances exist)."""
         return type(self).__qualname__
 
+    def _generate_state_key(self, **kwargs: Any) -> str:
+        """A :attr:`state_key` from the class name and ``kwargs`` (values must have a ``repr``), e.g.
+        ``"MyCallback{'what': 'x'}"``. Mirrors Lightning's ``Callback._generate_state_key``, which Lightning's docs
+        show for callbacks with several instances (kept under that name so such callbacks work unchanged)."""
+        return f"{type(self).__qualname__}{kwargs!r}"
+
     def state_dict(self) -> dict[str, Any]:
         """State saved in checkpoints; empty by default."""
         return {}

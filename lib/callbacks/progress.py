@@ -4,6 +4,7 @@ latest evaluation's values; off with ``disable_tqdm``. :class:`ProgressBar` also
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from taskfit.callbacks.base import Callback
@@ -71,8 +72,11 @@ class ProgressBar(Callback):
         pbar = getattr(trainer, "progress_bar_metrics", None)
         if pbar is None:
             return self.metrics
-        version = getattr(getattr(trainer, "logger", None), "version", None)
-        standard = {"v_num": version[-4:] if isinstance(version, str) else version} if version is not None else {}
+        loggers = getattr(trainer, "loggers", None) or []
+        # Lightning's _version: one logger's version, or the distinct versions of several joined by "_"
+        version = loggers[0].version if len(loggers) == 1 else "_".join(
+            dict.fromkeys(str(lg.version) for lg in loggers)) if loggers else None
+        standard = {} if version in ("", None) else {"v_num": version[-4:] if isinstance(version, str) else version}
         return {**standard, **pbar}
 
     # drawing (RichProgressBar overrides these) ------------------------------------------------------------------
@@ -196,7 +200,8 @@ class TQDMProgressBar(ProgressBar):
 
     Args:
         refresh_rate (int): 0 draws no bar (Lightning: disabled); any other value draws it (the bar refreshes on
-            logging steps, so no value adds host syncs).
+            logging steps, so no value adds host syncs). As Lightning's, at least ``TQDM_MINITERS`` when that
+            environment variable is set, and 20 in place of 1 on Google Colab (``COLAB_GPU`` set).
         process_position (int): the bar's line (``tqdm(position=...)``), for several bars at once.
         leave (bool): keep the finished epoch's bar on screen.
 
@@ -209,7 +214,8 @@ class TQDMProgressBar(ProgressBar):
             if not isinstance(value, int) or value < 0:
                 raise ValueError(f"TQDMProgressBar({name}={value!r}): expected an int >= 0.")
         super().__init__()
-        self.refresh_rate, self.process_position, self.leave = refresh_rate, process_position, leave
+        self.refresh_rate = _resolve_refresh_rate(refresh_rate)
+        self.process_position, self.leave = process_position, leave
 
     @property
     def is_disabled(self) -> bool:
@@ -228,3 +234,13 @@ class TQDMProgressBar(ProgressBar):
 
         self.eval_bar = tqdm(total=total, desc=desc, leave=False, dynamic_ncols=True,
                              position=self.process_position + 1, disable=self.is_disabled)
+
+
+def _resolve_refresh_rate(refresh_rate: int) -> int:
+    """Lightning's ``TQDMProgressBar._resolve_refresh_rate``: 20 for the default 1 on Google Colab (``COLAB_GPU``
+    set: faster refreshes crash there), at least ``TQDM_MINITERS`` when that environment variable is set."""
+    if os.getenv("COLAB_GPU") and refresh_rate == 1:
+        return 20
+    if "TQDM_MINITERS" in os.environ:
+        return max(int(os.environ["TQDM_MINITERS"]), refresh_rate)
+    return refresh_rate

@@ -99,6 +99,27 @@ class LightningMembers(HyperparametersMixin):
     def _trainer(self, trainer: Any) -> None:
         self.__dict__["_fit"] = trainer  # this module only (Lightning's plain attribute)
 
+    def _on_before_batch_transfer(self, batch: Any, dataloader_idx: int = 0) -> Any:
+        """The module's ``on_before_batch_transfer`` (Lightning's private name, which Lightning's own
+        ``ModelSummary``/``summarize`` call on ``example_input_array``)."""
+        return self.on_before_batch_transfer(batch, dataloader_idx)  # type: ignore[attr-defined]
+
+    def _apply_batch_transfer_handler(self, batch: Any, device: torch.device | None = None,
+                                      dataloader_idx: int = 0) -> Any:
+        """``transfer_batch_to_device`` then ``on_after_batch_transfer`` onto ``device`` (default: the module's),
+        as Lightning's private method of that name; detached, the default transfer moves every tensor."""
+        from lightning_utilities.core.apply_func import apply_to_collection
+
+        from taskfit.core.hooks import LightningHooks
+
+        device = device or self.device  # type: ignore[attr-defined]
+        own = type(self).transfer_batch_to_device is not LightningHooks.transfer_batch_to_device  # type: ignore
+        if own or self.__dict__.get("_fit") is not None:
+            batch = self.transfer_batch_to_device(batch, device, dataloader_idx)  # type: ignore[attr-defined]
+        else:  # no strategy to ask: move the tensors (Lightning's move_data_to_device)
+            batch = apply_to_collection(batch, torch.Tensor, lambda t: t.to(device))
+        return self.on_after_batch_transfer(batch, dataloader_idx)  # type: ignore[attr-defined]
+
     @property
     def logger(self) -> Any:
         """The run's first logger (None without a run or loggers; under Fabric ``fabric.logger``)."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from taskfit.callbacks.order import lightning_order
+from taskfit.callbacks.order import lightning_order, merge_model_callbacks
 from taskfit.core.hook_logging import running
 from taskfit.core.hooks import overrides
 
@@ -18,8 +18,7 @@ def start_stage(fit: Any, module: Any, datamodule: Any, stage: str) -> None:
             extra = module.configure_callbacks()
         extra = list(extra) if isinstance(extra, (list, tuple)) else [extra] if extra else []
         if extra:
-            types = {type(cb) for cb in extra}
-            fit.callbacks = [cb for cb in fit.callbacks if type(cb) not in types] + extra
+            fit.callbacks = merge_model_callbacks(fit.callbacks, extra, fit.loop_policy.model_callbacks_by_subclass)
             if fit.loop_policy.checkpoint_callbacks_last:
                 fit.callbacks = lightning_order(fit.callbacks)
             fit._hooks = fit._api.hook_runner(module)

@@ -35,6 +35,7 @@ from taskfit.lightning.flags import (
     announce_batch_limits, apply_barebones, fit_options, lightning_precision, limit_property, loop_policy,
     warn_precision,
 )
+from taskfit.lightning.internal_callbacks import DoorAPI, check_state_keys, split_callbacks
 from taskfit.lightning.loop_schedule import LightningLoop as _LightningLoop
 from taskfit.lightning.logged import (
     LoggedMetrics, MetricDict, attach_logging, finalize_loggers, lightning_row, per_loader, reset_metrics, send_row,
@@ -139,9 +140,13 @@ class Trainer(Fit):
         # / min_steps, reloaded loaders, no eval_ prefix, checkpoint callbacks last), chosen once here
         self.loop_policy = loop_policy(flags)
         # Lightning prints no per-log lines when the bar is off
-        self.callbacks = lightning_order([cb for cb in self.callbacks if not isinstance(cb, LogPrinter)])
+        visible, self._internal_callbacks = split_callbacks(
+            [cb for cb in self.callbacks if not isinstance(cb, LogPrinter)], list(given))
+        self.callbacks = lightning_order(visible)
+        check_state_keys(self.callbacks)
+        self._api = DoorAPI(self)  # its hook runner also calls the door's own callbacks (not in trainer.callbacks)
         self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
-        self._loop: _LightningLoop = next(c for c in self.callbacks if isinstance(c, _LightningLoop))
+        self._loop: _LightningLoop = next(c for c in self._internal_callbacks if isinstance(c, _LightningLoop))
         # Lightning's metric dicts hold tensors, and only what self.log wrote
         self.callback_metrics, self.logged_metrics = MetricDict(), MetricDict()
 
@@ -207,11 +212,10 @@ class Trainer(Fit):
         get the module's ``log``/``log_dict``, the metric dicts start empty; after ``validate``/``test``/``predict`` the loggers are finalized."""
         attach_logging(self.callbacks, model if model is not None else self.module)
         reset_metrics(self)
-        extra: list[Any] = []
         if datamodule is not None:
             datamodule.trainer = self
-            extra = [DataModuleState(datamodule, self.profiler)]
-        self.callbacks.extend(extra)
+        # not an entry of trainer.callbacks (Lightning lists none): the always-present loop callback carries it
+        self._loop.datamodule_state = None if datamodule is None else DataModuleState(datamodule, self.profiler)
         self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         try:
             with running(self, fn), profiled_datamodule(datamodule, self.profiler):
@@ -219,8 +223,7 @@ class Trainer(Fit):
             if fn != "fit":  # Lightning finalizes the loggers after every trainer method (Fit: after fit)
                 finalize_loggers(self)
         finally:
-            for cb in extra:
-                self.callbacks.remove(cb)
+            self._loop.datamodule_state = None
             self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
 
     def _last_checkpoint(self) -> str | None:
@@ -251,7 +254,7 @@ class Trainer(Fit):
             # no "eval_"/"test_" prefix on logged names: Lightning returns them as logged
             metrics = run(model, dataloaders, ckpt_path=ckpt_path, metric_key_prefix="")
         n = len(dataloaders) if isinstance(dataloaders, (list, tuple)) else 1
-        logged = next((c for c in self.callbacks if isinstance(c, LoggedMetrics)), None)
+        logged = next((c for c in self._internal_callbacks if isinstance(c, LoggedMetrics)), None)
         return per_loader(metrics, n, logged.loader_of if logged is not None else {})
 
     def validate(self, model: Any = None, dataloaders: Any = None, ckpt_path: Any = None, verbose: bool = True,
@@ -274,7 +277,7 @@ class Trainer(Fit):
         if datamodule is not None:
             self.datamodule = datamodule  # attached for later stages too, as Lightning's trainer.datamodule
         collector = _Predictions()
-        self.callbacks.append(collector)
+        self._internal_callbacks.append(collector)
         self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         try:
             with self._lightning_run("predict", datamodule), eval_stage(self, model, "predict", datamodule,
@@ -286,7 +289,7 @@ class Trainer(Fit):
                                                    model if model is not None else self.module)
                 super().predict(model=model, data=dataloaders, ckpt_path=ckpt_path)
         finally:
-            self.callbacks.remove(collector)
+            self._internal_callbacks.remove(collector)
             self._hooks = self._api.hook_runner(self.module)  # the module's hooks stay bound between stages
         if return_predictions is False:
             return None
@@ -319,7 +322,8 @@ class Trainer(Fit):
         (Lightning's ``PassThroughProfiler``)."""
         from taskfit.callbacks.profilers import PassThroughProfiler, Profiler
 
-        found = next((c for c in self.callbacks if isinstance(c, Profiler)), None)
+        own = self.__dict__.get("_internal_callbacks", self.__dict__.get("callbacks", []))  # before __init__ ends
+        found = next((c for c in own if isinstance(c, Profiler)), None)
         if found is None:
             found = self.__dict__.setdefault("_pass_through_profiler", PassThroughProfiler())
         return found
@@ -333,7 +337,7 @@ class Trainer(Fit):
     def current_epoch(self) -> int:
         """Epochs finished after training ends (Lightning increments it when an epoch ends); during training
         the zero-based index of the running epoch."""
-        loop = next((c for c in self.callbacks if isinstance(c, _LightningLoop)), None)
+        loop = next((c for c in self._internal_callbacks if isinstance(c, _LightningLoop)), None)
         return self.state.current_epoch + (1 if loop is not None and loop.trained else 0)
 
     @property
@@ -549,7 +553,7 @@ class Trainer(Fit):
     def progress_bar_metrics(self) -> dict[str, Any]:
         """Lightning's ``trainer.progress_bar_metrics``: the latest values logged with ``prog_bar=True``
         (``name``, or ``name_step``/``name_epoch`` for values logged on both), ``logger=False`` ones included."""
-        names = next((c for c in self.callbacks if isinstance(c, ProgressBarNames)), None)
+        names = next((c for c in self._internal_callbacks if isinstance(c, ProgressBarNames)), None)
         return names.metrics(self.callback_metrics) if names is not None else {}
 
     @property

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from taskfit.callbacks.base import Callback
+from taskfit.callbacks.order import lightning_order, merge_model_callbacks
 from taskfit.core.hook_logging import running
 from taskfit.core.hooks import overrides
 from taskfit.lightning.logged import start_loggers
@@ -32,9 +33,9 @@ def _configure_callbacks(trainer: Any, module: Any) -> None:
     with running(module, "configure_callbacks"):
         extra = module.configure_callbacks()
     extra = list(extra) if isinstance(extra, (list, tuple)) else [extra] if extra else []
-    if extra:
-        types = {type(cb) for cb in extra}
-        trainer.callbacks = [cb for cb in trainer.callbacks if type(cb) not in types] + extra
+    if extra:  # in every stage, checkpoint callbacks last (Lightning's _attach_model_callbacks)
+        merged = merge_model_callbacks(trainer.callbacks, extra, trainer.loop_policy.model_callbacks_by_subclass)
+        trainer.callbacks = lightning_order(merged)
 
 
 @contextlib.contextmanager

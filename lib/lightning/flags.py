@@ -27,6 +27,25 @@ _UNSUPPORTED = {"sync_batchnorm": (False,), "model_registry": (None,),
                 "benchmark": (None, False)}
 
 
+def _check_batch_limits(flags: dict[str, Any]) -> None:
+    """Lightning's ``_determine_batch_limits`` for the numeric ``limit_*_batches``, ``overfit_batches`` and
+    ``val_check_interval`` of ``flags``: a value in [0.0, 1.0] stays, a whole float above 1 becomes that int (in
+    place: ``2.0`` counts 2 batches), anything else raises Lightning's configuration error naming the value; so
+    does a negative ``fast_dev_run``."""
+    fdr = flags["fast_dev_run"]
+    if isinstance(fdr, int) and fdr < 0:
+        raise configuration_error(f"fast_dev_run={fdr!r} is not a valid configuration. It should be >= 0.")
+    for name in _LIMITS:
+        v = flags[name]
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or 0 <= v <= 1:
+            continue  # None, a time interval (checked with the schedule) or a fraction
+        if v > 1 and v % 1.0 == 0:
+            flags[name] = int(v)
+            continue
+        raise configuration_error(f"You have passed invalid value {v} for {name}, it has to be in [0.0, 1.0] or an "
+                                  "int.")  # Lightning's message
+
+
 def _refuse_unsupported(flags: dict[str, Any]) -> None:
     """Raise NotImplementedError naming the first flag of ``flags`` outside its accepted values."""
     for name, ok in _UNSUPPORTED.items():
@@ -49,7 +68,8 @@ def _refuse_unsupported(flags: dict[str, Any]) -> None:
         raise ValueError(f"Trainer(check_val_every_n_epoch={every!r}) must be an int >= 1 or None.")
     reload = flags["reload_dataloaders_every_n_epochs"]
     if isinstance(reload, bool) or not isinstance(reload, int) or reload < 0:
-        raise ValueError(f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload!r}.")  # Lightning's
+        raise configuration_error(
+            f"`reload_dataloaders_every_n_epochs` should be an int >= 0, got {reload}.")  # Lightning's
 
 
 def env_defaults(cls: type, given: dict[str, Any]) -> dict[str, Any]:
@@ -160,6 +180,7 @@ def fit_options(f: dict[str, Any]) -> dict[str, Any]:
     """
     if f["fast_dev_run"]:  # Lightning: validation after the one short epoch, whatever the schedule flags say
         f["val_check_interval"], f["check_val_every_n_epoch"] = 1.0, 1
+    _check_batch_limits(f)
     _refuse_unsupported(f)
     max_epochs, max_steps = f["max_epochs"], f["max_steps"]
     if max_epochs is None or max_epochs == -1:  # Lightning: 1000 epochs when neither limit is given, else (and
@@ -242,6 +263,7 @@ def loop_policy(f: dict[str, Any]) -> LoopPolicy:
                       reload_dataloaders_every_n_epochs=f["reload_dataloaders_every_n_epochs"],
                       clip_algorithm_as_given=True, gradient_clip_algorithm=f["gradient_clip_algorithm"],
                       eval_prefix="", validation_closes_epoch=True, checkpoint_callbacks_last=True,
+                      model_callbacks_by_subclass=True,
                       keeps_submodule_modes=True, none_optimizer_trains_nothing=True,
                       closure_in_optimizer_step=True, none_loss_skips_batch=True, plateau_steps_after_validation=True,
                       max_epochs=f["max_epochs"] if f["max_epochs"] not in (None, -1) else None,

@@ -140,7 +140,7 @@ def reset_metrics(trainer: Any) -> None:
     (Lightning's ``_LoggerConnector.reset_metrics`` in ``Trainer._run``)."""
     trainer.callback_metrics.clear()
     trainer.logged_metrics.clear()
-    for cb in trainer.callbacks:
+    for cb in trainer._internal_callbacks:
         if isinstance(cb, ProgressBarNames):
             cb.eval_steps.clear()
             cb.names.clear()

@@ -16,7 +16,10 @@ class LightningLoop(Callback):
     run that has ``max_steps`` (whichever comes first), after training ``current_epoch`` counts the finished
     epochs (Lightning increments it when an epoch ends), and a validation schedule other than once at the end of
     every epoch (``val_check_interval``, ``check_val_every_n_epoch``) asks for validation after the batches
-    Lightning validates after (the run's own evaluation schedule is off then: see ``Trainer._eval_plan``)."""
+    Lightning validates after (the run's own evaluation schedule is off then: see ``Trainer._eval_plan``).
+    During one trainer method with a datamodule it also carries that datamodule's checkpoint part
+    (``datamodule_state``, a :class:`~taskfit.lightning.trainer_state.DataModuleState`): Lightning's
+    ``trainer.callbacks`` has no entry for it, and this callback is always there."""
 
     def __init__(self, max_epochs: int | None, val_check_interval: Any = None, every_n_epochs: int | None = 1) -> None:
         self.max_epochs = max_epochs
@@ -29,6 +32,7 @@ class LightningLoop(Callback):
         # training (after the sanity check) and from the end of each validation (Lightning 2.6's rule)
         self.seconds = time_interval_seconds(val_check_interval)
         self.last_val = 0.0
+        self.datamodule_state: Any = None  # set by the Trainer around one trainer method with a datamodule
 
     @property
     def default_schedule(self) -> bool:
@@ -62,6 +66,14 @@ class LightningLoop(Callback):
                                  "to 0.0 instead. If you want to validate based on the total training batches, set "
                                  "`check_val_every_n_epoch=None`.")  # Lightning's message
             self.val_check_batch = self.vci
+
+    def on_save_checkpoint(self, fit: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+        if self.datamodule_state is not None:
+            self.datamodule_state.save(checkpoint)
+
+    def on_load_checkpoint(self, fit: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+        if self.datamodule_state is not None:
+            self.datamodule_state.load(checkpoint)
 
     def on_train_batch_start(self, fit: Any, module: Any, batch: Any, batch_idx: int) -> None:
         self.total_batches += 1  # a batch skipped by -1 counts too (Lightning's total_batch_idx)

@@ -37,9 +37,18 @@ class _Predictions(Callback):
 def _default_callbacks(f: dict[str, Any], given: list[Any]) -> list[Any]:
     """Lightning's implicit callbacks: a checkpoint every epoch (into the first logger's
     ``save_dir/name/version/checkpoints``, or ``default_root_dir/checkpoints`` without a logger, resolved at
-    setup), the model summary, a ``Timer`` for ``max_time``, a profiler object."""
+    setup), the model summary, a ``Timer`` for ``max_time``, a profiler object. Raises Lightning's configuration
+    errors for two progress bars, or one with ``enable_progress_bar=False`` (also ``ModelCheckpoint`` with
+    ``enable_checkpointing=False``)."""
     out = [_LightningLoop(f["max_epochs"] if f["max_steps"] not in (None, -1) else None, f["val_check_interval"],
                           f["check_val_every_n_epoch"]), *given, ProgressBarNames(), LoggedMetrics()]
+    bars = [c for c in given if isinstance(c, _cb.ProgressBar)]
+    if len(bars) > 1:
+        raise configuration_error("You added multiple progress bar callbacks to the Trainer, but currently only one"
+                                  " progress bar is supported.")  # Lightning's message
+    if bars and f["enable_progress_bar"] is False:
+        raise configuration_error("Trainer was configured with `enable_progress_bar=False` but found "
+                                  f"`{type(bars[0]).__name__}` in callbacks list.")  # Lightning's message
     if f["barebones"]:
         return out
     found = any(isinstance(c, ModelCheckpointBase) for c in given)

@@ -10,8 +10,6 @@ import logging
 import sys
 from typing import Any, Iterator
 
-from taskfit.callbacks.base import Callback
-
 
 class TrainerFn(str, enum.Enum):
     """The trainer method running (Lightning's ``TrainerFn``)."""
@@ -158,9 +156,11 @@ def running(trainer: Any, fn: str) -> Iterator[None]:
     status.update(status=TrainerStatus.FINISHED, stage=None)
 
 
-class DataModuleState(Callback):
+class DataModuleState:
     """The datamodule's ``state_dict()`` saved in every checkpoint under its class's qualified name and given back
-    to ``load_state_dict`` on resume (Lightning's checkpoint key), each timed by the trainer's profiler."""
+    to ``load_state_dict`` on resume (Lightning's checkpoint key), each timed by the trainer's profiler. Not a
+    callback: Lightning's ``trainer.callbacks`` holds no entry for it, so the door's always-present
+    :class:`~taskfit.lightning.loop_schedule.LightningLoop` carries it for one trainer method."""
 
     def __init__(self, datamodule: Any, profiler: Any) -> None:
         self.datamodule, self.profiler = datamodule, profiler
@@ -168,13 +168,15 @@ class DataModuleState(Callback):
     def _action(self, hook: str) -> str:
         return f"[LightningDataModule]{type(self.datamodule).__name__}.{hook}"
 
-    def on_save_checkpoint(self, fit: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+    def save(self, checkpoint: dict[str, Any]) -> None:
+        """Put the datamodule's non-empty ``state_dict()`` into ``checkpoint``."""
         with self.profiler.profile(self._action("state_dict")):
             state = self.datamodule.state_dict()
         if state:
             checkpoint[type(self.datamodule).__qualname__] = state
 
-    def on_load_checkpoint(self, fit: Any, module: Any, checkpoint: dict[str, Any]) -> None:
+    def load(self, checkpoint: dict[str, Any]) -> None:
+        """Give the datamodule its part of ``checkpoint`` (nothing when the checkpoint has none)."""
         key = type(self.datamodule).__qualname__
         if key in checkpoint:
             with self.profiler.profile(self._action("load_state_dict")):

@@ -36,6 +36,9 @@ class LoopPolicy:
         checkpoint_callbacks_last (bool): checkpoint callbacks run after the others at every hook, finders first
             (Lightning's ``_reorder_callbacks``, also after a module's ``configure_callbacks``); False keeps the
             given order (HF calls callbacks in the order given; its own save follows them all anyway).
+        model_callbacks_by_subclass (bool): a callback a module's ``configure_callbacks`` returns also replaces
+            the trainer's callbacks of a class it subclasses, with Lightning's INFO line naming them (Lightning's
+            ``_attach_model_callbacks``); False replaces only callbacks of exactly its class.
         keeps_submodule_modes (bool): a module already in training mode at the start of training keeps each
             submodule's mode (Lightning: a submodule frozen in eval mode stays there); False puts the whole model
             in training mode, as HF's ``model.train()`` (a PEFT model's base loaded by ``from_pretrained`` in eval
@@ -128,6 +131,7 @@ class LoopPolicy:
     eval_prefix: str = "eval"
     validation_closes_epoch: bool = False
     checkpoint_callbacks_last: bool = False
+    model_callbacks_by_subclass: bool = False
     keeps_submodule_modes: bool = False
     none_optimizer_trains_nothing: bool = False
     max_epochs: int | None = None

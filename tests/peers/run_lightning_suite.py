@@ -51,6 +51,9 @@ MAIN_FILES += ["callbacks/test_lambda_function.py", "callbacks/test_lr_monitor.p
                "callbacks/test_timer.py", "callbacks/test_prediction_writer.py",
                "callbacks/test_gradient_accumulation_scheduler.py", "callbacks/test_callbacks.py",
                "loggers/test_csv.py", "loggers/test_tensorboard.py"]
+# restore, the callback list, the model summary (seventh session)
+MAIN_FILES += ["models/test_restore.py", "trainer/connectors/test_callback_connector.py",
+               "callbacks/test_model_summary.py", "utilities/test_model_summary.py"]
 TOP_MODULES = {"lightning", "lightning.pytorch"}
 # modules whose same-named objects taskfit.lightning provides at its top level (the defining submodules included)
 NAME_MODULES = TOP_MODULES | {"lightning.pytorch.core", "lightning.pytorch.core.module", "lightning.pytorch.core.datamodule",
