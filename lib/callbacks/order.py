@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from taskfit.callbacks.base import Callback
+from taskfit.callbacks.base import Callback, LightningCallback
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint
 
 
@@ -47,7 +47,7 @@ def merge_model_callbacks(callbacks: list[Any], extra: list[Any], by_subclass: b
     if not by_subclass:
         types = {type(cb) for cb in extra}
         return [cb for cb in callbacks if type(cb) not in types] + list(extra)
-    trainer_types = [t for t in dict.fromkeys(type(cb) for cb in callbacks) if t is not Callback]
+    trainer_types = [t for t in dict.fromkeys(type(cb) for cb in callbacks) if t not in (Callback, LightningCallback)]
     override = set()
     for model_type in dict.fromkeys(type(cb) for cb in extra):
         match = next((t for t in trainer_types if issubclass(model_type, t)), None)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from taskfit.callbacks.base import Callback, HookRunner
+from taskfit.callbacks.base import HookRunner, LightningCallback
 from taskfit.callbacks.model_checkpoint import ModelCheckpoint as ModelCheckpointBase
 from taskfit.callbacks.profilers import Profiler
 from taskfit.callbacks.progress import ProgressBar, TQDMProgressBar
@@ -71,7 +71,7 @@ def check_state_keys(callbacks: list[Any]) -> None:
     seen: set[str] = set()
     for cb in callbacks:
         fn = getattr(type(cb), "state_dict", None)
-        if fn is None or fn is Callback.state_dict or not isinstance(cb, Callback):
+        if fn is None or fn is LightningCallback.state_dict or not isinstance(cb, LightningCallback):
             continue
         if cb.state_key in seen:
             name = type(cb).__name__
