@@ -145,8 +145,8 @@ peer-hf: install
 
 # ---- peer suite: Lightning's own tests judge taskfit.lightning (tests/peers/run_lightning_suite.py) ----
 # PEER_LIGHTNING_DIR: Lightning's tests/tests_pytorch folder of the installed version, kept outside this repository.
-# PEER_LIGHTNING_FILES: files relative to tests_pytorch (default: run_lightning_suite.py's MAIN_FILES: the datamodule,
-# early-stopping, callback, logger, restore, callback-list and model-summary files).
+# PEER_LIGHTNING_FILES: files relative to tests_pytorch (default: run_lightning_suite.py's MAIN_FILES, the 41 counted
+# files of tests/peers/lightning_gaps.md: hooks, module, datamodule, loops, checkpoints, flags, logging, callbacks).
 PEER_LIGHTNING_DIR ?=
 PEER_LIGHTNING_FILES ?=
 .PHONY: peer-lightning
