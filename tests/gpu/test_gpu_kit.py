@@ -7,10 +7,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PARTS = ("env", "pytest", "matrix", "dist", "checks", "perf")
 
 
+@pytest.mark.slow  # about 55 s of CPU: run before a GPU loan (`make test-slow`), not in every `make test`
 def test_gpu_kit_dry_run_writes_every_part_and_no_row_fails(tmp_path):
     """Every part's JSON and Markdown exist, no part timed out, every row passes or is skipped with a reason (the
     CUDA-only rows), and the matrix's rows that run on a CPU all pass against the fp32 reference."""
