@@ -208,7 +208,7 @@ def test_F_STRAT_7_dead_worker_stops_the_others_with_a_clear_error(tmp_path):
     assert "DistributedError" in proc.stderr
 
 
-@pytest.mark.parametrize("save_steps", [4, 3])
+@pytest.mark.parametrize("save_steps", [4, pytest.param(3, marks=pytest.mark.slow)])  # 3: `make test-slow`
 def test_F_CKPT_2_ddp_sigkill_then_resume_equals_uninterrupted(tmp_path, save_steps):
     """save_steps=3 with logging every 2 steps: the checkpoint holds a running loss sum that has not been logged
     yet, and each rank's own sum must come back for the next logged loss and train_loss to match."""
