@@ -333,7 +333,13 @@ def distributed_loader(loader: Any, num_replicas: int, rank: int) -> Any:
     if loader.batch_size is None:
         raise ValueError("A DataLoader with a custom batch_sampler cannot be split across processes automatically; "
                          "pass a Dataset (or a DataLoader with batch_size) instead.")
-    kwargs = _rebuild_kwargs(loader, DistributedSamplerWrapper(loader.sampler, num_replicas, rank))
+    return with_sampler(loader, DistributedSamplerWrapper(loader.sampler, num_replicas, rank))
+
+
+def with_sampler(loader: DataLoader, sampler: Any) -> DataLoader:
+    """``loader`` rebuilt with ``sampler`` and its other settings kept; a torchdata ``StatefulDataLoader`` stays one
+    (its ``state_dict`` is what a mid-epoch resume restores)."""
+    kwargs = _rebuild_kwargs(loader, sampler)
     stateful = sys.modules.get("torchdata.stateful_dataloader")
     if stateful is not None and type(loader) is stateful.StatefulDataLoader:  # keep its own resumable state
         return stateful.StatefulDataLoader(loader.dataset, snapshot_every_n_steps=loader.snapshot_every_n_steps,

@@ -6,12 +6,11 @@ shuffles an evaluation loader only when that one shuffled. ``Fit`` splits the gi
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any, Iterator
 
 from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, RandomSampler, Sampler, SequentialSampler
 
-from taskfit.data.loaders import _rebuild_kwargs
+from taskfit.data.loaders import with_sampler
 
 
 class _SamplerIndices:
@@ -87,9 +86,4 @@ def shuffled_split_loader(loader: Any, num_replicas: int, rank: int, *, train: b
                                               seed=seed)
     else:
         sampler = SamplerSplit(loader.sampler, num_replicas, rank, shuffle, seed)
-    kwargs = _rebuild_kwargs(loader, sampler)
-    stateful = sys.modules.get("torchdata.stateful_dataloader")
-    if stateful is not None and type(loader) is stateful.StatefulDataLoader:  # keep its own resumable state
-        return stateful.StatefulDataLoader(loader.dataset, snapshot_every_n_steps=loader.snapshot_every_n_steps,
-                                           **kwargs)
-    return DataLoader(loader.dataset, **kwargs)
+    return with_sampler(loader, sampler)
